@@ -1,0 +1,73 @@
+/*
+ * bootstrap.h - out-of-band exchange used once at start-up (and for
+ * collective error agreement at creation): allgather and barrier between
+ * the ranks, over a TCP rendezvous at rank 0 or over a caller's allgather.
+ * Uses only util.
+ */
+#ifndef FEP_BOOTSTRAP_H
+#define FEP_BOOTSTRAP_H
+
+#include <stddef.h>
+#include "fabep.h"
+
+typedef struct fep_boot fep_boot_t;
+
+struct fep_boot {
+	int rank;
+	int size;
+	int timeout_ms;
+	/* Gather len bytes from every rank into out (size * len, rank order).
+	 * Every rank passes the same len. */
+	int (*allgather)(fep_boot_t *b, const void *in, void *out, size_t len);
+	int (*barrier)(fep_boot_t *b);
+	void (*destroy)(fep_boot_t *b);
+};
+
+static inline int fep_boot_allgather(fep_boot_t *b, const void *in, void *out,
+				     size_t len)
+{
+	return b->allgather(b, in, out, len);
+}
+static inline int fep_boot_barrier(fep_boot_t *b) { return b->barrier(b); }
+static inline void fep_boot_destroy(fep_boot_t *b)
+{
+	if (b)
+		b->destroy(b);
+}
+
+/* Where this process sits, from the environment. */
+struct fep_boot_env {
+	int rank;          /* -1 if unknown */
+	int size;          /* -1 if unknown */
+	int local_rank;    /* -1 if unknown (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) */
+	int local_size;    /* -1 if unknown */
+	char root_host[256];
+	int root_port;     /* 0 if FABEP_ROOT unset */
+	const char *source; /* "FABEP", "OMPI", "PMI", "SLURM" or NULL */
+};
+
+/*
+ * Read FABEP_RANK / FABEP_WORLD_SIZE / FABEP_ROOT, else OMPI_COMM_WORLD_*,
+ * PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS (FABEP_ROOT still names
+ * the rendezvous; without it, under Slurm/mpirun with one rank, none is
+ * needed).  Returns 0, or -EINVAL with a logged message naming the bad
+ * variable.  A world size of 1 needs no root.
+ */
+int fep_boot_env_read(struct fep_boot_env *env);
+
+/*
+ * TCP rendezvous: rank 0 listens on root_host:root_port (SO_REUSEADDR),
+ * every other rank connects (retrying until timeout_ms).  Messages carry a
+ * header (magic, version, rank, size, length) that is validated; a peer
+ * that closes its connection makes every later call fail with
+ * -FABEP_ERR_PEER_LOST naming the rank; no answer within timeout_ms gives
+ * -ETIMEDOUT naming who is missing.  size == 1 needs no sockets.
+ */
+int fep_boot_tcp_create(int rank, int size, const char *root_host,
+			int root_port, int timeout_ms, fep_boot_t **out);
+
+/* Over a caller's allgather callback (barrier = allgather of one byte). */
+int fep_boot_callback_create(int rank, int size, fabep_allgather_fn fn,
+			     void *ctx, int timeout_ms, fep_boot_t **out);
+
+#endif

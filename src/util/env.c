@@ -1,0 +1,166 @@
+/* env.c - parsing of environment variables and option values. */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ctype.h>
+#include <sched.h>
+
+#include "util/util.h"
+
+int fep_parse_long(const char *s, long min, long max, long *out)
+{
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return -EINVAL;
+	while (isspace((unsigned char)*s))
+		s++;
+	errno = 0;
+	v = strtol(s, &end, 0);
+	if (errno || end == s)
+		return -EINVAL;
+	while (isspace((unsigned char)*end))
+		end++;
+	if (*end)
+		return -EINVAL;
+	if (v < min || v > max)
+		return -ERANGE;
+	*out = v;
+	return 0;
+}
+
+int fep_parse_size(const char *s, size_t *out)
+{
+	unsigned long long v, mul = 1;
+	char *end;
+
+	if (!s || !*s)
+		return -EINVAL;
+	while (isspace((unsigned char)*s))
+		s++;
+	if (*s == '-' || *s == '+')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': mul = 1ull << 10; end++; break;
+	case 'm': case 'M': mul = 1ull << 20; end++; break;
+	case 'g': case 'G': mul = 1ull << 30; end++; break;
+	default: break;
+	}
+	if (*end == 'i' || *end == 'B' || *end == 'b') {
+		if (*end == 'i')
+			end++;
+		if (*end == 'B' || *end == 'b')
+			end++;
+	}
+	if (*end)
+		return -EINVAL;
+	if (v > SIZE_MAX / mul)
+		return -ERANGE;
+	*out = (size_t)(v * mul);
+	return 0;
+}
+
+int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port)
+{
+	const char *colon, *hs, *he;
+	long p;
+	int ret;
+
+	if (!s || !*s)
+		return -EINVAL;
+	if (*s == '[') {
+		hs = s + 1;
+		he = strchr(hs, ']');
+		if (!he || he[1] != ':')
+			return -EINVAL;
+		colon = he + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon)
+			return -EINVAL;
+		hs = s;
+		he = colon;
+		if (memchr(hs, ':', (size_t)(he - hs)))
+			return -EINVAL; /* bare IPv6 needs brackets */
+	}
+	if (he == hs || (size_t)(he - hs) >= hostlen)
+		return -EINVAL;
+	ret = fep_parse_long(colon + 1, 1, 65535, &p);
+	if (ret)
+		return -EINVAL;
+	memcpy(host, hs, (size_t)(he - hs));
+	host[he - hs] = '\0';
+	*port = (int)p;
+	return 0;
+}
+
+int fep_env_str(const char *name, const char **out)
+{
+	const char *s = getenv(name);
+
+	if (!s || !*s)
+		return 0;
+	*out = s;
+	return 1;
+}
+
+int fep_env_long(const char *name, long min, long max, long *out)
+{
+	const char *s = getenv(name);
+	int ret;
+
+	if (!s || !*s)
+		return 0;
+	ret = fep_parse_long(s, min, max, out);
+	if (ret) {
+		fep_err("%s=\"%s\" is not an integer in [%ld, %ld]", name, s,
+			min, max);
+		return -EINVAL;
+	}
+	return 1;
+}
+
+int fep_env_size(const char *name, size_t min, size_t max, size_t *out)
+{
+	const char *s = getenv(name);
+	size_t v;
+
+	if (!s || !*s)
+		return 0;
+	if (fep_parse_size(s, &v) || v < min || v > max) {
+		fep_err("%s=\"%s\" is not a size in [%zu, %zu] (suffixes k, M, G)",
+			name, s, min, max);
+		return -EINVAL;
+	}
+	*out = v;
+	return 1;
+}
+
+void fep_backoff_step(struct fep_backoff *b)
+{
+	if (b->spins < 64) {
+		b->spins++;
+		__builtin_ia32_pause();
+		return;
+	}
+	if (b->spins < 64 + 256) {
+		b->spins++;
+		sched_yield();
+		return;
+	}
+	/* Long waits: yield the core for real, so more ranks than cores
+	 * still make progress. */
+	{
+		struct timespec ts = { 0, 20000 };
+		nanosleep(&ts, NULL);
+	}
+}

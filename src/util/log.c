@@ -1,0 +1,82 @@
+/* log.c - leveled logging to stderr, level from FABEP_LOG. */
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include "util/util.h"
+
+static int log_level = -1;
+static int log_rank = -1;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+static void log_init(void)
+{
+	const char *s = getenv("FABEP_LOG");
+	int lvl = FEP_LOG_WARN;
+
+	if (s && *s) {
+		if (!strcasecmp(s, "none") || !strcmp(s, "0"))
+			lvl = FEP_LOG_NONE;
+		else if (!strcasecmp(s, "error"))
+			lvl = FEP_LOG_ERROR;
+		else if (!strcasecmp(s, "warn") || !strcasecmp(s, "warning"))
+			lvl = FEP_LOG_WARN;
+		else if (!strcasecmp(s, "info"))
+			lvl = FEP_LOG_INFO;
+		else if (!strcasecmp(s, "debug"))
+			lvl = FEP_LOG_DEBUG;
+		else
+			fprintf(stderr, "fabep: warning: FABEP_LOG=%s is not one of "
+				"none|error|warn|info|debug; using warn\n", s);
+	}
+	__atomic_store_n(&log_level, lvl, __ATOMIC_RELEASE);
+}
+
+int fep_log_level(void)
+{
+	int lvl = __atomic_load_n(&log_level, __ATOMIC_ACQUIRE);
+
+	if (lvl < 0) {
+		pthread_once(&log_once, log_init);
+		lvl = __atomic_load_n(&log_level, __ATOMIC_ACQUIRE);
+	}
+	return lvl;
+}
+
+void fep_log_set_rank(int rank)
+{
+	log_rank = rank;
+}
+
+void fep_log(int level, const char *file, int line, const char *fmt, ...)
+{
+	static const char *names[] = { "", "error", "warning", "info", "debug" };
+	char buf[1024];
+	const char *base = strrchr(file, '/');
+	va_list ap;
+	int n;
+
+	if (level < FEP_LOG_ERROR || level > FEP_LOG_DEBUG)
+		level = FEP_LOG_ERROR;
+	if (log_rank >= 0)
+		n = snprintf(buf, sizeof(buf), "fabep[%d:%d] %s: ", log_rank,
+			     (int)getpid(), names[level]);
+	else
+		n = snprintf(buf, sizeof(buf), "fabep[%d] %s: ", (int)getpid(),
+			     names[level]);
+	if (n < 0 || (size_t)n >= sizeof(buf))
+		n = 0;
+	va_start(ap, fmt);
+	vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (fep_log_level() >= FEP_LOG_DEBUG) {
+		size_t l = strlen(buf);
+		snprintf(buf + l, sizeof(buf) - l, " (%s:%d)",
+			 base ? base + 1 : file, line);
+	}
+	fprintf(stderr, "%s\n", buf);
+}

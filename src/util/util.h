@@ -1,0 +1,76 @@
+/*
+ * util.h - logging, environment parsing, errors, time.  The bottom layer:
+ * uses nothing else of fabep.
+ */
+#ifndef FEP_UTIL_H
+#define FEP_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <time.h>
+
+#include "fabep.h"
+
+#define FEP_EXPORT __attribute__((visibility("default")))
+
+#define fep_container_of(ptr, type, member) \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+#define FEP_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FEP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define FEP_ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define FEP_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- logging ---- */
+enum fep_log_level {
+	FEP_LOG_NONE = 0,
+	FEP_LOG_ERROR,
+	FEP_LOG_WARN,
+	FEP_LOG_INFO,
+	FEP_LOG_DEBUG,
+};
+
+int fep_log_level(void);
+void fep_log_set_rank(int rank);
+void fep_log(int level, const char *file, int line, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+#define FEP_LOG_(lvl, ...)                                                   \
+	do {                                                                 \
+		if (fep_log_level() >= (lvl))                                \
+			fep_log((lvl), __FILE__, __LINE__, __VA_ARGS__);     \
+	} while (0)
+#define fep_err(...) FEP_LOG_(FEP_LOG_ERROR, __VA_ARGS__)
+#define fep_warn(...) FEP_LOG_(FEP_LOG_WARN, __VA_ARGS__)
+#define fep_info(...) FEP_LOG_(FEP_LOG_INFO, __VA_ARGS__)
+#define fep_dbg(...) FEP_LOG_(FEP_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- environment ---- */
+/* Each returns 0 when the variable is unset (out untouched), 1 when set and
+ * parsed, -EINVAL (logged, naming the variable) when set but malformed. */
+int fep_env_str(const char *name, const char **out);
+int fep_env_long(const char *name, long min, long max, long *out);
+int fep_env_size(const char *name, size_t min, size_t max, size_t *out);
+/* Parse "123", "64k", "4M", "1G" (binary units). */
+int fep_parse_size(const char *s, size_t *out);
+int fep_parse_long(const char *s, long min, long max, long *out);
+/* "host:port" (IPv4, IPv6 in [brackets], or a name). */
+int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port);
+
+/* ---- time ---- */
+static inline uint64_t fep_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- waiting ---- */
+/* Spin-then-yield backoff for waits: call once per failed poll. */
+struct fep_backoff {
+	unsigned spins;
+};
+void fep_backoff_step(struct fep_backoff *b);
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * bench.h - what fabep_bench's parts share: options and result rows.
+ * fabep_bench.c parses the options (utils/common.c) and calls the part
+ * named by -o.
+ */
+#ifndef FEP_UTILS_BENCH_H
+#define FEP_UTILS_BENCH_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+struct bench_opts {
+	const char *op;       /* -o: kernels|dispatch|combine|moe|allreduce|arnorm|write */
+	const char *provider; /* -p */
+	const char *domain;   /* -d */
+	int iters;            /* -I (0 = the part's default) */
+	int warmup;           /* -w (-1 = the part's default) */
+	int machine;          /* -m: one "key: value" line per row */
+	int nranks;           /* -n: fork this many local ranks (0 = from env/mpirun) */
+	int threads;          /* -T: worker threads (0 = default; kernels: also 1) */
+	size_t bytes;         /* -B: input bytes for kernels (default 64 MiB) */
+	const char *kernel;   /* -K: one kernel by name (NULL = all) */
+	int tokens;           /* -t */
+	int hidden;           /* -H */
+	int topk;             /* -k */
+	int experts;          /* -e */
+	const char *format;   /* -f bf16|fp8|fp32 */
+	int rows, cols;       /* --rows, --cols */
+	int check;            /* --check */
+	double soak_s;        /* --soak SECONDS */
+};
+
+/* Each part returns 0 on success, else a negative code (message printed). */
+int bench_kernels(const struct bench_opts *o, FILE *out);
+
+#endif
