@@ -39,8 +39,10 @@ static inline void fep_boot_destroy(fep_boot_t *b)
 struct fep_boot_env {
 	int rank;          /* -1 if unknown */
 	int size;          /* -1 if unknown */
-	int local_rank;    /* -1 if unknown (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) */
-	int local_size;    /* -1 if unknown */
+	int local_rank;    /* -1 if unknown (FABEP_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+			    * MPI_LOCALRANKID under PMI, SLURM_LOCALID) */
+	int local_size;    /* -1 if unknown (FABEP_LOCAL_SIZE,
+			    * OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS) */
 	char root_host[256];
 	int root_port;     /* 0 if FABEP_ROOT unset */
 	const char *source; /* "FABEP", "OMPI", "PMI", "SLURM" or NULL */

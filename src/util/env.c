@@ -15,13 +15,23 @@ int fep_parse_long(const char *s, long min, long max, long *out)
 {
 	char *end;
 	long v;
+	int base;
 
 	if (!s || !*s)
 		return -EINVAL;
 	while (isspace((unsigned char)*s))
 		s++;
+	/* Decimal, or hex with 0x: never octal, so "010" is ten (a rank or a
+	 * port with a leading zero must not change value). */
+	{
+		const char *p = (*s == '+' || *s == '-') ? s + 1 : s;
+
+		base = (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) ? 16 : 10;
+	}
 	errno = 0;
-	v = strtol(s, &end, 0);
+	v = strtol(s, &end, base);
+	if (errno == ERANGE)
+		return -ERANGE;
 	if (errno || end == s)
 		return -EINVAL;
 	while (isspace((unsigned char)*end))
@@ -43,10 +53,12 @@ int fep_parse_size(const char *s, size_t *out)
 		return -EINVAL;
 	while (isspace((unsigned char)*s))
 		s++;
-	if (*s == '-' || *s == '+')
+	if (!isdigit((unsigned char)*s))
 		return -EINVAL;
 	errno = 0;
 	v = strtoull(s, &end, 10);
+	if (errno == ERANGE)
+		return -ERANGE;
 	if (errno || end == s)
 		return -EINVAL;
 	switch (*end) {
@@ -55,12 +67,13 @@ int fep_parse_size(const char *s, size_t *out)
 	case 'g': case 'G': mul = 1ull << 30; end++; break;
 	default: break;
 	}
-	if (*end == 'i' || *end == 'B' || *end == 'b') {
-		if (*end == 'i')
-			end++;
-		if (*end == 'B' || *end == 'b')
-			end++;
-	}
+	/* "64k", "64kB", "64KiB", "64B"; an "i" only after a unit. */
+	if (mul > 1 && *end == 'i')
+		end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	while (isspace((unsigned char)*end))
+		end++;
 	if (*end)
 		return -EINVAL;
 	if (v > SIZE_MAX / mul)
@@ -93,6 +106,9 @@ int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port)
 			return -EINVAL; /* bare IPv6 needs brackets */
 	}
 	if (he == hs || (size_t)(he - hs) >= hostlen)
+		return -EINVAL;
+	/* The port is plain decimal digits: no sign, space or 0x. */
+	if (!colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
 		return -EINVAL;
 	ret = fep_parse_long(colon + 1, 1, 65535, &p);
 	if (ret)

@@ -1,0 +1,656 @@
+/*
+ * comm.c - the communicator: configuration from attributes and the
+ * environment, bootstrap, fabric and heap, the warm-up exchange, the
+ * barrier and error agreement, and the public one-sided calls.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sched.h>
+#include <numa.h>
+
+#include "core/comm.h"
+#include "kernels/kernels.h"
+
+#define FEP_DEFAULT_TIMEOUT_MS 30000
+#define FEP_DEFAULT_HEAP (64ul << 20)
+
+/* What every rank must agree on, compared at creation. */
+struct fep_hello {
+	char host[64];
+	char provider[64];
+	char domain[64];
+	int32_t signal;
+	int32_t status;
+	uint64_t heap_size;
+};
+
+/* A small exchange slot: one per source rank in each peer's heap. */
+struct fep_xslot {
+	uint64_t seq;
+	int64_t value;
+};
+
+FEP_EXPORT void fabep_comm_attr_init(fabep_comm_attr_t *attr)
+{
+	if (!attr)
+		return;
+	memset(attr, 0, sizeof(*attr));
+	attr->rank = -1;
+	attr->size = -1;
+	attr->numa_node = -1;
+}
+
+static int fep_attr_from_env(fabep_comm_attr_t *a)
+{
+	const char *s = NULL;
+	long v;
+	size_t sz;
+	int ret;
+
+	if (!a->provider && fep_env_str("FABEP_PROVIDER", &s) > 0)
+		a->provider = s;
+	if (!a->domain && fep_env_str("FABEP_DOMAIN", &s) > 0)
+		a->domain = s;
+	if (a->signal == FABEP_SIGNAL_AUTO && fep_env_str("FABEP_SIGNAL", &s) > 0) {
+		if (fabep_signal_parse(s, &a->signal)) {
+			fep_err("FABEP_SIGNAL=\"%s\" is not one of "
+				"auto|ordered|fence|delivery|cqdata", s);
+			return -EINVAL;
+		}
+	}
+	if (a->timeout_ms <= 0) {
+		a->timeout_ms = FEP_DEFAULT_TIMEOUT_MS;
+		ret = fep_env_long("FABEP_TIMEOUT_MS", 1, 86400000, &v);
+		if (ret < 0)
+			return ret;
+		if (ret)
+			a->timeout_ms = (int)v;
+	}
+	if (!a->heap_size) {
+		a->heap_size = FEP_DEFAULT_HEAP;
+		ret = fep_env_size("FABEP_HEAP_SIZE", 1ul << 16, 1ul << 40, &sz);
+		if (ret < 0)
+			return ret;
+		if (ret)
+			a->heap_size = sz;
+	}
+	if (a->threads <= 0) {
+		ret = fep_env_long("FABEP_THREADS", 1, 1024, &v);
+		if (ret < 0)
+			return ret;
+		a->threads = ret ? (int)v : 0;
+	}
+	if (a->numa_node < 0) {
+		ret = fep_env_long("FABEP_NUMA_NODE", 0, 4095, &v);
+		if (ret < 0)
+			return ret;
+		if (ret)
+			a->numa_node = (int)v;
+	}
+	return 0;
+}
+
+static void fep_host_id(char *buf, size_t len)
+{
+	char host[64] = "";
+	char boot[40] = "";
+	FILE *f;
+
+	gethostname(host, sizeof(host) - 1);
+	f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (f) {
+		if (!fgets(boot, sizeof(boot), f))
+			boot[0] = '\0';
+		fclose(f);
+		boot[strcspn(boot, "\n")] = '\0';
+	}
+	snprintf(buf, len, "%.23s/%.36s", host, boot);
+}
+
+static int fep_comm_boot(const fabep_comm_attr_t *a, fabep_comm_t *comm)
+{
+	struct fep_boot_env env;
+	int ret;
+
+	if (a->allgather) {
+		if (a->size < 1 || a->rank < 0 || a->rank >= a->size) {
+			fep_err("with an allgather callback, rank (%d) and size (%d) "
+				"must satisfy 0 <= rank < size", a->rank, a->size);
+			return -EINVAL;
+		}
+		return fep_boot_callback_create(a->rank, a->size, a->allgather,
+						a->allgather_ctx, a->timeout_ms,
+						&comm->boot);
+	}
+	ret = fep_boot_env_read(&env);
+	if (ret)
+		return ret;
+	if (env.rank < 0 || env.size < 1) {
+		/* Nothing said: a world of one. */
+		env.rank = 0;
+		env.size = 1;
+	}
+	if (env.size > 1 && !env.root_port) {
+		fep_err("%d ranks but no rendezvous: set FABEP_ROOT=host:port "
+			"(rank 0's address), or pass an allgather callback",
+			env.size);
+		return -EINVAL;
+	}
+	return fep_boot_tcp_create(env.rank, env.size, env.root_host,
+				   env.root_port, a->timeout_ms, &comm->boot);
+}
+
+static int fep_comm_pick_numa(fabep_comm_t *comm, const fabep_comm_attr_t *a)
+{
+	int cpu;
+
+	if (a->numa_node >= 0)
+		return a->numa_node;
+	if (comm->fab && comm->fab->desc.numa_node >= 0)
+		return comm->fab->desc.numa_node;
+	if (numa_available() < 0)
+		return -1;
+	cpu = sched_getcpu();
+	return cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
+}
+
+/* Exchange one int64 with every rank over the fabric: out[size]. */
+static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
+			     int64_t value, int64_t *out, bool lower_only)
+{
+	fep_fabric_t *fab = comm->fab;
+	struct fep_xslot *src = fep_heap_at(fab, comm->bar_src);
+	struct fep_xslot *slots = fep_heap_at(fab, comm->bar_slots);
+	struct fep_put *puts;
+	uint64_t seq;
+	int r, n = 0, ret;
+
+	/* the source slot must not change under a write still in flight */
+	ret = fep_fabric_quiet(fab);
+	if (ret)
+		return ret;
+	seq = ++comm->bar_seq;
+	src->seq = seq;
+	src->value = value;
+	slots[comm->rank] = *src;
+	if (comm->size == 1)
+		goto done;
+	puts = calloc((size_t)comm->size, sizeof(*puts));
+	if (!puts)
+		return -ENOMEM;
+	for (r = 1; r < comm->size; r++) {
+		int peer = (comm->rank + r) % comm->size;
+
+		if (lower_only && peer > comm->rank)
+			continue;
+		puts[n].peer = peer;
+		puts[n].dst = comm->bar_slots + (uint64_t)comm->rank * sizeof(*src);
+		puts[n].src = comm->bar_src;
+		puts[n].len = sizeof(*src);
+		puts[n].sig = comm->bar_ctr;
+		puts[n].add = 1;
+		n++;
+	}
+	ret = fep_fab_put_signal_many(fab, puts, (size_t)n);
+	free(puts);
+	if (ret)
+		return ret;
+	comm->bar_expect += lower_only ? (uint64_t)(comm->size - 1 - comm->rank)
+				       : (uint64_t)(comm->size - 1);
+	ret = fep_comm_wait(comm, what, comm->bar_ctr, comm->bar_expect,
+			    lower_only ? UINT64_MAX : comm->bar_slots,
+			    sizeof(struct fep_xslot), seq);
+	if (ret)
+		return ret;
+done:
+	if (out && !lower_only)
+		for (r = 0; r < comm->size; r++) {
+			struct fep_xslot s;
+
+			memcpy(&s, &slots[r], sizeof(s));
+			if (s.seq != seq) {
+				fep_err("%s: rank %d's slot holds round %llu, expected %llu",
+					what, r, (unsigned long long)s.seq,
+					(unsigned long long)seq);
+				return -FABEP_ERR_PROTOCOL;
+			}
+			out[r] = s.value;
+		}
+	return 0;
+}
+
+static int fep_comm_xchg(fabep_comm_t *comm, const char *what, int64_t value,
+			 int64_t *out)
+{
+	return fep_comm_xchg_dir(comm, what, value, out, false);
+}
+
+int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
+		  uint64_t target, uint64_t slots, size_t stride, uint64_t seq)
+{
+	fep_fabric_t *fab = comm->fab;
+	char names[256];
+	size_t len = 0;
+	int r, ret, missing = 0;
+
+	ret = fep_fab_wait(fab, ctr, target, comm->timeout_ms);
+	if (ret != -ETIMEDOUT) {
+		if (ret)
+			fep_err("%s: %s", what, fabep_strerror(ret));
+		return ret;
+	}
+	names[0] = '\0';
+	if (slots != UINT64_MAX) {
+		if (!stride)
+			stride = 8;
+		for (r = 0; r < comm->size; r++) {
+			uint64_t s;
+
+			if (r == comm->rank)
+				continue;
+			s = __atomic_load_n((uint64_t *)fep_heap_at(fab, slots + (uint64_t)r * stride),
+					    __ATOMIC_ACQUIRE);
+			if (s < seq) {
+				missing++;
+				if (len < sizeof(names) - 16)
+					len += (size_t)snprintf(names + len,
+								sizeof(names) - len,
+								"%s%d", missing > 1 ? ", " : "", r);
+			}
+		}
+	}
+	if (missing)
+		fep_err("%s: timed out after %d ms; rank%s %s never signalled",
+			what, comm->timeout_ms, missing > 1 ? "s" : "", names);
+	else
+		fep_err("%s: timed out after %d ms (counter %llu of %llu)", what,
+			comm->timeout_ms,
+			(unsigned long long)fep_counter_load(fab, ctr),
+			(unsigned long long)target);
+	return -ETIMEDOUT;
+}
+
+int fep_comm_allgather(fabep_comm_t *comm, const void *in, void *out, size_t len)
+{
+	return fep_boot_allgather(comm->boot, in, out, len);
+}
+
+int fep_comm_agree(fabep_comm_t *comm, int status)
+{
+	int64_t *all;
+	int r, ret, first = 0, who = -1;
+
+	all = calloc((size_t)comm->size, sizeof(*all));
+	if (!all)
+		return -ENOMEM;
+	ret = fep_comm_xchg(comm, "error agreement", status, all);
+	if (!ret) {
+		for (r = 0; r < comm->size; r++)
+			if (all[r]) {
+				first = (int)all[r];
+				who = r;
+				break;
+			}
+		if (status)
+			ret = status;
+		else if (first) {
+			fep_err("rank %d reported: %s", who, fabep_strerror(first));
+			ret = -FABEP_ERR_PEER;
+		}
+	}
+	free(all);
+	return ret;
+}
+
+FEP_EXPORT int fabep_barrier(fabep_comm_t *comm)
+{
+	if (!comm) {
+		fep_err("fabep_barrier: NULL communicator");
+		return -EINVAL;
+	}
+	return fep_comm_xchg(comm, "barrier", 0, NULL);
+}
+
+/* Every rank reports its status; all return the same verdict. */
+static int fep_boot_agree(fabep_comm_t *comm, int status, const char *what)
+{
+	int32_t *all, r, ret;
+
+	all = calloc((size_t)comm->size, sizeof(*all));
+	if (!all)
+		return -ENOMEM;
+	ret = fep_boot_allgather(comm->boot, &status, all, sizeof(status));
+	if (!ret) {
+		for (r = 0; r < comm->size; r++)
+			if (all[r]) {
+				if (!status)
+					fep_err("%s failed on rank %d: %s", what, r,
+						fabep_strerror(all[r]));
+				ret = status ? status : -FABEP_ERR_PEER;
+				break;
+			}
+	}
+	free(all);
+	return ret;
+}
+
+static int fep_comm_check_hellos(fabep_comm_t *comm, const struct fep_hello *h)
+{
+	const struct fep_hello *me = &h[comm->rank];
+	int r;
+
+	comm->all_local = true;
+	comm->local_rank = 0;
+	comm->local_size = 0;
+	for (r = 0; r < comm->size; r++) {
+		if (strcmp(h[r].host, me->host))
+			comm->all_local = false;
+		else {
+			if (r < comm->rank)
+				comm->local_rank++;
+			comm->local_size++;
+		}
+		if (strcmp(h[r].provider, h[0].provider) ||
+		    strcmp(h[r].domain, h[0].domain) ||
+		    h[r].signal != h[0].signal || h[r].heap_size != h[0].heap_size) {
+			fep_err("configuration differs between ranks: rank 0 has "
+				"provider \"%s\" domain \"%s\" signal %s heap %llu, "
+				"rank %d has \"%s\" \"%s\" %s %llu", h[0].provider,
+				h[0].domain, fep_signal_name(h[0].signal),
+				(unsigned long long)h[0].heap_size, r, h[r].provider,
+				h[r].domain, fep_signal_name(h[r].signal),
+				(unsigned long long)h[r].heap_size);
+			return -FABEP_ERR_MISMATCH;
+		}
+	}
+	return 0;
+}
+
+FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
+				 fabep_comm_t **out)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm;
+	struct fep_hello hello, *hellos = NULL;
+	struct fep_fab_params fp;
+	struct fep_fab_blob blob, *blobs = NULL;
+	int ret, status;
+
+	if (!out) {
+		fep_err("fabep_comm_create: NULL output pointer");
+		return -EINVAL;
+	}
+	if (attr)
+		a = *attr;
+	else
+		fabep_comm_attr_init(&a);
+	ret = fep_attr_from_env(&a);
+	if (ret)
+		return ret;
+	if (a.signal < FABEP_SIGNAL_AUTO || a.signal > FABEP_SIGNAL_CQDATA) {
+		fep_err("fabep_comm_create: signal %d is not a fabep_signal_t",
+			(int)a.signal);
+		return -EINVAL;
+	}
+	comm = calloc(1, sizeof(*comm));
+	if (!comm)
+		return -ENOMEM;
+	comm->timeout_ms = a.timeout_ms;
+	ret = fep_comm_boot(&a, comm);
+	if (ret)
+		goto err_free;
+	comm->rank = comm->boot->rank;
+	comm->size = comm->boot->size;
+	fep_log_set_rank(comm->rank);
+
+	/* 1. who is where, and what each rank was configured with */
+	memset(&hello, 0, sizeof(hello));
+	fep_host_id(hello.host, sizeof(hello.host));
+	snprintf(hello.provider, sizeof(hello.provider), "%s", a.provider ? a.provider : "");
+	snprintf(hello.domain, sizeof(hello.domain), "%s", a.domain ? a.domain : "");
+	hello.signal = a.signal;
+	hello.heap_size = a.heap_size;
+	hellos = calloc((size_t)comm->size, sizeof(*hellos));
+	blobs = calloc((size_t)comm->size, sizeof(*blobs));
+	if (!hellos || !blobs) {
+		ret = -ENOMEM;
+		goto err_boot;
+	}
+	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
+	if (ret)
+		goto err_boot;
+	ret = fep_comm_check_hellos(comm, hellos);
+	if (ret)
+		goto err_boot;
+
+	/* 2. the fabric; every rank learns whether every rank succeeded */
+	memset(&fp, 0, sizeof(fp));
+	fp.provider = a.provider;
+	fp.domain = a.domain;
+	fp.signal = a.signal;
+	fp.all_local = comm->all_local;
+	fp.rank = comm->rank;
+	fp.size = comm->size;
+	fp.timeout_ms = a.timeout_ms;
+	fp.heap_size = a.heap_size;
+	fp.numa_node = a.numa_node;
+	status = fep_fabric_open(&fp, &comm->fab);
+	memset(&blob, 0, sizeof(blob));
+	if (!status)
+		status = fep_fabric_blob(comm->fab, &blob);
+	ret = fep_boot_agree(comm, status, "opening the fabric");
+	if (ret)
+		goto err_fabric;
+	ret = fep_boot_allgather(comm->boot, &blob, blobs, sizeof(blob));
+	if (ret)
+		goto err_fabric;
+	status = fep_fabric_connect(comm->fab, blobs);
+	ret = fep_boot_agree(comm, status, "connecting");
+	if (ret)
+		goto err_fabric;
+
+	/* 3. barrier objects, then the warm-up exchange (first contact on
+	 * every pair, so the first real transfer never stalls) */
+	if ((ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->bar_ctr)) ||
+	    (ret = fep_heap_alloc_(comm->fab, (size_t)comm->size * sizeof(struct fep_xslot),
+				   64, &comm->bar_slots)) ||
+	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
+				   &comm->bar_src)))
+		goto err_fabric;
+	/* Connections first from higher to lower ranks, so no pair connects
+	 * from both ends at once (the sockets provider fails that), then
+	 * every pair both ways. */
+	ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, true);
+	if (!ret)
+		ret = fep_comm_xchg(comm, "warm-up exchange", 0, NULL);
+	ret = fep_boot_agree(comm, ret, "the warm-up exchange");
+	if (ret)
+		goto err_fabric;
+
+	/* 4. the kernel thread pool, near the NIC (or the caller, for shm) */
+	comm->numa_node = fep_comm_pick_numa(comm, &a);
+	ret = fep_pool_create(a.threads, comm->numa_node, comm->local_size,
+			      &comm->pool);
+	ret = fep_boot_agree(comm, ret, "creating the thread pool");
+	if (ret)
+		goto err_fabric;
+	comm->numa_node = fep_pool_node(comm->pool);
+
+	free(hellos);
+	free(blobs);
+	fep_info("rank %d of %d: provider %s domain %s signal %s, %d threads on "
+		 "node %d", comm->rank, comm->size, comm->fab->desc.provider,
+		 comm->fab->desc.domain, fep_signal_name(comm->fab->signal),
+		 fep_pool_threads(comm->pool), comm->numa_node);
+	*out = comm;
+	return 0;
+
+err_fabric:
+	if (comm->pool)
+		fep_pool_destroy(comm->pool);
+	if (comm->fab)
+		fep_fabric_close(comm->fab);
+err_boot:
+	fep_boot_destroy(comm->boot);
+err_free:
+	free(hellos);
+	free(blobs);
+	free(comm);
+	return ret;
+}
+
+FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
+{
+	int ret = 0;
+
+	if (!comm)
+		return 0;
+	/* Everyone stops writing into everyone's heap before it goes away;
+	 * where peers are gone, this returns after the timeout or sooner. */
+	if (!comm->fab->tx_error) {
+		int saved = comm->timeout_ms;
+
+		comm->timeout_ms = FEP_MIN(saved, 5000);
+		comm->fab->timeout_ms = comm->timeout_ms;
+		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
+		comm->timeout_ms = saved;
+	}
+	if (comm->pool)
+		fep_pool_destroy(comm->pool);
+	fep_fabric_close(comm->fab);
+	fep_boot_destroy(comm->boot);
+	free(comm);
+	return ret;
+}
+
+FEP_EXPORT int fabep_comm_rank(const fabep_comm_t *comm)
+{
+	return comm ? comm->rank : -EINVAL;
+}
+
+FEP_EXPORT int fabep_comm_size(const fabep_comm_t *comm)
+{
+	return comm ? comm->size : -EINVAL;
+}
+
+FEP_EXPORT const char *fabep_comm_provider(const fabep_comm_t *comm)
+{
+	return comm ? comm->fab->desc.provider : NULL;
+}
+
+FEP_EXPORT const char *fabep_comm_domain(const fabep_comm_t *comm)
+{
+	return comm ? comm->fab->desc.domain : NULL;
+}
+
+FEP_EXPORT fabep_signal_t fabep_comm_signal(const fabep_comm_t *comm)
+{
+	return comm ? comm->fab->signal : FABEP_SIGNAL_AUTO;
+}
+
+FEP_EXPORT int fabep_comm_threads(const fabep_comm_t *comm)
+{
+	return comm ? fep_pool_threads(comm->pool) : -EINVAL;
+}
+
+FEP_EXPORT int fabep_comm_numa_node(const fabep_comm_t *comm)
+{
+	return comm ? comm->numa_node : -EINVAL;
+}
+
+/* ---- one-sided ---- */
+
+FEP_EXPORT int fabep_heap_alloc(fabep_comm_t *comm, size_t size, size_t align,
+				fabep_off_t *off)
+{
+	uint64_t o;
+	int ret;
+
+	if (!comm || !off) {
+		fep_err("fabep_heap_alloc: NULL communicator or offset");
+		return -EINVAL;
+	}
+	ret = fep_heap_alloc_(comm->fab, size, align, &o);
+	if (!ret)
+		*off = o;
+	return ret;
+}
+
+FEP_EXPORT void *fabep_heap_ptr(fabep_comm_t *comm, fabep_off_t off)
+{
+	if (!comm || off >= comm->fab->heap_size)
+		return NULL;
+	return fep_heap_at(comm->fab, off);
+}
+
+FEP_EXPORT size_t fabep_heap_size(const fabep_comm_t *comm)
+{
+	return comm ? comm->fab->heap_size : 0;
+}
+
+FEP_EXPORT int fabep_put(fabep_comm_t *comm, int peer, fabep_off_t dst,
+			 fabep_off_t src, size_t len)
+{
+	if (!comm) {
+		fep_err("fabep_put: NULL communicator");
+		return -EINVAL;
+	}
+	return fep_fab_write(comm->fab, peer, dst, src, len, 0);
+}
+
+FEP_EXPORT int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
+				fabep_off_t src, size_t len, fabep_off_t sig,
+				uint64_t add)
+{
+	if (!comm) {
+		fep_err("fabep_put_signal: NULL communicator");
+		return -EINVAL;
+	}
+	if (!add) {
+		fep_err("fabep_put_signal: add must be nonzero (use fabep_put)");
+		return -EINVAL;
+	}
+	return fep_fab_put_signal(comm->fab, peer, dst, src, len, sig, add);
+}
+
+FEP_EXPORT int fabep_flush(fabep_comm_t *comm)
+{
+	if (!comm) {
+		fep_err("fabep_flush: NULL communicator");
+		return -EINVAL;
+	}
+	return fep_fabric_quiet(comm->fab);
+}
+
+FEP_EXPORT int fabep_wait(fabep_comm_t *comm, fabep_off_t sig, uint64_t target)
+{
+	if (!comm) {
+		fep_err("fabep_wait: NULL communicator");
+		return -EINVAL;
+	}
+	if ((sig & 7) || !fep_heap_range_ok(comm->fab, sig, 8)) {
+		fep_err("fabep_wait: counter offset %llu is not an 8-byte aligned "
+			"heap offset", (unsigned long long)sig);
+		return -EINVAL;
+	}
+	return fep_comm_wait(comm, "fabep_wait", sig, target, UINT64_MAX, 0, 0);
+}
+
+FEP_EXPORT uint64_t fabep_counter_read(fabep_comm_t *comm, fabep_off_t sig)
+{
+	if (!comm || (sig & 7) || !fep_heap_range_ok(comm->fab, sig, 8))
+		return 0;
+	return fep_counter_load(comm->fab, sig);
+}
+
+FEP_EXPORT int fabep_progress(fabep_comm_t *comm)
+{
+	if (!comm)
+		return -EINVAL;
+	return fep_fabric_progress(comm->fab);
+}

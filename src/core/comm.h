@@ -1,0 +1,59 @@
+/*
+ * comm.h - the communicator: ties bootstrap, fabric, heap and the kernel
+ * thread pool together.  What ep/ and coll/ build on.
+ */
+#ifndef FEP_CORE_COMM_H
+#define FEP_CORE_COMM_H
+
+#include <stdbool.h>
+#include "fabep.h"
+#include "util/util.h"
+#include "bootstrap/bootstrap.h"
+#include "fabric/fabric.h"
+
+struct fep_pool;
+
+struct fabep_comm {
+	int rank;
+	int size;
+	int timeout_ms;
+	bool all_local;
+	int local_rank;       /* index among the ranks on this host */
+	int local_size;       /* ranks on this host */
+	int numa_node;
+	fep_boot_t *boot;
+	fep_fabric_t *fab;
+	struct fep_pool *pool;
+
+	/* barrier: a counter, one sequence slot per source (read only to
+	 * name missing peers on timeout), and a source word */
+	uint64_t bar_ctr;
+	uint64_t bar_slots;
+	uint64_t bar_src;
+	uint64_t bar_seq;
+	uint64_t bar_expect;  /* what bar_ctr must reach this round */
+};
+
+/*
+ * Wait until the local counter at `ctr` reaches `target`.  On timeout,
+ * names the peers in `peers` (n entries; NULL = every other rank) whose
+ * uint64 sequence word at `slots + 8 * peer` (stride `stride`, 0 = 8) is
+ * below `seq`, in a message starting with `what`.  slots == UINT64_MAX:
+ * no naming.  Returns 0, -ETIMEDOUT, or a fabric error.
+ */
+int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
+		  uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
+
+/* Allgather over the bootstrap (small control data, start-up only). */
+int fep_comm_allgather(fabep_comm_t *comm, const void *in, void *out, size_t len);
+
+/*
+ * Agree on an error: every rank passes its local status (0 or a negative
+ * code); every rank returns the same value: 0 if all were 0, else the
+ * first nonzero status by rank for the failing ranks themselves, and
+ * -FABEP_ERR_PEER for the others (logged with the failing rank).
+ * Uses the fabric barrier slots, so it works after creation.
+ */
+int fep_comm_agree(fabep_comm_t *comm, int status);
+
+#endif

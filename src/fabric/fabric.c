@@ -1,0 +1,764 @@
+/*
+ * fabric.c - provider choice, endpoint, address vector, completion queues
+ * and progress.
+ *
+ * A provider is chosen among those that offer FI_RMA on FI_EP_RDM with
+ * FI_AV_TABLE: FABEP_PROVIDER/FABEP_DOMAIN when given, else shm when every
+ * rank shares this host, else a NIC provider before tcp before sockets.
+ * Every mr_mode bit is requested and what the provider grants is honoured
+ * (mr.c).  Each candidate is described (fep_fabric_describe) by asking
+ * fi_getinfo again for each capability fabep may need (write-after-write
+ * ordering, FI_FENCE, FI_DELIVERY_COMPLETE, FI_ATOMIC) and by
+ * fi_query_atomic; the signal strategy follows from that (signal.c).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <limits.h>
+
+#include "util/util.h"
+#include "fabric/fabric.h"
+
+#define FEP_BLOB_MAGIC 0xfab3b10bu
+#define FEP_CQ_BATCH 32
+
+enum { PROBE_ATOMIC = 1, PROBE_FENCE = 2, PROBE_ORDER = 4, PROBE_DELIVERY = 8 };
+
+static const uint64_t fep_mr_mode_all =
+	FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+	FI_MR_ENDPOINT | FI_MR_RAW | FI_MR_MMU_NOTIFY | FI_MR_RMA_EVENT;
+
+static struct fi_info *fep_hints(const char *prov, const char *fabric,
+				 const char *dom, unsigned probe)
+{
+	struct fi_info *h = fi_allocinfo();
+
+	if (!h)
+		return NULL;
+	h->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+	if (probe & PROBE_ATOMIC)
+		h->caps |= FI_ATOMIC;
+	if (probe & PROBE_FENCE)
+		h->caps |= FI_FENCE;
+	h->mode = FI_CONTEXT | FI_CONTEXT2;
+	h->ep_attr->type = FI_EP_RDM;
+	h->domain_attr->mr_mode = (int)fep_mr_mode_all;
+	h->domain_attr->av_type = FI_AV_TABLE;
+	h->domain_attr->threading = FI_THREAD_DOMAIN;
+	h->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+	h->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+	if (probe & PROBE_ORDER) {
+		h->tx_attr->msg_order = FI_ORDER_WAW;
+		h->rx_attr->msg_order = FI_ORDER_WAW;
+	}
+	if (probe & PROBE_DELIVERY)
+		h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+	if (prov && !(h->fabric_attr->prov_name = strdup(prov)))
+		goto err;
+	if (fabric && !(h->fabric_attr->name = strdup(fabric)))
+		goto err;
+	if (dom && !(h->domain_attr->name = strdup(dom)))
+		goto err;
+	return h;
+err:
+	fi_freeinfo(h);
+	return NULL;
+}
+
+static int fep_getinfo(const char *prov, const char *fabric, const char *dom,
+		       unsigned probe, struct fi_info **out)
+{
+	struct fi_info *h = fep_hints(prov, fabric, dom, probe);
+	int ret;
+
+	if (!h)
+		return -ENOMEM;
+	ret = fi_getinfo(FEP_FI_VERSION, NULL, NULL, 0, h, out);
+	fi_freeinfo(h);
+	return ret;
+}
+
+/* The same provider/fabric/domain again with extra capabilities; NULL if
+ * not granted. */
+static struct fi_info *fep_probe(const struct fi_info *base, unsigned probe)
+{
+	struct fi_info *list = NULL, *it, *hit = NULL;
+
+	if (fep_getinfo(base->fabric_attr->prov_name, base->fabric_attr->name,
+			base->domain_attr->name, probe, &list))
+		return NULL;
+	for (it = list; it; it = it->next) {
+		if (strcmp(it->fabric_attr->prov_name,
+			   base->fabric_attr->prov_name) ||
+		    strcmp(it->domain_attr->name, base->domain_attr->name) ||
+		    it->addr_format != base->addr_format)
+			continue;
+		if ((probe & PROBE_ORDER) &&
+		    (!(it->tx_attr->msg_order & FI_ORDER_WAW) ||
+		     !(it->rx_attr->msg_order & FI_ORDER_WAW)))
+			continue;
+		if ((probe & PROBE_FENCE) && !(it->caps & FI_FENCE))
+			continue;
+		if ((probe & PROBE_ATOMIC) && !(it->caps & FI_ATOMIC))
+			continue;
+		hit = fi_dupinfo(it);
+		break;
+	}
+	fi_freeinfo(list);
+	return hit;
+}
+
+static bool prov_is(const char *name, const char *core)
+{
+	size_t n = strlen(core);
+
+	return !strncmp(name, core, n) && (name[n] == '\0' || name[n] == ';');
+}
+
+/* Lower is better.  INT_MAX: unusable. */
+static int fep_rank_info(const struct fi_info *i, bool all_local)
+{
+	const char *p = i->fabric_attr->prov_name;
+	const char *d = i->domain_attr->name ? i->domain_attr->name : "";
+	bool lo = !strcmp(d, "lo");
+	int base;
+
+	if (prov_is(p, "shm"))
+		return all_local ? 0 : INT_MAX;
+	if (prov_is(p, "verbs") || prov_is(p, "efa") || prov_is(p, "cxi") ||
+	    prov_is(p, "psm3") || prov_is(p, "psm2") || prov_is(p, "opx") ||
+	    prov_is(p, "ucx"))
+		base = 100;
+	else if (prov_is(p, "tcp"))
+		base = 200;
+	else if (prov_is(p, "net"))
+		base = 300;
+	else if (prov_is(p, "sockets"))
+		base = 400;
+	else if (prov_is(p, "udp"))
+		base = 500;
+	else
+		base = 450;
+	/* On one host, loopback; across hosts, a real interface. */
+	if (lo != all_local)
+		base += 20;
+	if (i->addr_format != FI_SOCKADDR_IN)
+		base += 10;
+	return base;
+}
+
+static int pci_numa_node(const struct fi_info *info)
+{
+	struct fi_pci_attr *pci;
+	char path[128];
+	FILE *f;
+	int node = -1;
+
+	if (!info->nic || !info->nic->bus_attr ||
+	    info->nic->bus_attr->bus_type != FI_BUS_PCI)
+		return -1;
+	pci = &info->nic->bus_attr->attr.pci;
+	snprintf(path, sizeof(path),
+		 "/sys/bus/pci/devices/%04x:%02x:%02x.%x/numa_node",
+		 pci->domain_id, pci->bus_id, pci->device_id, pci->function_id);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%d", &node) != 1)
+		node = -1;
+	fclose(f);
+	return node;
+}
+
+static size_t query_atomic_count(struct fi_info *info)
+{
+	struct fid_fabric *fabric = NULL;
+	struct fid_domain *domain = NULL;
+	struct fi_atomic_attr attr = { 0 };
+	size_t count = 0;
+
+	/* 1.17's net provider advertises FI_ATOMIC but returns -FI_ENOSYS. */
+	if (prov_is(info->fabric_attr->prov_name, "net"))
+		return 0;
+	if (fi_fabric(info->fabric_attr, &fabric, NULL))
+		return 0;
+	if (fi_domain(fabric, info, &domain, NULL))
+		goto out;
+	if (!fi_query_atomic(domain, FI_UINT64, FI_SUM, &attr, 0))
+		count = attr.count;
+	fi_close(&domain->fid);
+out:
+	fi_close(&fabric->fid);
+	return count;
+}
+
+int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d)
+{
+	struct fi_info *atom, *p;
+	int s;
+
+	memset(d, 0, sizeof(*d));
+	snprintf(d->provider, sizeof(d->provider), "%s",
+		 info->fabric_attr->prov_name);
+	snprintf(d->fabric, sizeof(d->fabric), "%s",
+		 info->fabric_attr->name ? info->fabric_attr->name : "");
+	snprintf(d->domain, sizeof(d->domain), "%s",
+		 info->domain_attr->name ? info->domain_attr->name : "");
+	d->caps = info->caps;
+	d->mode = info->mode;
+	d->mr_mode = info->domain_attr->mr_mode;
+	d->inject_size = info->tx_attr->inject_size;
+	d->max_msg_size = info->ep_attr->max_msg_size;
+	d->rma_iov_limit = info->tx_attr->rma_iov_limit;
+	d->cq_data_size = info->domain_attr->cq_data_size;
+	d->numa_node = pci_numa_node(info);
+
+	atom = fep_probe(info, PROBE_ATOMIC);
+	if (atom) {
+		d->caps |= atom->caps & FI_ATOMIC;
+		d->atomic_count = query_atomic_count(atom);
+		d->atomic_sum_u64 = d->atomic_count > 0;
+		fi_freeinfo(atom);
+	}
+	if ((p = fep_probe(info, PROBE_ATOMIC | PROBE_ORDER))) {
+		d->msg_order = p->tx_attr->msg_order & p->rx_attr->msg_order;
+		fi_freeinfo(p);
+	}
+	if ((p = fep_probe(info, PROBE_ATOMIC | PROBE_FENCE))) {
+		d->fence = 1;
+		fi_freeinfo(p);
+	}
+	if ((p = fep_probe(info, PROBE_DELIVERY))) {
+		d->delivery_complete = 1;
+		fi_freeinfo(p);
+	}
+	for (s = FABEP_SIGNAL_ORDERED; s <= FABEP_SIGNAL_CQDATA; s++)
+		if (fep_signal_supported(d, (fabep_signal_t)s))
+			d->signals |= 1u << s;
+	d->signal = fep_signal_choose(d, d->signal_why, sizeof(d->signal_why));
+	return 0;
+}
+
+FEP_EXPORT int fabep_provider_list(const char *provider,
+				   fabep_provider_desc_t *descs, int max,
+				   int *count)
+{
+	struct fi_info *list = NULL, *it;
+	int n = 0, ret;
+
+	if (!count || max < 0 || (max > 0 && !descs)) {
+		fep_err("fabep_provider_list: NULL count or descs, or max < 0");
+		return -EINVAL;
+	}
+	ret = fep_getinfo(provider, NULL, NULL, 0, &list);
+	if (ret == -FI_ENODATA) {
+		*count = 0;
+		return 0;
+	}
+	if (ret) {
+		fep_err("fi_getinfo: %s", fi_strerror(-ret));
+		return ret;
+	}
+	for (it = list; it && n < max; it = it->next) {
+		int j, dup = 0;
+
+		/* one row per provider + domain + address format */
+		for (j = 0; j < n; j++)
+			if (!strcmp(descs[j].provider, it->fabric_attr->prov_name) &&
+			    !strcmp(descs[j].fabric, it->fabric_attr->name) &&
+			    !strcmp(descs[j].domain, it->domain_attr->name))
+				dup = 1;
+		if (dup)
+			continue;
+		fep_fabric_describe(it, &descs[n]);
+		n++;
+	}
+	fi_freeinfo(list);
+	*count = n;
+	return 0;
+}
+
+/* Choose the provider entry.  Returns a dup'ed fi_info or NULL + error. */
+static int fep_choose_info(const struct fep_fab_params *p,
+			   struct fi_info **out)
+{
+	struct fi_info *list = NULL, *it, *best = NULL;
+	int best_rank = INT_MAX, ret;
+
+	ret = fep_getinfo(p->provider, NULL, p->domain, 0, &list);
+	if (ret) {
+		if (p->provider)
+			fep_err("provider \"%s\"%s%s%s offers no RMA endpoint here "
+				"(fi_getinfo: %s); see fabep_info for what is available",
+				p->provider, p->domain ? " with domain \"" : "",
+				p->domain ? p->domain : "", p->domain ? "\"" : "",
+				fi_strerror(-ret));
+		else
+			fep_err("no libfabric provider offers RMA on an RDM endpoint "
+				"(fi_getinfo: %s)", fi_strerror(-ret));
+		return -FABEP_ERR_NO_PROVIDER;
+	}
+	for (it = list; it; it = it->next) {
+		int r = fep_rank_info(it, p->all_local);
+
+		/* an explicitly named provider is used even where the ranking
+		 * would exclude it (e.g. shm asked for across hosts) */
+		if (r == INT_MAX && p->provider)
+			r = INT_MAX - 1;
+		if (r < best_rank) {
+			best_rank = r;
+			best = it;
+		}
+	}
+	if (!best || best_rank == INT_MAX) {
+		fep_err("no usable provider: shm needs every rank on one host "
+			"and no network provider offers RMA");
+		fi_freeinfo(list);
+		return -FABEP_ERR_NO_PROVIDER;
+	}
+	*out = fi_dupinfo(best);
+	fi_freeinfo(list);
+	return *out ? 0 : -ENOMEM;
+}
+
+static int fep_ops_create(fep_fabric_t *fab)
+{
+	size_t i, n = fab->info->tx_attr->size;
+	int ret;
+
+	if (n < 64)
+		n = 64;
+	if (n > 4096)
+		n = 4096;
+	fab->nops = n;
+	fab->ops = calloc(n, sizeof(*fab->ops));
+	if (!fab->ops)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		fab->ops[i].next = i + 1 < n ? &fab->ops[i + 1] : NULL;
+	}
+	fab->free_ops = fab->ops;
+	if (fab->mr_mode & FI_MR_LOCAL) {
+		ret = fi_mr_reg(fab->domain, fab->ops, n * sizeof(*fab->ops),
+				FI_READ | FI_WRITE, 0, 0xfab0f00dull, 0,
+				&fab->ops_mr, NULL);
+		if (ret) {
+			fep_err("fi_mr_reg(operation pool): %s", fi_strerror(-ret));
+			return ret;
+		}
+		fab->ops_desc = fi_mr_desc(fab->ops_mr);
+	}
+	return 0;
+}
+
+int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
+{
+	fep_fabric_t *fab;
+	struct fi_info *base = NULL, *info = NULL;
+	struct fi_cq_attr cq_attr = { 0 };
+	struct fi_av_attr av_attr = { 0 };
+	unsigned probe = 0;
+	char why[192];
+	int ret;
+
+	fab = calloc(1, sizeof(*fab));
+	if (!fab)
+		return -ENOMEM;
+	fab->rank = p->rank;
+	fab->size = p->size;
+	fab->timeout_ms = p->timeout_ms;
+
+	ret = fep_choose_info(p, &base);
+	if (ret)
+		goto err_free;
+	fep_fabric_describe(base, &fab->desc);
+
+	if (p->signal == FABEP_SIGNAL_AUTO) {
+		fab->signal = fab->desc.signal;
+		snprintf(why, sizeof(why), "%s", fab->desc.signal_why);
+		if (!fab->signal) {
+			fep_err("provider %s (domain %s) offers no way to signal: "
+				"no usable atomics and no remote CQ data",
+				fab->desc.provider, fab->desc.domain);
+			ret = -FABEP_ERR_NO_SIGNAL;
+			goto err_info;
+		}
+	} else {
+		if (!fep_signal_supported(&fab->desc, p->signal)) {
+			fep_err("signal strategy \"%s\" is not supported by provider "
+				"%s (domain %s): usable here:%s%s%s%s",
+				fep_signal_name(p->signal), fab->desc.provider,
+				fab->desc.domain,
+				(fab->desc.signals & (1u << FABEP_SIGNAL_ORDERED)) ? " ordered" : "",
+				(fab->desc.signals & (1u << FABEP_SIGNAL_FENCE)) ? " fence" : "",
+				(fab->desc.signals & (1u << FABEP_SIGNAL_DELIVERY)) ? " delivery" : "",
+				(fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA)) ? " cqdata" : "");
+			ret = -FABEP_ERR_NO_SIGNAL;
+			goto err_info;
+		}
+		fab->signal = p->signal;
+		snprintf(why, sizeof(why), "requested");
+	}
+	switch (fab->signal) {
+	case FABEP_SIGNAL_ORDERED: probe = PROBE_ATOMIC | PROBE_ORDER; break;
+	case FABEP_SIGNAL_FENCE: probe = PROBE_ATOMIC | PROBE_FENCE; break;
+	case FABEP_SIGNAL_DELIVERY: probe = PROBE_ATOMIC; break;
+	default: probe = 0; break;
+	}
+	info = probe ? fep_probe(base, probe) : fi_dupinfo(base);
+	if (!info) {
+		fep_err("provider %s refused the capabilities of signal strategy %s",
+			fab->desc.provider, fep_signal_name(fab->signal));
+		ret = -FABEP_ERR_NO_SIGNAL;
+		goto err_info;
+	}
+	fab->info = info;
+	fab->inject_size = info->tx_attr->inject_size;
+	fab->max_msg_size = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : SIZE_MAX;
+	fab->mr_mode = info->domain_attr->mr_mode;
+	fab->cq_data_size = info->domain_attr->cq_data_size;
+	fab->atomic_count = fab->desc.atomic_count;
+	fab->cq_idx_bits = fab->cq_data_size >= 8 ? 40 : 24;
+	fep_info("provider %s, fabric %s, domain %s, signal %s (%s), mr_mode 0x%x, "
+		 "inject %zu, max_msg %zu", info->fabric_attr->prov_name,
+		 info->fabric_attr->name, info->domain_attr->name,
+		 fep_signal_name(fab->signal), why, fab->mr_mode,
+		 fab->inject_size, fab->max_msg_size);
+
+	ret = fi_fabric(info->fabric_attr, &fab->fabric, NULL);
+	if (ret) {
+		fep_err("fi_fabric(%s): %s", info->fabric_attr->prov_name, fi_strerror(-ret));
+		goto err_info;
+	}
+	ret = fi_domain(fab->fabric, info, &fab->domain, NULL);
+	if (ret) {
+		fep_err("fi_domain(%s): %s", info->domain_attr->name, fi_strerror(-ret));
+		goto err_fabric;
+	}
+	cq_attr.format = FI_CQ_FORMAT_DATA;
+	cq_attr.wait_obj = FI_WAIT_NONE;
+	cq_attr.size = FEP_MAX(info->tx_attr->size, 1024);
+	ret = fi_cq_open(fab->domain, &cq_attr, &fab->txcq, NULL);
+	if (ret) {
+		fep_err("fi_cq_open(tx): %s", fi_strerror(-ret));
+		goto err_domain;
+	}
+	/* remote CQ data: one entry per signal from every sender */
+	cq_attr.size = FEP_MAX(FEP_MAX(info->rx_attr->size, 1024),
+			       (size_t)p->size * 256);
+	ret = fi_cq_open(fab->domain, &cq_attr, &fab->rxcq, NULL);
+	if (ret) {
+		fep_err("fi_cq_open(rx): %s", fi_strerror(-ret));
+		goto err_txcq;
+	}
+	av_attr.type = FI_AV_TABLE;
+	av_attr.count = (size_t)p->size;
+	ret = fi_av_open(fab->domain, &av_attr, &fab->av, NULL);
+	if (ret) {
+		fep_err("fi_av_open: %s", fi_strerror(-ret));
+		goto err_rxcq;
+	}
+	ret = fi_endpoint(fab->domain, info, &fab->ep, NULL);
+	if (ret) {
+		fep_err("fi_endpoint: %s", fi_strerror(-ret));
+		goto err_av;
+	}
+	if ((ret = fi_ep_bind(fab->ep, &fab->av->fid, 0)) ||
+	    (ret = fi_ep_bind(fab->ep, &fab->txcq->fid, FI_TRANSMIT)) ||
+	    (ret = fi_ep_bind(fab->ep, &fab->rxcq->fid, FI_RECV))) {
+		fep_err("fi_ep_bind: %s", fi_strerror(-ret));
+		goto err_ep;
+	}
+	ret = fep_ops_create(fab);
+	if (ret)
+		goto err_ep;
+	ret = fep_heap_create(fab, p->heap_size, p->numa_node);
+	if (ret)
+		goto err_ops;
+	ret = fi_enable(fab->ep);
+	if (ret) {
+		fep_err("fi_enable: %s", fi_strerror(-ret));
+		goto err_heap;
+	}
+	ret = fep_heap_bind(fab);
+	if (ret)
+		goto err_heap;
+	fab->peers = calloc((size_t)p->size, sizeof(*fab->peers));
+	if (!fab->peers) {
+		ret = -ENOMEM;
+		goto err_heap;
+	}
+	fi_freeinfo(base);
+	*out = fab;
+	return 0;
+
+err_heap:
+	fep_heap_destroy(fab);
+err_ops:
+	if (fab->ops_mr)
+		fi_close(&fab->ops_mr->fid);
+	free(fab->ops);
+err_ep:
+	fi_close(&fab->ep->fid);
+err_av:
+	fi_close(&fab->av->fid);
+err_rxcq:
+	fi_close(&fab->rxcq->fid);
+err_txcq:
+	fi_close(&fab->txcq->fid);
+err_domain:
+	fi_close(&fab->domain->fid);
+err_fabric:
+	fi_close(&fab->fabric->fid);
+err_info:
+	if (info)
+		fi_freeinfo(info);
+	if (base)
+		fi_freeinfo(base);
+err_free:
+	free(fab);
+	return ret;
+}
+
+void fep_fabric_close(fep_fabric_t *fab)
+{
+	if (!fab)
+		return;
+	/* Reap what can still complete, within a short bound. */
+	if (fab->outstanding) {
+		int saved = fab->timeout_ms;
+
+		fab->timeout_ms = FEP_MIN(saved, 1000);
+		(void)fep_fabric_quiet(fab);
+		fab->timeout_ms = saved;
+	}
+	fi_close(&fab->ep->fid);
+	fep_heap_destroy(fab);
+	if (fab->ops_mr)
+		fi_close(&fab->ops_mr->fid);
+	fi_close(&fab->av->fid);
+	fi_close(&fab->rxcq->fid);
+	fi_close(&fab->txcq->fid);
+	fi_close(&fab->domain->fid);
+	fi_close(&fab->fabric->fid);
+	fi_freeinfo(fab->info);
+	free(fab->ops);
+	free(fab->peers);
+	free(fab);
+}
+
+int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *b)
+{
+	size_t len = sizeof(b->name);
+	int ret;
+
+	memset(b, 0, sizeof(*b));
+	b->magic = FEP_BLOB_MAGIC;
+	ret = fi_getname(&fab->ep->fid, b->name, &len);
+	if (ret) {
+		fep_err("fi_getname: %s (address needs %zu bytes, room for %zu)",
+			fi_strerror(-ret), len, sizeof(b->name));
+		return ret;
+	}
+	b->name_len = (uint32_t)len;
+	b->heap_base = (uint64_t)(uintptr_t)fab->heap;
+	b->heap_size = fab->heap_size;
+	b->key = fab->heap_key;
+	b->signal = (uint32_t)fab->signal;
+	if (fab->mr_mode & FI_MR_RAW) {
+		uint64_t base = 0;
+		size_t ksz = sizeof(b->raw_key);
+
+		ret = fi_mr_raw_attr(fab->heap_mr, &base, b->raw_key, &ksz, 0);
+		if (ret) {
+			fep_err("fi_mr_raw_attr: %s", fi_strerror(-ret));
+			return ret;
+		}
+		b->raw_key_len = (uint32_t)ksz;
+		b->heap_base = base;
+	}
+	return 0;
+}
+
+int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs)
+{
+	int r, ret;
+
+	for (r = 0; r < fab->size; r++) {
+		const struct fep_fab_blob *b = &blobs[r];
+		fi_addr_t addr = FI_ADDR_NOTAVAIL;
+
+		if (b->magic != FEP_BLOB_MAGIC || b->name_len == 0 ||
+		    b->name_len > sizeof(b->name) ||
+		    b->raw_key_len > sizeof(b->raw_key)) {
+			fep_err("rank %d published a malformed address", r);
+			return -FABEP_ERR_PROTOCOL;
+		}
+		if (b->heap_size != fab->heap_size) {
+			fep_err("rank %d has a heap of %llu bytes, this rank %zu: "
+				"FABEP_HEAP_SIZE must be the same everywhere", r,
+				(unsigned long long)b->heap_size, fab->heap_size);
+			return -FABEP_ERR_MISMATCH;
+		}
+		if (b->signal != (uint32_t)fab->signal) {
+			fep_err("rank %d chose signal strategy %s, this rank %s",
+				r, fep_signal_name((fabep_signal_t)b->signal),
+				fep_signal_name(fab->signal));
+			return -FABEP_ERR_MISMATCH;
+		}
+		ret = fi_av_insert(fab->av, b->name, 1, &addr, 0, NULL);
+		if (ret != 1) {
+			fep_err("fi_av_insert(rank %d): %s", r,
+				fi_strerror(ret < 0 ? -ret : FI_EOTHER));
+			return ret < 0 ? ret : -FI_EOTHER;
+		}
+		fab->peers[r].addr = addr;
+		fab->peers[r].base = (fab->mr_mode & FI_MR_VIRT_ADDR) ? b->heap_base : 0;
+		if (fab->mr_mode & FI_MR_RAW) {
+			uint64_t key;
+
+			ret = fi_mr_map_raw(fab->domain, b->heap_base,
+					    (uint8_t *)b->raw_key, b->raw_key_len,
+					    &key, 0);
+			if (ret) {
+				fep_err("fi_mr_map_raw(rank %d): %s", r, fi_strerror(-ret));
+				return ret;
+			}
+			fab->peers[r].key = key;
+		} else {
+			fab->peers[r].key = b->key;
+		}
+	}
+	return 0;
+}
+
+static void fep_op_put(fep_fabric_t *fab, struct fep_op *op)
+{
+	op->next = fab->free_ops;
+	fab->free_ops = op;
+	fab->outstanding--;
+}
+
+static int fep_cq_tx(fep_fabric_t *fab)
+{
+	struct fi_cq_data_entry e[FEP_CQ_BATCH];
+	ssize_t n, i;
+
+	for (;;) {
+		n = fi_cq_read(fab->txcq, e, FEP_CQ_BATCH);
+		if (n == -FI_EAGAIN)
+			return 0;
+		if (n == -FI_EAVAIL) {
+			struct fi_cq_err_entry err = { 0 };
+			struct fep_op *op;
+
+			if (fi_cq_readerr(fab->txcq, &err, 0) < 0)
+				return -FI_EOTHER;
+			op = err.op_context;
+			if (op) {
+				fep_err("transfer to rank %d failed: %s (%s)", op->peer,
+					fi_strerror(err.err),
+					fi_cq_strerror(fab->txcq, err.prov_errno,
+						       err.err_data, NULL, 0));
+				if (op->peer >= 0 && op->peer < fab->size)
+					fab->peers[op->peer].lost = 1;
+				fep_op_put(fab, op);
+			} else {
+				fep_err("transfer failed: %s", fi_strerror(err.err));
+			}
+			if (!fab->tx_error)
+				fab->tx_error = -FABEP_ERR_PEER_LOST;
+			continue;
+		}
+		if (n < 0) {
+			fep_err("fi_cq_read(tx): %s", fi_strerror((int)-n));
+			return (int)n;
+		}
+		for (i = 0; i < n; i++)
+			if (e[i].op_context)
+				fep_op_put(fab, e[i].op_context);
+		if (n < FEP_CQ_BATCH)
+			return 0;
+	}
+}
+
+static void fep_cqdata_apply(fep_fabric_t *fab, uint64_t data)
+{
+	unsigned addbits = (fab->cq_data_size >= 8 ? 64 : 32) - fab->cq_idx_bits;
+	uint64_t idx = data & ((1ull << fab->cq_idx_bits) - 1);
+	uint64_t add = (data >> fab->cq_idx_bits) & ((1ull << addbits) - 1);
+	uint64_t off = idx * 8;
+
+	if (!fep_heap_range_ok(fab, off, 8)) {
+		fep_err("remote CQ data names counter offset %llu outside the heap; "
+			"ignored", (unsigned long long)off);
+		return;
+	}
+	__atomic_fetch_add((uint64_t *)fep_heap_at(fab, off), add, __ATOMIC_SEQ_CST);
+}
+
+static int fep_cq_rx(fep_fabric_t *fab)
+{
+	struct fi_cq_data_entry e[FEP_CQ_BATCH];
+	ssize_t n, i;
+
+	for (;;) {
+		n = fi_cq_read(fab->rxcq, e, FEP_CQ_BATCH);
+		if (n == -FI_EAGAIN)
+			return 0;
+		if (n == -FI_EAVAIL) {
+			struct fi_cq_err_entry err = { 0 };
+
+			if (fi_cq_readerr(fab->rxcq, &err, 0) < 0)
+				return -FI_EOTHER;
+			fep_warn("receive-side error: %s", fi_strerror(err.err));
+			continue;
+		}
+		if (n < 0) {
+			fep_err("fi_cq_read(rx): %s", fi_strerror((int)-n));
+			return (int)n;
+		}
+		for (i = 0; i < n; i++)
+			if (e[i].flags & FI_REMOTE_CQ_DATA)
+				fep_cqdata_apply(fab, e[i].data);
+		if (n < FEP_CQ_BATCH)
+			return 0;
+	}
+}
+
+int fep_fabric_progress(fep_fabric_t *fab)
+{
+	int ret = fep_cq_tx(fab);
+
+	if (!ret)
+		ret = fep_cq_rx(fab);
+	if (ret)
+		return ret;
+	return fab->tx_error;
+}
+
+int fep_fabric_quiet(fep_fabric_t *fab)
+{
+	struct fep_backoff bo = { 0 };
+	uint64_t deadline = fep_now_ns() + (uint64_t)fab->timeout_ms * 1000000ull;
+	int ret;
+
+	while (fab->outstanding) {
+		ret = fep_fabric_progress(fab);
+		if (ret)
+			return ret;
+		if (!fab->outstanding)
+			break;
+		if (fep_now_ns() > deadline) {
+			fep_err("%zu transfers still incomplete after %d ms",
+				fab->outstanding, fab->timeout_ms);
+			return -ETIMEDOUT;
+		}
+		fep_backoff_step(&bo);
+	}
+	return fab->tx_error;
+}

@@ -1,0 +1,188 @@
+/*
+ * fabric.h - the libfabric layer: provider choice, endpoint, AV, CQs,
+ * progress (fabric.c); the symmetric heap and keys (mr.c); put + signal
+ * strategies (signal.c).  Uses only util.
+ */
+#ifndef FEP_FABRIC_H
+#define FEP_FABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_errno.h>
+
+#include "fabep.h"
+
+#define FEP_FI_VERSION FI_VERSION(1, 17)
+#define FEP_RAW_KEY_MAX 32
+#define FEP_NAME_MAX 160
+
+/* One posted operation: pooled, never on the stack. */
+struct fep_op {
+	struct fi_context2 ctx;   /* must stay first */
+	uint64_t operand;         /* atomic operand (registered memory) */
+	struct fep_op *next;
+	int peer;
+	int kind;
+};
+
+/* What each rank publishes about itself at start-up (an opaque blob for
+ * the bootstrap). */
+struct fep_fab_blob {
+	uint32_t magic;
+	uint32_t name_len;
+	uint64_t heap_base;
+	uint64_t heap_size;
+	uint64_t key;
+	uint32_t raw_key_len;
+	uint32_t signal;
+	uint8_t raw_key[FEP_RAW_KEY_MAX];
+	uint8_t name[FEP_NAME_MAX];
+};
+
+struct fep_peer {
+	fi_addr_t addr;
+	uint64_t base;   /* added to offsets (0 without FI_MR_VIRT_ADDR) */
+	uint64_t key;
+	int lost;        /* a transfer to it failed */
+};
+
+struct fep_fab_params {
+	const char *provider;   /* NULL: any */
+	const char *domain;     /* NULL: any */
+	fabep_signal_t signal;  /* AUTO: choose */
+	bool all_local;         /* every rank on this host: prefer shm, "lo" */
+	int rank;
+	int size;
+	int timeout_ms;
+	size_t heap_size;
+	int numa_node;          /* for the heap allocation, -1: local */
+};
+
+typedef struct fep_fabric {
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_ep *ep;
+	struct fid_av *av;
+	struct fid_cq *txcq;
+	struct fid_cq *rxcq;
+
+	int rank;
+	int size;
+	int timeout_ms;
+	fabep_signal_t signal;
+	fabep_provider_desc_t desc;
+
+	/* limits */
+	size_t inject_size;
+	size_t max_msg_size;
+	size_t atomic_count;
+	int mr_mode;
+	size_t cq_data_size;
+	unsigned cq_idx_bits;   /* cqdata encoding: counter index bits */
+
+	/* heap */
+	void *heap;
+	size_t heap_size;
+	size_t heap_used;
+	bool heap_numa;
+	struct fid_mr *heap_mr;
+	void *heap_desc;
+	uint64_t heap_key;
+
+	/* pooled operation contexts, registered for atomic operands */
+	struct fep_op *ops;
+	size_t nops;
+	struct fep_op *free_ops;
+	struct fid_mr *ops_mr;
+	void *ops_desc;
+	size_t outstanding;
+	int tx_error;           /* first error seen on the TX CQ */
+
+	struct fep_peer *peers;
+} fep_fabric_t;
+
+/* ---- fabric.c ---- */
+int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
+void fep_fabric_close(fep_fabric_t *fab);
+/* Fill this rank's blob (after the heap exists). */
+int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *blob);
+/* Insert every rank's address, record bases and keys.  blobs: size entries. */
+int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
+/* Read both CQs once.  Returns 0 or the first error seen. */
+int fep_fabric_progress(fep_fabric_t *fab);
+/* Wait until no operation is outstanding (timeout -> -ETIMEDOUT). */
+int fep_fabric_quiet(fep_fabric_t *fab);
+/* Describe a fi_info (opens fabric + domain briefly to query atomics). */
+int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d);
+
+/* ---- mr.c: symmetric heap ---- */
+int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node);
+void fep_heap_destroy(fep_fabric_t *fab);
+int fep_heap_bind(fep_fabric_t *fab);    /* FI_MR_ENDPOINT: after ep enable */
+int fep_heap_alloc_(fep_fabric_t *fab, size_t size, size_t align, uint64_t *off);
+static inline void *fep_heap_at(fep_fabric_t *fab, uint64_t off)
+{
+	return (char *)fab->heap + off;
+}
+static inline bool fep_heap_range_ok(const fep_fabric_t *fab, uint64_t off,
+				     size_t len)
+{
+	return off <= fab->heap_size && len <= fab->heap_size - off;
+}
+
+/* ---- signal.c: put and put + signal ---- */
+/* Post a write of heap[src, src+len) to peer's heap at dst (chunked by
+ * max_msg_size).  flags: 0 or FI_DELIVERY_COMPLETE. */
+int fep_fab_write(fep_fabric_t *fab, int peer, uint64_t dst, uint64_t src,
+		  size_t len, uint64_t flags);
+/* Post the signal half: add `add` to the counter at `sig` on peer, ordered
+ * after the writes to that peer already posted, per the strategy.  With
+ * DELIVERY the caller must have reaped the writes (fep_fabric_quiet). */
+int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add);
+/* Write + signal as one, for one peer. */
+int fep_fab_put_signal(fep_fabric_t *fab, int peer, uint64_t dst,
+		       uint64_t src, size_t len, uint64_t sig, uint64_t add);
+/* The flags data writes need under the current strategy. */
+uint64_t fep_fab_write_flags(const fep_fabric_t *fab);
+/* Batch: the put + signal of many destinations with one round trip:
+ * post all writes, reap if needed, post all signals. */
+struct fep_put {
+	int peer;
+	uint64_t dst;
+	uint64_t src;
+	size_t len;
+	uint64_t sig;
+	uint64_t add;   /* 0: no signal */
+};
+int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
+			    size_t n);
+
+/* Local counter access: acquire load. */
+static inline uint64_t fep_counter_load(fep_fabric_t *fab, uint64_t off)
+{
+	return __atomic_load_n((uint64_t *)fep_heap_at(fab, off),
+			       __ATOMIC_ACQUIRE);
+}
+/* Wait for the counter at off to reach target, progressing.  timeout_ms
+ * < 0: the fabric's.  -ETIMEDOUT (not logged: the caller names peers). */
+int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
+		 int timeout_ms);
+
+/* Strategy helpers */
+const char *fep_signal_name(fabep_signal_t s);
+/* Whether the strategy is possible with the described provider. */
+bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s);
+/* Choose the default for the described provider, with the reason. */
+fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
+				 size_t len);
+
+#endif

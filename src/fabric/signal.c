@@ -1,0 +1,466 @@
+/*
+ * signal.c - put and put + signal.
+ *
+ * Data goes with fi_write into the peer's heap; arrival is announced by an
+ * atomic FI_SUM on a uint64 counter in the peer's heap, or, without
+ * atomics, by remote CQ data that the target's progress adds into the same
+ * counter word.  libfabric does not order a write before a later atomic on
+ * every provider, hence four strategies:
+ *
+ *   ordered   FI_ORDER_WAW granted for tx and rx: post write, post atomic.
+ *   fence     FI_FENCE on the atomic.
+ *   delivery  writes with FI_DELIVERY_COMPLETE; reap their completions;
+ *             then the atomics.  One round trip per batch, not per peer.
+ *   cqdata    fi_writedata: the data and the signal are one operation.
+ *
+ * Counters never reset; waits are counter >= target.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/util.h"
+#include "fabric/fabric.h"
+
+enum { OP_WRITE = 1, OP_ATOMIC, OP_WRITEDATA };
+
+const char *fep_signal_name(fabep_signal_t s)
+{
+	switch (s) {
+	case FABEP_SIGNAL_AUTO: return "auto";
+	case FABEP_SIGNAL_ORDERED: return "ordered";
+	case FABEP_SIGNAL_FENCE: return "fence";
+	case FABEP_SIGNAL_DELIVERY: return "delivery";
+	case FABEP_SIGNAL_CQDATA: return "cqdata";
+	}
+	return "invalid";
+}
+
+bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s)
+{
+	bool atom = d->atomic_sum_u64 && d->atomic_count > 0;
+
+	switch (s) {
+	case FABEP_SIGNAL_ORDERED:
+		return atom && (d->msg_order & FI_ORDER_WAW);
+	case FABEP_SIGNAL_FENCE:
+		return atom && d->fence;
+	case FABEP_SIGNAL_DELIVERY:
+		return atom && d->delivery_complete;
+	case FABEP_SIGNAL_CQDATA:
+		return d->cq_data_size >= 4;
+	default:
+		return false;
+	}
+}
+
+/*
+ * The default, from measurements of fabep_pingpong with every strategy on
+ * libfabric 1.17 (see README "Signal strategies"): remote CQ data carries
+ * data and signal in one operation and was fastest wherever it exists, as
+ * it needs no software-emulated atomic; next native ordering, then a fence,
+ * then delivery-complete (one extra round trip per batch).
+ */
+fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
+				 size_t len)
+{
+	if (fep_signal_supported(d, FABEP_SIGNAL_CQDATA)) {
+		snprintf(why, len, "remote CQ data (%zu bytes): write and signal "
+			 "in one operation, no emulated atomic", d->cq_data_size);
+		return FABEP_SIGNAL_CQDATA;
+	}
+	if (fep_signal_supported(d, FABEP_SIGNAL_ORDERED)) {
+		snprintf(why, len, "FI_ORDER_WAW granted: write then atomic, "
+			 "no wait between them");
+		return FABEP_SIGNAL_ORDERED;
+	}
+	if (fep_signal_supported(d, FABEP_SIGNAL_FENCE)) {
+		snprintf(why, len, "no write-after-write ordering; FI_FENCE granted");
+		return FABEP_SIGNAL_FENCE;
+	}
+	if (fep_signal_supported(d, FABEP_SIGNAL_DELIVERY)) {
+		snprintf(why, len, "no ordering, fence or CQ data; writes with "
+			 "FI_DELIVERY_COMPLETE are reaped before the atomic");
+		return FABEP_SIGNAL_DELIVERY;
+	}
+	snprintf(why, len, "no usable atomics (FI_SUM on FI_UINT64) and no "
+		 "remote CQ data");
+	return FABEP_SIGNAL_AUTO;
+}
+
+FEP_EXPORT const char *fabep_signal_name(fabep_signal_t sig)
+{
+	return fep_signal_name(sig);
+}
+
+FEP_EXPORT int fabep_signal_parse(const char *name, fabep_signal_t *sig)
+{
+	static const fabep_signal_t all[] = {
+		FABEP_SIGNAL_AUTO, FABEP_SIGNAL_ORDERED, FABEP_SIGNAL_FENCE,
+		FABEP_SIGNAL_DELIVERY, FABEP_SIGNAL_CQDATA,
+	};
+	size_t i;
+
+	if (!name || !sig)
+		return -EINVAL;
+	for (i = 0; i < FEP_ARRAY_SIZE(all); i++)
+		if (!strcmp(name, fep_signal_name(all[i]))) {
+			*sig = all[i];
+			return 0;
+		}
+	return -EINVAL;
+}
+
+static int fep_op_get(fep_fabric_t *fab, int peer, int kind,
+		      struct fep_op **out)
+{
+	struct fep_backoff bo = { 0 };
+	uint64_t deadline = 0;
+	int ret;
+
+	while (!fab->free_ops) {
+		ret = fep_fabric_progress(fab);
+		if (ret)
+			return ret;
+		if (fab->free_ops)
+			break;
+		if (!deadline)
+			deadline = fep_now_ns() + (uint64_t)fab->timeout_ms * 1000000ull;
+		else if (fep_now_ns() > deadline) {
+			fep_err("no operation context freed within %d ms (%zu outstanding)",
+				fab->timeout_ms, fab->outstanding);
+			return -ETIMEDOUT;
+		}
+		fep_backoff_step(&bo);
+	}
+	*out = fab->free_ops;
+	fab->free_ops = (*out)->next;
+	(*out)->peer = peer;
+	(*out)->kind = kind;
+	fab->outstanding++;
+	return 0;
+}
+
+static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
+{
+	op->next = fab->free_ops;
+	fab->free_ops = op;
+	fab->outstanding--;
+}
+
+/* Retry a post while it says EAGAIN, progressing both CQs. */
+#define FEP_POST(fab, peer, what, call)                                          \
+	({                                                                       \
+		struct fep_backoff bo_ = { 0 };                                  \
+		uint64_t dl_ = 0;                                                \
+		ssize_t r_;                                                      \
+		for (;;) {                                                       \
+			r_ = (call);                                             \
+			if (r_ != -FI_EAGAIN)                                    \
+				break;                                           \
+			r_ = fep_fabric_progress(fab);                           \
+			if (r_)                                                  \
+				break;                                           \
+			if (!dl_)                                                \
+				dl_ = fep_now_ns() +                             \
+				      (uint64_t)(fab)->timeout_ms * 1000000ull;  \
+			else if (fep_now_ns() > dl_) {                           \
+				fep_err("%s to rank %d: no progress for %d ms",  \
+					what, peer, (fab)->timeout_ms);          \
+				r_ = -ETIMEDOUT;                                 \
+				break;                                           \
+			}                                                        \
+			fep_backoff_step(&bo_);                                  \
+		}                                                                \
+		if (r_ && r_ != -ETIMEDOUT)                                      \
+			fep_err("%s to rank %d: %s", what, peer,                 \
+				fi_strerror((int)-r_));                          \
+		(int)r_;                                                         \
+	})
+
+static int fep_check_peer(fep_fabric_t *fab, int peer)
+{
+	if (peer < 0 || peer >= fab->size) {
+		fep_err("rank %d is not in [0, %d)", peer, fab->size);
+		return -EINVAL;
+	}
+	if (fab->peers[peer].lost) {
+		fep_err("rank %d was lost earlier", peer);
+		return -FABEP_ERR_PEER_LOST;
+	}
+	return 0;
+}
+
+static int fep_post_write(fep_fabric_t *fab, int peer, uint64_t dst,
+			  uint64_t src, size_t len, uint64_t flags, bool data,
+			  uint64_t cqdata)
+{
+	struct fep_peer *p = &fab->peers[peer];
+	struct fep_op *op;
+	struct iovec iov = { .iov_base = fep_heap_at(fab, src), .iov_len = len };
+	struct fi_rma_iov rma = { .addr = p->base + dst, .len = len, .key = p->key };
+	struct fi_msg_rma msg = {
+		.msg_iov = &iov, .desc = &fab->heap_desc, .iov_count = 1,
+		.addr = p->addr, .rma_iov = &rma, .rma_iov_count = 1,
+		.data = cqdata,
+	};
+	int ret;
+
+	ret = fep_op_get(fab, peer, data ? OP_WRITEDATA : OP_WRITE, &op);
+	if (ret)
+		return ret;
+	msg.context = op;
+	if (data)
+		flags |= FI_REMOTE_CQ_DATA;
+	if (!flags)
+		ret = FEP_POST(fab, peer, "fi_write",
+			       fi_write(fab->ep, iov.iov_base, len, fab->heap_desc,
+					p->addr, rma.addr, p->key, op));
+	else
+		ret = FEP_POST(fab, peer, "fi_writemsg",
+			       fi_writemsg(fab->ep, &msg, flags | FI_COMPLETION));
+	if (ret)
+		fep_op_unget(fab, op);
+	return ret;
+}
+
+static int fep_check_range(fep_fabric_t *fab, uint64_t dst, uint64_t src, size_t len)
+{
+	if (!fep_heap_range_ok(fab, dst, len) || !fep_heap_range_ok(fab, src, len)) {
+		fep_err("put of %zu bytes from offset %llu to %llu leaves the heap "
+			"(%zu bytes)", len, (unsigned long long)src,
+			(unsigned long long)dst, fab->heap_size);
+		return -ERANGE;
+	}
+	return 0;
+}
+
+int fep_fab_write(fep_fabric_t *fab, int peer, uint64_t dst, uint64_t src,
+		  size_t len, uint64_t flags)
+{
+	int ret = fep_check_peer(fab, peer);
+
+	if (!ret)
+		ret = fep_check_range(fab, dst, src, len);
+	while (!ret && len) {
+		size_t n = FEP_MIN(len, fab->max_msg_size);
+
+		ret = fep_post_write(fab, peer, dst, src, n, flags, false, 0);
+		dst += n;
+		src += n;
+		len -= n;
+	}
+	return ret;
+}
+
+uint64_t fep_fab_write_flags(const fep_fabric_t *fab)
+{
+	return fab->signal == FABEP_SIGNAL_DELIVERY ? FI_DELIVERY_COMPLETE : 0;
+}
+
+static int fep_check_sig(fep_fabric_t *fab, uint64_t sig)
+{
+	if ((sig & 7) || !fep_heap_range_ok(fab, sig, 8)) {
+		fep_err("signal counter offset %llu is not an 8-byte aligned heap "
+			"offset", (unsigned long long)sig);
+		return -EINVAL;
+	}
+	if (fab->signal == FABEP_SIGNAL_CQDATA &&
+	    (sig / 8) >> fab->cq_idx_bits) {
+		fep_err("signal counter offset %llu is beyond what %zu-byte CQ data "
+			"can name", (unsigned long long)sig, fab->cq_data_size);
+		return -ERANGE;
+	}
+	return 0;
+}
+
+/* cqdata: the counter index and the amount, packed into the CQ data. */
+static int fep_cqdata_pack(fep_fabric_t *fab, uint64_t sig, uint64_t add,
+			   uint64_t *data, uint64_t *rest)
+{
+	unsigned addbits = (fab->cq_data_size >= 8 ? 64 : 32) - fab->cq_idx_bits;
+	uint64_t maxadd = (1ull << addbits) - 1;
+	uint64_t a = add > maxadd ? maxadd : add;
+
+	*data = (sig / 8) | (a << fab->cq_idx_bits);
+	*rest = add - a;
+	return 0;
+}
+
+static int fep_post_atomic(fep_fabric_t *fab, int peer, uint64_t sig,
+			   uint64_t add)
+{
+	struct fep_peer *p = &fab->peers[peer];
+	struct fep_op *op;
+	uint64_t flags = FI_COMPLETION;
+	struct fi_ioc ioc;
+	struct fi_rma_ioc rma = { .addr = p->base + sig, .count = 1, .key = p->key };
+	struct fi_msg_atomic msg = { 0 };
+	int ret;
+
+	ret = fep_op_get(fab, peer, OP_ATOMIC, &op);
+	if (ret)
+		return ret;
+	op->operand = add;
+	ioc.addr = &op->operand;
+	ioc.count = 1;
+	msg.msg_iov = &ioc;
+	msg.desc = &fab->ops_desc;
+	msg.iov_count = 1;
+	msg.addr = p->addr;
+	msg.rma_iov = &rma;
+	msg.rma_iov_count = 1;
+	msg.datatype = FI_UINT64;
+	msg.op = FI_SUM;
+	msg.context = op;
+	if (fab->signal == FABEP_SIGNAL_FENCE)
+		flags |= FI_FENCE;
+	if (flags == FI_COMPLETION)
+		ret = FEP_POST(fab, peer, "fi_atomic",
+			       fi_atomic(fab->ep, &op->operand, 1, fab->ops_desc,
+					 p->addr, rma.addr, p->key, FI_UINT64,
+					 FI_SUM, op));
+	else
+		ret = FEP_POST(fab, peer, "fi_atomicmsg",
+			       fi_atomicmsg(fab->ep, &msg, flags));
+	if (ret)
+		fep_op_unget(fab, op);
+	return ret;
+}
+
+int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
+{
+	int ret = fep_check_peer(fab, peer);
+
+	if (!ret)
+		ret = fep_check_sig(fab, sig);
+	if (ret)
+		return ret;
+	if (fab->signal == FABEP_SIGNAL_CQDATA) {
+		/* a zero-byte write that carries the CQ data */
+		uint64_t data, rest = add;
+
+		do {
+			fep_cqdata_pack(fab, sig, rest, &data, &rest);
+			ret = fep_post_write(fab, peer, sig, sig, 0, 0, true, data);
+		} while (!ret && rest);
+		return ret;
+	}
+	return fep_post_atomic(fab, peer, sig, add);
+}
+
+int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
+			    size_t n)
+{
+	uint64_t wflags = fep_fab_write_flags(fab);
+	size_t i;
+	int ret;
+
+	for (i = 0; i < n; i++) {
+		ret = fep_check_peer(fab, puts[i].peer);
+		if (!ret)
+			ret = fep_check_range(fab, puts[i].dst, puts[i].src, puts[i].len);
+		if (!ret && puts[i].add)
+			ret = fep_check_sig(fab, puts[i].sig);
+		if (ret)
+			return ret;
+	}
+	if (fab->signal == FABEP_SIGNAL_CQDATA) {
+		for (i = 0; i < n; i++) {
+			const struct fep_put *p = &puts[i];
+			uint64_t data, rest;
+			size_t len = p->len, head;
+
+			if (!p->add) {
+				ret = fep_fab_write(fab, p->peer, p->dst, p->src, len, 0);
+				if (ret)
+					return ret;
+				continue;
+			}
+			/* Larger than one message: the head goes with
+			 * delivery-complete writes, reaped before the tail that
+			 * carries the signal. */
+			head = len > fab->max_msg_size ? len - fab->max_msg_size : 0;
+			if (head) {
+				ret = fep_fab_write(fab, p->peer, p->dst, p->src, head,
+						    FI_DELIVERY_COMPLETE);
+				if (!ret)
+					ret = fep_fabric_quiet(fab);
+				if (ret)
+					return ret;
+			}
+			fep_cqdata_pack(fab, p->sig, p->add, &data, &rest);
+			ret = fep_post_write(fab, p->peer, p->dst + head, p->src + head,
+					     len - head, 0, true, data);
+			while (!ret && rest) {
+				fep_cqdata_pack(fab, p->sig, rest, &data, &rest);
+				ret = fep_post_write(fab, p->peer, p->sig, p->sig, 0, 0,
+						     true, data);
+			}
+			if (ret)
+				return ret;
+		}
+		return 0;
+	}
+	for (i = 0; i < n; i++) {
+		if (!puts[i].len)
+			continue;
+		ret = fep_fab_write(fab, puts[i].peer, puts[i].dst, puts[i].src,
+				    puts[i].len, wflags);
+		if (ret)
+			return ret;
+	}
+	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
+		ret = fep_fabric_quiet(fab);
+		if (ret)
+			return ret;
+	}
+	for (i = 0; i < n; i++) {
+		if (!puts[i].add)
+			continue;
+		ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+int fep_fab_put_signal(fep_fabric_t *fab, int peer, uint64_t dst,
+		       uint64_t src, size_t len, uint64_t sig, uint64_t add)
+{
+	struct fep_put p = { peer, dst, src, len, sig, add };
+
+	return fep_fab_put_signal_many(fab, &p, 1);
+}
+
+int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
+		 int timeout_ms)
+{
+	struct fep_backoff bo = { 0 };
+	uint64_t deadline = 0;
+	unsigned n = 0;
+	int ret;
+
+	if (timeout_ms < 0)
+		timeout_ms = fab->timeout_ms;
+	for (;;) {
+		if (fep_counter_load(fab, off) >= target)
+			return 0;
+		ret = fep_fabric_progress(fab);
+		if (ret)
+			return ret;
+		if (fep_counter_load(fab, off) >= target)
+			return 0;
+		if ((++n & 63) == 0 || bo.spins >= 64) {
+			uint64_t now = fep_now_ns();
+
+			if (!deadline)
+				deadline = now + (uint64_t)timeout_ms * 1000000ull;
+			else if (now > deadline)
+				return -ETIMEDOUT;
+		}
+		fep_backoff_step(&bo);
+	}
+}

@@ -1,0 +1,348 @@
+/*
+ * fp8.c - FP8 e4m3fn (OCP) quantization of rows with one fp32 scale per
+ * row or per block, and dequantization to bf16/fp32.  The rules (scale,
+ * saturation, NaN, zero blocks) are in kernels.h.
+ */
+#include "config.h"
+
+#include <errno.h>
+
+#define FEP_KERNELS_IMPL
+#include "kernels/kernels.h"
+
+uint8_t fep_f32_to_e4m3(float f)
+{
+	return fep_e4m3_enc(f);
+}
+
+float fep_e4m3_to_f32(uint8_t q)
+{
+	uint32_t em = q & 0x7fu, sign = (uint32_t)(q & 0x80) << 24;
+
+	if (em == 0x7f)
+		return fep_u2f(0x7fc00000u | sign);
+	if (em < 8) /* subnormal: m * 2^-9 */
+		return fep_u2f(fep_f2u((float)em * (1.0f / 512.0f)) | sign);
+	return fep_u2f(((em << 20) + (120u << 23)) | sign);
+}
+
+float fep_fp8_scale(float amax, float scale_ub, int pow2)
+{
+	float s = amax / FEP_FP8_MAX;
+	uint32_t u;
+
+	if (!(s > 0.0f))
+		s = FEP_FP8_ZERO_SCALE;
+	if (scale_ub > 0.0f && s > scale_ub)
+		s = scale_ub;
+	if (s < FEP_FP8_MIN_SCALE)
+		s = FEP_FP8_MIN_SCALE;
+	if (pow2) {
+		u = fep_f2u(s);
+		if (u & 0x7fffffu)
+			u = (u + 0x800000u) & 0xff800000u;
+		s = fep_u2f(u);
+	}
+	return s;
+}
+
+static inline size_t nblocks(size_t cols, int block)
+{
+	return block > 0 ? (cols + (size_t)block - 1) / (size_t)block : 1;
+}
+
+/* ---- scalar reference ---- */
+
+void fep_k_fp8_quant_scalar(const fep_k_fp8_args_t *a, size_t r0, size_t r1)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t nb = nblocks(a->cols, a->block), r, b, i;
+
+	for (r = r0; r < r1; r++) {
+		const char *in = (const char *)a->in +
+				 r * a->ld_in * fep_k_dtype_size(a->in_dt);
+		uint8_t *out = a->out + r * a->ld_out;
+
+		for (b = 0; b < nb; b++) {
+			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
+			uint32_t amax = 0;
+			float s, inv;
+
+			for (i = c0; i < c1; i++)
+				amax = FEP_MAX(amax, fep_absbits_finite(fep_ld1(in, a->in_dt, i)));
+			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
+			inv = 1.0f / s;
+			a->scales[r * a->ld_scales + b] = s;
+			for (i = c0; i < c1; i++)
+				out[i] = fep_e4m3_enc(fep_ld1(in, a->in_dt, i) * inv);
+		}
+	}
+}
+
+void fep_k_fp8_dequant_scalar(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t r, i;
+
+	for (r = r0; r < r1; r++) {
+		const uint8_t *in = a->in + r * a->ld_in;
+		char *out = (char *)a->out + r * a->ld_out * fep_k_dtype_size(a->out_dt);
+		const float *sc = a->scales + r * a->ld_scales;
+
+		for (i = 0; i < a->cols; i++)
+			fep_st1(out, a->out_dt, i, fep_e4m3_to_f32(in[i]) * sc[i / bs]);
+	}
+}
+
+/* ---- AVX2 ---- */
+
+static inline FEP_T_AVX2 __m256 dec256(__m128i q8)
+{
+	__m256i q = _mm256_cvtepu8_epi32(q8);
+	__m256i em = _mm256_and_si256(q, _mm256_set1_epi32(0x7f));
+	__m256i sign = _mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(0x80)), 24);
+	__m256i nrm = _mm256_add_epi32(_mm256_slli_epi32(em, 20),
+				       _mm256_set1_epi32(120 << 23));
+	__m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(em),
+							_mm256_set1_ps(1.0f / 512.0f)));
+	__m256i v = _mm256_blendv_epi8(nrm, sub,
+		_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
+	v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000),
+		_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f)));
+	return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
+}
+
+FEP_T_AVX2 void fep_k_fp8_quant_avx2(const fep_k_fp8_args_t *a, size_t r0, size_t r1)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t nb = nblocks(a->cols, a->block), r, b, i;
+
+	for (r = r0; r < r1; r++) {
+		const char *in = (const char *)a->in +
+				 r * a->ld_in * fep_k_dtype_size(a->in_dt);
+		uint8_t *out = a->out + r * a->ld_out;
+
+		for (b = 0; b < nb; b++) {
+			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
+			__m256i m = _mm256_setzero_si256();
+			__m256 inv;
+			float s;
+
+			for (i = c0; i < c1; i += 8)
+				m = _mm256_max_epu32(m, fep256_absbits(
+					fep256_load(in, a->in_dt, i, c1 - i)));
+			s = fep_fp8_scale(fep_u2f(fep256_hmax_u32(m)), a->scale_ub,
+					  a->pow2);
+			a->scales[r * a->ld_scales + b] = s;
+			inv = _mm256_set1_ps(1.0f / s);
+			for (i = c0; i + 8 <= c1; i += 8)
+				_mm_storel_epi64((__m128i *)(out + i), fep256_e4m3(
+					_mm256_mul_ps(fep256_load(in, a->in_dt, i, 8), inv)));
+			if (i < c1) {
+				uint8_t t[16];
+				size_t j;
+
+				_mm_storeu_si128((__m128i *)t, fep256_e4m3(_mm256_mul_ps(
+					fep256_load(in, a->in_dt, i, c1 - i), inv)));
+				for (j = 0; i + j < c1; j++)
+					out[i + j] = t[j];
+			}
+		}
+	}
+}
+
+FEP_T_AVX2 void fep_k_fp8_dequant_avx2(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t r, i;
+
+	for (r = r0; r < r1; r++) {
+		const uint8_t *in = a->in + r * a->ld_in;
+		char *out = (char *)a->out + r * a->ld_out * fep_k_dtype_size(a->out_dt);
+		const float *sc = a->scales + r * a->ld_scales;
+
+		/* bs is a multiple of 8 (16), so a vector never spans blocks */
+		for (i = 0; i < a->cols; i += 8) {
+			size_t n = FEP_MIN((size_t)8, a->cols - i);
+			__m128i q;
+
+			if (n == 8) {
+				q = _mm_loadl_epi64((const __m128i *)(in + i));
+			} else {
+				uint8_t t[16] = { 0 };
+				memcpy(t, in + i, n);
+				q = _mm_loadu_si128((const __m128i *)t);
+			}
+			fep256_store(out, a->out_dt, i, _mm256_mul_ps(dec256(q),
+				     _mm256_set1_ps(sc[i / bs])), n);
+		}
+	}
+}
+
+/* ---- AVX-512 ---- */
+
+static inline FEP_T_AVX512 __m512 dec512(__m128i q8)
+{
+	__m512i q = _mm512_cvtepu8_epi32(q8);
+	__m512i em = _mm512_and_si512(q, _mm512_set1_epi32(0x7f));
+	__m512i sign = _mm512_slli_epi32(_mm512_and_si512(q, _mm512_set1_epi32(0x80)), 24);
+	__m512i v = _mm512_add_epi32(_mm512_slli_epi32(em, 20),
+				     _mm512_set1_epi32(120 << 23));
+	v = _mm512_mask_mov_epi32(v, _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)),
+		_mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(em),
+						  _mm512_set1_ps(1.0f / 512.0f))));
+	v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)),
+				  _mm512_set1_epi32(0x7fc00000));
+	return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
+}
+
+FEP_T_AVX512 void fep_k_fp8_quant_avx512(const fep_k_fp8_args_t *a, size_t r0, size_t r1)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t nb = nblocks(a->cols, a->block), r, b, i;
+
+	for (r = r0; r < r1; r++) {
+		const char *in = (const char *)a->in +
+				 r * a->ld_in * fep_k_dtype_size(a->in_dt);
+		uint8_t *out = a->out + r * a->ld_out;
+
+		for (b = 0; b < nb; b++) {
+			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
+			__m512i m0 = _mm512_setzero_si512(), m1 = m0;
+			__m512 inv;
+			float s;
+
+			for (i = c0; i + 32 <= c1; i += 32) {
+				m0 = _mm512_max_epu32(m0, fep512_absbits(
+					fep512_load(in, a->in_dt, i, 0xffff)));
+				m1 = _mm512_max_epu32(m1, fep512_absbits(
+					fep512_load(in, a->in_dt, i + 16, 0xffff)));
+			}
+			for (; i < c1; i += 16)
+				m0 = _mm512_max_epu32(m0, fep512_absbits(fep512_load(
+					in, a->in_dt, i, fep512_mask(c1 - i))));
+			s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(
+					  _mm512_max_epu32(m0, m1))), a->scale_ub, a->pow2);
+			a->scales[r * a->ld_scales + b] = s;
+			inv = _mm512_set1_ps(1.0f / s);
+			for (i = c0; i < c1; i += 16) {
+				__mmask16 k = fep512_mask(c1 - i);
+				_mm_mask_storeu_epi8(out + i, k, fep512_e4m3(_mm512_mul_ps(
+					fep512_load(in, a->in_dt, i, k), inv)));
+			}
+		}
+	}
+}
+
+FEP_T_AVX512 void fep_k_fp8_dequant_avx512(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t r, i;
+
+	for (r = r0; r < r1; r++) {
+		const uint8_t *in = a->in + r * a->ld_in;
+		char *out = (char *)a->out + r * a->ld_out * fep_k_dtype_size(a->out_dt);
+		const float *sc = a->scales + r * a->ld_scales;
+
+		for (i = 0; i < a->cols; i += 16) {
+			__mmask16 k = fep512_mask(a->cols - i);
+			__m512 v = dec512(_mm_maskz_loadu_epi8(k, in + i));
+
+			fep512_store(out, a->out_dt, i,
+				     _mm512_mul_ps(v, _mm512_set1_ps(sc[i / bs])), k);
+		}
+	}
+}
+
+/* ---- checks and threaded wrappers ---- */
+
+int fep_k_fp8_check(const fep_k_fp8_args_t *a)
+{
+	if (!a || !a->in || !a->out || !a->scales) {
+		fep_err("fp8_quant: NULL argument");
+		return -EINVAL;
+	}
+	if (a->in_dt != FEP_K_F32 && a->in_dt != FEP_K_BF16) {
+		fep_err("fp8_quant: input dtype %d is not fp32 or bf16", (int)a->in_dt);
+		return -EINVAL;
+	}
+	if (a->block < 0 || a->block % 16) {
+		fep_err("fp8_quant: block %d is not 0 or a positive multiple of 16",
+			a->block);
+		return -EINVAL;
+	}
+	if (a->ld_in < a->cols || a->ld_out < a->cols ||
+	    a->ld_scales < nblocks(a->cols, a->block)) {
+		fep_err("fp8_quant: leading dimension too small (cols %zu, ld_in %zu, "
+			"ld_out %zu, ld_scales %zu)", a->cols, a->ld_in, a->ld_out,
+			a->ld_scales);
+		return -EINVAL;
+	}
+	if (a->scale_ub != a->scale_ub) {
+		fep_err("fp8_quant: scale_ub is NaN");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int fep_k_fp8dq_check(const fep_k_fp8dq_args_t *a)
+{
+	if (!a || !a->in || !a->out || !a->scales) {
+		fep_err("fp8_dequant: NULL argument");
+		return -EINVAL;
+	}
+	if (a->out_dt != FEP_K_F32 && a->out_dt != FEP_K_BF16) {
+		fep_err("fp8_dequant: output dtype %d is not fp32 or bf16",
+			(int)a->out_dt);
+		return -EINVAL;
+	}
+	if (a->block < 0 || a->block % 16) {
+		fep_err("fp8_dequant: block %d is not 0 or a positive multiple of 16",
+			a->block);
+		return -EINVAL;
+	}
+	if (a->ld_in < a->cols || a->ld_out < a->cols ||
+	    a->ld_scales < nblocks(a->cols, a->block)) {
+		fep_err("fp8_dequant: leading dimension too small");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+struct q_ctx {
+	const void *args;
+	const struct fep_k_ops *ops;
+};
+
+static void quant_range(void *arg, size_t r0, size_t r1)
+{
+	struct q_ctx *c = arg;
+	c->ops->fp8_quant(c->args, r0, r1);
+}
+
+static void dequant_range(void *arg, size_t r0, size_t r1)
+{
+	struct q_ctx *c = arg;
+	c->ops->fp8_dequant(c->args, r0, r1);
+}
+
+int fep_k_fp8_quant_mt(fep_pool_t *pool, const fep_k_fp8_args_t *a, size_t rows)
+{
+	struct q_ctx c = { a, fep_k_ops() };
+	int ret = fep_k_fp8_check(a);
+
+	if (ret)
+		return ret;
+	return fep_pool_for(pool, rows, 1, quant_range, &c);
+}
+
+int fep_k_fp8_dequant_mt(fep_pool_t *pool, const fep_k_fp8dq_args_t *a,
+			 size_t rows)
+{
+	struct q_ctx c = { a, fep_k_ops() };
+	int ret = fep_k_fp8dq_check(a);
+
+	if (ret)
+		return ret;
+	return fep_pool_for(pool, rows, 1, dequant_range, &c);
+}

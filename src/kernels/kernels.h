@@ -1,0 +1,614 @@
+/*
+ * kernels.h - the local compute around every transfer: bf16 <-> fp32,
+ * FP8 e4m3 quantization, RMSNorm, weighted top-k sums, n-way sums, row
+ * permutes; and the NUMA-pinned worker pool that runs them.
+ *
+ * Layer: uses only util.  Internal (not installed).
+ *
+ * Every kernel exists three times with the same signature: _scalar (the
+ * reference), _avx2 (AVX2 + F16C + FMA) and _avx512 (F/BW/VL/DQ).  The
+ * level is chosen once, on first use, from the CPU's features; the
+ * environment variable FABEP_ISA=scalar|avx2|avx512 forces a level no
+ * higher than the CPU supports.  fep_k_ops() returns the chosen table.
+ *
+ * Every kernel works on a range [r0, r1) of rows (or, for the flat
+ * element-wise kernels, of elements), so a pool can split the work:
+ *   fep_k_ops()->fp8_quant(&args, r0, r1)        one thread, some rows
+ *   fep_k_fp8_quant_mt(pool, &args, nrows)       every pool thread
+ * The raw kernels trust their arguments; the _mt wrappers check them
+ * (logging and returning -EINVAL) before any work, and accept pool ==
+ * NULL (run on the calling thread).
+ *
+ * Numeric semantics (every level is bitwise equal to the scalar
+ * reference unless said otherwise):
+ *
+ *  bf16: fp32 -> bf16 rounds to nearest even; NaN stays NaN (quietened:
+ *    the top 16 bits with bit 6 set, sign and payload kept); subnormals
+ *    are kept (no DAZ/FTZ: vcvtneps2bf16 is not used for that reason).
+ *    bf16 -> fp32 is exact.
+ *
+ *  FP8 e4m3fn (OCP): bias 7, max 448 (0x7E/0xFE), NaN 0x7F/0xFF, no inf,
+ *    subnormals m * 2^-9.  Encoding of a value v:
+ *        q = e4m3(sat(v * (1 / scale)))
+ *    i.e. v times the fp32 reciprocal of the scale (computed once per
+ *    row or block; exactly v / scale when the scale is a power of two),
+ *    saturated to +-448 (+-inf saturates too), then rounded to nearest
+ *    even; NaN -> 0x7F (sign kept: 0xFF for negative NaN); -0 -> 0x80.
+ *    Scale of a row or block: amax / 448 where amax is the largest
+ *    |value| over the FINITE values of the block (NaN and +-inf are left
+ *    out of amax; inf then saturates to +-448).  If scale_ub > 0 the
+ *    scale is min(scale, scale_ub).  A block whose amax is 0 (all zero,
+ *    or only non-finite values) gets FEP_FP8_ZERO_SCALE = 1.0f (finite,
+ *    a power of two; its zeros encode as 0 anyway) before that clamp,
+ *    so dequantization never sees a zero scale.  Every scale is then
+ *    raised to at least FEP_FP8_MIN_SCALE = 2^-126, so 1 / scale
+ *    is finite.  With pow2 the scale is finally rounded UP to a power of
+ *    two (2^ceil(log2(scale)); this may exceed scale_ub by < 2x), so
+ *    v / scale stays within 448.  In order:
+ *        s = amax / 448;  if (s == 0) s = 1;  if (ub > 0) s = min(s, ub);
+ *        s = max(s, FEP_FP8_MIN_SCALE);  if (pow2) s = 2^ceil(log2(s)).
+ *    Dequantization: out = decode(q) * scale (fp32 multiply, then RNE to
+ *    bf16 for bf16 output); 0x7F/0xFF decode to NaN.
+ *    Scales layout: one fp32 per row (block == 0) at scales[r * ld_scales]
+ *    or one per block at scales[r * ld_scales + b], b < ceil(cols/block).
+ *
+ *  RMSNorm (fp32 accumulation, the input's values widened to fp32):
+ *      h   = in + residual        (if residual != NULL; h is rounded to
+ *                                  the input dtype and written back into
+ *                                  residual, and the norm uses that
+ *                                  rounded h, so out == norm(residual))
+ *      out = h * (1 / sqrt(mean(h^2) + eps)) * (gamma + weight_offset)
+ *    Output fp32, bf16 (RNE) or FP8 with one scale per row computed
+ *    from the fp32 normalized row as above.  Vector levels agree with the
+ *    reference within a few fp32 ulps (different summation order), so
+ *    they are compared with a tolerance, not bitwise.
+ *
+ *  Top-k sum: out[t] = sum_j w[t*k+j] * y[idx[t*k+j]] in fp32, j in
+ *    order 0..k-1, rows with idx < 0 skipped (w may be NULL = all 1).
+ *    Vector levels use FMA: within a few fp32 ulps of the reference.
+ *
+ *  n-way sum: out = ((in[0] + in[1]) + in[2]) + ... in fp32, in that
+ *    order at every level (no FMA, no reassociation), then rounded to the
+ *    dtype: bitwise equal across levels and ranks.
+ *
+ *  Permutes: gather dst[r] = src[idx[r]], scatter dst[idx[r]] = src[r],
+ *    rows with idx < 0 skipped (destination untouched).  Large calls
+ *    (>= FEP_K_NT_BYTES written and rows >= 256 bytes) use non-temporal
+ *    stores on the vector levels.
+ *
+ * Non-temporal stores: the element-wise kernels (conversions, n-way sum)
+ * and the permutes stream their output past the caches when one call
+ * writes at least FEP_K_NT_BYTES; smaller outputs are left in cache for
+ * the next step.
+ */
+#ifndef FEP_KERNELS_H
+#define FEP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/util.h"
+
+/* ------------------------------------------------------------------ */
+/* Types and constants                                                */
+/* ------------------------------------------------------------------ */
+
+typedef enum {
+	FEP_K_F32 = 0,
+	FEP_K_BF16 = 1,
+	FEP_K_FP8 = 2, /* e4m3fn, with scales */
+} fep_k_dtype_t;
+
+#define FEP_FP8_MAX 448.0f
+#define FEP_FP8_ZERO_SCALE 1.0f
+#define FEP_FP8_MIN_SCALE 1.17549435e-38f /* 2^-126 */
+/* Calls writing at least this many bytes use non-temporal stores. */
+#define FEP_K_NT_BYTES ((size_t)4 << 20)
+
+const char *fep_k_dtype_name(fep_k_dtype_t dt);
+size_t fep_k_dtype_size(fep_k_dtype_t dt); /* 4, 2, 1 */
+
+/* Scalar helpers shared by the kernels and the tests (the reference). */
+uint16_t fep_f32_to_bf16(float f);
+float fep_bf16_to_f32(uint16_t h);
+uint8_t fep_f32_to_e4m3(float f);      /* already scaled; saturates, RNE */
+float fep_e4m3_to_f32(uint8_t q);
+/* Scale for a block with finite max |value| amax (see the rules above). */
+float fep_fp8_scale(float amax, float scale_ub, int pow2);
+
+/* ------------------------------------------------------------------ */
+/* Kernel arguments                                                   */
+/* ------------------------------------------------------------------ */
+
+/* Leading dimensions (ld_*) are in ELEMENTS of the buffer's dtype
+ * (bytes for FP8 data); ld >= cols. */
+
+/* FP8 quantization: rows of bf16/fp32 -> e4m3 + scales. */
+typedef struct fep_k_fp8_args {
+	const void *in;
+	fep_k_dtype_t in_dt;   /* FEP_K_F32 or FEP_K_BF16 */
+	size_t ld_in;
+	uint8_t *out;
+	size_t ld_out;
+	float *scales;
+	size_t ld_scales;      /* >= 1 (per row) or >= ceil(cols / block) */
+	size_t cols;
+	int block;             /* 0: one scale per row; else a multiple of 16 (128) */
+	float scale_ub;        /* > 0: upper bound of a scale; <= 0: none */
+	int pow2;              /* round scales up to powers of two */
+} fep_k_fp8_args_t;
+
+/* FP8 dequantization: e4m3 + scales -> bf16/fp32 rows. */
+typedef struct fep_k_fp8dq_args {
+	const uint8_t *in;
+	size_t ld_in;
+	const float *scales;
+	size_t ld_scales;
+	int block;             /* as for quantization */
+	void *out;
+	fep_k_dtype_t out_dt;  /* FEP_K_F32 or FEP_K_BF16 */
+	size_t ld_out;
+	size_t cols;
+} fep_k_fp8dq_args_t;
+
+typedef struct fep_k_rmsnorm_args {
+	const void *in;
+	fep_k_dtype_t in_dt;   /* FEP_K_F32 or FEP_K_BF16 */
+	size_t ld_in;
+	void *residual;        /* NULL or rows of in_dt, updated in place */
+	size_t ld_res;
+	const float *gamma;    /* cols values */
+	float eps;
+	float weight_offset;   /* 0, or 1 for (1 + gamma) models */
+	void *out;             /* may equal in (same dtype and ld) */
+	fep_k_dtype_t out_dt;  /* F32, BF16 or FP8 */
+	size_t ld_out;
+	float *scales;         /* FP8 out: scales[r * ld_scales] */
+	size_t ld_scales;
+	float scale_ub;
+	int pow2;
+	size_t cols;
+} fep_k_rmsnorm_args_t;
+
+/* Called once per output row, after the row is written. */
+typedef void (*fep_k_row_cb)(void *ctx, size_t row, void *out_row);
+
+typedef struct fep_k_topk_args {
+	const void *y;         /* rows of y_dt, read at idx */
+	fep_k_dtype_t y_dt;    /* F32 or BF16 */
+	size_t ld_y;
+	const int32_t *idx;    /* [t * k + j]: row of y; < 0 = skip */
+	const float *w;        /* [t * k + j]: weight; NULL = all 1 */
+	int k;
+	void *out;             /* must not overlap y */
+	fep_k_dtype_t out_dt;  /* F32 or BF16 */
+	size_t ld_out;
+	size_t cols;
+	fep_k_row_cb cb;       /* optional */
+	void *cb_ctx;
+} fep_k_topk_args_t;
+
+typedef struct fep_k_sum_args {
+	const void *const *in; /* n buffers */
+	int n;                 /* >= 1 */
+	fep_k_dtype_t dt;      /* F32 or BF16, in and out */
+	void *out;             /* may be one of in[] exactly (no partial overlap) */
+} fep_k_sum_args_t;
+
+typedef struct fep_k_perm_args {
+	const void *src;
+	size_t src_stride;     /* bytes between rows */
+	void *dst;
+	size_t dst_stride;     /* bytes */
+	size_t row_bytes;
+	const int32_t *idx;    /* gather: src row of dst row r; scatter: dst row of src row r */
+} fep_k_perm_args_t;
+
+/* ------------------------------------------------------------------ */
+/* The dispatch table                                                 */
+/* ------------------------------------------------------------------ */
+
+struct fep_k_ops {
+	fabep_isa_t isa;
+	/* flat element ranges [i0, i1) of in/out */
+	void (*bf16_to_f32)(const uint16_t *in, float *out, size_t i0, size_t i1);
+	void (*f32_to_bf16)(const float *in, uint16_t *out, size_t i0, size_t i1);
+	void (*sum)(const fep_k_sum_args_t *a, size_t i0, size_t i1);
+	/* row ranges [r0, r1) */
+	void (*fp8_quant)(const fep_k_fp8_args_t *a, size_t r0, size_t r1);
+	void (*fp8_dequant)(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1);
+	void (*rmsnorm)(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1);
+	void (*topk_sum)(const fep_k_topk_args_t *a, size_t t0, size_t t1);
+	void (*gather)(const fep_k_perm_args_t *a, size_t r0, size_t r1);
+	void (*scatter)(const fep_k_perm_args_t *a, size_t r0, size_t r1);
+};
+
+/* The table chosen at start-up (first call; thread-safe, pthread_once). */
+const struct fep_k_ops *fep_k_ops(void);
+/* The table of one level, or NULL when the CPU lacks it (tests, bench). */
+const struct fep_k_ops *fep_k_ops_isa(fabep_isa_t isa);
+/* The highest level this CPU supports (ignores FABEP_ISA). */
+fabep_isa_t fep_k_isa_max(void);
+/* Parse "scalar"|"avx2"|"avx512"; -EINVAL otherwise. */
+int fep_k_isa_parse(const char *s, fabep_isa_t *isa);
+
+#define FEP_K_DECL(name, ...)                             \
+	void fep_k_##name##_scalar(__VA_ARGS__);          \
+	void fep_k_##name##_avx2(__VA_ARGS__);            \
+	void fep_k_##name##_avx512(__VA_ARGS__)
+FEP_K_DECL(bf16_to_f32, const uint16_t *in, float *out, size_t i0, size_t i1);
+FEP_K_DECL(f32_to_bf16, const float *in, uint16_t *out, size_t i0, size_t i1);
+FEP_K_DECL(sum, const fep_k_sum_args_t *a, size_t i0, size_t i1);
+FEP_K_DECL(fp8_quant, const fep_k_fp8_args_t *a, size_t r0, size_t r1);
+FEP_K_DECL(fp8_dequant, const fep_k_fp8dq_args_t *a, size_t r0, size_t r1);
+FEP_K_DECL(rmsnorm, const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1);
+FEP_K_DECL(topk_sum, const fep_k_topk_args_t *a, size_t t0, size_t t1);
+FEP_K_DECL(gather, const fep_k_perm_args_t *a, size_t r0, size_t r1);
+FEP_K_DECL(scatter, const fep_k_perm_args_t *a, size_t r0, size_t r1);
+
+/* Argument checks used by the _mt wrappers (log + -EINVAL). */
+int fep_k_fp8_check(const fep_k_fp8_args_t *a);
+int fep_k_fp8dq_check(const fep_k_fp8dq_args_t *a);
+int fep_k_rmsnorm_check(const fep_k_rmsnorm_args_t *a);
+int fep_k_topk_check(const fep_k_topk_args_t *a);
+int fep_k_sum_check(const fep_k_sum_args_t *a);
+int fep_k_perm_check(const fep_k_perm_args_t *a);
+
+/* ------------------------------------------------------------------ */
+/* Worker pool                                                        */
+/* ------------------------------------------------------------------ */
+
+typedef struct fep_pool fep_pool_t;
+
+/*
+ * Create a pool of `nthreads` threads (the caller counts as worker 0, so
+ * nthreads - 1 threads are started; nthreads == 1 starts none) pinned to
+ * the CPUs of NUMA node `numa_node`.
+ *   nthreads <= 0: FABEP_THREADS if set, else max(1, cpus of the node
+ *     that this process may use / local_ranks).  An explicit count above
+ *     the node's CPUs is allowed (logged as a warning).
+ *   numa_node < 0: fep_pool_default_node(-1).
+ * Without NUMA support (numa_available() < 0) the node is 0 and the
+ * threads run on the CPUs the process is allowed.  The calling thread is
+ * never re-pinned.  Waiting workers spin briefly, then sleep on a futex.
+ */
+int fep_pool_create(int nthreads, int numa_node, int local_ranks,
+		    fep_pool_t **pool);
+void fep_pool_destroy(fep_pool_t *pool); /* NULL is ignored */
+int fep_pool_threads(const fep_pool_t *pool); /* NULL: 1 */
+int fep_pool_node(const fep_pool_t *pool);    /* NULL: -1 */
+
+/* The node to use: FABEP_NUMA_NODE if set (and valid), else `nic_node`
+ * if >= 0, else the node of the CPU the caller runs on (0 without NUMA).
+ * Returns -EINVAL on a malformed FABEP_NUMA_NODE. */
+int fep_pool_default_node(int nic_node);
+
+/* Run fn(ctx, tid, nthreads) on every worker (tid 0 = caller) and wait
+ * for all.  One run at a time per pool (a communicator is used by one
+ * thread at a time).  pool NULL: fn(ctx, 0, 1). */
+typedef void (*fep_pool_fn)(void *ctx, int tid, int nthreads);
+int fep_pool_run(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
+
+/* Split [0, n) into one contiguous range per worker, each a multiple of
+ * `grain` (except the last; grain 0 = 1), and call fn(ctx, r0, r1) for
+ * the non-empty ones.  Worker tid always gets the same range for the same
+ * (n, grain, threads), so first touch by fep_pool_for places pages where
+ * later fep_pool_for calls read them. */
+typedef void (*fep_pool_range_fn)(void *ctx, size_t r0, size_t r1);
+int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
+		 fep_pool_range_fn fn, void *ctx);
+/* The range worker tid gets from fep_pool_for. */
+void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
+		    size_t *r0, size_t *r1);
+
+/* Page-aligned memory on a NUMA node (node < 0 or no NUMA: local policy).
+ * Not touched: the first writer places the pages. */
+void *fep_numa_alloc(size_t size, int node);
+void fep_numa_free(void *p, size_t size);
+/* Allocate on the pool's node and zero it with the pool's threads, split
+ * in `nrows` rows of `row_bytes` as fep_pool_for splits them (first touch
+ * by the thread that will use them).  Free with fep_numa_free(p, nrows *
+ * row_bytes). */
+void *fep_pool_alloc(fep_pool_t *pool, size_t nrows, size_t row_bytes);
+
+/* ------------------------------------------------------------------ */
+/* Threaded wrappers: check the arguments, then split rows over the pool */
+/* ------------------------------------------------------------------ */
+
+int fep_k_bf16_to_f32_mt(fep_pool_t *pool, const uint16_t *in, float *out,
+			 size_t n);
+int fep_k_f32_to_bf16_mt(fep_pool_t *pool, const float *in, uint16_t *out,
+			 size_t n);
+int fep_k_sum_mt(fep_pool_t *pool, const fep_k_sum_args_t *a, size_t n);
+int fep_k_fp8_quant_mt(fep_pool_t *pool, const fep_k_fp8_args_t *a,
+		       size_t rows);
+int fep_k_fp8_dequant_mt(fep_pool_t *pool, const fep_k_fp8dq_args_t *a,
+			 size_t rows);
+int fep_k_rmsnorm_mt(fep_pool_t *pool, const fep_k_rmsnorm_args_t *a,
+		     size_t rows);
+int fep_k_topk_sum_mt(fep_pool_t *pool, const fep_k_topk_args_t *a,
+		      size_t tokens);
+int fep_k_gather_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
+		    size_t rows);
+int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
+		     size_t rows);
+
+
+/* ------------------------------------------------------------------ */
+/* For the kernel files only: target attributes and vector helpers    */
+/* ------------------------------------------------------------------ */
+#ifdef FEP_KERNELS_IMPL
+#include <immintrin.h>
+#include <string.h>
+
+#define FEP_T_AVX2 __attribute__((target("avx2,f16c,fma")))
+#define FEP_T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+static inline uint32_t fep_f2u(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static inline float fep_u2f(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* Scalar load/store of one value of dtype dt (F32 or BF16). */
+static inline float fep_ld1(const void *p, fep_k_dtype_t dt, size_t i)
+{
+	if (dt == FEP_K_F32)
+		return ((const float *)p)[i];
+	return fep_u2f((uint32_t)((const uint16_t *)p)[i] << 16);
+}
+
+static inline uint16_t fep_bf16_rne(float f)
+{
+	uint32_t u = fep_f2u(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static inline void fep_st1(void *p, fep_k_dtype_t dt, size_t i, float v)
+{
+	if (dt == FEP_K_F32)
+		((float *)p)[i] = v;
+	else
+		((uint16_t *)p)[i] = fep_bf16_rne(v);
+}
+
+/* ---- AVX-512: 16 lanes ---- */
+static inline FEP_T_AVX512 __m512i fep512_bf16_bits(__m512 v)
+{
+	__m512i u = _mm512_castps_si512(v);
+	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16),
+				       _mm512_set1_epi32(1));
+	__m512i r = _mm512_srli_epi32(
+		_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
+		16);
+	__mmask16 nan = _mm512_cmpgt_epi32_mask(
+		_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+		_mm512_set1_epi32(0x7f800000));
+	return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16),
+				    _mm512_set1_epi32(0x40));
+}
+
+static inline FEP_T_AVX512 __m256i fep512_f32_to_bf16(__m512 v)
+{
+	return _mm512_cvtepi32_epi16(fep512_bf16_bits(v));
+}
+
+static inline FEP_T_AVX512 __m512 fep512_load(const void *p, fep_k_dtype_t dt,
+					      size_t i, __mmask16 m)
+{
+	if (dt == FEP_K_F32)
+		return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+		_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i)), 16));
+}
+
+static inline FEP_T_AVX512 void fep512_store(void *p, fep_k_dtype_t dt,
+					     size_t i, __m512 v, __mmask16 m)
+{
+	if (dt == FEP_K_F32)
+		_mm512_mask_storeu_ps((float *)p + i, m, v);
+	else
+		_mm256_mask_storeu_epi16((uint16_t *)p + i, m,
+					 fep512_f32_to_bf16(v));
+}
+
+static inline FEP_T_AVX512 __mmask16 fep512_mask(size_t n)
+{
+	return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* ---- AVX2: 8 lanes; partial vectors go through a stack copy ---- */
+static inline FEP_T_AVX2 __m128i fep256_f32_to_bf16(__m256 v)
+{
+	__m256i u = _mm256_castps_si256(v);
+	__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16),
+				       _mm256_set1_epi32(1));
+	__m256i r = _mm256_srli_epi32(
+		_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+		16);
+	__m256i nan = _mm256_cmpgt_epi32(
+		_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+		_mm256_set1_epi32(0x7f800000));
+	__m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16),
+				    _mm256_set1_epi32(0x40));
+	r = _mm256_blendv_epi8(r, q, nan);
+	return _mm_packus_epi32(_mm256_castsi256_si128(r),
+				_mm256_extracti128_si256(r, 1));
+}
+
+static inline FEP_T_AVX2 __m256 fep256_load(const void *p, fep_k_dtype_t dt,
+					    size_t i, size_t n)
+{
+	if (n >= 8) {
+		if (dt == FEP_K_F32)
+			return _mm256_loadu_ps((const float *)p + i);
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+			_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+	} else {
+		float t[8] = { 0 };
+		size_t j;
+
+		for (j = 0; j < n; j++)
+			t[j] = fep_ld1(p, dt, i + j);
+		return _mm256_loadu_ps(t);
+	}
+}
+
+static inline FEP_T_AVX2 void fep256_store(void *p, fep_k_dtype_t dt, size_t i,
+					   __m256 v, size_t n)
+{
+	if (n >= 8) {
+		if (dt == FEP_K_F32)
+			_mm256_storeu_ps((float *)p + i, v);
+		else
+			_mm_storeu_si128((__m128i *)((uint16_t *)p + i),
+					 fep256_f32_to_bf16(v));
+	} else {
+		float t[8];
+		size_t j;
+
+		_mm256_storeu_ps(t, v);
+		for (j = 0; j < n; j++)
+			fep_st1(p, dt, i + j, t[j]);
+	}
+}
+
+static inline FEP_T_AVX2 float fep256_hsum(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v),
+			      _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+static inline FEP_T_AVX2 float fep256_hmax(__m256 v)
+{
+	__m128 s = _mm_max_ps(_mm256_castps256_ps128(v),
+			      _mm256_extractf128_ps(v, 1));
+	s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_max_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* ---- FP8 e4m3 encode of already scaled values (see fep_f32_to_e4m3) ---- */
+static inline uint8_t fep_e4m3_enc(float f)
+{
+	uint32_t u = fep_f2u(f), a = u & 0x7fffffffu;
+	uint32_t sign = (u >> 24) & 0x80u, code;
+
+	if (a > 0x7f800000u)
+		return (uint8_t)(sign | 0x7f);
+	if (a >= 0x43e00000u) /* >= 448, inf included: saturate */
+		return (uint8_t)(sign | 0x7e);
+	if (a < 0x3c800000u) { /* < 2^-6: subnormal, m * 2^-9, RNE */
+		float t = fep_u2f(a) * 512.0f + 8388608.0f;
+		code = fep_f2u(t) - 0x4b000000u;
+	} else {
+		code = ((a + 0x7ffffu + ((a >> 20) & 1)) >> 20) - (120u << 3);
+	}
+	return (uint8_t)(sign | code);
+}
+
+/* Largest finite |value| as bits (non-finite counted as 0). */
+static inline uint32_t fep_absbits_finite(float f)
+{
+	uint32_t a = fep_f2u(f) & 0x7fffffffu;
+	return a < 0x7f800000u ? a : 0;
+}
+
+static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
+{
+	__m512i u = _mm512_castps_si512(v);
+	__m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+	__m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24),
+					_mm512_set1_epi32(0x80));
+	__m512i nrm = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(
+		_mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff)),
+		_mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1))),
+		20), _mm512_set1_epi32(120 << 3));
+	__m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_castsi512_ps(a),
+					       _mm512_set1_ps(512.0f)),
+				 _mm512_set1_ps(8388608.0f));
+	__m512i sub = _mm512_sub_epi32(_mm512_castps_si512(t),
+				       _mm512_set1_epi32(0x4b000000));
+	__m512i code = _mm512_mask_mov_epi32(nrm,
+		_mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x3c800000)), sub);
+	code = _mm512_mask_mov_epi32(code,
+		_mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x43e00000)),
+		_mm512_set1_epi32(0x7e));
+	code = _mm512_mask_mov_epi32(code,
+		_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000)),
+		_mm512_set1_epi32(0x7f));
+	return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+}
+
+/* abs bits with non-finite lanes zeroed */
+static inline FEP_T_AVX512 __m512i fep512_absbits(__m512 v)
+{
+	__m512i a = _mm512_and_si512(_mm512_castps_si512(v),
+				     _mm512_set1_epi32(0x7fffffff));
+	return _mm512_maskz_mov_epi32(
+		_mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x7f800000)), a);
+}
+
+/* 8 scaled values -> 8 codes in the low 64 bits */
+static inline FEP_T_AVX2 __m128i fep256_e4m3(__m256 v)
+{
+	__m256i u = _mm256_castps_si256(v);
+	__m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+	__m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24),
+					_mm256_set1_epi32(0x80));
+	__m256i nrm = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(
+		_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff)),
+		_mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1))),
+		20), _mm256_set1_epi32(120 << 3));
+	__m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_castsi256_ps(a),
+					       _mm256_set1_ps(512.0f)),
+				 _mm256_set1_ps(8388608.0f));
+	__m256i sub = _mm256_sub_epi32(_mm256_castps_si256(t),
+				       _mm256_set1_epi32(0x4b000000));
+	__m256i code = _mm256_blendv_epi8(nrm, sub,
+		_mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), a));
+	code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7e),
+		_mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x43dfffff)));
+	code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f),
+		_mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000)));
+	code = _mm256_or_si256(code, sign);
+	code = _mm256_packus_epi32(code, code);
+	code = _mm256_packus_epi16(code, code);
+	return _mm_unpacklo_epi32(_mm256_castsi256_si128(code),
+				  _mm256_extracti128_si256(code, 1));
+}
+
+static inline FEP_T_AVX2 __m256i fep256_absbits(__m256 v)
+{
+	__m256i a = _mm256_and_si256(_mm256_castps_si256(v),
+				     _mm256_set1_epi32(0x7fffffff));
+	return _mm256_and_si256(a, _mm256_cmpgt_epi32(
+		_mm256_set1_epi32(0x7f800000), a));
+}
+
+static inline FEP_T_AVX2 uint32_t fep256_hmax_u32(__m256i v)
+{
+	__m128i s = _mm_max_epu32(_mm256_castsi256_si128(v),
+				  _mm256_extracti128_si256(v, 1));
+	s = _mm_max_epu32(s, _mm_shuffle_epi32(s, 0x4e));
+	s = _mm_max_epu32(s, _mm_shuffle_epi32(s, 0xb1));
+	return (uint32_t)_mm_cvtsi128_si32(s);
+}
+
+#endif /* FEP_KERNELS_IMPL */
+
+#endif /* FEP_KERNELS_H */

@@ -1,0 +1,219 @@
+/*
+ * permute.c - row gather and scatter by index list (the permutes of
+ * dispatch and combine).  Large calls stream their output with
+ * non-temporal stores.
+ */
+#include "config.h"
+
+#include <errno.h>
+
+#define FEP_KERNELS_IMPL
+#include "kernels/kernels.h"
+
+#define PERM_NT_MIN_ROW 256
+
+static inline int perm_nt(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	return a->row_bytes >= PERM_NT_MIN_ROW &&
+	       (r1 - r0) * a->row_bytes >= FEP_K_NT_BYTES;
+}
+
+/* ---- scalar reference ---- */
+
+void fep_k_gather_scalar(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	size_t r;
+
+	for (r = r0; r < r1; r++)
+		if (a->idx[r] >= 0)
+			memcpy((char *)a->dst + r * a->dst_stride,
+			       (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
+			       a->row_bytes);
+}
+
+void fep_k_scatter_scalar(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	size_t r;
+
+	for (r = r0; r < r1; r++)
+		if (a->idx[r] >= 0)
+			memcpy((char *)a->dst + (size_t)a->idx[r] * a->dst_stride,
+			       (const char *)a->src + r * a->src_stride, a->row_bytes);
+}
+
+/* ---- AVX2 ---- */
+
+static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n)
+{
+	size_t head = (32 - ((uintptr_t)d & 31)) & 31, i;
+
+	head = FEP_MIN(head, n);
+	memcpy(d, s, head);
+	d += head;
+	s += head;
+	n -= head;
+	for (i = 0; i + 128 <= n; i += 128) {
+		__m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i));
+		__m256i x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+		__m256i x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+		__m256i x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+		_mm256_stream_si256((__m256i *)(d + i), x0);
+		_mm256_stream_si256((__m256i *)(d + i + 32), x1);
+		_mm256_stream_si256((__m256i *)(d + i + 64), x2);
+		_mm256_stream_si256((__m256i *)(d + i + 96), x3);
+	}
+	for (; i + 32 <= n; i += 32)
+		_mm256_stream_si256((__m256i *)(d + i),
+				    _mm256_loadu_si256((const __m256i *)(s + i)));
+	memcpy(d + i, s + i, n - i);
+}
+
+FEP_T_AVX2 void fep_k_gather_avx2(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	size_t r;
+
+	if (!perm_nt(a, r0, r1)) {
+		fep_k_gather_scalar(a, r0, r1);
+		return;
+	}
+	for (r = r0; r < r1; r++)
+		if (a->idx[r] >= 0)
+			copy_nt_avx2((char *)a->dst + r * a->dst_stride,
+				     (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
+				     a->row_bytes);
+	_mm_sfence();
+}
+
+FEP_T_AVX2 void fep_k_scatter_avx2(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	size_t r;
+
+	if (!perm_nt(a, r0, r1)) {
+		fep_k_scatter_scalar(a, r0, r1);
+		return;
+	}
+	for (r = r0; r < r1; r++)
+		if (a->idx[r] >= 0)
+			copy_nt_avx2((char *)a->dst + (size_t)a->idx[r] * a->dst_stride,
+				     (const char *)a->src + r * a->src_stride,
+				     a->row_bytes);
+	_mm_sfence();
+}
+
+/* ---- AVX-512 ---- */
+
+static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n)
+{
+	size_t head = (64 - ((uintptr_t)d & 63)) & 63, i;
+
+	head = FEP_MIN(head, n);
+	if (head) {
+		__mmask64 m = (__mmask64)(((unsigned __int128)1 << head) - 1);
+		_mm512_mask_storeu_epi8(d, m, _mm512_maskz_loadu_epi8(m, s));
+	}
+	d += head;
+	s += head;
+	n -= head;
+	for (i = 0; i + 256 <= n; i += 256) {
+		__m512i x0 = _mm512_loadu_si512(s + i);
+		__m512i x1 = _mm512_loadu_si512(s + i + 64);
+		__m512i x2 = _mm512_loadu_si512(s + i + 128);
+		__m512i x3 = _mm512_loadu_si512(s + i + 192);
+		_mm512_stream_si512((void *)(d + i), x0);
+		_mm512_stream_si512((void *)(d + i + 64), x1);
+		_mm512_stream_si512((void *)(d + i + 128), x2);
+		_mm512_stream_si512((void *)(d + i + 192), x3);
+	}
+	for (; i + 64 <= n; i += 64)
+		_mm512_stream_si512((void *)(d + i), _mm512_loadu_si512(s + i));
+	if (i < n) {
+		__mmask64 m = (__mmask64)(((unsigned __int128)1 << (n - i)) - 1);
+		_mm512_mask_storeu_epi8(d + i, m, _mm512_maskz_loadu_epi8(m, s + i));
+	}
+}
+
+FEP_T_AVX512 void fep_k_gather_avx512(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	size_t r;
+
+	if (!perm_nt(a, r0, r1)) {
+		fep_k_gather_scalar(a, r0, r1);
+		return;
+	}
+	for (r = r0; r < r1; r++)
+		if (a->idx[r] >= 0)
+			copy_nt_avx512((char *)a->dst + r * a->dst_stride,
+				       (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
+				       a->row_bytes);
+	_mm_sfence();
+}
+
+FEP_T_AVX512 void fep_k_scatter_avx512(const fep_k_perm_args_t *a, size_t r0, size_t r1)
+{
+	size_t r;
+
+	if (!perm_nt(a, r0, r1)) {
+		fep_k_scatter_scalar(a, r0, r1);
+		return;
+	}
+	for (r = r0; r < r1; r++)
+		if (a->idx[r] >= 0)
+			copy_nt_avx512((char *)a->dst + (size_t)a->idx[r] * a->dst_stride,
+				       (const char *)a->src + r * a->src_stride,
+				       a->row_bytes);
+	_mm_sfence();
+}
+
+/* ---- checks and threaded wrappers ---- */
+
+int fep_k_perm_check(const fep_k_perm_args_t *a)
+{
+	if (!a || !a->src || !a->dst || !a->idx) {
+		fep_err("permute: NULL argument");
+		return -EINVAL;
+	}
+	if (a->src_stride < a->row_bytes || a->dst_stride < a->row_bytes) {
+		fep_err("permute: stride (src %zu, dst %zu) below the row size %zu",
+			a->src_stride, a->dst_stride, a->row_bytes);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+struct p_ctx {
+	const fep_k_perm_args_t *a;
+	const struct fep_k_ops *ops;
+	int scatter;
+};
+
+static void perm_range(void *arg, size_t r0, size_t r1)
+{
+	struct p_ctx *c = arg;
+
+	if (c->scatter)
+		c->ops->scatter(c->a, r0, r1);
+	else
+		c->ops->gather(c->a, r0, r1);
+}
+
+int fep_k_gather_mt(fep_pool_t *pool, const fep_k_perm_args_t *a, size_t rows)
+{
+	struct p_ctx c = { a, fep_k_ops(), 0 };
+	int ret = fep_k_perm_check(a);
+
+	if (ret)
+		return ret;
+	return fep_pool_for(pool, rows, 1, perm_range, &c);
+}
+
+/* Scatter rows to distinct destinations (indices must not repeat, else
+ * which copy lands is unspecified). */
+int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a, size_t rows)
+{
+	struct p_ctx c = { a, fep_k_ops(), 1 };
+	int ret = fep_k_perm_check(a);
+
+	if (ret)
+		return ret;
+	return fep_pool_for(pool, rows, 1, perm_range, &c);
+}

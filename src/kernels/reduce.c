@@ -1,0 +1,318 @@
+/*
+ * reduce.c - the weighted top-k sum of the combine (rows read through an
+ * index list) and the n-way sum of the allreduce (fixed order, bitwise
+ * equal at every level).  Semantics in kernels.h.
+ */
+#include "config.h"
+
+#include <errno.h>
+
+#define FEP_KERNELS_IMPL
+#include "kernels/kernels.h"
+
+/* ---- scalar reference ---- */
+
+void fep_k_topk_sum_scalar(const fep_k_topk_args_t *a, size_t t0, size_t t1)
+{
+	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
+	size_t t, i;
+	int j;
+
+	for (t = t0; t < t1; t++) {
+		const int32_t *idx = a->idx + t * (size_t)a->k;
+		const float *w = a->w ? a->w + t * (size_t)a->k : NULL;
+		char *out = (char *)a->out + t * a->ld_out * os;
+
+		for (i = 0; i < a->cols; i++) {
+			float acc = 0.0f;
+
+			for (j = 0; j < a->k; j++) {
+				const char *y;
+				float v;
+
+				if (idx[j] < 0)
+					continue;
+				y = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
+				v = fep_ld1(y, a->y_dt, i);
+				acc += w ? w[j] * v : v;
+			}
+			fep_st1(out, a->out_dt, i, acc);
+		}
+		if (a->cb)
+			a->cb(a->cb_ctx, t, out);
+	}
+}
+
+void fep_k_sum_scalar(const fep_k_sum_args_t *a, size_t i0, size_t i1)
+{
+	size_t i;
+	int j;
+
+	for (i = i0; i < i1; i++) {
+		float acc = fep_ld1(a->in[0], a->dt, i);
+
+		for (j = 1; j < a->n; j++)
+			acc += fep_ld1(a->in[j], a->dt, i);
+		fep_st1(a->out, a->dt, i, acc);
+	}
+}
+
+/* ---- AVX2 ---- */
+
+FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_t t1)
+{
+	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
+	const char *rows[64];
+	float wt[64];
+	size_t t, i;
+	int j, nr;
+
+	for (t = t0; t < t1; t++) {
+		const int32_t *idx = a->idx + t * (size_t)a->k;
+		char *out = (char *)a->out + t * a->ld_out * os;
+		int j0 = 0;
+
+		/* gather the row pointers in order, k in chunks of 64 */
+		do {
+			int jn = FEP_MIN(a->k, j0 + 64);
+
+			nr = 0;
+			for (j = j0; j < jn; j++) {
+				if (idx[j] < 0)
+					continue;
+				rows[nr] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
+				wt[nr++] = a->w ? a->w[t * (size_t)a->k + j] : 1.0f;
+			}
+			for (i = 0; i < a->cols; i += 8) {
+				size_t n = a->cols - i;
+				__m256 acc = j0 ? fep256_load(out, a->out_dt, i, n)
+						: _mm256_setzero_ps();
+				int r;
+
+				/* a partial sum stored as bf16 would round twice:
+				 * k > 64 with bf16 out goes through fp32 below */
+				for (r = 0; r < nr; r++) {
+					__m256 v = fep256_load(rows[r], a->y_dt, i, n);
+					acc = a->w ? _mm256_fmadd_ps(_mm256_set1_ps(wt[r]), v, acc)
+						   : _mm256_add_ps(acc, v);
+				}
+				fep256_store(out, a->out_dt, i, acc, n);
+			}
+			j0 = jn;
+		} while (j0 < a->k);
+		if (a->cb)
+			a->cb(a->cb_ctx, t, out);
+	}
+}
+
+FEP_T_AVX2 void fep_k_sum_avx2(const fep_k_sum_args_t *a, size_t i0, size_t i1)
+{
+	size_t i;
+	int j;
+
+	for (i = i0; i < i1; i += 8) {
+		size_t n = i1 - i;
+		__m256 acc = fep256_load(a->in[0], a->dt, i, n);
+
+		for (j = 1; j < a->n; j++)
+			acc = _mm256_add_ps(acc, fep256_load(a->in[j], a->dt, i, n));
+		fep256_store(a->out, a->dt, i, acc, n);
+	}
+}
+
+/* ---- AVX-512 ---- */
+
+FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, size_t t1)
+{
+	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
+	const char *rows[64];
+	float wt[64];
+	size_t t, i;
+	int j, nr;
+
+	for (t = t0; t < t1; t++) {
+		const int32_t *idx = a->idx + t * (size_t)a->k;
+		char *out = (char *)a->out + t * a->ld_out * os;
+		int j0 = 0;
+
+		do {
+			int jn = FEP_MIN(a->k, j0 + 64);
+
+			nr = 0;
+			for (j = j0; j < jn; j++) {
+				if (idx[j] < 0)
+					continue;
+				rows[nr] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
+				wt[nr++] = a->w ? a->w[t * (size_t)a->k + j] : 1.0f;
+			}
+			for (i = 0; i < a->cols; i += 16) {
+				__mmask16 m = fep512_mask(a->cols - i);
+				__m512 acc = j0 ? fep512_load(out, a->out_dt, i, m)
+						: _mm512_setzero_ps();
+				int r;
+
+				for (r = 0; r < nr; r++) {
+					__m512 v = fep512_load(rows[r], a->y_dt, i, m);
+					acc = a->w ? _mm512_fmadd_ps(_mm512_set1_ps(wt[r]), v, acc)
+						   : _mm512_add_ps(acc, v);
+				}
+				fep512_store(out, a->out_dt, i, acc, m);
+			}
+			j0 = jn;
+		} while (j0 < a->k);
+		if (a->cb)
+			a->cb(a->cb_ctx, t, out);
+	}
+}
+
+FEP_T_AVX512 void fep_k_sum_avx512(const fep_k_sum_args_t *a, size_t i0, size_t i1)
+{
+	size_t es = fep_k_dtype_size(a->dt);
+	int nt = (i1 - i0) * es >= FEP_K_NT_BYTES;
+	size_t i = i0;
+	int j;
+
+	if (nt) { /* align the output to 64 bytes for streaming stores */
+		uintptr_t mis = (uintptr_t)((char *)a->out + i * es) & 63;
+
+		if (mis % es) {
+			nt = 0;
+		} else if (mis) {
+			size_t end = i + FEP_MIN((64 - mis) / es, i1 - i);
+
+			for (; i < end; i += 16) {
+				__mmask16 m = fep512_mask(end - i);
+				__m512 acc = fep512_load(a->in[0], a->dt, i, m);
+
+				for (j = 1; j < a->n; j++)
+					acc = _mm512_add_ps(acc, fep512_load(a->in[j], a->dt, i, m));
+				fep512_store(a->out, a->dt, i, acc, m);
+			}
+			i = end;
+		}
+	}
+	if (a->dt == FEP_K_F32) {
+		for (; i + 16 <= i1; i += 16) {
+			__m512 acc = _mm512_loadu_ps((const float *)a->in[0] + i);
+
+			for (j = 1; j < a->n; j++)
+				acc = _mm512_add_ps(acc, _mm512_loadu_ps((const float *)a->in[j] + i));
+			if (nt)
+				_mm512_stream_ps((float *)a->out + i, acc);
+			else
+				_mm512_storeu_ps((float *)a->out + i, acc);
+		}
+	} else {
+		for (; i + 32 <= i1; i += 32) {
+			__m512 acc0 = fep512_load(a->in[0], a->dt, i, 0xffff);
+			__m512 acc1 = fep512_load(a->in[0], a->dt, i + 16, 0xffff);
+			__m512i r;
+
+			for (j = 1; j < a->n; j++) {
+				acc0 = _mm512_add_ps(acc0, fep512_load(a->in[j], a->dt, i, 0xffff));
+				acc1 = _mm512_add_ps(acc1, fep512_load(a->in[j], a->dt, i + 16, 0xffff));
+			}
+			r = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+				_mm512_packus_epi32(fep512_bf16_bits(acc0),
+						    fep512_bf16_bits(acc1)));
+			if (nt)
+				_mm512_stream_si512((void *)((uint16_t *)a->out + i), r);
+			else
+				_mm512_storeu_si512((uint16_t *)a->out + i, r);
+		}
+	}
+	for (; i < i1; i += 16) {
+		__mmask16 m = fep512_mask(i1 - i);
+		__m512 acc = fep512_load(a->in[0], a->dt, i, m);
+
+		for (j = 1; j < a->n; j++)
+			acc = _mm512_add_ps(acc, fep512_load(a->in[j], a->dt, i, m));
+		fep512_store(a->out, a->dt, i, acc, m);
+	}
+	if (nt)
+		_mm_sfence();
+}
+
+/* ---- checks and threaded wrappers ---- */
+
+int fep_k_topk_check(const fep_k_topk_args_t *a)
+{
+	if (!a || !a->y || !a->idx || !a->out) {
+		fep_err("topk_sum: NULL argument");
+		return -EINVAL;
+	}
+	if ((a->y_dt != FEP_K_F32 && a->y_dt != FEP_K_BF16) ||
+	    (a->out_dt != FEP_K_F32 && a->out_dt != FEP_K_BF16)) {
+		fep_err("topk_sum: dtypes must be fp32 or bf16 (y %d, out %d)",
+			(int)a->y_dt, (int)a->out_dt);
+		return -EINVAL;
+	}
+	if (a->k < 1 || a->ld_y < a->cols || a->ld_out < a->cols) {
+		fep_err("topk_sum: k %d < 1 or leading dimension below cols %zu",
+			a->k, a->cols);
+		return -EINVAL;
+	}
+	if (a->k > 64 && a->out_dt != FEP_K_F32) {
+		fep_err("topk_sum: k %d > 64 needs fp32 output", a->k);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int fep_k_sum_check(const fep_k_sum_args_t *a)
+{
+	int j;
+
+	if (!a || !a->in || !a->out || a->n < 1) {
+		fep_err("sum: NULL argument or n < 1");
+		return -EINVAL;
+	}
+	if (a->dt != FEP_K_F32 && a->dt != FEP_K_BF16) {
+		fep_err("sum: dtype %d is not fp32 or bf16", (int)a->dt);
+		return -EINVAL;
+	}
+	for (j = 0; j < a->n; j++) {
+		if (!a->in[j]) {
+			fep_err("sum: input %d is NULL", j);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+struct r_ctx {
+	const void *a;
+	const struct fep_k_ops *ops;
+};
+
+static void topk_range(void *arg, size_t r0, size_t r1)
+{
+	struct r_ctx *c = arg;
+	c->ops->topk_sum(c->a, r0, r1);
+}
+
+static void sum_range(void *arg, size_t r0, size_t r1)
+{
+	struct r_ctx *c = arg;
+	c->ops->sum(c->a, r0, r1);
+}
+
+int fep_k_topk_sum_mt(fep_pool_t *pool, const fep_k_topk_args_t *a, size_t tokens)
+{
+	struct r_ctx c = { a, fep_k_ops() };
+	int ret = fep_k_topk_check(a);
+
+	if (ret)
+		return ret;
+	return fep_pool_for(pool, tokens, 1, topk_range, &c);
+}
+
+int fep_k_sum_mt(fep_pool_t *pool, const fep_k_sum_args_t *a, size_t n)
+{
+	struct r_ctx c = { a, fep_k_ops() };
+	int ret = fep_k_sum_check(a);
+
+	if (ret)
+		return ret;
+	return fep_pool_for(pool, n, 1024, sum_range, &c);
+}

@@ -1,0 +1,379 @@
+/*
+ * harness.c - multi-rank tests: ranks are forked children that bootstrap
+ * through the TCP rendezvous on 127.0.0.1; a run that outlives its time
+ * is killed and the ranks still running are named.
+ *
+ * Rank bodies must report failure by returning nonzero (after printing
+ * why), not with ck_assert: they run in grandchildren of Check's runner.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+
+#include "harness.h"
+
+static uint64_t harness_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void harness_sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Whether 127.0.0.1:port can be bound now (0: yes). */
+static int port_bindable(int port, int *bound)
+{
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	int fd, one = 1, ret = -1;
+
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sa.sin_port = htons((uint16_t)port);
+	if (!bind(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
+	    !getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+		*bound = ntohs(sa.sin_port);
+		ret = 0;
+	}
+	close(fd);
+	return ret;
+}
+
+int fep_test_free_port(void)
+{
+	static uint64_t seed;
+	int lo = 32768, hi = 60999, port, bound, i;
+	FILE *f;
+
+	/* Prefer a port below the ephemeral range: there no outgoing
+	 * connection can take it between now and the root's bind, and a
+	 * rank connecting before the root listens cannot connect to itself. */
+	f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	if (f) {
+		if (fscanf(f, "%d %d", &lo, &hi) != 2)
+			lo = 32768;
+		fclose(f);
+	}
+	if (!seed)
+		seed = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^
+		       (uint64_t)harness_now_ms() ^ 1;
+	if (lo > 20000) {
+		for (i = 0; i < 64; i++) {
+			port = 10000 + (int)(fep_test_rand(&seed) %
+					     (uint64_t)(lo - 10000));
+			if (!port_bindable(port, &bound))
+				return port;
+		}
+	}
+	if (!port_bindable(0, &bound))
+		return bound;
+	fprintf(stderr, "harness: no free TCP port on 127.0.0.1\n");
+	return -1;
+}
+
+static void harness_child(int rank, int size, int port, fep_test_rank_fn fn,
+			  void *arg, pid_t parent)
+{
+	char buf[32];
+	int rc;
+
+	/* Die with the test process (Check kills it on its timeout). */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(127);
+	snprintf(buf, sizeof(buf), "%d", rank);
+	setenv("FABEP_RANK", buf, 1);
+	snprintf(buf, sizeof(buf), "%d", size);
+	setenv("FABEP_WORLD_SIZE", buf, 1);
+	snprintf(buf, sizeof(buf), "127.0.0.1:%d", port);
+	setenv("FABEP_ROOT", buf, 1);
+
+	rc = fn(rank, size, arg);
+	if (rc) {
+		fprintf(stderr, "harness: rank %d of %d returned %d\n", rank,
+			size, rc);
+		rc = rc < 0 ? (rc < -255 ? 255 : -rc) : (rc > 255 ? 255 : rc);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	_exit(rc);
+}
+
+/* Fork and reap; returns 0, or -1 when the run had to be killed or could
+ * not be started. */
+static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
+		       void *arg, int *status)
+{
+	pid_t *pids;
+	pid_t parent = getpid();
+	uint64_t deadline;
+	int port, r, left, ret = 0, st;
+
+	if (size < 1 || !fn || !status) {
+		fprintf(stderr, "harness: bad arguments (size %d)\n", size);
+		return -1;
+	}
+	port = fep_test_free_port();
+	if (port < 0)
+		return -1;
+	pids = calloc((size_t)size, sizeof(*pids));
+	if (!pids) {
+		fprintf(stderr, "harness: out of memory\n");
+		return -1;
+	}
+	fflush(stdout);
+	fflush(stderr);
+	for (r = 0; r < size; r++) {
+		status[r] = -1;
+		pids[r] = fork();
+		if (pids[r] < 0) {
+			fprintf(stderr, "harness: fork of rank %d: %s\n", r,
+				strerror(errno));
+			ret = -1;
+			size = r; /* reap what was started */
+			for (r = 0; r < size; r++)
+				kill(pids[r], SIGKILL);
+			break;
+		}
+		if (pids[r] == 0)
+			harness_child(r, size, port, fn, arg, parent);
+	}
+
+	deadline = harness_now_ms() + (uint64_t)timeout_s * 1000;
+	left = size;
+	while (left) {
+		for (r = 0; r < size; r++) {
+			pid_t p;
+
+			if (!pids[r])
+				continue;
+			p = waitpid(pids[r], &st, WNOHANG);
+			if (p == 0)
+				continue;
+			if (p < 0 && errno == EINTR)
+				continue;
+			if (p < 0)
+				status[r] = 255;
+			else if (WIFEXITED(st))
+				status[r] = WEXITSTATUS(st);
+			else if (WIFSIGNALED(st))
+				status[r] = 128 + WTERMSIG(st);
+			else
+				continue;
+			pids[r] = 0;
+			left--;
+		}
+		if (!left)
+			break;
+		if (harness_now_ms() >= deadline) {
+			char list[256];
+			size_t off = 0;
+
+			list[0] = '\0';
+			for (r = 0; r < size; r++) {
+				if (!pids[r])
+					continue;
+				kill(pids[r], SIGKILL);
+				if (off < sizeof(list) - 12)
+					off += (size_t)snprintf(list + off,
+						sizeof(list) - off, "%s%d",
+						off ? ", " : "", r);
+			}
+			fprintf(stderr, "harness: timeout after %d s: rank%s %s "
+				"still running, killed\n", timeout_s,
+				left > 1 ? "s" : "", list);
+			for (r = 0; r < size; r++) {
+				if (!pids[r])
+					continue;
+				while (waitpid(pids[r], &st, 0) < 0 &&
+				       errno == EINTR)
+					;
+				status[r] = 128 + SIGKILL;
+				pids[r] = 0;
+			}
+			ret = -1;
+			break;
+		}
+		harness_sleep_ms(2);
+	}
+	free(pids);
+	return ret;
+}
+
+int fep_test_run_ranks_status(int size, int timeout_s, fep_test_rank_fn fn,
+			      void *arg, int *status)
+{
+	return harness_run(size, timeout_s, fn, arg, status);
+}
+
+int fep_test_run_ranks(int size, int timeout_s, fep_test_rank_fn fn, void *arg)
+{
+	int *status, r, ret;
+
+	status = calloc((size_t)(size > 0 ? size : 1), sizeof(*status));
+	if (!status) {
+		fprintf(stderr, "harness: out of memory\n");
+		return -1;
+	}
+	ret = harness_run(size, timeout_s, fn, arg, status);
+	for (r = 0; r < size; r++) {
+		if (status[r] == 0)
+			continue;
+		if (status[r] > 128)
+			fprintf(stderr, "harness: rank %d of %d died of signal "
+				"%d\n", r, size, status[r] - 128);
+		else if (status[r] > 0)
+			fprintf(stderr, "harness: rank %d of %d exited with "
+				"%d\n", r, size, status[r]);
+		ret = -1;
+	}
+	free(status);
+	return ret;
+}
+
+/* ---- providers ---- */
+
+static int probe_one(const char *name, char *why, size_t whylen)
+{
+	struct fi_info *hints, *info = NULL;
+	int ret;
+
+	hints = fi_allocinfo();
+	if (!hints) {
+		snprintf(why, whylen, "fi_allocinfo failed");
+		return -1;
+	}
+	hints->caps = FI_RMA;
+	hints->ep_attr->type = FI_EP_RDM;
+	hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR |
+				      FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+				      FI_MR_ENDPOINT;
+	hints->fabric_attr->prov_name = strdup(name);
+	ret = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+	if (ret)
+		snprintf(why, whylen, "fi_getinfo(prov_name \"%s\", FI_RMA, "
+			 "FI_EP_RDM): %s", name, fi_strerror(-ret));
+	else
+		fi_freeinfo(info);
+	fi_freeinfo(hints);
+	return ret ? -1 : 0;
+}
+
+int fep_test_have_provider(const char *prov)
+{
+	static char seen[16][32];
+	static int seen_ok[16], nseen;
+	char why[512] = "";
+	int pfd[2], st, i, ok = 0;
+	ssize_t n;
+	pid_t pid;
+	uint64_t deadline;
+
+	if (!prov || !*prov)
+		return 0;
+	for (i = 0; i < nseen; i++)
+		if (!strcmp(seen[i], prov))
+			return seen_ok[i];
+
+	if (pipe(pfd)) {
+		fprintf(stderr, "SKIP: provider %s: pipe: %s\n", prov,
+			strerror(errno));
+		return 0;
+	}
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "SKIP: provider %s: fork: %s\n", prov,
+			strerror(errno));
+		close(pfd[0]);
+		close(pfd[1]);
+		return 0;
+	}
+	if (pid == 0) {
+		close(pfd[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (!probe_one(prov, why, sizeof(why)))
+			_exit(0);
+		/* The library maps "tcp" to tcp;ofi_rxm where tcp alone
+		 * has no RDM endpoints. */
+		if (!strcmp(prov, "tcp")) {
+			size_t l = strlen(why);
+
+			snprintf(why + l, sizeof(why) - l, "; ");
+			l = strlen(why);
+			if (!probe_one("tcp;ofi_rxm", why + l, sizeof(why) - l))
+				_exit(0);
+		}
+		if (write(pfd[1], why, strlen(why)) < 0)
+			_exit(2);
+		_exit(1);
+	}
+	close(pfd[1]);
+	deadline = harness_now_ms() + 20000;
+	for (;;) {
+		pid_t p = waitpid(pid, &st, WNOHANG);
+
+		if (p == pid)
+			break;
+		if (harness_now_ms() >= deadline) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			snprintf(why, sizeof(why), "fi_getinfo did not return "
+				 "within 20 s");
+			break;
+		}
+		harness_sleep_ms(5);
+	}
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+		ok = 1;
+	} else if (!why[0]) {
+		n = read(pfd[0], why, sizeof(why) - 1);
+		why[n > 0 ? n : 0] = '\0';
+		if (!why[0])
+			snprintf(why, sizeof(why), "probe exited with status "
+				 "0x%x", st);
+	}
+	close(pfd[0]);
+	if (!ok)
+		fprintf(stderr, "SKIP: libfabric provider %s with FI_RMA and "
+			"FI_EP_RDM is not available here (%s)\n", prov, why);
+	if (nseen < 16) {
+		snprintf(seen[nseen], sizeof(seen[nseen]), "%s", prov);
+		seen_ok[nseen++] = ok;
+	}
+	return ok;
+}
+
+void fep_test_use_provider(const char *prov)
+{
+	setenv("FABEP_PROVIDER", prov, 1);
+	if (!strcmp(prov, "sockets"))
+		setenv("FI_SOCKETS_PE_WAITTIME", "0", 1);
+}

@@ -1,0 +1,1250 @@
+/*
+ * test_kernels.c - the compute kernels and the worker pool.
+ *
+ * The scalar references are checked against independent definitions
+ * written here (a table of all 256 e4m3 codes built from the format's
+ * definition, nearest-even bf16 by comparing neighbours, RMSNorm / sums in
+ * double precision); every vector level is then checked against the
+ * scalar reference on random rows of many shapes and on the edges (NaN,
+ * +-inf, subnormals, values past +-448, zero rows and blocks, -0).
+ * Conversions, FP8 codes and scales, permutes and n-way sums must be
+ * bitwise equal; RMSNorm and weighted sums agree within fp32 tolerances
+ * stated next to each check.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <numa.h>
+
+#include "kernels/kernels.h"
+
+/* ---------------------------------------------------------------- */
+/* helpers                                                          */
+/* ---------------------------------------------------------------- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd32(void)
+{
+	uint64_t x = rng;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	rng = x;
+	return (uint32_t)((x * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static float rnd_unit(void) /* [-1, 1) */
+{
+	return (float)((double)rnd32() / 2147483648.0 - 1.0);
+}
+
+static uint32_t f2u(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static float u2f(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* An activation-like value, with edge values mixed in when edges != 0. */
+static float rnd_act(int edges)
+{
+	uint32_t r = rnd32() % 100;
+
+	if (edges && r < 12) {
+		switch (r) {
+		case 0: return NAN;
+		case 1: return -NAN;
+		case 2: return INFINITY;
+		case 3: return -INFINITY;
+		case 4: return u2f(rnd32() & 0x807fffffu);  /* subnormal */
+		case 5: return -0.0f;
+		case 6: return 0.0f;
+		case 7: return 1000.0f;
+		case 8: return -3.0e5f;
+		case 9: return 448.0f;
+		case 10: return u2f(0x3a800000u);  /* 2^-10: fp8 tie at scale 1 */
+		default: return 1e-30f;
+		}
+	}
+	return rnd_unit() * ldexpf(1.0f, (int)(rnd32() % 16) - 8);
+}
+
+static const char *isa_name(fabep_isa_t i)
+{
+	return fabep_isa_name(i);
+}
+
+/* Both NaN, or the same bits. */
+static int same_f32(float a, float b)
+{
+	return (isnan(a) && isnan(b)) || f2u(a) == f2u(b);
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	ck_assert_ptr_nonnull(p);
+	return p;
+}
+
+static const size_t shapes[] = { 1, 7, 100, 2880, 7168 };
+
+/* The vector levels this CPU has (AVX2 and up). */
+#define FOR_VECTOR_LEVELS(isa)                                         \
+	for (fabep_isa_t isa = FABEP_ISA_AVX2; isa <= fep_k_isa_max(); \
+	     isa = (fabep_isa_t)(isa + 1))
+
+/* ---------------------------------------------------------------- */
+/* ISA selection                                                    */
+/* ---------------------------------------------------------------- */
+
+START_TEST(test_isa_names)
+{
+	fabep_isa_t i;
+
+	ck_assert_str_eq(fabep_isa_name(FABEP_ISA_SCALAR), "scalar");
+	ck_assert_str_eq(fabep_isa_name(FABEP_ISA_AVX2), "avx2");
+	ck_assert_str_eq(fabep_isa_name(FABEP_ISA_AVX512), "avx512");
+	ck_assert_int_eq(fep_k_isa_parse("avx2", &i), 0);
+	ck_assert_int_eq(i, FABEP_ISA_AVX2);
+	ck_assert_int_eq(fep_k_isa_parse("sse", &i), -EINVAL);
+	ck_assert_ptr_nonnull(fep_k_ops_isa(FABEP_ISA_SCALAR));
+	ck_assert_ptr_nonnull(fep_k_ops_isa(fep_k_isa_max()));
+	ck_assert(fabep_isa() <= fep_k_isa_max());
+	ck_assert_int_eq(fep_k_ops()->isa, fabep_isa());
+	if (fep_k_isa_max() < FABEP_ISA_AVX512)
+		ck_assert_ptr_null(fep_k_ops_isa(FABEP_ISA_AVX512));
+	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+	    __builtin_cpu_supports("avx512dq") && !getenv("FABEP_ISA"))
+		ck_assert_int_eq(fabep_isa(), FABEP_ISA_AVX512);
+}
+END_TEST
+
+/* Runs in a forked child (see main): first use sees FABEP_ISA. */
+START_TEST(test_isa_env)
+{
+	setenv("FABEP_ISA", "scalar", 1);
+	ck_assert_int_eq(fabep_isa(), FABEP_ISA_SCALAR);
+	ck_assert_int_eq(fep_k_ops()->isa, FABEP_ISA_SCALAR);
+	ck_assert_str_eq(fabep_isa_name(fabep_isa()), "scalar");
+}
+END_TEST
+
+START_TEST(test_isa_env_bad)
+{
+	setenv("FABEP_ISA", "avx9000", 1);
+	ck_assert_int_eq(fabep_isa(), fep_k_isa_max());
+}
+END_TEST
+
+/* ---------------------------------------------------------------- */
+/* bf16                                                             */
+/* ---------------------------------------------------------------- */
+
+/* Independent RNE: the nearer of the two bf16 neighbours, ties to even. */
+static uint16_t ref_bf16(float f)
+{
+	uint32_t u = f2u(f);
+	uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+	uint32_t rest = u & 0xffff;
+
+	if (isnan(f))
+		return (uint16_t)(lo | 0x40);
+	if (rest < 0x8000)
+		return lo;
+	if (rest > 0x8000)
+		return hi;
+	return (lo & 1) ? hi : lo;
+}
+
+START_TEST(test_bf16_reference)
+{
+	static const struct { uint32_t in; uint16_t out; } fixed[] = {
+		{ 0x3f800000, 0x3f80 }, /* 1 */
+		{ 0x3f808000, 0x3f80 }, /* tie, even down */
+		{ 0x3f818000, 0x3f82 }, /* tie, odd up */
+		{ 0x3f808001, 0x3f81 },
+		{ 0x7f7fffff, 0x7f80 }, /* max float rounds to inf */
+		{ 0x7f800000, 0x7f80 }, /* inf */
+		{ 0xff800000, 0xff80 },
+		{ 0x7f800001, 0x7fc0 }, /* sNaN -> qNaN */
+		{ 0xffc00000, 0xffc0 },
+		{ 0x80000000, 0x8000 }, /* -0 */
+		{ 0x00018000, 0x0002 }, /* subnormal tie up (odd) */
+		{ 0x00008000, 0x0000 }, /* subnormal tie down */
+	};
+	size_t i;
+
+	for (i = 0; i < FEP_ARRAY_SIZE(fixed); i++)
+		ck_assert_msg(fep_f32_to_bf16(u2f(fixed[i].in)) == fixed[i].out,
+			      "bf16(%08x) = %04x, want %04x", fixed[i].in,
+			      fep_f32_to_bf16(u2f(fixed[i].in)), fixed[i].out);
+	for (i = 0; i < 200000; i++) {
+		float f = u2f(rnd32());
+		ck_assert_msg(fep_f32_to_bf16(f) == ref_bf16(f), "bf16(%08x)", f2u(f));
+	}
+	for (i = 0; i < 65536; i++)
+		ck_assert(f2u(fep_bf16_to_f32((uint16_t)i)) == (uint32_t)i << 16);
+}
+END_TEST
+
+static void check_conv(const struct fep_k_ops *v, const struct fep_k_ops *s,
+		       size_t n, size_t off)
+{
+	float *f = xmalloc((n + off) * 4), *fs = xmalloc((n + off) * 4),
+	      *fv = xmalloc((n + off) * 4);
+	uint16_t *h = xmalloc((n + off) * 2), *hs = xmalloc((n + off) * 2),
+		 *hv = xmalloc((n + off) * 2);
+	size_t i;
+
+	for (i = 0; i < n + off; i++) {
+		uint32_t r = rnd32();
+		/* random bits (every class), plus exact ties */
+		f[i] = u2f((i & 3) == 0 ? ((r & 0xffff0000u) | 0x8000u) : r);
+		h[i] = (uint16_t)rnd32();
+	}
+	memset(hs, 0xaa, (n + off) * 2);
+	memset(hv, 0xaa, (n + off) * 2);
+	memset(fs, 0xaa, (n + off) * 4);
+	memset(fv, 0xaa, (n + off) * 4);
+	s->f32_to_bf16(f, hs, off, off + n);
+	v->f32_to_bf16(f, hv, off, off + n);
+	ck_assert_msg(!memcmp(hs, hv, (n + off) * 2), "%s f32_to_bf16 n=%zu off=%zu",
+		      isa_name(v->isa), n, off);
+	s->bf16_to_f32(h, fs, off, off + n);
+	v->bf16_to_f32(h, fv, off, off + n);
+	ck_assert_msg(!memcmp(fs, fv, (n + off) * 4), "%s bf16_to_f32 n=%zu off=%zu",
+		      isa_name(v->isa), n, off);
+	free(f); free(fs); free(fv); free(h); free(hs); free(hv);
+}
+
+START_TEST(test_bf16_vector)
+{
+	const struct fep_k_ops *s = fep_k_ops_isa(FABEP_ISA_SCALAR);
+	size_t k, off;
+
+	FOR_VECTOR_LEVELS(isa) {
+		const struct fep_k_ops *v = fep_k_ops_isa(isa);
+		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
+			for (off = 0; off < 3; off++)
+				check_conv(v, s, shapes[k], off);
+		/* large enough for the non-temporal path, misaligned */
+		check_conv(v, s, FEP_K_NT_BYTES / 2 + 37, 5);
+		check_conv(v, s, FEP_K_NT_BYTES / 2 + 64, 0);
+	}
+}
+END_TEST
+
+/* ---------------------------------------------------------------- */
+/* FP8                                                              */
+/* ---------------------------------------------------------------- */
+
+/* All 256 e4m3fn codes, from the definition: bias 7, 3 mantissa bits,
+ * exponent 0 subnormal, S.1111.111 NaN, no infinities. */
+static float e4m3_table[256];
+
+static void build_e4m3_table(void)
+{
+	int c;
+
+	for (c = 0; c < 256; c++) {
+		int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+		double v;
+
+		if (e == 15 && m == 7)
+			v = NAN;
+		else if (e == 0)
+			v = ldexp(m / 8.0, -6);
+		else
+			v = ldexp(1.0 + m / 8.0, e - 7);
+		e4m3_table[c] = (float)(s ? -v : v);
+	}
+}
+
+START_TEST(test_fp8_table)
+{
+	int c;
+
+	build_e4m3_table();
+	ck_assert(e4m3_table[0x7e] == 448.0f && e4m3_table[0x01] == ldexpf(1, -9));
+	for (c = 0; c < 256; c++) {
+		float d = fep_e4m3_to_f32((uint8_t)c);
+
+		ck_assert_msg(same_f32(d, e4m3_table[c]) &&
+			      signbit(d) == signbit(e4m3_table[c]),
+			      "decode %02x = %a, want %a", c, d, e4m3_table[c]);
+		if (isnan(e4m3_table[c]))
+			continue;
+		ck_assert_msg(fep_f32_to_e4m3(e4m3_table[c]) == c,
+			      "encode %a = %02x, want %02x", e4m3_table[c],
+			      fep_f32_to_e4m3(e4m3_table[c]), c);
+	}
+	/* midpoints: ties to the even code, just off them to the nearer */
+	for (c = 0; c < 0x7e; c++) {
+		int sgn;
+		for (sgn = 0; sgn < 2; sgn++) {
+			int lo = c | (sgn << 7), hi = (c + 1) | (sgn << 7);
+			float mid = (float)(((double)e4m3_table[lo] + e4m3_table[hi]) / 2);
+			float away = sgn ? -INFINITY : INFINITY;
+
+			ck_assert_msg(fep_f32_to_e4m3(mid) == ((c & 1) ? hi : lo),
+				      "tie %a -> %02x", mid, fep_f32_to_e4m3(mid));
+			ck_assert_int_eq(fep_f32_to_e4m3(nextafterf(mid, away)), hi);
+			ck_assert_int_eq(fep_f32_to_e4m3(nextafterf(mid, -away)), lo);
+		}
+	}
+	/* saturation, NaN, tiny values */
+	ck_assert_int_eq(fep_f32_to_e4m3(448.0f), 0x7e);
+	ck_assert_int_eq(fep_f32_to_e4m3(464.0f), 0x7e);
+	ck_assert_int_eq(fep_f32_to_e4m3(1e30f), 0x7e);
+	ck_assert_int_eq(fep_f32_to_e4m3(INFINITY), 0x7e);
+	ck_assert_int_eq(fep_f32_to_e4m3(-INFINITY), 0xfe);
+	ck_assert_int_eq(fep_f32_to_e4m3(-500.0f), 0xfe);
+	ck_assert_int_eq(fep_f32_to_e4m3(NAN), 0x7f);
+	ck_assert_int_eq(fep_f32_to_e4m3(-NAN), 0xff);
+	ck_assert_int_eq(fep_f32_to_e4m3(-0.0f), 0x80);
+	ck_assert_int_eq(fep_f32_to_e4m3(ldexpf(1, -10)), 0x00);
+	ck_assert_int_eq(fep_f32_to_e4m3(nextafterf(ldexpf(1, -10), 1)), 0x01);
+	ck_assert_int_eq(fep_f32_to_e4m3(u2f(1)), 0x00);
+	ck_assert_int_eq(fep_f32_to_e4m3(u2f(0x80000001u)), 0x80);
+}
+END_TEST
+
+START_TEST(test_fp8_scale_rules)
+{
+	ck_assert(fep_fp8_scale(448.0f, 0, 0) == 1.0f);
+	ck_assert(fep_fp8_scale(0.0f, 0, 0) == FEP_FP8_ZERO_SCALE);
+	ck_assert(fep_fp8_scale(0.0f, 0.25f, 0) == 0.25f);
+	ck_assert(fep_fp8_scale(896.0f, 1.5f, 0) == 1.5f);
+	ck_assert(fep_fp8_scale(896.0f, 3.0f, 0) == 2.0f);
+	ck_assert(fep_fp8_scale(1e-40f, 0, 0) == FEP_FP8_MIN_SCALE);
+	ck_assert(fep_fp8_scale(449.0f, 0, 1) == 2.0f);
+	ck_assert(fep_fp8_scale(448.0f, 0, 1) == 1.0f);
+	ck_assert(fep_fp8_scale(100.0f, 0, 1) == 0.25f);
+	ck_assert(isfinite(1.0f / fep_fp8_scale(1e-45f, 0, 1)));
+	ck_assert(fep_fp8_scale(3.4e38f, 0, 0) == 3.4e38f / 448.0f);
+}
+END_TEST
+
+/* Every code through a vector row: scale 1 (448 in the block) makes the
+ * kernel encode the values themselves; compare with the table. */
+START_TEST(test_fp8_table_vector)
+{
+	enum { N = 1024 };
+	float in[N];
+	uint8_t want[N], out[N];
+	float scale;
+	size_t i, n = 0;
+	int c;
+
+	build_e4m3_table();
+	for (c = 0; c < 256; c++) {
+		if (isnan(e4m3_table[c]))
+			continue;
+		in[n] = e4m3_table[c];
+		want[n++] = (uint8_t)c;
+		if ((c & 0x7f) < 0x7e) { /* the tie above c */
+			float mid = (float)(((double)e4m3_table[c] + e4m3_table[c + 1]) / 2);
+			in[n] = mid;
+			want[n++] = (uint8_t)((c & 1) ? c + 1 : c);
+		}
+	}
+	in[n] = NAN; want[n++] = 0x7f;
+	in[n] = -NAN; want[n++] = 0xff;
+	in[n] = INFINITY; want[n++] = 0x7e;
+	in[n] = -INFINITY; want[n++] = 0xfe;
+	in[n] = 1e9f; want[n++] = 0x7e;   /* non-finite values do not count */
+	ck_assert(n <= N);
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+		fep_k_fp8_args_t a = {
+			.in = in, .in_dt = FEP_K_F32, .ld_in = n, .out = out,
+			.ld_out = n, .scales = &scale, .ld_scales = 1, .cols = n,
+			.block = 0, .scale_ub = 0, .pow2 = 0,
+		};
+		/* 1e9 would set the scale: clamp it to 1 with scale_ub */
+		a.scale_ub = 1.0f;
+		memset(out, 0x55, sizeof(out));
+		fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
+		ck_assert(scale == 1.0f);
+		for (i = 0; i < n; i++)
+			ck_assert_msg(out[i] == want[i], "%s: %a -> %02x want %02x",
+				      isa_name(isa), in[i], out[i], want[i]);
+	}
+}
+END_TEST
+
+static void fill_rows(void *p, fep_k_dtype_t dt, size_t rows, size_t ld,
+		      size_t cols, int edges)
+{
+	size_t r, i;
+
+	for (r = 0; r < rows; r++) {
+		int zero_row = edges && (r % 5 == 3);
+		size_t zb = (rnd32() % 4 == 0) ? 128 * (rnd32() % 8) : (size_t)-1;
+
+		for (i = 0; i < ld; i++) {
+			float v = (i < cols && !zero_row) ? rnd_act(edges) : 0.0f;
+			if (edges && i >= zb && i < zb + 128)
+				v = (i & 1) ? -0.0f : 0.0f;  /* zero block */
+			if (i >= cols)
+				v = 12345.0f; /* padding must not be read */
+			if (dt == FEP_K_F32)
+				((float *)p)[r * ld + i] = v;
+			else
+				((uint16_t *)p)[r * ld + i] = fep_f32_to_bf16(v);
+		}
+	}
+}
+
+static void check_quant(fabep_isa_t isa, fep_k_dtype_t dt, size_t cols,
+			int block, float ub, int pow2, int edges)
+{
+	const size_t rows = 6, ld = cols + 3;
+	size_t nb = block ? (cols + block - 1) / block : 1, lds = nb + 1;
+	void *in = xmalloc(rows * ld * 4);
+	uint8_t *qs = xmalloc(rows * ld), *qv = xmalloc(rows * ld);
+	float *ss = xmalloc(rows * lds * 4), *sv = xmalloc(rows * lds * 4);
+	float *ds = xmalloc(rows * ld * 4), *dv = xmalloc(rows * ld * 4);
+	fep_k_fp8_args_t a = {
+		.in = in, .in_dt = dt, .ld_in = ld, .out = qs, .ld_out = ld,
+		.scales = ss, .ld_scales = lds, .cols = cols, .block = block,
+		.scale_ub = ub, .pow2 = pow2,
+	};
+	fep_k_fp8dq_args_t d = {
+		.in = qs, .ld_in = ld, .scales = ss, .ld_scales = lds,
+		.block = block, .out = ds, .out_dt = dt, .ld_out = ld, .cols = cols,
+	};
+	size_t r, i, b;
+
+	fill_rows(in, dt, rows, ld, cols, edges);
+	memset(qs, 0x33, rows * ld);
+	memset(qv, 0x33, rows * ld);
+	memset(ss, 0, rows * lds * 4);
+	memset(sv, 0, rows * lds * 4);
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, rows);
+	a.out = qv;
+	a.scales = sv;
+	fep_k_ops_isa(isa)->fp8_quant(&a, 0, rows);
+	ck_assert_msg(!memcmp(ss, sv, rows * lds * 4),
+		      "%s quant scales dt=%s cols=%zu block=%d", isa_name(isa),
+		      fep_k_dtype_name(dt), cols, block);
+	for (i = 0; i < rows * ld; i++)
+		ck_assert_msg(qs[i] == qv[i], "%s quant dt=%s cols=%zu block=%d ub=%g "
+			      "pow2=%d: [%zu] %02x vs %02x", isa_name(isa),
+			      fep_k_dtype_name(dt), cols, block, ub, pow2, i, qs[i], qv[i]);
+	/* the rules, on the reference's output */
+	for (r = 0; r < rows; r++) {
+		for (b = 0; b < nb; b++) {
+			float s = ss[r * lds + b];
+			ck_assert(isfinite(s) && s > 0 && isfinite(1.0f / s));
+			if (ub > 0 && !pow2)
+				ck_assert(s <= ub);
+			if (pow2)
+				ck_assert((f2u(s) & 0x7fffff) == 0);
+		}
+		for (i = 0; i < cols; i++) {
+			float x = dt == FEP_K_F32 ? ((float *)in)[r * ld + i]
+				  : fep_bf16_to_f32(((uint16_t *)in)[r * ld + i]);
+			uint8_t q = qs[r * ld + i];
+			if (isnan(x))
+				ck_assert((q & 0x7f) == 0x7f);
+			else
+				ck_assert((q & 0x7f) != 0x7f);
+			if (isinf(x))
+				ck_assert((q & 0x7f) == 0x7e);
+			if (!isnan(x))
+				ck_assert(!!signbit(x) == !!(q & 0x80));
+		}
+		ck_assert(qs[r * ld + cols] == 0x33); /* padding untouched */
+	}
+	/* dequantization */
+	for (i = 0; i < rows * ld * 4; i++)
+		((uint8_t *)ds)[i] = ((uint8_t *)dv)[i] = 0x11;
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_dequant(&d, 0, rows);
+	d.out = dv;
+	fep_k_ops_isa(isa)->fp8_dequant(&d, 0, rows);
+	ck_assert_msg(!memcmp(ds, dv, rows * ld * fep_k_dtype_size(dt)),
+		      "%s dequant dt=%s cols=%zu block=%d", isa_name(isa),
+		      fep_k_dtype_name(dt), cols, block);
+	for (r = 0; r < rows; r++) /* independent: table value times scale */
+		for (i = 0; i < cols; i++) {
+			float want = e4m3_table[qs[r * ld + i]] *
+				     ss[r * lds + (block ? i / block : 0)];
+			float got = dt == FEP_K_F32 ? ds[r * ld + i]
+				    : fep_bf16_to_f32(((uint16_t *)ds)[r * ld + i]);
+			if (dt == FEP_K_BF16)
+				want = fep_bf16_to_f32(ref_bf16(want));
+			ck_assert_msg(same_f32(got, want), "dequant %a vs %a", got, want);
+		}
+	free(in); free(qs); free(qv); free(ss); free(sv); free(ds); free(dv);
+}
+
+START_TEST(test_fp8_vector)
+{
+	static const int blocks[] = { 0, 128, 16 };
+	size_t k, b;
+	int dt, pow2, edges;
+
+	build_e4m3_table();
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
+			for (b = 0; b < FEP_ARRAY_SIZE(blocks); b++)
+				for (dt = 0; dt < 2; dt++)
+					for (pow2 = 0; pow2 < 2; pow2++)
+						for (edges = 0; edges < 2; edges++)
+							check_quant(isa, (fep_k_dtype_t)dt,
+								    shapes[k], blocks[b],
+								    edges ? 0.01f : 0.0f,
+								    pow2, edges);
+}
+END_TEST
+
+/* An all-zero row and block get the documented finite scale. */
+START_TEST(test_fp8_zero_blocks)
+{
+	float in[256] = { 0 }, sc[2];
+	uint8_t q[256];
+	int i;
+
+	in[5] = -0.0f;
+	for (i = 128; i < 256; i++)
+		in[i] = (float)(i - 128) / 64.0f; /* amax 127/64 */
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+		fep_k_fp8_args_t a = {
+			.in = in, .in_dt = FEP_K_F32, .ld_in = 256, .out = q,
+			.ld_out = 256, .scales = sc, .ld_scales = 2, .cols = 256,
+			.block = 128,
+		};
+		fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
+		ck_assert(sc[0] == FEP_FP8_ZERO_SCALE);
+		ck_assert(sc[1] == (127.0f / 64.0f) / 448.0f);
+		ck_assert_int_eq(q[0], 0);
+		ck_assert_int_eq(q[5], 0x80);
+		ck_assert_int_eq(q[255], 0x7e);
+		in[7] = NAN;  /* NaN does not count into amax */
+		in[9] = INFINITY;
+		fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
+		ck_assert(sc[0] == FEP_FP8_ZERO_SCALE);
+		ck_assert_int_eq(q[7], 0x7f);
+		ck_assert_int_eq(q[9], 0x7e);
+		in[7] = 0;
+		in[9] = 0;
+	}
+}
+END_TEST
+
+/* ---------------------------------------------------------------- */
+/* RMSNorm                                                          */
+/* ---------------------------------------------------------------- */
+
+static float ld_row(const void *p, fep_k_dtype_t dt, size_t i)
+{
+	return dt == FEP_K_F32 ? ((const float *)p)[i]
+			       : fep_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* |got - want| within rel * |want| + abs. */
+static int close_to(float got, float want, float rel, float abs_tol)
+{
+	if (isnan(want) || isnan(got))
+		return isnan(want) && isnan(got);
+	if (isinf(want) || isinf(got))
+		return got == want;
+	return fabsf(got - want) <= rel * fabsf(want) + abs_tol;
+}
+
+static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
+			  fep_k_dtype_t out_dt, size_t cols, int with_res)
+{
+	const size_t rows = 5, ld = cols + 1;
+	size_t es = fep_k_dtype_size(in_dt), os = fep_k_dtype_size(out_dt);
+	void *in = xmalloc(rows * ld * es), *res0 = xmalloc(rows * ld * es);
+	void *rs = xmalloc(rows * ld * es), *rv = xmalloc(rows * ld * es);
+	void *os_ = xmalloc(rows * ld * os), *ov = xmalloc(rows * ld * os);
+	float *gamma = xmalloc(cols * 4), ss[8], sv[8];
+	fep_k_rmsnorm_args_t a = {
+		.in = in, .in_dt = in_dt, .ld_in = ld, .residual = with_res ? rs : NULL,
+		.ld_res = ld, .gamma = gamma, .eps = 1e-6f, .weight_offset = 1.0f,
+		.out = os_, .out_dt = out_dt, .ld_out = ld, .scales = ss,
+		.ld_scales = 1, .scale_ub = 0, .pow2 = 0, .cols = cols,
+	};
+	size_t r, i;
+
+	fill_rows(in, in_dt, rows, ld, cols, 0);
+	fill_rows(res0, in_dt, rows, ld, cols, 0);
+	/* row 1 all zero (with its residual): out 0, finite scale */
+	memset((char *)in + ld * es, 0, ld * es);
+	memset((char *)res0 + ld * es, 0, ld * es);
+	for (i = 0; i < cols; i++)
+		gamma[i] = rnd_unit() * 0.5f;
+	memcpy(rs, res0, rows * ld * es);
+	memcpy(rv, res0, rows * ld * es);
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->rmsnorm(&a, 0, rows);
+	a.residual = with_res ? rv : NULL;
+	a.out = ov;
+	a.scales = sv;
+	fep_k_ops_isa(isa)->rmsnorm(&a, 0, rows);
+	if (with_res)  /* element-wise adds: bitwise equal */
+		ck_assert_msg(!memcmp(rs, rv, rows * ld * es), "%s residual",
+			      isa_name(isa));
+	for (r = 0; r < rows; r++) {
+		const void *h = (const char *)(with_res ? rs : in) + r * ld * es;
+		double acc = 0, inv;
+
+		/* independent reference in double */
+		for (i = 0; i < cols; i++) {
+			double v = ld_row(h, in_dt, i);
+			if (with_res) { /* residual = in + res0, rounded to dt */
+				float x = ld_row((const char *)in + r * ld * es, in_dt, i) +
+					  ld_row((const char *)res0 + r * ld * es, in_dt, i);
+				if (in_dt == FEP_K_BF16)
+					x = fep_bf16_to_f32(ref_bf16(x));
+				ck_assert(same_f32((float)v, x));
+			}
+			acc += v * v;
+		}
+		inv = 1.0 / sqrt(acc / cols + 1e-6);
+		if (out_dt == FEP_K_FP8)
+			ck_assert_msg(close_to(sv[r], ss[r], 1e-5f, 0), "%s scale %a %a",
+				      isa_name(isa), sv[r], ss[r]);
+		for (i = 0; i < cols; i++) {
+			double y = ld_row(h, in_dt, i) * inv * (gamma[i] + 1.0);
+			float gs, gv;
+
+			if (out_dt == FEP_K_FP8) {
+				uint8_t qs = ((uint8_t *)os_)[r * ld + i];
+				uint8_t qv = ((uint8_t *)ov)[r * ld + i];
+				gs = e4m3_table[qs] * ss[r];
+				gv = e4m3_table[qv] * sv[r];
+				/* the scalar reference vs double: half a code step
+				 * (2^-4 relative) plus the subnormal step */
+				ck_assert_msg(close_to(gs, (float)y, 0.0625f * 1.001f,
+						       ss[r] * (1.0f / 1024.0f) * 1.001f),
+					      "fp8 ref %a vs %a", gs, y);
+				/* vector vs scalar: at most one code apart */
+				ck_assert_msg(abs((int)(qs & 0x7f) - (int)(qv & 0x7f)) <= 1 &&
+					      (((qs ^ qv) & 0x80) == 0 ||
+					       ((qs & 0x7f) <= 1 && (qv & 0x7f) <= 1)),
+					      "%s fp8 code %02x vs %02x", isa_name(isa), qs, qv);
+				continue;
+			}
+			gs = ld_row((char *)os_ + r * ld * os, out_dt, i);
+			gv = ld_row((char *)ov + r * ld * os, out_dt, i);
+			if (out_dt == FEP_K_F32) {
+				/* fp32 sums of up to 7168 squares: 1e-5 relative */
+				ck_assert_msg(close_to(gs, (float)y, 1e-5f, 1e-30f),
+					      "ref %a vs %a", gs, y);
+				ck_assert_msg(close_to(gv, gs, 1e-5f, 1e-30f),
+					      "%s rmsnorm cols=%zu %a vs %a", isa_name(isa),
+					      cols, gv, gs);
+			} else { /* one bf16 ulp */
+				ck_assert_msg(close_to(gs, (float)y, 1.0f / 128, 1e-30f),
+					      "ref %a vs %a", gs, y);
+				ck_assert_msg(close_to(gv, gs, 1.0f / 128, 1e-30f),
+					      "%s rmsnorm bf16 %a vs %a", isa_name(isa), gv, gs);
+			}
+		}
+	}
+	free(in); free(res0); free(rs); free(rv); free(os_); free(ov); free(gamma);
+}
+
+START_TEST(test_rmsnorm)
+{
+	size_t k;
+	int idt, odt, res;
+
+	build_e4m3_table();
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
+			for (idt = 0; idt < 2; idt++)
+				for (odt = 0; odt < 3; odt++)
+					for (res = 0; res < 2; res++)
+						check_rmsnorm(isa, (fep_k_dtype_t)idt,
+							      (fep_k_dtype_t)odt,
+							      shapes[k], res);
+}
+END_TEST
+
+START_TEST(test_rmsnorm_nan)
+{
+	float in[100], gamma[100], out[100], sc;
+	uint8_t q[100];
+	int i;
+
+	for (i = 0; i < 100; i++) {
+		in[i] = (float)i;
+		gamma[i] = 1.0f;
+	}
+	in[17] = NAN;
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+		fep_k_rmsnorm_args_t a = {
+			.in = in, .in_dt = FEP_K_F32, .ld_in = 100, .gamma = gamma,
+			.eps = 1e-6f, .out = out, .out_dt = FEP_K_F32, .ld_out = 100,
+			.scales = &sc, .ld_scales = 1, .cols = 100,
+		};
+		fep_k_ops_isa(isa)->rmsnorm(&a, 0, 1);
+		for (i = 0; i < 100; i++)
+			ck_assert(isnan(out[i]));
+		a.out = q;
+		a.out_dt = FEP_K_FP8;
+		fep_k_ops_isa(isa)->rmsnorm(&a, 0, 1);
+		ck_assert(sc == FEP_FP8_ZERO_SCALE);
+		for (i = 0; i < 100; i++)
+			ck_assert_int_eq(q[i] & 0x7f, 0x7f);
+	}
+}
+END_TEST
+
+/* ---------------------------------------------------------------- */
+/* top-k sum, n-way sum                                             */
+/* ---------------------------------------------------------------- */
+
+struct cb_rec {
+	size_t calls;
+	size_t last;
+};
+
+static void count_cb(void *ctx, size_t row, void *out_row)
+{
+	struct cb_rec *c = ctx;
+	c->calls++;
+	c->last = row;
+	(void)out_row;
+}
+
+static void check_topk(fabep_isa_t isa, fep_k_dtype_t ydt, fep_k_dtype_t odt,
+		       size_t cols, int k, int weighted)
+{
+	const size_t ny = 40, tokens = 9, ld = cols + 2;
+	size_t ys = fep_k_dtype_size(ydt), os = fep_k_dtype_size(odt);
+	void *y = xmalloc(ny * ld * ys);
+	void *o1 = xmalloc(tokens * ld * os), *o2 = xmalloc(tokens * ld * os);
+	int32_t *idx = xmalloc(tokens * k * 4);
+	float *w = xmalloc(tokens * k * 4);
+	struct cb_rec c1 = { 0, 0 }, c2 = { 0, 0 };
+	fep_k_topk_args_t a = {
+		.y = y, .y_dt = ydt, .ld_y = ld, .idx = idx, .w = weighted ? w : NULL,
+		.k = k, .out = o1, .out_dt = odt, .ld_out = ld, .cols = cols,
+		.cb = count_cb, .cb_ctx = &c1,
+	};
+	size_t t, i;
+	int j;
+
+	fill_rows(y, ydt, ny, ld, cols, 0);
+	for (t = 0; t < tokens * k; t++) {
+		idx[t] = (rnd32() % 6 == 0) ? -1 : (int32_t)(rnd32() % ny);
+		w[t] = rnd_unit();
+	}
+	for (j = 0; j < k; j++)
+		idx[2 * k + j] = -1; /* token 2: nothing routed -> zeros */
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->topk_sum(&a, 0, tokens);
+	a.out = o2;
+	a.cb_ctx = &c2;
+	fep_k_ops_isa(isa)->topk_sum(&a, 0, tokens);
+	ck_assert(c1.calls == tokens && c2.calls == tokens && c2.last == tokens - 1);
+	for (t = 0; t < tokens; t++) {
+		for (i = 0; i < cols; i++) {
+			double want = 0, mag = 0;
+			float g1 = ld_row((char *)o1 + t * ld * os, odt, i);
+			float g2 = ld_row((char *)o2 + t * ld * os, odt, i);
+
+			for (j = 0; j < k; j++) {
+				int32_t r = idx[t * k + j];
+				double v;
+
+				if (r < 0)
+					continue;
+				v = ld_row((const char *)y + r * ld * ys, ydt, i) *
+				    (double)(weighted ? w[t * k + j] : 1.0f);
+				want += v;
+				mag += fabs(v);
+			}
+			if (t == 2)
+				ck_assert(f2u(g1) == 0 && f2u(g2) == 0);
+			/* fp32 accumulation of k terms: k ulps of the magnitude;
+			 * bf16 output: plus one bf16 ulp */
+			float tol = (float)(mag * (k + 1) * 6e-8) +
+				    (odt == FEP_K_BF16 ? fabsf((float)want) / 128 +
+				     (float)mag * 6e-8f * (k + 1) : 0);
+			ck_assert_msg(fabs(g1 - want) <= tol, "ref topk %a vs %a", g1, want);
+			if (!weighted || isa == FABEP_ISA_SCALAR)
+				ck_assert_msg(same_f32(g1, g2), "%s topk unweighted",
+					      isa_name(isa));
+			else
+				ck_assert_msg(fabsf(g1 - g2) <= tol + fabsf(g1) / 128 *
+					      (odt == FEP_K_BF16), "%s topk %a vs %a",
+					      isa_name(isa), g2, g1);
+		}
+	}
+	free(y); free(o1); free(o2); free(idx); free(w);
+}
+
+START_TEST(test_topk)
+{
+	static const int ks[] = { 1, 2, 8, 70 };
+	size_t s;
+	unsigned kk;
+	int ydt, odt, wt;
+
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
+			for (kk = 0; kk < FEP_ARRAY_SIZE(ks); kk++)
+				for (ydt = 0; ydt < 2; ydt++)
+					for (odt = 0; odt < 2; odt++)
+						for (wt = 0; wt < 2; wt++) {
+							if (ks[kk] > 64 && (odt || shapes[s] > 100))
+								continue;
+							check_topk(isa, (fep_k_dtype_t)ydt,
+								   (fep_k_dtype_t)odt,
+								   shapes[s], ks[kk], wt);
+						}
+}
+END_TEST
+
+static void check_sum(fabep_isa_t isa, fep_k_dtype_t dt, size_t n, int nin,
+		      size_t off)
+{
+	size_t es = fep_k_dtype_size(dt), i;
+	void *in[8], *o1 = xmalloc((n + off) * es), *o2 = xmalloc((n + off) * es);
+	fep_k_sum_args_t a = { (const void *const *)in, nin, dt, o1 };
+	int j;
+
+	for (j = 0; j < nin; j++) {
+		in[j] = xmalloc((n + off) * es);
+		fill_rows(in[j], dt, 1, n + off, n + off, 1);
+	}
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->sum(&a, off, off + n);
+	a.out = o2;
+	fep_k_ops_isa(isa)->sum(&a, off, off + n);
+	for (i = off; i < off + n; i++) {
+		float g1 = ld_row(o1, dt, i), g2 = ld_row(o2, dt, i), want;
+
+		ck_assert_msg(same_f32(g1, g2), "%s sum n=%d [%zu] %a vs %a",
+			      isa_name(isa), nin, i, g2, g1);
+		/* independent: left-to-right fp32 sum */
+		want = ld_row(in[0], dt, i);
+		for (j = 1; j < nin; j++)
+			want += ld_row(in[j], dt, i);
+		if (dt == FEP_K_BF16)
+			want = fep_bf16_to_f32(ref_bf16(want));
+		ck_assert(same_f32(g1, want));
+	}
+	/* in place into in[0] */
+	if (isa != FABEP_ISA_SCALAR) {
+		a.out = in[0];
+		fep_k_ops_isa(isa)->sum(&a, off, off + n);
+		for (i = off; i < off + n; i++)
+			ck_assert(same_f32(ld_row(in[0], dt, i), ld_row(o1, dt, i)));
+	}
+	for (j = 0; j < nin; j++)
+		free(in[j]);
+	free(o1);
+	free(o2);
+}
+
+START_TEST(test_sum)
+{
+	static const int ns[] = { 1, 2, 3, 8 };
+	size_t s;
+	unsigned k;
+	int dt;
+
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
+			for (k = 0; k < FEP_ARRAY_SIZE(ns); k++)
+				for (dt = 0; dt < 2; dt++)
+					check_sum(isa, (fep_k_dtype_t)dt, shapes[s], ns[k],
+						  s & 1);
+		/* streaming path, misaligned start */
+		check_sum(isa, FEP_K_F32, FEP_K_NT_BYTES / 4 + 99, 3, 3);
+		check_sum(isa, FEP_K_BF16, FEP_K_NT_BYTES / 2 + 99, 2, 5);
+	}
+}
+END_TEST
+
+/* ---------------------------------------------------------------- */
+/* permutes                                                         */
+/* ---------------------------------------------------------------- */
+
+static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pad)
+{
+	size_t stride = row_bytes + pad, r;
+	uint8_t *src = xmalloc(rows * stride + 64), *d1 = xmalloc(rows * stride + 64);
+	uint8_t *d2 = xmalloc(rows * stride + 64);
+	int32_t *idx = xmalloc(rows * 4), *perm = xmalloc(rows * 4);
+	fep_k_perm_args_t a = { src + 1, stride, d1 + 3, stride, row_bytes, idx };
+
+	for (r = 0; r < rows * stride + 64; r++)
+		src[r] = (uint8_t)rnd32();
+	for (r = 0; r < rows; r++)
+		perm[r] = (int32_t)r;
+	for (r = rows; r > 1; r--) { /* shuffle: scatter needs distinct targets */
+		size_t j = rnd32() % r;
+		int32_t t = perm[r - 1];
+		perm[r - 1] = perm[j];
+		perm[j] = t;
+	}
+	for (r = 0; r < rows; r++)
+		idx[r] = (r % 7 == 3) ? -1 : perm[r];
+	memset(d1, 0xee, rows * stride + 64);
+	memset(d2, 0xee, rows * stride + 64);
+	fep_k_ops_isa(isa)->gather(&a, 0, rows);
+	for (r = 0; r < rows; r++) { /* independent check */
+		if (idx[r] < 0)
+			ck_assert(d1[3 + r * stride] == 0xee &&
+				  d1[3 + r * stride + row_bytes - 1] == 0xee);
+		else
+			ck_assert_msg(!memcmp(d1 + 3 + r * stride,
+					      src + 1 + idx[r] * stride, row_bytes),
+				      "%s gather row %zu", isa_name(isa), r);
+	}
+	ck_assert(d1[2] == 0xee);
+	a.dst = d2 + 3;
+	fep_k_ops_isa(isa)->scatter(&a, 0, rows);
+	for (r = 0; r < rows; r++) {
+		if (idx[r] >= 0)
+			ck_assert_msg(!memcmp(d2 + 3 + idx[r] * stride,
+					      src + 1 + r * stride, row_bytes),
+				      "%s scatter row %zu", isa_name(isa), r);
+	}
+	ck_assert(d2[2] == 0xee && d2[3 + rows * stride] == 0xee);
+	free(src); free(d1); free(d2); free(idx); free(perm);
+}
+
+START_TEST(test_permute)
+{
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+		check_perm(isa, 50, 1, 0);
+		check_perm(isa, 50, 200, 8);
+		check_perm(isa, 33, 14336, 64);
+		/* large: non-temporal path, odd sizes and alignment */
+		check_perm(isa, 4000, 1111, 5);
+		check_perm(isa, 600, 7168 * 2, 0);
+	}
+}
+END_TEST
+
+/* ---------------------------------------------------------------- */
+/* pool and threaded wrappers                                       */
+/* ---------------------------------------------------------------- */
+
+struct run_rec {
+	_Atomic int hits[64];
+	_Atomic int calls;
+};
+
+static void run_fn(void *ctx, int tid, int n)
+{
+	struct run_rec *r = ctx;
+	atomic_fetch_add(&r->hits[tid], 1);
+	atomic_fetch_add(&r->calls, 1);
+	(void)n;
+}
+
+struct for_rec {
+	_Atomic uint8_t *seen;
+};
+
+static void for_fn(void *ctx, size_t r0, size_t r1)
+{
+	struct for_rec *f = ctx;
+	size_t i;
+
+	for (i = r0; i < r1; i++)
+		atomic_fetch_add(&f->seen[i], 1);
+}
+
+START_TEST(test_pool_basic)
+{
+	static const int counts[] = { 1, 2, 3, 5 };
+	unsigned c;
+
+	for (c = 0; c < FEP_ARRAY_SIZE(counts); c++) {
+		fep_pool_t *p = NULL;
+		struct run_rec rr;
+		size_t n, i;
+		int t, it;
+
+		ck_assert_int_eq(fep_pool_create(counts[c], -1, 1, &p), 0);
+		ck_assert_int_eq(fep_pool_threads(p), counts[c]);
+		ck_assert_int_ge(fep_pool_node(p), 0);
+		memset(&rr, 0, sizeof(rr));
+		for (it = 0; it < 2000; it++)
+			ck_assert_int_eq(fep_pool_run(p, run_fn, &rr), 0);
+		ck_assert_int_eq(rr.calls, 2000 * counts[c]);
+		for (t = 0; t < counts[c]; t++)
+			ck_assert_int_eq(rr.hits[t], 2000);
+		for (n = 0; n < 300; n += 1 + n / 3) {
+			size_t grain;
+			for (grain = 1; grain < 40; grain += 13) {
+				_Atomic uint8_t seen[300];
+				struct for_rec f = { seen };
+
+				memset(seen, 0, sizeof(seen));
+				ck_assert_int_eq(fep_pool_for(p, n, grain, for_fn, &f), 0);
+				for (i = 0; i < 300; i++)
+					ck_assert_int_eq(seen[i], i < n);
+			}
+		}
+		ck_assert_int_eq(fep_pool_run(p, NULL, NULL), -EINVAL);
+		fep_pool_destroy(p);
+	}
+	fep_pool_destroy(NULL);
+	ck_assert_int_eq(fep_pool_threads(NULL), 1);
+}
+END_TEST
+
+START_TEST(test_pool_config)
+{
+	fep_pool_t *p = NULL;
+	int ncpu;
+	char *mem;
+	size_t i;
+
+	/* default: cores of the node / local ranks, at least 1 */
+	unsetenv("FABEP_THREADS");
+	ck_assert_int_eq(fep_pool_create(0, -1, 1, &p), 0);
+	ncpu = fep_pool_threads(p);
+	ck_assert_int_ge(ncpu, 1);
+	fep_pool_destroy(p);
+	ck_assert_int_eq(fep_pool_create(0, -1, 1000, &p), 0);
+	ck_assert_int_eq(fep_pool_threads(p), 1);
+	fep_pool_destroy(p);
+	ck_assert_int_eq(fep_pool_create(0, -1, 2, &p), 0);
+	ck_assert_int_eq(fep_pool_threads(p), ncpu / 2 ? ncpu / 2 : 1);
+	fep_pool_destroy(p);
+
+	setenv("FABEP_THREADS", "3", 1);
+	ck_assert_int_eq(fep_pool_create(0, -1, 1, &p), 0);
+	ck_assert_int_eq(fep_pool_threads(p), 3);
+	mem = fep_pool_alloc(p, 100, 4096);
+	ck_assert_ptr_nonnull(mem);
+	for (i = 0; i < 100 * 4096; i++)
+		ck_assert(mem[i] == 0);
+	fep_numa_free(mem, 100 * 4096);
+	fep_pool_destroy(p);
+	setenv("FABEP_THREADS", "lots", 1);
+	ck_assert_int_eq(fep_pool_create(0, -1, 1, &p), -EINVAL);
+	unsetenv("FABEP_THREADS");
+
+	setenv("FABEP_NUMA_NODE", "0", 1);
+	ck_assert_int_eq(fep_pool_default_node(5), 0);
+	setenv("FABEP_NUMA_NODE", "x", 1);
+	ck_assert_int_eq(fep_pool_default_node(5), -EINVAL);
+	unsetenv("FABEP_NUMA_NODE");
+	ck_assert_int_eq(fep_pool_default_node(0), 0);
+	ck_assert_int_ge(fep_pool_default_node(-1), 0);
+	if (numa_available() >= 0)
+		ck_assert_int_eq(fep_pool_create(1, 4000, 1, &p), -EINVAL);
+	ck_assert_int_eq(fep_pool_create(1, -1, 1, NULL), -EINVAL);
+	mem = fep_numa_alloc(1 << 20, 0);
+	ck_assert_ptr_nonnull(mem);
+	mem[0] = 1;
+	fep_numa_free(mem, 1 << 20);
+}
+END_TEST
+
+START_TEST(test_mt_wrappers)
+{
+	const size_t rows = 37, cols = 2880;
+	fep_pool_t *p = NULL;
+	float *in = xmalloc(rows * cols * 4), *gamma = xmalloc(cols * 4);
+	float *o1 = xmalloc(rows * cols * 4), *o2 = xmalloc(rows * cols * 4);
+	uint16_t *h1 = xmalloc(rows * cols * 2), *h2 = xmalloc(rows * cols * 2);
+	uint8_t *q1 = xmalloc(rows * cols), *q2 = xmalloc(rows * cols);
+	float s1[37 * 23], s2[37 * 23];
+	int32_t idx[37];
+	const void *ins[2] = { in, o1 };
+	size_t i;
+
+	fill_rows(in, FEP_K_F32, rows, cols, cols, 1);
+	for (i = 0; i < cols; i++)
+		gamma[i] = rnd_unit();
+	for (i = 0; i < rows; i++)
+		idx[i] = (int32_t)(rows - 1 - i);
+	ck_assert_int_eq(fep_pool_create(3, -1, 1, &p), 0);
+
+	ck_assert_int_eq(fep_k_f32_to_bf16_mt(NULL, in, h1, rows * cols), 0);
+	ck_assert_int_eq(fep_k_f32_to_bf16_mt(p, in, h2, rows * cols), 0);
+	ck_assert(!memcmp(h1, h2, rows * cols * 2));
+	ck_assert_int_eq(fep_k_bf16_to_f32_mt(NULL, h1, o1, rows * cols), 0);
+	ck_assert_int_eq(fep_k_bf16_to_f32_mt(p, h1, o2, rows * cols), 0);
+	ck_assert(!memcmp(o1, o2, rows * cols * 4));
+	{
+		fep_k_fp8_args_t a = { in, FEP_K_F32, cols, q1, cols, s1, 23, cols,
+				       128, 0, 0 };
+		ck_assert_int_eq(fep_k_fp8_quant_mt(NULL, &a, rows), 0);
+		a.out = q2;
+		a.scales = s2;
+		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), 0);
+		ck_assert(!memcmp(q1, q2, rows * cols) && !memcmp(s1, s2, sizeof(s1)));
+		a.block = 100;
+		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), -EINVAL);
+		a.block = 128;
+		a.ld_scales = 22;
+		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), -EINVAL);
+		a.ld_scales = 23;
+		a.in_dt = FEP_K_FP8;
+		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), -EINVAL);
+	}
+	{
+		fep_k_fp8dq_args_t d = { q1, cols, s1, 23, 128, o1, FEP_K_F32, cols, cols };
+		ck_assert_int_eq(fep_k_fp8_dequant_mt(NULL, &d, rows), 0);
+		d.out = o2;
+		ck_assert_int_eq(fep_k_fp8_dequant_mt(p, &d, rows), 0);
+		ck_assert(!memcmp(o1, o2, rows * cols * 4));
+		d.out = NULL;
+		ck_assert_int_eq(fep_k_fp8_dequant_mt(p, &d, rows), -EINVAL);
+	}
+	{
+		fep_k_rmsnorm_args_t a = {
+			.in = h1, .in_dt = FEP_K_BF16, .ld_in = cols, .gamma = gamma,
+			.eps = 1e-5f, .out = q1, .out_dt = FEP_K_FP8, .ld_out = cols,
+			.scales = s1, .ld_scales = 1, .cols = cols,
+		};
+		ck_assert_int_eq(fep_k_rmsnorm_mt(NULL, &a, rows), 0);
+		a.out = q2;
+		a.scales = s2;
+		ck_assert_int_eq(fep_k_rmsnorm_mt(p, &a, rows), 0);
+		ck_assert(!memcmp(q1, q2, rows * cols) && !memcmp(s1, s2, rows * 4));
+		a.eps = -1;
+		ck_assert_int_eq(fep_k_rmsnorm_mt(p, &a, rows), -EINVAL);
+		a.eps = 0;
+		a.gamma = NULL;
+		ck_assert_int_eq(fep_k_rmsnorm_mt(p, &a, rows), -EINVAL);
+	}
+	{
+		fep_k_sum_args_t a = { ins, 2, FEP_K_F32, o2 };
+		const void *bad[2] = { in, NULL };
+
+		memcpy(o1, in, rows * cols * 4);
+		ck_assert_int_eq(fep_k_sum_mt(p, &a, rows * cols), 0);
+		for (i = 0; i < rows * cols; i++)
+			ck_assert(same_f32(o2[i], in[i] + in[i]));
+		a.in = bad;
+		ck_assert_int_eq(fep_k_sum_mt(p, &a, 10), -EINVAL);
+		a.in = ins;
+		a.n = 0;
+		ck_assert_int_eq(fep_k_sum_mt(p, &a, 10), -EINVAL);
+	}
+	{
+		int32_t tk[37 * 2];
+		float w[37 * 2];
+		fep_k_topk_args_t a = { in, FEP_K_F32, cols, tk, w, 2, o1, FEP_K_F32,
+					cols, cols, NULL, NULL };
+
+		for (i = 0; i < rows * 2; i++) {
+			tk[i] = (int32_t)(rnd32() % rows);
+			w[i] = rnd_unit();
+		}
+		ck_assert_int_eq(fep_k_topk_sum_mt(NULL, &a, rows), 0);
+		a.out = o2;
+		ck_assert_int_eq(fep_k_topk_sum_mt(p, &a, rows), 0);
+		for (i = 0; i < rows * cols; i++)
+			ck_assert(same_f32(o1[i], o2[i]));
+		a.k = 0;
+		ck_assert_int_eq(fep_k_topk_sum_mt(p, &a, rows), -EINVAL);
+	}
+	{
+		fep_k_perm_args_t a = { in, cols * 4, o1, cols * 4, cols * 4, idx };
+
+		ck_assert_int_eq(fep_k_gather_mt(p, &a, rows), 0);
+		for (i = 0; i < rows; i++)
+			ck_assert(!memcmp(o1 + i * cols, in + (rows - 1 - i) * cols, cols * 4));
+		a.dst = o2;
+		ck_assert_int_eq(fep_k_scatter_mt(p, &a, rows), 0);
+		ck_assert(!memcmp(o1, o2, rows * cols * 4));
+		a.dst_stride = 4;
+		ck_assert_int_eq(fep_k_gather_mt(p, &a, rows), -EINVAL);
+	}
+	fep_pool_destroy(p);
+	free(in); free(gamma); free(o1); free(o2); free(h1); free(h2); free(q1); free(q2);
+}
+END_TEST
+
+static Suite *kernels_suite(int forked)
+{
+	Suite *s = suite_create("kernels");
+	TCase *tc;
+
+	tc = tcase_create("isa");
+	tcase_add_test(tc, test_isa_names);
+	if (forked) { /* need a fresh process: the level is chosen once */
+		tcase_add_test(tc, test_isa_env);
+		tcase_add_test(tc, test_isa_env_bad);
+	}
+	tcase_set_timeout(tc, 10);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("bf16");
+	tcase_add_test(tc, test_bf16_reference);
+	tcase_add_test(tc, test_bf16_vector);
+	tcase_set_timeout(tc, 20);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("fp8");
+	tcase_add_test(tc, test_fp8_table);
+	tcase_add_test(tc, test_fp8_scale_rules);
+	tcase_add_test(tc, test_fp8_table_vector);
+	tcase_add_test(tc, test_fp8_zero_blocks);
+	tcase_add_test(tc, test_fp8_vector);
+	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("rmsnorm");
+	tcase_add_test(tc, test_rmsnorm);
+	tcase_add_test(tc, test_rmsnorm_nan);
+	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("reduce");
+	tcase_add_test(tc, test_topk);
+	tcase_add_test(tc, test_sum);
+	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("permute");
+	tcase_add_test(tc, test_permute);
+	tcase_set_timeout(tc, 20);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("pool");
+	tcase_add_test(tc, test_pool_basic);
+	tcase_add_test(tc, test_pool_config);
+	tcase_add_test(tc, test_mt_wrappers);
+	tcase_set_timeout(tc, 30);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr;
+	int failed, forked;
+
+	/* probe the fork mode (CK_FORK=no turns it off) */
+	sr = srunner_create(suite_create("probe"));
+	forked = srunner_fork_status(sr) != CK_NOFORK;
+	srunner_free(sr);
+
+	sr = srunner_create(kernels_suite(forked));
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

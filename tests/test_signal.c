@@ -1,0 +1,395 @@
+/*
+ * test_signal.c - the communicator and put + signal, with forked ranks on
+ * shm, tcp and sockets, for every signal strategy each provider supports.
+ *
+ * The stress test: senders write a fresh random payload into their slot of
+ * the target's heap and signal; the target waits for the counter, then
+ * checks that every slot holds exactly this round's payload (never a stale
+ * one), and acknowledges with a signal back.  Payloads go from 1 byte to
+ * several MiB; 1 to 3 senders write to one target at once.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <time.h>
+
+#include "fabep.h"
+#include "harness.h"
+
+struct stress {
+	fabep_signal_t signal;
+	int rounds;
+	const size_t *sizes;
+	int nsizes;
+	int skipped;
+};
+
+static void fill(uint8_t *p, size_t n, int src, int round)
+{
+	uint64_t s = 0x9e3779b97f4a7c15ull ^ ((uint64_t)src << 32) ^ (uint64_t)round;
+	size_t i = 0;
+
+	fep_test_rand(&s);
+	for (; i + 8 <= n; i += 8) {
+		uint64_t v = fep_test_rand(&s);
+		memcpy(p + i, &v, 8);
+	}
+	for (; i < n; i++)
+		p[i] = (uint8_t)fep_test_rand(&s);
+}
+
+static int make_comm(fabep_signal_t sig, size_t heap, fabep_comm_t **comm)
+{
+	fabep_comm_attr_t a;
+
+	fabep_comm_attr_init(&a);
+	a.signal = sig;
+	a.heap_size = heap;
+	a.threads = 1;
+	return fabep_comm_create(&a, comm);
+}
+
+static int stress_rank(int rank, int size, void *arg)
+{
+	struct stress *st = arg;
+	fabep_comm_t *comm;
+	size_t maxlen = 0;
+	fabep_off_t ctr, ack, slots, src;
+	uint8_t *expect;
+	int i, s, ret;
+
+	for (i = 0; i < st->nsizes; i++)
+		if (st->sizes[i] > maxlen)
+			maxlen = st->sizes[i];
+	ret = make_comm(st->signal, (size_t)size * maxlen + (8u << 20), &comm);
+	if (ret == -FABEP_ERR_NO_SIGNAL)
+		return 77; /* strategy not offered: the caller skips */
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if ((ret = fabep_heap_alloc(comm, 8, 8, &ctr)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 8, &ack)) ||
+	    (ret = fabep_heap_alloc(comm, (size_t)size * maxlen, 64, &slots)) ||
+	    (ret = fabep_heap_alloc(comm, maxlen, 64, &src))) {
+		fprintf(stderr, "alloc: %s\n", fabep_strerror(ret));
+		return 1;
+	}
+	expect = malloc(maxlen ? maxlen : 1);
+	for (i = 1; i <= st->rounds; i++) {
+		size_t len = st->sizes[i % st->nsizes];
+
+		if (rank != 0) {
+			fill(fabep_heap_ptr(comm, src), len, rank, i);
+			ret = fabep_put_signal(comm, 0, slots + (size_t)rank * maxlen,
+					       src, len, ctr, 1);
+			if (!ret)
+				ret = fabep_wait(comm, ack, (uint64_t)i);
+			if (ret) {
+				fprintf(stderr, "rank %d round %d: %s\n", rank, i,
+					fabep_strerror(ret));
+				return 1;
+			}
+			continue;
+		}
+		ret = fabep_wait(comm, ctr, (uint64_t)i * (uint64_t)(size - 1));
+		if (ret) {
+			fprintf(stderr, "target round %d: %s\n", i, fabep_strerror(ret));
+			return 1;
+		}
+		if (fabep_counter_read(comm, ctr) != (uint64_t)i * (uint64_t)(size - 1)) {
+			fprintf(stderr, "counter overshot: %llu\n",
+				(unsigned long long)fabep_counter_read(comm, ctr));
+			return 1;
+		}
+		for (s = 1; s < size; s++) {
+			fill(expect, len, s, i);
+			if (memcmp(expect, (uint8_t *)fabep_heap_ptr(comm, slots) +
+					   (size_t)s * maxlen, len)) {
+				fprintf(stderr, "round %d: stale or wrong payload of %zu "
+					"bytes from rank %d\n", i, len, s);
+				return 1;
+			}
+		}
+		for (s = 1; s < size; s++) {
+			ret = fabep_put_signal(comm, s, ack, ack, 0, ack, 1);
+			if (ret) {
+				fprintf(stderr, "ack: %s\n", fabep_strerror(ret));
+				return 1;
+			}
+		}
+	}
+	free(expect);
+	ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: final barrier: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	ret = fabep_comm_destroy(comm);
+	return ret ? 1 : 0;
+}
+
+static const size_t small_sizes[] = { 1, 7, 8, 64, 100, 4096, 4097, 65536 + 3 };
+static const size_t big_sizes[] = { 1, 1u << 20, (4u << 20) + 13, 3, 65536 };
+
+static void run_stress(const char *prov, fabep_signal_t sig, int size,
+		       int small_rounds, int big_rounds)
+{
+	struct stress st = { .signal = sig };
+	int status[8], r, ret;
+
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	st.sizes = small_sizes;
+	st.nsizes = (int)(sizeof(small_sizes) / sizeof(small_sizes[0]));
+	st.rounds = small_rounds;
+	ret = fep_test_run_ranks_status(size, 120, stress_rank, &st, status);
+	if (status[0] == 77) {
+		fprintf(stderr, "SKIP: %s does not offer signal strategy %s\n",
+			prov, fabep_signal_name(sig));
+		return;
+	}
+	for (r = 0; r < size; r++)
+		ck_assert_msg(status[r] == 0, "%s/%s small: rank %d exited %d", prov,
+			      fabep_signal_name(sig), r, status[r]);
+	(void)ret;
+	st.sizes = big_sizes;
+	st.nsizes = (int)(sizeof(big_sizes) / sizeof(big_sizes[0]));
+	st.rounds = big_rounds;
+	ret = fep_test_run_ranks_status(size, 120, stress_rank, &st, status);
+	for (r = 0; r < size; r++)
+		ck_assert_msg(status[r] == 0, "%s/%s big: rank %d exited %d", prov,
+			      fabep_signal_name(sig), r, status[r]);
+}
+
+#define STRESS_TEST(name, prov, sig, n, small, big)        \
+	START_TEST(name) { run_stress(prov, sig, n, small, big); } END_TEST
+
+STRESS_TEST(shm_cqdata, "shm", FABEP_SIGNAL_CQDATA, 4, 3000, 40)
+STRESS_TEST(shm_ordered, "shm", FABEP_SIGNAL_ORDERED, 3, 3000, 40)
+STRESS_TEST(shm_delivery, "shm", FABEP_SIGNAL_DELIVERY, 2, 3000, 40)
+STRESS_TEST(shm_fence, "shm", FABEP_SIGNAL_FENCE, 2, 1000, 10)
+STRESS_TEST(tcp_cqdata, "tcp", FABEP_SIGNAL_CQDATA, 3, 2000, 20)
+STRESS_TEST(tcp_delivery, "tcp", FABEP_SIGNAL_DELIVERY, 4, 1000, 20)
+STRESS_TEST(tcp_ordered, "tcp", FABEP_SIGNAL_ORDERED, 2, 1000, 10)
+STRESS_TEST(tcp_fence, "tcp", FABEP_SIGNAL_FENCE, 2, 1000, 10)
+STRESS_TEST(sockets_fence, "sockets", FABEP_SIGNAL_FENCE, 3, 1000, 8)
+STRESS_TEST(sockets_ordered, "sockets", FABEP_SIGNAL_ORDERED, 2, 1000, 8)
+STRESS_TEST(sockets_cqdata, "sockets", FABEP_SIGNAL_CQDATA, 2, 1000, 8)
+STRESS_TEST(sockets_delivery, "sockets", FABEP_SIGNAL_DELIVERY, 2, 500, 8)
+
+/* ---- failures ---- */
+
+static int killed_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	int i, ret;
+
+	ret = make_comm(FABEP_SIGNAL_AUTO, 1u << 20, &comm);
+	if (ret)
+		return 2;
+	for (i = 0; i < 1000000; i++) {
+		if (rank == size - 1 && i == 20)
+			raise(SIGKILL);
+		ret = fabep_barrier(comm);
+		if (ret) {
+			/* expected: the lost rank is named in the log */
+			if (ret != -ETIMEDOUT && ret != -FABEP_ERR_PEER_LOST) {
+				fprintf(stderr, "rank %d: unexpected %s\n", rank,
+					fabep_strerror(ret));
+				return 3;
+			}
+			fabep_comm_destroy(comm);
+			return 10;
+		}
+	}
+	return 4;
+}
+
+static void run_killed(const char *prov)
+{
+	int status[3], r;
+	uint64_t t0, dt;
+	struct timespec ts;
+
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	setenv("FABEP_TIMEOUT_MS", "2000", 1);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	t0 = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	fep_test_run_ranks_status(3, 60, killed_rank, NULL, status);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	dt = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 - t0;
+	unsetenv("FABEP_TIMEOUT_MS");
+	ck_assert_msg(status[2] == 128 + SIGKILL, "killed rank status %d", status[2]);
+	for (r = 0; r < 2; r++)
+		ck_assert_msg(status[r] == 10, "%s: survivor %d exited %d", prov, r,
+			      status[r]);
+	/* create + 20 barriers + detection within the timeout + destroy (<= 5 s) */
+	ck_assert_msg(dt < 20000, "detection took %llu ms", (unsigned long long)dt);
+}
+
+START_TEST(killed_shm) { run_killed("shm"); } END_TEST
+START_TEST(killed_tcp) { run_killed("tcp"); } END_TEST
+
+static int bad_env_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm = NULL;
+	int expect = *(int *)arg;
+	int ret = fabep_comm_create(NULL, &comm);
+
+	if (ret != expect) {
+		fprintf(stderr, "rank %d: got %d (%s), expected %d\n", rank, ret,
+			fabep_strerror(ret), expect);
+		if (!ret)
+			fabep_comm_destroy(comm);
+		return 1;
+	}
+	return 0;
+}
+
+START_TEST(bad_provider)
+{
+	int expect = -FABEP_ERR_NO_PROVIDER;
+
+	setenv("FABEP_PROVIDER", "no-such-provider", 1);
+	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+	unsetenv("FABEP_PROVIDER");
+}
+END_TEST
+
+START_TEST(bad_signal)
+{
+	int expect = -EINVAL;
+
+	setenv("FABEP_SIGNAL", "carrier-pigeon", 1);
+	ck_assert_int_eq(fep_test_run_ranks(1, 30, bad_env_rank, &expect), 0);
+	unsetenv("FABEP_SIGNAL");
+}
+END_TEST
+
+START_TEST(unsupported_signal)
+{
+	int expect = -FABEP_ERR_NO_SIGNAL;
+
+	if (!fep_test_have_provider("shm"))
+		return;
+	/* shm refuses FI_FENCE (PROVIDERS.md) */
+	setenv("FABEP_PROVIDER", "shm", 1);
+	setenv("FABEP_SIGNAL", "fence", 1);
+	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+	unsetenv("FABEP_SIGNAL");
+	unsetenv("FABEP_PROVIDER");
+}
+END_TEST
+
+static int args_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	fabep_off_t off, ctr;
+	int ret = make_comm(FABEP_SIGNAL_AUTO, 1u << 20, &comm);
+
+	if (ret)
+		return 1;
+	if (fabep_heap_alloc(comm, 64, 8, &off) || fabep_heap_alloc(comm, 8, 8, &ctr))
+		return 2;
+	if (fabep_put(comm, size, off, off, 8) != -EINVAL) return 3;
+	if (fabep_put(comm, -1, off, off, 8) != -EINVAL) return 4;
+	if (fabep_put(comm, 0, fabep_heap_size(comm) - 4, off, 8) != -ERANGE) return 5;
+	if (fabep_put_signal(comm, 0, off, off, 8, ctr + 4, 1) != -EINVAL) return 6;
+	if (fabep_put_signal(comm, 0, off, off, 8, ctr, 0) != -EINVAL) return 7;
+	if (fabep_wait(comm, ctr + 1, 1) != -EINVAL) return 8;
+	if (fabep_heap_alloc(comm, 1ull << 40, 8, &off) != -FABEP_ERR_HEAP_FULL) return 9;
+	if (fabep_heap_alloc(comm, 8, 3, &off) != -EINVAL) return 10;
+	if (fabep_heap_ptr(comm, fabep_heap_size(comm)) != NULL) return 11;
+	if (fabep_barrier(NULL) != -EINVAL) return 12;
+	/* still usable after all that */
+	if (fabep_barrier(comm)) return 13;
+	if (fabep_comm_rank(comm) != rank || fabep_comm_size(comm) != size) return 14;
+	if (!fabep_comm_provider(comm) || !fabep_comm_domain(comm)) return 15;
+	return fabep_comm_destroy(comm) ? 16 : 0;
+}
+
+START_TEST(bad_args)
+{
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	ck_assert_int_eq(fep_test_run_ranks(2, 60, args_rank, NULL), 0);
+}
+END_TEST
+
+START_TEST(strerror_all)
+{
+	int e;
+
+	for (e = FABEP_ERR_BASE + 1; e < FABEP_ERR_LAST; e++) {
+		ck_assert_ptr_nonnull(fabep_strerror(-e));
+		ck_assert_str_ne(fabep_strerror(-e), "unknown error");
+	}
+	ck_assert_str_eq(fabep_strerror(0), "success");
+	ck_assert_ptr_nonnull(strstr(fabep_strerror(-ETIMEDOUT), "timed out"));
+	ck_assert_str_eq(fabep_strerror(-FABEP_ERR_LAST - 5), "unknown error");
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("signal");
+	TCase *tc;
+
+	tc = tcase_create("shm");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, shm_cqdata);
+	tcase_add_test(tc, shm_ordered);
+	tcase_add_test(tc, shm_delivery);
+	tcase_add_test(tc, shm_fence);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("tcp");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, tcp_cqdata);
+	tcase_add_test(tc, tcp_delivery);
+	tcase_add_test(tc, tcp_ordered);
+	tcase_add_test(tc, tcp_fence);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("sockets");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, sockets_fence);
+	tcase_add_test(tc, sockets_ordered);
+	tcase_add_test(tc, sockets_cqdata);
+	tcase_add_test(tc, sockets_delivery);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("failures");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, killed_shm);
+	tcase_add_test(tc, killed_tcp);
+	tcase_add_test(tc, bad_provider);
+	tcase_add_test(tc, bad_signal);
+	tcase_add_test(tc, unsupported_signal);
+	tcase_add_test(tc, bad_args);
+	tcase_add_test(tc, strerror_all);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,127 @@
+#!/bin/sh
+# tools.sh - the command-line tools: fabep_info, fabep_pingpong on shm with
+# -m output, and bad command lines (exit 2).  Runs from the build
+# directory; exit 77 = skip (no shm provider).
+top_builddir=${top_builddir:-.}
+info=$top_builddir/utils/fabep_info
+pp=$top_builddir/utils/fabep_pingpong
+bench=$top_builddir/utils/fabep_bench
+tmp=${TMPDIR:-/tmp}/fabep-tools.$$
+fails=0
+trap 'rm -f "$tmp".*' EXIT
+
+for t in "$info" "$pp" "$bench"; do
+	if [ ! -x "$t" ]; then
+		echo "FAIL: $t not built"
+		exit 1
+	fi
+done
+to=
+command -v timeout >/dev/null 2>&1 && to="timeout 120"
+
+fail() {
+	echo "FAIL: $*"
+	fails=$((fails + 1))
+}
+
+# Exit status of a command ($1 = expected, rest = command), output kept.
+expect() {
+	want=$1
+	shift
+	$to "$@" >"$tmp.out" 2>"$tmp.err"
+	got=$?
+	if [ "$got" -ne "$want" ]; then
+		fail "exit $got, want $want: $*"
+		sed 's/^/    /' "$tmp.out" "$tmp.err" | head -20
+		return 1
+	fi
+	return 0
+}
+
+# --- help and bad command lines ---
+for t in "$info" "$pp" "$bench"; do
+	expect 0 "$t" --help && grep -q '^Usage: ' "$tmp.out" ||
+		fail "$t --help prints no usage"
+	expect 2 "$t" -Z && grep -q 'unknown option' "$tmp.err" ||
+		fail "$t -Z: no 'unknown option' message"
+done
+expect 2 "$pp" -I abc
+expect 2 "$pp" -I 0
+expect 2 "$pp" -S 0
+expect 2 "$pp" -S 64,,4k
+expect 2 "$pp" -S 12q
+expect 2 "$pp" -o bogus && grep -q "unknown operation 'bogus'" "$tmp.err" ||
+	fail "-o bogus: no message naming it"
+expect 2 "$pp" -n 3
+expect 2 "$pp" -s somehost
+expect 2 "$pp" -w
+expect 2 "$pp" host1 host2
+expect 2 "$info" extra
+expect 2 "$bench" -o nope
+expect 2 "$bench" -f int4
+expect 2 "$bench" --soak -1
+
+# --- fabep_info ---
+if expect 0 "$info"; then
+	grep -q '^provider: ' "$tmp.out" || fail "fabep_info lists no provider"
+	grep -q 'signal chosen: ' "$tmp.out" || fail "fabep_info: no signal chosen"
+fi
+if expect 0 "$info" -m; then
+	head -n 1 "$tmp.out" | grep -q '^version: [0-9.]* isa: [a-z0-9]*$' ||
+		fail "fabep_info -m: bad first line: $(head -n 1 "$tmp.out")"
+fi
+
+if ! "$info" -p shm >/dev/null 2>&1; then
+	echo "SKIP: no shm provider for fabep here"
+	[ "$fails" -eq 0 ] && exit 77
+	exit 1
+fi
+grep -q '^provider: shm ' "$tmp.out" || fail "fabep_info -m: no shm line"
+for key in mr_mode msg_order fence delivery_complete atomic_count \
+	inject_size max_msg_size rma_iov_limit cq_data_size signals signal \
+	numa_node why; do
+	grep '^provider: shm ' "$tmp.out" | grep -q " $key: " ||
+		fail "fabep_info -m: shm line lacks '$key:'"
+done
+
+# --- fabep_pingpong on shm, -m lines ---
+for op in write signal; do
+	if expect 0 "$pp" -p shm -o $op -S 64,4k -I 50 -m; then
+		n=$(grep -c '^op: ' "$tmp.out")
+		[ "$n" -eq 2 ] || fail "pingpong -o $op: $n rows, want 2"
+		for bytes in 64 4096; do
+			line=$(grep " bytes: $bytes " "$tmp.out")
+			[ -n "$line" ] || fail "pingpong -o $op: no row for $bytes bytes"
+			echo "$line" | grep -q "^op: $op " ||
+				fail "pingpong -o $op: bad op in: $line"
+			echo "$line" | grep -q " provider: shm " ||
+				fail "pingpong: bad provider in: $line"
+			echo "$line" | grep -q " signal: [a-z]* " ||
+				fail "pingpong: no signal in: $line"
+			echo "$line" | grep -q " iters: 50 " ||
+				fail "pingpong: bad iters in: $line"
+			echo "$line" | grep -Eq " usec_per_xfer: [0-9]+\.[0-9]+ " ||
+				fail "pingpong: bad usec_per_xfer in: $line"
+			echo "$line" | grep -Eq " MBps: [0-9]+\.[0-9]+( |$)" ||
+				fail "pingpong: bad MBps in: $line"
+		done
+	fi
+done
+
+# the table form
+if expect 0 "$pp" -p shm -S 64 -I 20 -b; then
+	grep -q '^bytes *iters *total *time *MB/sec *usec/xfer *Mxfers/sec$' \
+		"$tmp.out" || fail "pingpong: no fabtests table header"
+fi
+
+# fabep_bench -o write, checked
+expect 0 "$bench" -p shm -o write -S 4k,64k -I 5 --check -m &&
+	[ "$(grep -c '^op: write ' "$tmp.out")" -eq 2 ] ||
+	fail "fabep_bench -o write: want 2 rows"
+
+if [ "$fails" -ne 0 ]; then
+	echo "$fails failures"
+	exit 1
+fi
+echo "PASS: tools"
+exit 0

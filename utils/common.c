@@ -1,0 +1,862 @@
+/*
+ * common.c - option parsing, size lists, result printing and rank running
+ * shared by fabep_pingpong, fabep_info and fabep_bench.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include "utils/common.h"
+
+const char *tool_name = "fabep";
+
+/* ------------------------------------------------------------------ */
+/* Options                                                            */
+/* ------------------------------------------------------------------ */
+
+struct tool_optdef {
+	int id;
+	const char *lname;
+	const char *arg;  /* NULL: takes no argument */
+	const char *text;
+};
+
+/* The one table: a flag means the same in every tool. */
+static const struct tool_optdef tool_optdefs[] = {
+	{ 'p', "provider", "NAME",
+	  "libfabric provider: shm, tcp, sockets, verbs, efa, ... "
+	  "(default: FABEP_PROVIDER, else fabep's choice)" },
+	{ 'd', "domain", "NAME",
+	  "domain (NIC) to use (default: FABEP_DOMAIN, else the provider's first)" },
+	{ 'I', "iterations", "N", "timed iterations per size" },
+	{ 'w', "warmup", "N", "untimed warm-up iterations per size" },
+	{ 'm', "machine", NULL,
+	  "machine-readable output: one line of \"key: value\" pairs per row" },
+	{ 'n', "ranks", "N", "fork N local ranks" },
+	{ 'S', "size", "SIZE|LIST|all",
+	  "transfer sizes: one size, a comma-separated list (k, M, G suffixes), "
+	  "or all (powers of two, 1 to 4M)" },
+	{ 'o', "op", "OP", "operation" },
+	{ 'b', "bandwidth", NULL,
+	  "bandwidth mode: a window of transfers, then one signal and an answer" },
+	{ 'W', "window", "N", "transfers per window with -b (default 64)" },
+	{ 's', "server", NULL,
+	  "server: be rank 0 of 2 and wait for a client on FABEP_ROOT, "
+	  "else 0.0.0.0:PORT" },
+	{ 'P', "port", "PORT",
+	  "rendezvous port for -s and HOST (default 47592)" },
+	{ 'T', "threads", "N", "worker threads per rank (default: FABEP_THREADS, else fabep's choice)" },
+	{ 'B', "bytes", "SIZE", "input bytes for the kernels (default 64M)" },
+	{ 'K', "kernel", "NAME", "run only this kernel (default: all)" },
+	{ 't', "tokens", "N", "tokens per rank" },
+	{ 'H', "hidden", "N", "hidden size (elements per token row)" },
+	{ 'k', "topk", "N", "experts per token" },
+	{ 'e', "experts", "N", "experts in all" },
+	{ 'f', "format", "FMT", "data format: bf16, fp8 or fp32" },
+	{ TOOL_OPT_ROWS, "rows", "N", "rows of the allreduce input" },
+	{ TOOL_OPT_COLS, "cols", "N", "columns of the allreduce input" },
+	{ TOOL_OPT_CHECK, "check", NULL, "check results against a reference" },
+	{ TOOL_OPT_SOAK, "soak", "SECONDS",
+	  "repeat for SECONDS, checking every result, and report errors" },
+	{ 'h', "help", NULL, "print this help and exit" },
+};
+
+#define TOOL_NOPTS ((int)(sizeof(tool_optdefs) / sizeof(tool_optdefs[0])))
+
+static const struct tool_optdef *optdef_find(int id)
+{
+	for (int i = 0; i < TOOL_NOPTS; i++)
+		if (tool_optdefs[i].id == id)
+			return &tool_optdefs[i];
+	return NULL;
+}
+
+static const struct tool_help *help_find(const struct tool_desc *d, int id)
+{
+	if (!d->help)
+		return NULL;
+	for (const struct tool_help *h = d->help; h->id; h++)
+		if (h->id == id)
+			return h;
+	return NULL;
+}
+
+/* Print text wrapped at 79 columns, continuation lines indented by col. */
+static void print_wrapped(FILE *f, int col, int at, const char *text)
+{
+	const char *p = text;
+
+	while (*p) {
+		const char *end = p, *brk = NULL;
+		int width = 79 - at;
+
+		if (*p == '\n') {
+			fprintf(f, "\n%*s", col, "");
+			at = col;
+			p++;
+			continue;
+		}
+		while (*end && *end != '\n' && end - p < width) {
+			if (*end == ' ')
+				brk = end;
+			end++;
+		}
+		if (!*end || *end == '\n' || !brk)
+			brk = end;
+		fprintf(f, "%.*s", (int)(brk - p), p);
+		p = brk;
+		while (*p == ' ')
+			p++;
+		if (*p && *p != '\n') {
+			fprintf(f, "\n%*s", col, "");
+			at = col;
+		}
+	}
+	fputc('\n', f);
+}
+
+void tool_usage(const struct tool_desc *d, FILE *f)
+{
+	fprintf(f, "Usage: %s [OPTIONS]%s%s\n", d->name, d->args ? " " : "",
+		d->args ? d->args : "");
+	print_wrapped(f, 0, 0, d->summary);
+	fprintf(f, "\nOptions:\n");
+	for (const int *a = d->accept; *a; a++) {
+		const struct tool_optdef *od = optdef_find(*a);
+		const struct tool_help *h = help_find(d, *a);
+		const char *arg, *text;
+		char lhs[64];
+		int n;
+
+		if (!od)
+			continue;
+		arg = h && h->arg ? h->arg : od->arg;
+		text = h && h->text ? h->text : od->text;
+		if (od->id < 256)
+			n = snprintf(lhs, sizeof(lhs), "  -%c, --%s%s%s", od->id,
+				     od->lname, arg ? " " : "", arg ? arg : "");
+		else
+			n = snprintf(lhs, sizeof(lhs), "      --%s%s%s", od->lname,
+				     arg ? " " : "", arg ? arg : "");
+		if (n < 30) {
+			fprintf(f, "%-30s", lhs);
+			print_wrapped(f, 30, 30, text);
+		} else {
+			fprintf(f, "%s\n%30s", lhs, "");
+			print_wrapped(f, 30, 30, text);
+		}
+	}
+	if (d->epilog) {
+		fputc('\n', f);
+		fputs(d->epilog, f);
+	}
+}
+
+void tool_usage_error(const struct tool_desc *d, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "%s: ", d->name);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\n\n", stderr);
+	tool_usage(d, stderr);
+	exit(TOOL_EXIT_USAGE);
+}
+
+int tool_parse_size(const char *s, size_t *out)
+{
+	unsigned long long v, mul = 1;
+	char *end;
+
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -ERANGE;
+	switch (*end) {
+	case 'k': case 'K': mul = 1ull << 10; end++; break;
+	case 'm': case 'M': mul = 1ull << 20; end++; break;
+	case 'g': case 'G': mul = 1ull << 30; end++; break;
+	default: break;
+	}
+	if (mul > 1 && (*end == 'i' || *end == 'I'))
+		end++;
+	if (*end == 'b' || *end == 'B')
+		end++;
+	if (*end)
+		return -EINVAL;
+	if (v > SIZE_MAX / mul)
+		return -ERANGE;
+	*out = (size_t)(v * mul);
+	return 0;
+}
+
+static int size_cmp(const void *a, const void *b)
+{
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int tool_parse_sizes(const char *s, size_t max, size_t *sizes, int *n)
+{
+	char buf[1024], *tok, *save = NULL;
+	int cnt = 0;
+
+	if (!strcmp(s, "all")) {
+		for (size_t v = 1; v <= max && v <= (4u << 20) &&
+		     cnt < TOOL_MAX_SIZES; v <<= 1)
+			sizes[cnt++] = v;
+		*n = cnt;
+		return 0;
+	}
+	if (strlen(s) >= sizeof(buf))
+		return -EINVAL;
+	strcpy(buf, s);
+	for (tok = strtok_r(buf, ",", &save); tok;
+	     tok = strtok_r(NULL, ",", &save)) {
+		size_t v;
+		int ret = tool_parse_size(tok, &v);
+
+		if (ret)
+			return ret;
+		if (v < 1 || v > max)
+			return -ERANGE;
+		if (cnt == TOOL_MAX_SIZES)
+			return -E2BIG;
+		sizes[cnt++] = v;
+	}
+	if (!cnt || s[strlen(s) - 1] == ',' || s[0] == ',')
+		return -EINVAL;
+	qsort(sizes, cnt, sizeof(*sizes), size_cmp);
+	*n = cnt;
+	return 0;
+}
+
+const char *tool_size_str(char *buf, size_t len, uint64_t v)
+{
+	uint64_t base = 1, frac = 0;
+	const char *mag = "";
+
+	if (v >= (1ull << 30)) {
+		base = 1ull << 30;
+		mag = "g";
+	} else if (v >= (1ull << 20)) {
+		base = 1ull << 20;
+		mag = "m";
+	} else if (v >= (1ull << 10)) {
+		base = 1ull << 10;
+		mag = "k";
+	}
+	if (v / base < 10)
+		frac = (v % base) * 10 / base;
+	if (frac)
+		snprintf(buf, len, "%llu.%llu%s", (unsigned long long)(v / base),
+			 (unsigned long long)frac, mag);
+	else
+		snprintf(buf, len, "%llu%s", (unsigned long long)(v / base), mag);
+	return buf;
+}
+
+static const char *cnt_str(char *buf, size_t len, uint64_t v)
+{
+	if (v >= 1000000000ull)
+		snprintf(buf, len, "%llub", (unsigned long long)(v / 1000000000ull));
+	else if (v >= 1000000ull)
+		snprintf(buf, len, "%llum", (unsigned long long)(v / 1000000ull));
+	else if (v >= 1000ull)
+		snprintf(buf, len, "%lluk", (unsigned long long)(v / 1000ull));
+	else
+		snprintf(buf, len, "%llu", (unsigned long long)v);
+	return buf;
+}
+
+static void opt_bad(const struct tool_desc *d, const struct tool_optdef *od,
+		    const char *val, const char *want)
+{
+	if (od->id < 256)
+		tool_usage_error(d, "invalid value '%s' for -%c (--%s): %s", val,
+				 od->id, od->lname, want);
+	tool_usage_error(d, "invalid value '%s' for --%s: %s", val, od->lname,
+			 want);
+}
+
+static int opt_int(const struct tool_desc *d, const struct tool_optdef *od,
+		   const char *val, long min, long max)
+{
+	char want[96];
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(val, &end, 10);
+	if (errno || end == val || *end || v < min || v > max) {
+		snprintf(want, sizeof(want), "expected an integer from %ld to %ld",
+			 min, max);
+		opt_bad(d, od, val, want);
+	}
+	return (int)v;
+}
+
+static int opt_word(const char *val)
+{
+	/* Names of providers, ops, kernels: printable, no spaces. */
+	if (!*val)
+		return 0;
+	for (const char *p = val; *p; p++)
+		if (*p <= ' ' || *p > '~')
+			return 0;
+	return 1;
+}
+
+void tool_parse(const struct tool_desc *d, int argc, char **argv,
+		struct tool_opts *o)
+{
+	struct option longopts[TOOL_NOPTS + 1];
+	char optstring[3 * TOOL_NOPTS + 2];
+	int nlong = 0, ns = 0, c;
+
+	tool_name = d->name;
+	memset(o, 0, sizeof(*o));
+	o->warmup = -1;
+	o->signal = FABEP_SIGNAL_AUTO;
+
+	optstring[ns++] = ':';
+	for (const int *a = d->accept; *a; a++) {
+		const struct tool_optdef *od = optdef_find(*a);
+
+		if (!od)
+			continue;
+		longopts[nlong].name = od->lname;
+		longopts[nlong].has_arg = od->arg ? required_argument : no_argument;
+		longopts[nlong].flag = NULL;
+		longopts[nlong].val = od->id;
+		nlong++;
+		if (od->id < 256) {
+			optstring[ns++] = (char)od->id;
+			if (od->arg)
+				optstring[ns++] = ':';
+		}
+	}
+	memset(&longopts[nlong], 0, sizeof(longopts[nlong]));
+	optstring[ns] = '\0';
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, optstring, longopts, NULL)) != -1) {
+		const struct tool_optdef *od = optdef_find(c);
+		const char *val = optarg;
+		int ret;
+
+		if (c == '?') {
+			if (optopt && optopt < 256)
+				tool_usage_error(d, "unknown option -%c", optopt);
+			tool_usage_error(d, "unknown option %s", argv[optind - 1]);
+		}
+		if (c == ':') {
+			const struct tool_optdef *m = optdef_find(optopt);
+
+			if (m && m->id < 256)
+				tool_usage_error(d, "option -%c (--%s) needs an argument %s",
+						 m->id, m->lname, m->arg);
+			if (m)
+				tool_usage_error(d, "option --%s needs an argument %s",
+						 m->lname, m->arg);
+			tool_usage_error(d, "option %s needs an argument",
+					 argv[optind - 1]);
+		}
+		switch (c) {
+		case 'p':
+		case 'd':
+		case 'o':
+		case 'K':
+		case 'f':
+			if (!opt_word(val))
+				opt_bad(d, od, val, "expected a name");
+			if (c == 'p')
+				o->provider = val;
+			else if (c == 'd')
+				o->domain = val;
+			else if (c == 'o')
+				o->op = val;
+			else if (c == 'K')
+				o->kernel = val;
+			else
+				o->format = val;
+			break;
+		case 'I': o->iters = opt_int(d, od, val, 1, 1000000000); break;
+		case 'w': o->warmup = opt_int(d, od, val, 0, 1000000000); break;
+		case 'm': o->machine = 1; break;
+		case 'n': o->nranks = opt_int(d, od, val, 1, 256); break;
+		case 'T': o->threads = opt_int(d, od, val, 1, 4096); break;
+		case 'W': o->window = opt_int(d, od, val, 1, 65536); break;
+		case 'P': o->port = opt_int(d, od, val, 1, 65535); break;
+		case 't': o->tokens = opt_int(d, od, val, 1, INT_MAX); break;
+		case 'H': o->hidden = opt_int(d, od, val, 1, INT_MAX); break;
+		case 'k': o->topk = opt_int(d, od, val, 1, 1024); break;
+		case 'e': o->experts = opt_int(d, od, val, 1, 1 << 20); break;
+		case TOOL_OPT_ROWS: o->rows = opt_int(d, od, val, 1, INT_MAX); break;
+		case TOOL_OPT_COLS: o->cols = opt_int(d, od, val, 1, INT_MAX); break;
+		case 'b': o->bandwidth = 1; break;
+		case 's': o->server = 1; break;
+		case TOOL_OPT_CHECK: o->check = 1; break;
+		case 'S':
+			ret = tool_parse_sizes(val, 1ull << 30, o->sizes, &o->nsizes);
+			if (ret == -ERANGE)
+				opt_bad(d, od, val, "sizes go from 1 to 1G");
+			if (ret == -E2BIG)
+				opt_bad(d, od, val, "at most 64 sizes");
+			if (ret)
+				opt_bad(d, od, val,
+					"expected a size (64, 4k, 1M), a list 64,4k,1M, or all");
+			break;
+		case 'B':
+			ret = tool_parse_size(val, &o->bytes);
+			if (ret || o->bytes == 0)
+				opt_bad(d, od, val, "expected a size such as 4096, 64M, 1G");
+			break;
+		case TOOL_OPT_SOAK: {
+			char *end;
+
+			errno = 0;
+			o->soak_s = strtod(val, &end);
+			if (errno || end == val || *end || !(o->soak_s > 0) ||
+			    o->soak_s > 86400 * 7)
+				opt_bad(d, od, val, "expected seconds, more than 0");
+			break;
+		}
+		case 'h':
+			tool_usage(d, stdout);
+			exit(TOOL_EXIT_OK);
+		default:
+			tool_usage_error(d, "unhandled option %s", argv[optind - 1]);
+		}
+	}
+	if (argc - optind > d->max_args) {
+		tool_usage_error(d, "unexpected argument '%s'",
+				 argv[optind + d->max_args]);
+	}
+	if (optind < argc) {
+		if (!opt_word(argv[optind]))
+			tool_usage_error(d, "invalid host '%s'", argv[optind]);
+		o->host = argv[optind];
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Results                                                            */
+/* ------------------------------------------------------------------ */
+
+void tool_print_row(FILE *f, const struct tool_opts *o,
+		    const struct tool_row *r)
+{
+	static FILE *header_done;
+	double usec = (double)r->ns / 1000.0;
+	double total = (double)r->bytes * (double)r->xfers;
+	double usec_per_xfer = r->xfers ? usec / (double)r->xfers : 0.0;
+	double mbps = usec > 0 ? total / usec : 0.0;
+	char b1[32], b2[32], b3[32];
+
+	if (o->machine) {
+		fprintf(f, "op: %s mode: %s provider: %s signal: %s bytes: %zu "
+			"iters: %ld xfers: %llu time_s: %.6f usec_per_xfer: %.3f "
+			"MBps: %.2f Mxfers_per_s: %.4f\n",
+			r->op, r->mode, r->provider ? r->provider : "-",
+			r->signal ? r->signal : "-", r->bytes, r->iters,
+			(unsigned long long)r->xfers, usec / 1e6, usec_per_xfer,
+			mbps, usec_per_xfer > 0 ? 1.0 / usec_per_xfer : 0.0);
+		fflush(f);
+		return;
+	}
+	if (header_done != f) {
+		fprintf(f, "%-8s%-8s%-8s%8s %10s%13s%13s\n", "bytes", "iters",
+			"total", "time", "MB/sec", "usec/xfer", "Mxfers/sec");
+		header_done = f;
+	}
+	fprintf(f, "%-8s", tool_size_str(b1, sizeof(b1), r->bytes));
+	fprintf(f, "%-8s", cnt_str(b2, sizeof(b2), (uint64_t)r->iters));
+	fprintf(f, "%-8s", tool_size_str(b3, sizeof(b3), (uint64_t)total));
+	fprintf(f, "%8.2fs%10.2f%11.2f%11.2f\n", usec / 1e6, mbps,
+		usec_per_xfer, usec_per_xfer > 0 ? 1.0 / usec_per_xfer : 0.0);
+	fflush(f);
+}
+
+/* ------------------------------------------------------------------ */
+/* Ranks                                                              */
+/* ------------------------------------------------------------------ */
+
+uint64_t tool_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t tool_timeout_ns(void)
+{
+	const char *s = getenv("FABEP_TIMEOUT_MS");
+	long ms = 30000;
+
+	if (s && *s) {
+		char *end;
+		long v = strtol(s, &end, 10);
+
+		if (!*end && v > 0)
+			ms = v;
+	}
+	return (uint64_t)ms * 1000000ull;
+}
+
+int tool_fail(const char *what, int err)
+{
+	fprintf(stderr, "%s: %s: %s\n", tool_name, what, fabep_strerror(err));
+	return err;
+}
+
+static int env_size_gt1(const char *name)
+{
+	const char *s = getenv(name);
+
+	return s && atoi(s) > 1;
+}
+
+int tool_in_job(void)
+{
+	return env_size_gt1("FABEP_WORLD_SIZE") ||
+	       env_size_gt1("OMPI_COMM_WORLD_SIZE") ||
+	       env_size_gt1("PMI_SIZE") || env_size_gt1("SLURM_NTASKS");
+}
+
+void tool_tune_provider(const char *provider)
+{
+	if (provider && !strncmp(provider, "sockets", 7))
+		setenv("FI_SOCKETS_PE_WAITTIME", "0", 0);
+}
+
+static int free_port(void)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	int fd, port = -1;
+
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (!bind(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
+	    !getsockname(fd, (struct sockaddr *)&sa, &len))
+		port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+/* One rank, in this process: create the communicator, run, destroy. */
+static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
+		    tool_rank_fn fn, void *arg)
+{
+	fabep_comm_t *comm = NULL;
+	int ret, ret2;
+
+	ret = fabep_comm_create(attr, &comm);
+	if (ret) {
+		const char *r = getenv("FABEP_RANK");
+
+		fprintf(stderr, "%s: rank %s: fabep_comm_create: %s\n", tool_name,
+			r ? r : "?", fabep_strerror(ret));
+		return ret;
+	}
+	ret = fn(comm, o, arg);
+	ret2 = fabep_comm_destroy(comm);
+	if (ret2 && !ret) {
+		fprintf(stderr, "%s: rank %d: fabep_comm_destroy: %s\n", tool_name,
+			fabep_comm_rank(comm), fabep_strerror(ret2));
+		ret = ret2;
+	}
+	return ret;
+}
+
+static void describe_status(int rank, int status)
+{
+	if (WIFEXITED(status))
+		fprintf(stderr, "%s: rank %d exited with status %d\n", tool_name,
+			rank, WEXITSTATUS(status));
+	else if (WIFSIGNALED(status))
+		fprintf(stderr, "%s: rank %d killed by signal %d (%s)\n", tool_name,
+			rank, WTERMSIG(status), strsignal(WTERMSIG(status)));
+}
+
+static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
+		      int timeout_s, tool_rank_fn fn, void *arg)
+{
+	int n = o->nranks, left = n, failed = 0, port;
+	pid_t *pids = calloc(n, sizeof(*pids));
+	int *done = calloc(n, sizeof(*done));
+	uint64_t deadline, grace = 0;
+	char root[64];
+
+	if (!pids || !done) {
+		fprintf(stderr, "%s: out of memory\n", tool_name);
+		free(pids);
+		free(done);
+		return TOOL_EXIT_FAIL;
+	}
+	port = free_port();
+	if (port < 0) {
+		fprintf(stderr, "%s: no free TCP port on 127.0.0.1: %s\n",
+			tool_name, strerror(errno));
+		free(pids);
+		free(done);
+		return TOOL_EXIT_FAIL;
+	}
+	snprintf(root, sizeof(root), "127.0.0.1:%d", port);
+
+	fflush(NULL);
+	for (int r = 0; r < n; r++) {
+		pid_t pid = fork();
+
+		if (pid < 0) {
+			fprintf(stderr, "%s: fork: %s\n", tool_name, strerror(errno));
+			for (int q = 0; q < r; q++)
+				kill(pids[q], SIGKILL);
+			for (int q = 0; q < r; q++)
+				waitpid(pids[q], NULL, 0);
+			free(pids);
+			free(done);
+			return TOOL_EXIT_FAIL;
+		}
+		if (pid == 0) {
+			char rs[16], ns[16];
+			int ret;
+
+			snprintf(rs, sizeof(rs), "%d", r);
+			snprintf(ns, sizeof(ns), "%d", n);
+			setenv("FABEP_RANK", rs, 1);
+			setenv("FABEP_WORLD_SIZE", ns, 1);
+			setenv("FABEP_ROOT", root, 1);
+			ret = run_rank(attr, o, fn, arg);
+			fflush(NULL);
+			_exit(ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
+		}
+		pids[r] = pid;
+	}
+
+	deadline = tool_now_ns() + (uint64_t)timeout_s * 1000000000ull;
+	while (left > 0) {
+		uint64_t now = tool_now_ns();
+		int reaped = 0;
+
+		for (int r = 0; r < n; r++) {
+			int status;
+
+			if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r])
+				continue;
+			done[r] = 1;
+			left--;
+			reaped = 1;
+			if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+				describe_status(r, status);
+				if (!failed)
+					grace = now + 5000000000ull;
+				failed = 1;
+			}
+		}
+		if (!left)
+			break;
+		if (now > deadline || (grace && now > grace)) {
+			for (int r = 0; r < n; r++) {
+				if (done[r])
+					continue;
+				kill(pids[r], SIGKILL);
+				waitpid(pids[r], NULL, 0);
+				done[r] = 1;
+				left--;
+				if (now > deadline)
+					fprintf(stderr, "%s: rank %d still running after %d s: killed\n",
+						tool_name, r, timeout_s);
+				else
+					fprintf(stderr, "%s: rank %d still running 5 s after a rank failed: killed\n",
+						tool_name, r);
+			}
+			failed = 1;
+			break;
+		}
+		if (!reaped) {
+			struct timespec ts = { 0, 5000000 };
+
+			nanosleep(&ts, NULL);
+		}
+	}
+	free(pids);
+	free(done);
+	return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
+}
+
+int tool_run(const struct tool_desc *d, const struct tool_opts *o,
+	     const fabep_comm_attr_t *attr_in, int timeout_s, tool_rank_fn fn,
+	     void *arg)
+{
+	fabep_comm_attr_t attr = *attr_in;
+	int port = o->port ? o->port : TOOL_DEFAULT_PORT;
+	char buf[300];
+	int ret;
+
+	if (o->provider)
+		attr.provider = o->provider;
+	if (o->domain)
+		attr.domain = o->domain;
+	if (o->threads)
+		attr.threads = o->threads;
+	if (o->signal != FABEP_SIGNAL_AUTO)
+		attr.signal = o->signal;
+	tool_tune_provider(attr.provider ? attr.provider : getenv("FABEP_PROVIDER"));
+
+	if (o->nranks > 0)
+		return run_forked(o, &attr, timeout_s, fn, arg);
+
+	if (o->server || o->host) {
+		setenv("FABEP_RANK", o->server ? "0" : "1", 1);
+		setenv("FABEP_WORLD_SIZE", "2", 1);
+		if (o->host) {
+			if (strchr(o->host, ':') && o->host[0] != '[')
+				snprintf(buf, sizeof(buf), "[%s]:%d", o->host, port);
+			else
+				snprintf(buf, sizeof(buf), "%s:%d", o->host, port);
+			setenv("FABEP_ROOT", buf, 1);
+		} else if (!getenv("FABEP_ROOT") || o->port) {
+			snprintf(buf, sizeof(buf), "0.0.0.0:%d", port);
+			setenv("FABEP_ROOT", buf, 1);
+		}
+		if (o->server && !o->machine)
+			fprintf(stderr, "%s: server: waiting for a client on %s\n",
+				d->name, getenv("FABEP_ROOT"));
+	}
+	ret = run_rank(&attr, o, fn, arg);
+	return ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Two-rank transfers                                                 */
+/* ------------------------------------------------------------------ */
+
+long tool_default_iters(size_t bytes, int bandwidth)
+{
+	if (bytes < (64u << 10))
+		return bandwidth ? 1000 : 10000;
+	if (bytes < (1u << 20))
+		return bandwidth ? 100 : 1000;
+	return bandwidth ? 10 : 100;
+}
+
+long tool_default_warmup(long iters)
+{
+	long w = iters / 10;
+
+	return w < 10 ? 10 : w > 1000 ? 1000 : w;
+}
+
+int tool_rma_setup(fabep_comm_t *comm, size_t max, struct tool_rma *r)
+{
+	int ret;
+
+	memset(r, 0, sizeof(*r));
+	r->comm = comm;
+	r->rank = fabep_comm_rank(comm);
+	r->max = max ? max : 8;
+	if (fabep_comm_size(comm) != 2) {
+		if (r->rank == 0)
+			fprintf(stderr, "%s: this test runs between 2 ranks, not %d\n",
+				tool_name, fabep_comm_size(comm));
+		return -EINVAL;
+	}
+	r->peer = 1 - r->rank;
+	ret = fabep_heap_alloc(comm, r->max, 4096, &r->src);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, r->max, 4096, &r->dst);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 64, 64, &r->sig);
+	if (ret)
+		return tool_fail("fabep_heap_alloc", ret);
+	return 0;
+}
+
+static int bw_round(struct tool_rma *r, int use_signal, size_t len, int window)
+{
+	int ret;
+
+	if (r->rank == 0) {
+		/* Every transfer writes the same bytes to the same place, so the
+		 * last one's signal means the receive buffer holds the data. */
+		for (int j = 0; j < window; j++) {
+			if (use_signal || j == window - 1)
+				ret = fabep_put_signal(r->comm, r->peer, r->dst, r->src,
+						       len, r->sig, 1);
+			else
+				ret = fabep_put(r->comm, r->peer, r->dst, r->src, len);
+			if (ret)
+				return tool_fail(use_signal || j == window - 1 ?
+						 "fabep_put_signal" : "fabep_put", ret);
+		}
+		r->seen += 1;
+		ret = fabep_wait(r->comm, r->sig, r->seen);
+		if (ret)
+			return tool_fail("fabep_wait", ret);
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+	} else {
+		r->seen += use_signal ? (uint64_t)window : 1;
+		ret = fabep_wait(r->comm, r->sig, r->seen);
+		if (ret)
+			return tool_fail("fabep_wait", ret);
+		ret = fabep_put_signal(r->comm, r->peer, r->dst, r->src, 0,
+				       r->sig, 1);
+		if (ret)
+			return tool_fail("fabep_put_signal", ret);
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+	}
+	return 0;
+}
+
+int tool_rma_bw(struct tool_rma *r, int use_signal, size_t len, int window,
+		long warmup, long iters, uint64_t *ns)
+{
+	uint64_t t0;
+	int ret;
+
+	for (long i = 0; i < warmup; i++) {
+		ret = bw_round(r, use_signal, len, window);
+		if (ret)
+			return ret;
+	}
+	ret = fabep_barrier(r->comm);
+	if (ret)
+		return tool_fail("fabep_barrier", ret);
+	t0 = tool_now_ns();
+	for (long i = 0; i < iters; i++) {
+		ret = bw_round(r, use_signal, len, window);
+		if (ret)
+			return ret;
+	}
+	*ns = tool_now_ns() - t0;
+	return 0;
+}

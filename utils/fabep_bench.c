@@ -1,0 +1,341 @@
+/*
+ * fabep_bench - benchmarks of fabep's parts, one per -o:
+ *
+ *   write      raw put bandwidth between 2 ranks (fabep_put in windows):
+ *              the reference rate the other operations compare with
+ *   kernels    the local compute kernels (bench_kernels, utils/bench_kernels.c)
+ *   dispatch, combine, moe, allreduce, arnorm: hook points, filled in as
+ *              those parts land (see parts[] below)
+ *
+ * Options are parsed by utils/common.c into struct tool_opts, then copied
+ * into struct bench_opts (utils/bench.h), which every part receives.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utils/common.h"
+#include "utils/bench.h"
+
+/* bench_kernels() lives in bench_kernels.c, which reaches internal
+ * kernels; while a build lacks it, -o kernels says so instead of the link
+ * failing. */
+#pragma weak bench_kernels
+
+/* A part that runs on every rank of a communicator. */
+typedef int (*bench_rank_fn)(fabep_comm_t *comm, const struct bench_opts *o,
+			     FILE *out);
+
+struct bench_part {
+	const char *name;
+	const char *what;
+	/* Exactly one of local (runs once here, no communicator) and rank
+	 * (runs on every rank) is set once the part exists; neither while it
+	 * is "not available yet". */
+	int (*local)(const struct bench_opts *o, FILE *out);
+	bench_rank_fn rank;
+	int default_ranks;  /* local ranks forked when -n is not given */
+};
+
+static int bench_write(fabep_comm_t *comm, const struct bench_opts *o,
+		       FILE *out);
+
+/*
+ * The table of parts.  To add one: write
+ *   int bench_<name>(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
+ * (declared in bench.h), set .rank here (or .local for a part without a
+ * communicator) and add its help to the -o text below.
+ */
+static const struct bench_part parts[] = {
+	{ "write", "raw put bandwidth between 2 ranks (reference rate)",
+	  NULL, bench_write, 2 },
+	{ "kernels", "local compute kernels (GB/s per kernel and ISA level)",
+	  bench_kernels, NULL, 0 },
+	{ "dispatch", "expert-parallel dispatch", NULL, NULL, 2 },
+	{ "combine", "expert-parallel combine", NULL, NULL, 2 },
+	{ "moe", "dispatch + combine, as one MoE layer", NULL, NULL, 2 },
+	{ "allreduce", "sum allreduce", NULL, NULL, 2 },
+	{ "arnorm", "allreduce + RMSNorm + FP8", NULL, NULL, 2 },
+};
+
+#define NPARTS ((int)(sizeof(parts) / sizeof(parts[0])))
+
+static const int bench_accept[] = {
+	'o', 'p', 'd', 'I', 'w', 'm', 'n', 'T', 'S', 'W', 'B', 'K', 't', 'H',
+	'k', 'e', 'f', TOOL_OPT_ROWS, TOOL_OPT_COLS, TOOL_OPT_CHECK,
+	TOOL_OPT_SOAK, 'h', 0
+};
+
+static const struct tool_help bench_help[] = {
+	{ 'o', "PART",
+	  "what to measure: write (raw put bandwidth between 2 ranks, the "
+	  "reference rate), kernels (local compute kernels; default), "
+	  "dispatch, combine, moe, allreduce, arnorm (not available yet)" },
+	{ 'I', NULL,
+	  "timed iterations (default: the part's; write: 1000 windows below "
+	  "64k, 100 below 1M, 10 from 1M)" },
+	{ 'w', NULL, "warm-up iterations (default: the part's; write: a tenth of -I, 10 to 1000)" },
+	{ 'n', NULL, "fork N local ranks (default 2 for the parts that need ranks, "
+		     "unless run under mpirun/srun)" },
+	{ 'S', NULL,
+	  "write: message sizes, one size, a comma-separated list (k, M, G "
+	  "suffixes) or all (powers of two, 1 to 4M); default 64k,1M,4M" },
+	{ 'W', NULL, "write: puts per window (default 64)" },
+	{ 'B', NULL, "kernels: input bytes per kernel (default 64M)" },
+	{ 'K', NULL, "kernels: run only this kernel (default: all)" },
+	{ 't', NULL, "dispatch, combine, moe: tokens per rank" },
+	{ 'H', NULL, "dispatch, combine, moe: hidden size" },
+	{ 'k', NULL, "dispatch, combine, moe: experts per token (top-k)" },
+	{ 'e', NULL, "dispatch, combine, moe: experts in all" },
+	{ 'f', NULL, "data format: bf16, fp8 or fp32 (default: the part's)" },
+	{ TOOL_OPT_CHECK, NULL,
+	  "check results (write: the receiver compares the data after each size)" },
+	{ TOOL_OPT_SOAK, NULL,
+	  "repeat for SECONDS, checking every result, then report errors" },
+	{ 0, NULL, NULL },
+};
+
+static const struct tool_desc bench_desc = {
+	.name = "fabep_bench",
+	.args = NULL,
+	.summary = "Benchmarks of fabep: raw put bandwidth (-o write), the compute "
+		   "kernels (-o kernels), and the MoE and collective operations as "
+		   "they land.",
+	.accept = bench_accept,
+	.help = bench_help,
+	.max_args = 0,
+	.epilog =
+		"The write part prints fabep_pingpong's table (bytes iters total time\n"
+		"MB/sec usec/xfer Mxfers/sec), or with -m one line per size: op, mode,\n"
+		"provider, signal, bytes, iters, xfers, time_s, usec_per_xfer, MBps,\n"
+		"Mxfers_per_s.\n"
+		"\n"
+		"Exit status: 0 success, 1 a run failed or a check found an error\n"
+		"(or the part is not available yet), 2 bad command line.\n",
+};
+
+/* The parsed command line, for parts that read more than bench_opts has
+ * (write: the sizes and window). */
+static struct tool_opts g_opts;
+
+static uint8_t pattern(size_t i, size_t len, long pass)
+{
+	return (uint8_t)(i * 131u + len * 7u + (size_t)pass * 17u + 1u);
+}
+
+/* Tell rank 1 whether another soak pass follows (rank 0 decides). */
+static int soak_decide(struct tool_rma *r, fabep_off_t ctl, int more)
+{
+	uint64_t *p = fabep_heap_ptr(r->comm, ctl);
+	int ret;
+
+	if (r->rank == 0) {
+		*p = more ? 1 : 2;
+		ret = fabep_put_signal(r->comm, r->peer, ctl, ctl, 8, r->sig, 1);
+		if (ret)
+			return tool_fail("fabep_put_signal", ret);
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+		return more;
+	}
+	ret = fabep_wait(r->comm, r->sig, ++r->seen);
+	if (ret)
+		return tool_fail("fabep_wait", ret);
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE) == 1;
+}
+
+static int bench_write(fabep_comm_t *comm, const struct bench_opts *bo,
+		       FILE *out)
+{
+	const struct tool_opts *o = &g_opts;
+	int window = o->window ? o->window : 64;
+	int check = bo->check || bo->soak_s > 0;
+	uint64_t t_end = 0, errors = 0;
+	struct tool_rma r;
+	fabep_off_t ctl;
+	long pass = 0;
+	int ret, more;
+
+	ret = tool_rma_setup(comm, o->sizes[o->nsizes - 1], &r);
+	if (ret)
+		return ret;
+	ret = fabep_heap_alloc(comm, 64, 64, &ctl);
+	if (ret)
+		return tool_fail("fabep_heap_alloc", ret);
+	if (r.rank == 0 && !bo->machine) {
+		fprintf(out, "# %s -o write: fabep_put bandwidth, window %d, "
+			"provider %s, domain %s, signal %s%s\n", tool_name, window,
+			fabep_comm_provider(comm), fabep_comm_domain(comm),
+			fabep_signal_name(fabep_comm_signal(comm)),
+			check ? ", checked" : "");
+		fflush(out);
+	}
+	if (bo->soak_s > 0)
+		t_end = tool_now_ns() + (uint64_t)(bo->soak_s * 1e9);
+
+	do {
+		for (int s = 0; s < o->nsizes; s++) {
+			size_t len = o->sizes[s];
+			long iters = bo->iters ? bo->iters : tool_default_iters(len, 1);
+			long warmup = bo->warmup >= 0 ? bo->warmup :
+							tool_default_warmup(iters);
+			uint8_t *src = fabep_heap_ptr(comm, r.src);
+			uint8_t *dst = fabep_heap_ptr(comm, r.dst);
+			struct tool_row row = {
+				.op = "write", .mode = "bw",
+				.provider = fabep_comm_provider(comm),
+				.signal = fabep_signal_name(fabep_comm_signal(comm)),
+				.bytes = len, .iters = iters,
+				.xfers = (uint64_t)iters * (uint64_t)window,
+			};
+
+			if (check) {
+				if (r.rank == 0)
+					for (size_t i = 0; i < len; i++)
+						src[i] = pattern(i, len, pass);
+				else
+					memset(dst, 0, len);
+				ret = fabep_barrier(comm);
+				if (ret)
+					return tool_fail("fabep_barrier", ret);
+			}
+			ret = tool_rma_bw(&r, 0, len, window, warmup, iters, &row.ns);
+			if (ret)
+				return ret;
+			if (check && r.rank == 1) {
+				for (size_t i = 0; i < len; i++) {
+					if (dst[i] == pattern(i, len, pass))
+						continue;
+					if (errors < 10)
+						fprintf(stderr, "%s: rank 1: write of %zu bytes, "
+							"pass %ld: byte %zu is 0x%02x, want 0x%02x\n",
+							tool_name, len, pass, i, dst[i],
+							pattern(i, len, pass));
+					errors++;
+				}
+			}
+			if (r.rank == 0 && pass == 0)
+				tool_print_row(out, o, &row);
+		}
+		pass++;
+		more = t_end ? soak_decide(&r, ctl, tool_now_ns() < t_end) : 0;
+		if (more < 0)
+			return more;
+	} while (more);
+
+	if (r.rank == 1 && check) {
+		if (errors) {
+			fprintf(stderr, "%s: rank 1: %llu wrong bytes in %ld passes\n",
+				tool_name, (unsigned long long)errors, pass);
+			return -EIO;
+		}
+		if (t_end)
+			fprintf(stderr, "%s: soak: %ld passes, all data checked, no errors\n",
+				tool_name, pass);
+	}
+	ret = fabep_barrier(comm);
+	if (ret)
+		return tool_fail("fabep_barrier", ret);
+	return 0;
+}
+
+struct rank_ctx {
+	const struct bench_part *part;
+	const struct bench_opts *bo;
+};
+
+static int bench_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
+{
+	const struct rank_ctx *c = arg;
+	int ret = c->part->rank(comm, c->bo, stdout);
+
+	fflush(stdout);
+	return ret;
+}
+
+int main(int argc, char **argv)
+{
+	static const size_t write_sizes[] = { 64 << 10, 1 << 20, 4 << 20 };
+	struct bench_opts bo;
+	const struct bench_part *part = NULL;
+	struct tool_opts *o = &g_opts;
+	struct rank_ctx ctx;
+	fabep_comm_attr_t attr;
+	size_t need;
+	int ret;
+
+	tool_parse(&bench_desc, argc, argv, o);
+	if (!o->op)
+		o->op = "kernels";
+	for (int i = 0; i < NPARTS; i++)
+		if (!strcmp(o->op, parts[i].name))
+			part = &parts[i];
+	if (!part)
+		tool_usage_error(&bench_desc, "unknown part '%s' for -o: expected "
+				 "write, kernels, dispatch, combine, moe, allreduce "
+				 "or arnorm", o->op);
+	if (o->format && strcmp(o->format, "bf16") && strcmp(o->format, "fp8") &&
+	    strcmp(o->format, "fp32"))
+		tool_usage_error(&bench_desc, "unknown format '%s' for -f: expected "
+				 "bf16, fp8 or fp32", o->format);
+	if (!strcmp(part->name, "write") && o->nranks && o->nranks != 2)
+		tool_usage_error(&bench_desc, "-o write runs between 2 ranks, not -n %d",
+				 o->nranks);
+
+	memset(&bo, 0, sizeof(bo));
+	bo.op = part->name;
+	bo.provider = o->provider;
+	bo.domain = o->domain;
+	bo.iters = o->iters;
+	bo.warmup = o->warmup;
+	bo.machine = o->machine;
+	bo.nranks = o->nranks;
+	bo.threads = o->threads;
+	bo.bytes = o->bytes ? o->bytes : (size_t)64 << 20;
+	bo.kernel = o->kernel;
+	bo.tokens = o->tokens;
+	bo.hidden = o->hidden;
+	bo.topk = o->topk;
+	bo.experts = o->experts;
+	bo.format = o->format;
+	bo.rows = o->rows;
+	bo.cols = o->cols;
+	bo.check = o->check;
+	bo.soak_s = o->soak_s;
+
+	if (!part->local && !part->rank) {
+		fprintf(stderr, "%s: -o %s: not available yet in this build (%s)\n",
+			tool_name, part->name, part->what);
+		return TOOL_EXIT_FAIL;
+	}
+	if (part->local) {
+		ret = part->local(&bo, stdout);
+		fflush(stdout);
+		if (ret) {
+			fprintf(stderr, "%s: -o %s: %s\n", tool_name, part->name,
+				fabep_strerror(ret));
+			return TOOL_EXIT_FAIL;
+		}
+		return TOOL_EXIT_OK;
+	}
+
+	if (!o->nsizes) {
+		o->nsizes = 3;
+		memcpy(o->sizes, write_sizes, sizeof(write_sizes));
+	}
+	if (!o->nranks && !tool_in_job())
+		o->nranks = part->default_ranks;
+	bo.nranks = o->nranks;
+
+	fabep_comm_attr_init(&attr);
+	need = 2 * o->sizes[o->nsizes - 1] + (1u << 20);
+	if (need > (64u << 20))
+		attr.heap_size = need;
+	ctx.part = part;
+	ctx.bo = &bo;
+	return tool_run(&bench_desc, o, &attr,
+			300 + (int)(o->soak_s > 0 ? o->soak_s : 0), bench_rank, &ctx);
+}

@@ -1,0 +1,329 @@
+/*
+ * fabep_pingpong - latency and bandwidth of fabep's one-sided layer
+ * between two ranks, in the look of fabtests' fi_rma_pingpong / fi_rma_bw.
+ *
+ *   -o write      fabep_put of a payload whose last word (last byte for
+ *                 sizes that are not a multiple of 8) carries a sequence
+ *                 number the receiver polls with fabep_progress: the raw
+ *                 fi_write path.
+ *   -o signal     fabep_put_signal, fabep_wait on the counter: the put +
+ *                 signal path with the provider's signal strategy.
+ *   -o writedata  as signal, with the communicator forced to the cqdata
+ *                 strategy (fi_writedata + FI_REMOTE_CQ_DATA).
+ *
+ * Latency mode (default): a ping-pong; usec/xfer is half the round trip.
+ * Bandwidth mode (-b): windows of transfers, each window answered once.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <time.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utils/common.h"
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+enum pp_op { PP_WRITE, PP_SIGNAL, PP_WRITEDATA };
+
+static const char *const pp_op_names[] = { "write", "signal", "writedata" };
+
+static const int pp_accept[] = {
+	'p', 'd', 'I', 'w', 'S', 'o', 'b', 'W', 'm', 'n', 's', 'P', 'h', 0
+};
+
+static const struct tool_help pp_help[] = {
+	{ 'o', "write|signal|writedata",
+	  "write: fabep_put, the receiver polls the payload's last word; "
+	  "signal: fabep_put_signal + fabep_wait (default); "
+	  "writedata: as signal, with the cqdata strategy (fi_writedata)" },
+	{ 'I', NULL,
+	  "timed iterations per size (default: 10000 below 64k, 1000 below 1M, "
+	  "100 from 1M; with -b windows: 1000, 100, 10)" },
+	{ 'w', NULL, "warm-up iterations per size (default: a tenth of -I, 10 to 1000)" },
+	{ 'S', NULL,
+	  "transfer sizes: one size, a comma-separated list (k, M, G suffixes), "
+	  "or all (powers of two, 1 to 4M); default 64,4k,64k,1M" },
+	{ 'n', NULL,
+	  "fork N local ranks; must be 2 (default when neither -s nor HOST is "
+	  "given and not run under mpirun/srun)" },
+	{ 0, NULL, NULL },
+};
+
+static const struct tool_desc pp_desc = {
+	.name = "fabep_pingpong",
+	.args = "[HOST]",
+	.summary = "Latency (ping-pong, usec/xfer = one way) and bandwidth (-b) of "
+		   "fabep's put, put + signal and writedata between two ranks.",
+	.accept = pp_accept,
+	.help = pp_help,
+	.max_args = 1,
+	.epilog =
+		"Ranks: with neither -s nor HOST, two local ranks are forked (-n 2);\n"
+		"under mpirun or srun (2 ranks) each process is one rank.  Across hosts\n"
+		"run 'fabep_pingpong -s [OPTIONS]' on one (rank 0) and\n"
+		"'fabep_pingpong [OPTIONS] HOST' on the other (rank 1).\n"
+		"\n"
+		"Columns: bytes iters total time MB/sec usec/xfer Mxfers/sec, where\n"
+		"MB/sec = bytes / usec/xfer (10^6 bytes per second).  With -m, one line\n"
+		"per size: op, mode, provider, signal, bytes, iters, xfers, time_s,\n"
+		"usec_per_xfer, MBps, Mxfers_per_s.\n"
+		"\n"
+		"Exit status: 0 success, 1 a run failed, 2 bad command line.\n",
+};
+
+struct pp_ctx {
+	enum pp_op op;
+};
+
+/* Wait until the flag at p reads `want`, driving progress; spin, then
+ * yield, then sleep briefly (as fabep_wait does), so that ranks on a
+ * busy machine still get the cores they need. */
+static int poll_flag(fabep_comm_t *comm, const void *p, int word,
+		     uint64_t want)
+{
+	uint64_t deadline = 0;
+	unsigned spins = 0;
+	int ret;
+
+	for (;;) {
+		uint64_t v = word ?
+			__atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE) :
+			__atomic_load_n((const uint8_t *)p, __ATOMIC_ACQUIRE);
+
+		if (v == want)
+			return 0;
+		ret = fabep_progress(comm);
+		if (ret < 0)
+			return tool_fail("fabep_progress", ret);
+		spins++;
+		if (spins < 64) {
+			cpu_relax();
+		} else if (spins < 64 + 256) {
+			sched_yield();
+		} else {
+			struct timespec ts = { 0, 20000 };
+			uint64_t now = tool_now_ns();
+
+			if (!deadline) {
+				deadline = now + tool_timeout_ns();
+			} else if (now > deadline) {
+				fprintf(stderr, "%s: rank %d: the peer's write never "
+					"arrived (flag %llu, want %llu)\n", tool_name,
+					fabep_comm_rank(comm), (unsigned long long)v,
+					(unsigned long long)want);
+				return -ETIMEDOUT;
+			}
+			nanosleep(&ts, NULL);
+		}
+	}
+}
+
+static void set_flag(void *p, int word, uint64_t v)
+{
+	if (word)
+		__atomic_store_n((uint64_t *)p, v, __ATOMIC_RELEASE);
+	else
+		__atomic_store_n((uint8_t *)p, (uint8_t)v, __ATOMIC_RELEASE);
+}
+
+/* One ping-pong exchange of the write op; i numbers it within a size. */
+static int pp_write_round(struct tool_rma *r, size_t len, long i)
+{
+	int word = len >= 8 && len % 8 == 0;
+	size_t at = len - (word ? 8 : 1);
+	char *src = fabep_heap_ptr(r->comm, r->src);
+	char *dst = fabep_heap_ptr(r->comm, r->dst);
+	uint64_t v = word ? (uint64_t)i + 1 : (uint64_t)(i % 255) + 1;
+	int ret;
+
+	if (r->rank == 1) {
+		ret = poll_flag(r->comm, dst + at, word, v);
+		if (ret)
+			return ret;
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+	}
+	set_flag(src + at, word, v);
+	ret = fabep_put(r->comm, r->peer, r->dst, r->src, len);
+	if (ret)
+		return tool_fail("fabep_put", ret);
+	if (r->rank == 0) {
+		ret = poll_flag(r->comm, dst + at, word, v);
+		if (ret)
+			return ret;
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+	}
+	return 0;
+}
+
+/* One ping-pong exchange of put + signal (signal and writedata ops). */
+static int pp_signal_round(struct tool_rma *r, size_t len)
+{
+	int ret;
+
+	if (r->rank == 1) {
+		ret = fabep_wait(r->comm, r->sig, ++r->seen);
+		if (ret)
+			return tool_fail("fabep_wait", ret);
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+	}
+	ret = fabep_put_signal(r->comm, r->peer, r->dst, r->src, len, r->sig, 1);
+	if (ret)
+		return tool_fail("fabep_put_signal", ret);
+	if (r->rank == 0) {
+		ret = fabep_wait(r->comm, r->sig, ++r->seen);
+		if (ret)
+			return tool_fail("fabep_wait", ret);
+		ret = fabep_flush(r->comm);
+		if (ret)
+			return tool_fail("fabep_flush", ret);
+	}
+	return 0;
+}
+
+static int pp_latency(struct tool_rma *r, enum pp_op op, size_t len,
+		      long warmup, long iters, uint64_t *ns)
+{
+	uint64_t t0 = 0;
+	int ret;
+
+	if (op == PP_WRITE) {
+		/* Flags start from zero at every size: clear ours, then agree. */
+		int word = len >= 8 && len % 8 == 0;
+		char *dst = fabep_heap_ptr(r->comm, r->dst);
+
+		set_flag(dst + len - (word ? 8 : 1), word, 0);
+		ret = fabep_barrier(r->comm);
+		if (ret)
+			return tool_fail("fabep_barrier", ret);
+	}
+	for (long i = 0; i < warmup + iters; i++) {
+		if (i == warmup) {
+			ret = fabep_barrier(r->comm);
+			if (ret)
+				return tool_fail("fabep_barrier", ret);
+			t0 = tool_now_ns();
+		}
+		ret = op == PP_WRITE ? pp_write_round(r, len, i) :
+				       pp_signal_round(r, len);
+		if (ret)
+			return ret;
+	}
+	*ns = tool_now_ns() - t0;
+	return 0;
+}
+
+static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
+{
+	const struct pp_ctx *ctx = arg;
+	int window = o->window ? o->window : 64;
+	struct tool_rma r;
+	int report, ret;
+
+	ret = tool_rma_setup(comm, o->sizes[o->nsizes - 1], &r);
+	if (ret)
+		return ret;
+	report = r.rank == 0 || o->host;
+	if (report && !o->machine) {
+		printf("# %s: op %s (%s), provider %s, domain %s, signal %s\n",
+		       tool_name, pp_op_names[ctx->op],
+		       o->bandwidth ? "bandwidth" : "latency",
+		       fabep_comm_provider(comm), fabep_comm_domain(comm),
+		       fabep_signal_name(fabep_comm_signal(comm)));
+		fflush(stdout);
+	}
+	for (int s = 0; s < o->nsizes; s++) {
+		size_t len = o->sizes[s];
+		long iters = o->iters ? o->iters : tool_default_iters(len, o->bandwidth);
+		long warmup = o->warmup >= 0 ? o->warmup : tool_default_warmup(iters);
+		struct tool_row row = {
+			.op = pp_op_names[ctx->op],
+			.mode = o->bandwidth ? "bw" : "lat",
+			.provider = fabep_comm_provider(comm),
+			.signal = fabep_signal_name(fabep_comm_signal(comm)),
+			.bytes = len,
+			.iters = iters,
+		};
+
+		if (o->bandwidth) {
+			ret = tool_rma_bw(&r, ctx->op != PP_WRITE, len, window,
+					  warmup, iters, &row.ns);
+			row.xfers = (uint64_t)iters * (uint64_t)window;
+		} else {
+			ret = pp_latency(&r, ctx->op, len, warmup, iters, &row.ns);
+			row.xfers = 2 * (uint64_t)iters;
+		}
+		if (ret)
+			return ret;
+		if (report)
+			tool_print_row(stdout, o, &row);
+	}
+	ret = fabep_barrier(comm);
+	if (ret)
+		return tool_fail("fabep_barrier", ret);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const size_t default_sizes[] = { 64, 4096, 65536, 1 << 20 };
+	struct tool_opts o;
+	struct pp_ctx ctx = { .op = PP_SIGNAL };
+	fabep_comm_attr_t attr;
+	size_t need;
+	int found = 0;
+
+	tool_parse(&pp_desc, argc, argv, &o);
+
+	if (o.op) {
+		for (int i = 0; i < 3; i++) {
+			if (!strcmp(o.op, pp_op_names[i])) {
+				ctx.op = (enum pp_op)i;
+				found = 1;
+			}
+		}
+		if (!found)
+			tool_usage_error(&pp_desc, "unknown operation '%s' for -o: "
+					 "expected write, signal or writedata", o.op);
+	}
+	if (o.server && o.host)
+		tool_usage_error(&pp_desc, "-s (server) and HOST (client) exclude each other");
+	if ((o.server || o.host) && o.nranks)
+		tool_usage_error(&pp_desc, "-n forks local ranks; it does not go with -s or HOST");
+	if (o.nranks && o.nranks != 2)
+		tool_usage_error(&pp_desc, "-n %d: a ping-pong needs 2 ranks", o.nranks);
+	if (o.port && !o.server && !o.host)
+		tool_usage_error(&pp_desc, "-P names the rendezvous port of -s or HOST");
+	if (o.window && !o.bandwidth)
+		tool_usage_error(&pp_desc, "-W (window) goes with -b (bandwidth mode)");
+	if (!o.nsizes) {
+		o.nsizes = 4;
+		memcpy(o.sizes, default_sizes, sizeof(default_sizes));
+	}
+	if (!o.server && !o.host && !o.nranks && !tool_in_job())
+		o.nranks = 2;
+	if (ctx.op == PP_WRITEDATA)
+		o.signal = FABEP_SIGNAL_CQDATA;
+
+	fabep_comm_attr_init(&attr);
+	/* Send and receive buffers of the largest size, and a counter. */
+	need = 2 * o.sizes[o.nsizes - 1] + (1u << 20);
+	if (need > (64u << 20))
+		attr.heap_size = need;
+	return tool_run(&pp_desc, &o, &attr, 300, pp_rank, &ctx);
+}
