@@ -247,6 +247,18 @@ FABEP_API const char *fabep_isa_name(fabep_isa_t isa);
 FABEP_API int fabep_comm_threads(const fabep_comm_t *comm);
 FABEP_API int fabep_comm_numa_node(const fabep_comm_t *comm);
 
+/* ------------------------------------------------------------------ */
+/* Expert parallelism: dispatch and combine                           */
+/* ------------------------------------------------------------------ */
+/* @@EP-BEGIN@@ (src/ep owns this section) */
+/* @@EP-END@@ */
+
+/* ------------------------------------------------------------------ */
+/* Collectives: allreduce, allreduce + RMSNorm (+ FP8)                */
+/* ------------------------------------------------------------------ */
+/* @@COLL-BEGIN@@ (src/coll owns this section) */
+/* @@COLL-END@@ */
+
 #ifdef __cplusplus
 }
 #endif
