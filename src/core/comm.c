@@ -160,8 +160,10 @@ static int fep_comm_pick_numa(fabep_comm_t *comm, const fabep_comm_attr_t *a)
 }
 
 /* Exchange one int64 with every rank over the fabric: out[size]. */
+enum { XCHG_ALL, XCHG_DOWN, XCHG_UP };
+
 static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
-			     int64_t value, int64_t *out, bool lower_only)
+			     int64_t value, int64_t *out, int dir)
 {
 	fep_fabric_t *fab = comm->fab;
 	struct fep_xslot *src = fep_heap_at(fab, comm->bar_src);
@@ -186,7 +188,8 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	for (r = 1; r < comm->size; r++) {
 		int peer = (comm->rank + r) % comm->size;
 
-		if (lower_only && peer > comm->rank)
+		if ((dir == XCHG_DOWN && peer > comm->rank) ||
+		    (dir == XCHG_UP && peer < comm->rank))
 			continue;
 		puts[n].peer = peer;
 		puts[n].dst = comm->bar_slots + (uint64_t)comm->rank * sizeof(*src);
@@ -200,15 +203,16 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	free(puts);
 	if (ret)
 		return ret;
-	comm->bar_expect += lower_only ? (uint64_t)(comm->size - 1 - comm->rank)
-				       : (uint64_t)(comm->size - 1);
+	comm->bar_expect += dir == XCHG_DOWN ? (uint64_t)(comm->size - 1 - comm->rank)
+			  : dir == XCHG_UP ? (uint64_t)comm->rank
+			  : (uint64_t)(comm->size - 1);
 	ret = fep_comm_wait(comm, what, comm->bar_ctr, comm->bar_expect,
-			    lower_only ? UINT64_MAX : comm->bar_slots,
+			    dir != XCHG_ALL ? UINT64_MAX : comm->bar_slots,
 			    sizeof(struct fep_xslot), seq);
 	if (ret)
 		return ret;
 done:
-	if (out && !lower_only)
+	if (out && dir == XCHG_ALL)
 		for (r = 0; r < comm->size; r++) {
 			struct fep_xslot s;
 
@@ -227,7 +231,7 @@ done:
 static int fep_comm_xchg(fabep_comm_t *comm, const char *what, int64_t value,
 			 int64_t *out)
 {
-	return fep_comm_xchg_dir(comm, what, value, out, false);
+	return fep_comm_xchg_dir(comm, what, value, out, XCHG_ALL);
 }
 
 int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
@@ -462,10 +466,13 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
 				   &comm->bar_src)))
 		goto err_fabric;
-	/* Connections first from higher to lower ranks, so no pair connects
-	 * from both ends at once (the sockets provider fails that), then
-	 * every pair both ways. */
-	ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, true);
+	/* First contact one direction at a time, higher to lower ranks and
+	 * then back, so no pair connects from both ends at once (the sockets
+	 * provider drops one of two crossing connections, failing what was
+	 * posted on it), then every pair both ways. */
+	ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_DOWN);
+	if (!ret)
+		ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_UP);
 	if (!ret)
 		ret = fep_comm_xchg(comm, "warm-up exchange", 0, NULL);
 	ret = fep_boot_agree(comm, ret, "the warm-up exchange");

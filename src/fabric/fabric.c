@@ -49,8 +49,17 @@ static struct fi_info *fep_hints(const char *prov, const char *fabric,
 	h->domain_attr->mr_mode = (int)fep_mr_mode_all;
 	h->domain_attr->av_type = FI_AV_TABLE;
 	h->domain_attr->threading = FI_THREAD_DOMAIN;
-	h->domain_attr->data_progress = FI_PROGRESS_MANUAL;
-	h->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+	/* Manual progress: fabep's waits drive it.  Except sockets, whose
+	 * manual mode loses RMA traffic when both sides of a pair write
+	 * (seen with 1.17: warm-up exchanges that never complete); its own
+	 * progress thread is reliable. */
+	if (prov && !strncmp(prov, "sockets", 7)) {
+		h->domain_attr->data_progress = FI_PROGRESS_AUTO;
+		h->domain_attr->control_progress = FI_PROGRESS_AUTO;
+	} else {
+		h->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+		h->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+	}
 	if (probe & PROBE_ORDER) {
 		h->tx_attr->msg_order = FI_ORDER_WAW;
 		h->rx_attr->msg_order = FI_ORDER_WAW;
@@ -409,7 +418,7 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	case FABEP_SIGNAL_DELIVERY: probe = PROBE_ATOMIC; break;
 	default: probe = 0; break;
 	}
-	info = probe ? fep_probe(base, probe) : fi_dupinfo(base);
+	info = fep_probe(base, probe);
 	if (!info) {
 		fep_err("provider %s refused the capabilities of signal strategy %s",
 			fab->desc.provider, fep_signal_name(fab->signal));

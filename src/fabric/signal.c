@@ -46,7 +46,10 @@ bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s)
 	case FABEP_SIGNAL_ORDERED:
 		return atom && (d->msg_order & FI_ORDER_WAW);
 	case FABEP_SIGNAL_FENCE:
-		return atom && d->fence;
+		/* sockets (1.17) grants FI_FENCE, but its fenced atomics fail
+		 * with -FI_EIO once several ranks signal one target (measured:
+		 * 3 ranks, every run), so fabep does not use it there. */
+		return atom && d->fence && strncmp(d->provider, "sockets", 7);
 	case FABEP_SIGNAL_DELIVERY:
 		return atom && d->delivery_complete;
 	case FABEP_SIGNAL_CQDATA:
