@@ -251,12 +251,240 @@ FABEP_API int fabep_comm_numa_node(const fabep_comm_t *comm);
 /* Expert parallelism: dispatch and combine                           */
 /* ------------------------------------------------------------------ */
 /* @@EP-BEGIN@@ (src/ep owns this section) */
+/*
+ * A MoE handle moves tokens to the ranks that own their experts
+ * (dispatch) and brings the expert outputs back, summed with the router
+ * weights (combine).  Experts are split in equal contiguous blocks: rank
+ * r owns experts [r * E / size, (r + 1) * E / size).  See fabep_moe(3).
+ *
+ * Every call below that takes a handle is collective: every rank makes
+ * the same sequence of calls.  Bad input on any rank (NULL buffers, more
+ * tokens than max_tokens, an expert id outside [-1, E)) is caught before a
+ * byte is sent; the rank still completes the exchange with an error flag,
+ * and every rank returns the same code (the one of the lowest failing
+ * rank, logged with its rank).
+ */
+
+/* Element formats of tokens and expert outputs. */
+typedef enum {
+	FABEP_MOE_FP32 = 0,
+	FABEP_MOE_BF16 = 1,
+	/* token_type only: e4m3fn (OCP), quantized by dispatch from rows of
+	 * input_type, with one fp32 scale per token (fp8_block 0) or per
+	 * fp8_block values (e.g. 128) */
+	FABEP_MOE_FP8 = 2,
+	/* token_type only: e4m3fn rows the caller quantized, passed through
+	 * with its scales (same layout as FABEP_MOE_FP8's) */
+	FABEP_MOE_FP8_PREQUANT = 3,
+} fabep_moe_type_t;
+
+#define FABEP_MOE_MAX_TOPK 32
+
+typedef struct fabep_moe_config {
+	int num_experts;   /* E, a multiple of the number of ranks */
+	int top_k;         /* 1 .. FABEP_MOE_MAX_TOPK */
+	size_t hidden;     /* values per token row */
+	int max_tokens;    /* most tokens any rank passes to one dispatch */
+	fabep_moe_type_t token_type;   /* what travels: FP32, BF16, FP8, FP8_PREQUANT */
+	fabep_moe_type_t input_type;   /* FP8: the caller's rows, FP32 or BF16 */
+	int fp8_block;     /* FP8: 0 = one scale per token, else a multiple of 16 */
+	fabep_moe_type_t combine_type; /* FP32 or BF16: expert outputs and combine output */
+	int buffer_sets;   /* dispatches that may be outstanding; 0 = 2 */
+} fabep_moe_config_t;
+
+typedef struct fabep_moe fabep_moe_t;
+
+/* Defaults: bf16 tokens and combine, 2 buffer sets; the sizes are 0 and
+ * must be set. */
+FABEP_API void fabep_moe_config_init(fabep_moe_config_t *cfg);
+
+/* Symmetric-heap bytes a handle with this configuration takes on a
+ * communicator of `nranks` ranks (0 if the configuration is invalid).
+ * Add it to fabep_comm_attr_t.heap_size (or FABEP_HEAP_SIZE). */
+FABEP_API size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks);
+
+/*
+ * Create a handle.  Collective.  Configurations that differ between ranks
+ * give -FABEP_ERR_MISMATCH on every rank; a heap without room gives
+ * -FABEP_ERR_HEAP_FULL (the message names the bytes needed).  The heap
+ * space is taken for the communicator's lifetime.
+ */
+FABEP_API int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
+			       fabep_moe_t **moe);
+/* Free the handle's local memory (not collective).  NULL is ignored. */
+FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
+
+/*
+ * What dispatch delivers to an expert rank: the rows it received, in
+ * expert-major order (the rows of local expert i are
+ * [row_offsets[i], row_offsets[i + 1]); within an expert by source rank,
+ * then token index, then k).  The buffers belong to the handle and stay
+ * valid until the dispatch that reuses this buffer set (buffer_sets
+ * dispatches later) or fabep_moe_destroy.
+ */
+typedef struct fabep_moe_recv {
+	size_t rows;                 /* rows received */
+	int local_experts;           /* E / size */
+	int first_expert;            /* global id of local expert 0 */
+	const void *x;               /* [rows, hidden] of token_type (FP8: bytes) */
+	const float *scales;         /* FP8: [rows, scales_per_row]; else NULL */
+	size_t scales_per_row;       /* FP8: 1 or ceil(hidden / fp8_block) */
+	const uint32_t *row_offsets; /* [local_experts + 1] */
+	const int32_t *expert_ids;   /* [local_experts]: global id of each group */
+	const uint32_t *expert_counts; /* [local_experts]: rows per expert (load) */
+	const int32_t *src_info;     /* [rows, 3]: source rank, token index, k */
+	const float *weights;        /* [rows]: the router weight of each row */
+} fabep_moe_recv_t;
+
+/*
+ * Send half of dispatch: check the input, pack each destination's tokens
+ * into one contiguous run and write it with a signal.  x: [n, hidden] of
+ * input_type (FP8) or token_type; scales: FP8_PREQUANT only, [n,
+ * scales_per_row]; topk_ids: [n, top_k], -1 = not routed; topk_weights:
+ * [n, top_k] or NULL (all 1).  topk_ids == NULL reuses the previous
+ * dispatch's routing and weights (n must match): the backward of combine.
+ * 0 <= n <= max_tokens; x may be NULL when n == 0.
+ * -FABEP_ERR_BUSY (nothing sent, on every rank) when buffer_sets
+ * dispatches are already outstanding without their combine.
+ */
+FABEP_API int fabep_moe_dispatch_send(fabep_moe_t *moe, const void *x,
+				      const float *scales, size_t n,
+				      const int32_t *topk_ids,
+				      const float *topk_weights);
+/* Receive half: wait for every peer's run, build *out.  Output written
+ * only on success. */
+FABEP_API int fabep_moe_dispatch_recv(fabep_moe_t *moe, fabep_moe_recv_t *out);
+/* Both halves. */
+FABEP_API int fabep_moe_dispatch(fabep_moe_t *moe, const void *x,
+				 const float *scales, size_t n,
+				 const int32_t *topk_ids, const float *topk_weights,
+				 fabep_moe_recv_t *out);
+
+/* Combine flags */
+#define FABEP_MOE_UNWEIGHTED 1u /* plain sum (the backward of dispatch) */
+
+/* Called once per finished output row (token index, the row), from the
+ * communicator's worker threads, possibly concurrently. */
+typedef void (*fabep_moe_row_fn)(void *ctx, size_t token, void *row);
+
+/*
+ * Send half of combine, for the oldest dispatch not yet combined: y holds
+ * the expert outputs in the order dispatch delivered (rows, ld_y values
+ * between rows, combine_type; NULL allowed when rows == 0).  Each token
+ * is pre-reduced here (sum_k w_k * y_k over the experts of this rank, fp32
+ * accumulation) and one row per token goes back to its source.
+ */
+FABEP_API int fabep_moe_combine_send(fabep_moe_t *moe, const void *y,
+				     size_t ld_y, unsigned flags);
+/* Receive half: out [n, ld_out] of combine_type (n of the matching
+ * dispatch; out may be NULL when n == 0); each row the fp32 sum of its
+ * partial rows; cb (optional) sees each finished row.  Frees the buffer
+ * set for a later dispatch. */
+FABEP_API int fabep_moe_combine_recv(fabep_moe_t *moe, void *out, size_t ld_out,
+				     fabep_moe_row_fn cb, void *cb_ctx);
+/* Both halves. */
+FABEP_API int fabep_moe_combine(fabep_moe_t *moe, const void *y, size_t ld_y,
+				unsigned flags, void *out, size_t ld_out,
+				fabep_moe_row_fn cb, void *cb_ctx);
 /* @@EP-END@@ */
 
 /* ------------------------------------------------------------------ */
 /* Collectives: allreduce, allreduce + RMSNorm (+ FP8)                */
 /* ------------------------------------------------------------------ */
 /* @@COLL-BEGIN@@ (src/coll owns this section) */
+
+/*
+ * Allreduce, and allreduce + RMSNorm (+ FP8), on [rows, cols] row-major
+ * tensors of one element type.  A handle is made once per largest shape;
+ * its buffers come from the communicator's symmetric heap (size the heap
+ * with fabep_allreduce_heap_bytes()).
+ *
+ * Algorithm: up to a threshold of input bytes per rank (measured; the
+ * environment variable FABEP_AR_ONESTAGE_MAX, in bytes with k/M/G
+ * suffixes, overrides it at handle creation; 0 forces the two-stage path)
+ * every rank writes its input to every peer and reduces all rows itself;
+ * above it, a reduce-scatter by whole rows (rank r owns ceil(rows/ranks)
+ * rows), the normalization and quantization of the owned rows, and an
+ * allgather of the results (FP8 rows + scales: half the bytes of bf16).
+ *
+ * Sums are taken in fp32 in rank order (rank 0 + rank 1 + ...) and rounded
+ * to the element type, so every rank gets bitwise the same result.  The
+ * RMSNorm of a row is
+ *     h = sum (+ residual);  y = h / sqrt(mean(h^2) + eps) * (gamma + weight_offset)
+ * in fp32, and FP8 e4m3fn output has one fp32 scale per row,
+ * max|y| / 448 clamped to scale_ub (> 0), with out = e4m3(y / scale).
+ *
+ * Collective errors: every call is collective.  A rank whose arguments
+ * are bad still takes part, so every rank returns the same code: the code
+ * of the lowest failing rank (e.g. -EINVAL for rows above the handle's
+ * maximum or a NULL buffer), -FABEP_ERR_MISMATCH when ranks passed
+ * different rows or cols.  After a timeout or a fabric error the handle
+ * is unusable (every later call returns -FABEP_ERR_PEER_LOST).
+ */
+typedef enum {
+	FABEP_AR_F32 = 0,   /* float */
+	FABEP_AR_BF16 = 1,  /* bfloat16, as uint16_t bit patterns */
+} fabep_ar_dtype_t;
+
+typedef struct fabep_allreduce fabep_allreduce_t;
+
+/*
+ * Symmetric-heap bytes one handle takes (with FABEP_AR_ONESTAGE_MAX as the
+ * environment says now); add it to fabep_comm_attr_t.heap_size.  0 when
+ * an argument is out of range.
+ */
+FABEP_API size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,
+					    fabep_ar_dtype_t dtype, int nranks);
+
+/*
+ * Create a handle for calls of up to max_rows x max_cols elements of
+ * `dtype`.  Collective (every rank passes the same shape and type, else
+ * every rank gets -FABEP_ERR_MISMATCH).  -FABEP_ERR_HEAP_FULL (logged with
+ * the bytes needed) when the heap has no room.  Heap space is not given
+ * back by destroy: make handles once, at start-up.
+ */
+FABEP_API int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
+				     size_t max_cols, fabep_ar_dtype_t dtype,
+				     fabep_allreduce_t **ar);
+/* Not collective; NULL is ignored. */
+FABEP_API int fabep_allreduce_destroy(fabep_allreduce_t *ar);
+/* The one-stage threshold in force, in input bytes per rank. */
+FABEP_API size_t fabep_allreduce_onestage_max(const fabep_allreduce_t *ar);
+
+/*
+ * out[rows, cols] = the sum over ranks of in[rows, cols].  Collective.
+ * in == out is allowed (other overlaps are not).  rows may be 0.
+ */
+FABEP_API int fabep_allreduce(fabep_allreduce_t *ar, const void *in,
+			      void *out, size_t rows, size_t cols);
+
+/* Parameters of the RMSNorm calls. */
+typedef struct fabep_rmsnorm_params {
+	const void *gamma;    /* cols values of the handle's dtype */
+	float eps;            /* e.g. 1e-6 */
+	float weight_offset;  /* 0, or 1 for (1 + gamma) models */
+	float scale_ub;       /* FP8: > 0: upper bound of a row's scale */
+	/* NULL, or [rows, cols] of the handle's dtype, the same on every rank:
+	 * on input the residual; on success it holds h = sum + residual
+	 * (rounded to the dtype), the value that was normalized. */
+	void *residual;
+} fabep_rmsnorm_params_t;
+
+/*
+ * Allreduce, then RMSNorm, then FP8 e4m3fn: out[rows, cols] bytes and
+ * scales[rows] fp32, the same on every rank.  Collective.
+ */
+FABEP_API int fabep_allreduce_rmsnorm_fp8(fabep_allreduce_t *ar, const void *in,
+					  size_t rows, size_t cols,
+					  const fabep_rmsnorm_params_t *p,
+					  uint8_t *out, float *scales);
+
+/* Allreduce, then RMSNorm: out[rows, cols] of the handle's dtype (out
+ * may equal in).  Collective.  p->scale_ub is ignored. */
+FABEP_API int fabep_allreduce_rmsnorm(fabep_allreduce_t *ar, const void *in,
+				      size_t rows, size_t cols,
+				      const fabep_rmsnorm_params_t *p, void *out);
+
 /* @@COLL-END@@ */
 
 #ifdef __cplusplus

@@ -29,6 +29,16 @@
 /* helpers                                                          */
 /* ---------------------------------------------------------------- */
 
+/* Check's ck_assert records every passing check through a pipe in fork
+ * mode (a system call each); the inner loops here check millions of
+ * values, so they only call into Check on failure. */
+#define EXPECT(cond, ...)                       \
+	do {                                    \
+		if (!(cond))                    \
+			ck_abort_msg(__VA_ARGS__); \
+	} while (0)
+#define EXPECT1(cond) EXPECT(cond, "%s", #cond)
+
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static uint32_t rnd32(void)
@@ -125,7 +135,7 @@ START_TEST(test_isa_names)
 	ck_assert_int_eq(fep_k_isa_parse("sse", &i), -EINVAL);
 	ck_assert_ptr_nonnull(fep_k_ops_isa(FABEP_ISA_SCALAR));
 	ck_assert_ptr_nonnull(fep_k_ops_isa(fep_k_isa_max()));
-	ck_assert(fabep_isa() <= fep_k_isa_max());
+	EXPECT1(fabep_isa() <= fep_k_isa_max());
 	ck_assert_int_eq(fep_k_ops()->isa, fabep_isa());
 	if (fep_k_isa_max() < FABEP_ISA_AVX512)
 		ck_assert_ptr_null(fep_k_ops_isa(FABEP_ISA_AVX512));
@@ -191,15 +201,15 @@ START_TEST(test_bf16_reference)
 	size_t i;
 
 	for (i = 0; i < FEP_ARRAY_SIZE(fixed); i++)
-		ck_assert_msg(fep_f32_to_bf16(u2f(fixed[i].in)) == fixed[i].out,
+		EXPECT(fep_f32_to_bf16(u2f(fixed[i].in)) == fixed[i].out,
 			      "bf16(%08x) = %04x, want %04x", fixed[i].in,
 			      fep_f32_to_bf16(u2f(fixed[i].in)), fixed[i].out);
 	for (i = 0; i < 200000; i++) {
 		float f = u2f(rnd32());
-		ck_assert_msg(fep_f32_to_bf16(f) == ref_bf16(f), "bf16(%08x)", f2u(f));
+		EXPECT(fep_f32_to_bf16(f) == ref_bf16(f), "bf16(%08x)", f2u(f));
 	}
 	for (i = 0; i < 65536; i++)
-		ck_assert(f2u(fep_bf16_to_f32((uint16_t)i)) == (uint32_t)i << 16);
+		EXPECT1(f2u(fep_bf16_to_f32((uint16_t)i)) == (uint32_t)i << 16);
 }
 END_TEST
 
@@ -224,11 +234,11 @@ static void check_conv(const struct fep_k_ops *v, const struct fep_k_ops *s,
 	memset(fv, 0xaa, (n + off) * 4);
 	s->f32_to_bf16(f, hs, off, off + n);
 	v->f32_to_bf16(f, hv, off, off + n);
-	ck_assert_msg(!memcmp(hs, hv, (n + off) * 2), "%s f32_to_bf16 n=%zu off=%zu",
+	EXPECT(!memcmp(hs, hv, (n + off) * 2), "%s f32_to_bf16 n=%zu off=%zu",
 		      isa_name(v->isa), n, off);
 	s->bf16_to_f32(h, fs, off, off + n);
 	v->bf16_to_f32(h, fv, off, off + n);
-	ck_assert_msg(!memcmp(fs, fv, (n + off) * 4), "%s bf16_to_f32 n=%zu off=%zu",
+	EXPECT(!memcmp(fs, fv, (n + off) * 4), "%s bf16_to_f32 n=%zu off=%zu",
 		      isa_name(v->isa), n, off);
 	free(f); free(fs); free(fv); free(h); free(hs); free(hv);
 }
@@ -281,16 +291,16 @@ START_TEST(test_fp8_table)
 	int c;
 
 	build_e4m3_table();
-	ck_assert(e4m3_table[0x7e] == 448.0f && e4m3_table[0x01] == ldexpf(1, -9));
+	EXPECT1(e4m3_table[0x7e] == 448.0f && e4m3_table[0x01] == ldexpf(1, -9));
 	for (c = 0; c < 256; c++) {
 		float d = fep_e4m3_to_f32((uint8_t)c);
 
-		ck_assert_msg(same_f32(d, e4m3_table[c]) &&
+		EXPECT(same_f32(d, e4m3_table[c]) &&
 			      signbit(d) == signbit(e4m3_table[c]),
 			      "decode %02x = %a, want %a", c, d, e4m3_table[c]);
 		if (isnan(e4m3_table[c]))
 			continue;
-		ck_assert_msg(fep_f32_to_e4m3(e4m3_table[c]) == c,
+		EXPECT(fep_f32_to_e4m3(e4m3_table[c]) == c,
 			      "encode %a = %02x, want %02x", e4m3_table[c],
 			      fep_f32_to_e4m3(e4m3_table[c]), c);
 	}
@@ -302,7 +312,7 @@ START_TEST(test_fp8_table)
 			float mid = (float)(((double)e4m3_table[lo] + e4m3_table[hi]) / 2);
 			float away = sgn ? -INFINITY : INFINITY;
 
-			ck_assert_msg(fep_f32_to_e4m3(mid) == ((c & 1) ? hi : lo),
+			EXPECT(fep_f32_to_e4m3(mid) == ((c & 1) ? hi : lo),
 				      "tie %a -> %02x", mid, fep_f32_to_e4m3(mid));
 			ck_assert_int_eq(fep_f32_to_e4m3(nextafterf(mid, away)), hi);
 			ck_assert_int_eq(fep_f32_to_e4m3(nextafterf(mid, -away)), lo);
@@ -327,17 +337,17 @@ END_TEST
 
 START_TEST(test_fp8_scale_rules)
 {
-	ck_assert(fep_fp8_scale(448.0f, 0, 0) == 1.0f);
-	ck_assert(fep_fp8_scale(0.0f, 0, 0) == FEP_FP8_ZERO_SCALE);
-	ck_assert(fep_fp8_scale(0.0f, 0.25f, 0) == 0.25f);
-	ck_assert(fep_fp8_scale(896.0f, 1.5f, 0) == 1.5f);
-	ck_assert(fep_fp8_scale(896.0f, 3.0f, 0) == 2.0f);
-	ck_assert(fep_fp8_scale(1e-40f, 0, 0) == FEP_FP8_MIN_SCALE);
-	ck_assert(fep_fp8_scale(449.0f, 0, 1) == 2.0f);
-	ck_assert(fep_fp8_scale(448.0f, 0, 1) == 1.0f);
-	ck_assert(fep_fp8_scale(100.0f, 0, 1) == 0.25f);
-	ck_assert(isfinite(1.0f / fep_fp8_scale(1e-45f, 0, 1)));
-	ck_assert(fep_fp8_scale(3.4e38f, 0, 0) == 3.4e38f / 448.0f);
+	EXPECT1(fep_fp8_scale(448.0f, 0, 0) == 1.0f);
+	EXPECT1(fep_fp8_scale(0.0f, 0, 0) == FEP_FP8_ZERO_SCALE);
+	EXPECT1(fep_fp8_scale(0.0f, 0.25f, 0) == 0.25f);
+	EXPECT1(fep_fp8_scale(896.0f, 1.5f, 0) == 1.5f);
+	EXPECT1(fep_fp8_scale(896.0f, 3.0f, 0) == 2.0f);
+	EXPECT1(fep_fp8_scale(1e-40f, 0, 0) == FEP_FP8_MIN_SCALE);
+	EXPECT1(fep_fp8_scale(449.0f, 0, 1) == 2.0f);
+	EXPECT1(fep_fp8_scale(448.0f, 0, 1) == 1.0f);
+	EXPECT1(fep_fp8_scale(100.0f, 0, 1) == 0.25f);
+	EXPECT1(isfinite(1.0f / fep_fp8_scale(1e-45f, 0, 1)));
+	EXPECT1(fep_fp8_scale(3.4e38f, 0, 0) == 3.4e38f / 448.0f);
 }
 END_TEST
 
@@ -369,7 +379,7 @@ START_TEST(test_fp8_table_vector)
 	in[n] = INFINITY; want[n++] = 0x7e;
 	in[n] = -INFINITY; want[n++] = 0xfe;
 	in[n] = 1e9f; want[n++] = 0x7e;   /* non-finite values do not count */
-	ck_assert(n <= N);
+	EXPECT1(n <= N);
 	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
 		fep_k_fp8_args_t a = {
 			.in = in, .in_dt = FEP_K_F32, .ld_in = n, .out = out,
@@ -380,9 +390,9 @@ START_TEST(test_fp8_table_vector)
 		a.scale_ub = 1.0f;
 		memset(out, 0x55, sizeof(out));
 		fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
-		ck_assert(scale == 1.0f);
+		EXPECT1(scale == 1.0f);
 		for (i = 0; i < n; i++)
-			ck_assert_msg(out[i] == want[i], "%s: %a -> %02x want %02x",
+			EXPECT(out[i] == want[i], "%s: %a -> %02x want %02x",
 				      isa_name(isa), in[i], out[i], want[i]);
 	}
 }
@@ -440,37 +450,37 @@ static void check_quant(fabep_isa_t isa, fep_k_dtype_t dt, size_t cols,
 	a.out = qv;
 	a.scales = sv;
 	fep_k_ops_isa(isa)->fp8_quant(&a, 0, rows);
-	ck_assert_msg(!memcmp(ss, sv, rows * lds * 4),
+	EXPECT(!memcmp(ss, sv, rows * lds * 4),
 		      "%s quant scales dt=%s cols=%zu block=%d", isa_name(isa),
 		      fep_k_dtype_name(dt), cols, block);
 	for (i = 0; i < rows * ld; i++)
-		ck_assert_msg(qs[i] == qv[i], "%s quant dt=%s cols=%zu block=%d ub=%g "
+		EXPECT(qs[i] == qv[i], "%s quant dt=%s cols=%zu block=%d ub=%g "
 			      "pow2=%d: [%zu] %02x vs %02x", isa_name(isa),
 			      fep_k_dtype_name(dt), cols, block, ub, pow2, i, qs[i], qv[i]);
 	/* the rules, on the reference's output */
 	for (r = 0; r < rows; r++) {
 		for (b = 0; b < nb; b++) {
 			float s = ss[r * lds + b];
-			ck_assert(isfinite(s) && s > 0 && isfinite(1.0f / s));
+			EXPECT1(isfinite(s) && s > 0 && isfinite(1.0f / s));
 			if (ub > 0 && !pow2)
-				ck_assert(s <= ub);
+				EXPECT1(s <= ub);
 			if (pow2)
-				ck_assert((f2u(s) & 0x7fffff) == 0);
+				EXPECT1((f2u(s) & 0x7fffff) == 0);
 		}
 		for (i = 0; i < cols; i++) {
 			float x = dt == FEP_K_F32 ? ((float *)in)[r * ld + i]
 				  : fep_bf16_to_f32(((uint16_t *)in)[r * ld + i]);
 			uint8_t q = qs[r * ld + i];
 			if (isnan(x))
-				ck_assert((q & 0x7f) == 0x7f);
+				EXPECT1((q & 0x7f) == 0x7f);
 			else
-				ck_assert((q & 0x7f) != 0x7f);
+				EXPECT1((q & 0x7f) != 0x7f);
 			if (isinf(x))
-				ck_assert((q & 0x7f) == 0x7e);
+				EXPECT1((q & 0x7f) == 0x7e);
 			if (!isnan(x))
-				ck_assert(!!signbit(x) == !!(q & 0x80));
+				EXPECT1(!!signbit(x) == !!(q & 0x80));
 		}
-		ck_assert(qs[r * ld + cols] == 0x33); /* padding untouched */
+		EXPECT1(qs[r * ld + cols] == 0x33); /* padding untouched */
 	}
 	/* dequantization */
 	for (i = 0; i < rows * ld * 4; i++)
@@ -478,7 +488,7 @@ static void check_quant(fabep_isa_t isa, fep_k_dtype_t dt, size_t cols,
 	fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_dequant(&d, 0, rows);
 	d.out = dv;
 	fep_k_ops_isa(isa)->fp8_dequant(&d, 0, rows);
-	ck_assert_msg(!memcmp(ds, dv, rows * ld * fep_k_dtype_size(dt)),
+	EXPECT(!memcmp(ds, dv, rows * ld * fep_k_dtype_size(dt)),
 		      "%s dequant dt=%s cols=%zu block=%d", isa_name(isa),
 		      fep_k_dtype_name(dt), cols, block);
 	for (r = 0; r < rows; r++) /* independent: table value times scale */
@@ -489,7 +499,7 @@ static void check_quant(fabep_isa_t isa, fep_k_dtype_t dt, size_t cols,
 				    : fep_bf16_to_f32(((uint16_t *)ds)[r * ld + i]);
 			if (dt == FEP_K_BF16)
 				want = fep_bf16_to_f32(ref_bf16(want));
-			ck_assert_msg(same_f32(got, want), "dequant %a vs %a", got, want);
+			EXPECT(same_f32(got, want), "dequant %a vs %a", got, want);
 		}
 	free(in); free(qs); free(qv); free(ss); free(sv); free(ds); free(dv);
 }
@@ -531,15 +541,15 @@ START_TEST(test_fp8_zero_blocks)
 			.block = 128,
 		};
 		fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
-		ck_assert(sc[0] == FEP_FP8_ZERO_SCALE);
-		ck_assert(sc[1] == (127.0f / 64.0f) / 448.0f);
+		EXPECT1(sc[0] == FEP_FP8_ZERO_SCALE);
+		EXPECT1(sc[1] == (127.0f / 64.0f) / 448.0f);
 		ck_assert_int_eq(q[0], 0);
 		ck_assert_int_eq(q[5], 0x80);
 		ck_assert_int_eq(q[255], 0x7e);
 		in[7] = NAN;  /* NaN does not count into amax */
 		in[9] = INFINITY;
 		fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
-		ck_assert(sc[0] == FEP_FP8_ZERO_SCALE);
+		EXPECT1(sc[0] == FEP_FP8_ZERO_SCALE);
 		ck_assert_int_eq(q[7], 0x7f);
 		ck_assert_int_eq(q[9], 0x7e);
 		in[7] = 0;
@@ -600,7 +610,7 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 	a.scales = sv;
 	fep_k_ops_isa(isa)->rmsnorm(&a, 0, rows);
 	if (with_res)  /* element-wise adds: bitwise equal */
-		ck_assert_msg(!memcmp(rs, rv, rows * ld * es), "%s residual",
+		EXPECT(!memcmp(rs, rv, rows * ld * es), "%s residual",
 			      isa_name(isa));
 	for (r = 0; r < rows; r++) {
 		const void *h = (const char *)(with_res ? rs : in) + r * ld * es;
@@ -614,13 +624,13 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 					  ld_row((const char *)res0 + r * ld * es, in_dt, i);
 				if (in_dt == FEP_K_BF16)
 					x = fep_bf16_to_f32(ref_bf16(x));
-				ck_assert(same_f32((float)v, x));
+				EXPECT1(same_f32((float)v, x));
 			}
 			acc += v * v;
 		}
 		inv = 1.0 / sqrt(acc / cols + 1e-6);
 		if (out_dt == FEP_K_FP8)
-			ck_assert_msg(close_to(sv[r], ss[r], 1e-5f, 0), "%s scale %a %a",
+			EXPECT(close_to(sv[r], ss[r], 1e-5f, 0), "%s scale %a %a",
 				      isa_name(isa), sv[r], ss[r]);
 		for (i = 0; i < cols; i++) {
 			double y = ld_row(h, in_dt, i) * inv * (gamma[i] + 1.0);
@@ -633,11 +643,11 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 				gv = e4m3_table[qv] * sv[r];
 				/* the scalar reference vs double: half a code step
 				 * (2^-4 relative) plus the subnormal step */
-				ck_assert_msg(close_to(gs, (float)y, 0.0625f * 1.001f,
+				EXPECT(close_to(gs, (float)y, 0.0625f * 1.001f,
 						       ss[r] * (1.0f / 1024.0f) * 1.001f),
 					      "fp8 ref %a vs %a", gs, y);
 				/* vector vs scalar: at most one code apart */
-				ck_assert_msg(abs((int)(qs & 0x7f) - (int)(qv & 0x7f)) <= 1 &&
+				EXPECT(abs((int)(qs & 0x7f) - (int)(qv & 0x7f)) <= 1 &&
 					      (((qs ^ qv) & 0x80) == 0 ||
 					       ((qs & 0x7f) <= 1 && (qv & 0x7f) <= 1)),
 					      "%s fp8 code %02x vs %02x", isa_name(isa), qs, qv);
@@ -647,15 +657,15 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 			gv = ld_row((char *)ov + r * ld * os, out_dt, i);
 			if (out_dt == FEP_K_F32) {
 				/* fp32 sums of up to 7168 squares: 1e-5 relative */
-				ck_assert_msg(close_to(gs, (float)y, 1e-5f, 1e-30f),
+				EXPECT(close_to(gs, (float)y, 1e-5f, 1e-30f),
 					      "ref %a vs %a", gs, y);
-				ck_assert_msg(close_to(gv, gs, 1e-5f, 1e-30f),
+				EXPECT(close_to(gv, gs, 1e-5f, 1e-30f),
 					      "%s rmsnorm cols=%zu %a vs %a", isa_name(isa),
 					      cols, gv, gs);
 			} else { /* one bf16 ulp */
-				ck_assert_msg(close_to(gs, (float)y, 1.0f / 128, 1e-30f),
+				EXPECT(close_to(gs, (float)y, 1.0f / 128, 1e-30f),
 					      "ref %a vs %a", gs, y);
-				ck_assert_msg(close_to(gv, gs, 1.0f / 128, 1e-30f),
+				EXPECT(close_to(gv, gs, 1.0f / 128, 1e-30f),
 					      "%s rmsnorm bf16 %a vs %a", isa_name(isa), gv, gs);
 			}
 		}
@@ -699,11 +709,11 @@ START_TEST(test_rmsnorm_nan)
 		};
 		fep_k_ops_isa(isa)->rmsnorm(&a, 0, 1);
 		for (i = 0; i < 100; i++)
-			ck_assert(isnan(out[i]));
+			EXPECT1(isnan(out[i]));
 		a.out = q;
 		a.out_dt = FEP_K_FP8;
 		fep_k_ops_isa(isa)->rmsnorm(&a, 0, 1);
-		ck_assert(sc == FEP_FP8_ZERO_SCALE);
+		EXPECT1(sc == FEP_FP8_ZERO_SCALE);
 		for (i = 0; i < 100; i++)
 			ck_assert_int_eq(q[i] & 0x7f, 0x7f);
 	}
@@ -756,7 +766,7 @@ static void check_topk(fabep_isa_t isa, fep_k_dtype_t ydt, fep_k_dtype_t odt,
 	a.out = o2;
 	a.cb_ctx = &c2;
 	fep_k_ops_isa(isa)->topk_sum(&a, 0, tokens);
-	ck_assert(c1.calls == tokens && c2.calls == tokens && c2.last == tokens - 1);
+	EXPECT1(c1.calls == tokens && c2.calls == tokens && c2.last == tokens - 1);
 	for (t = 0; t < tokens; t++) {
 		for (i = 0; i < cols; i++) {
 			double want = 0, mag = 0;
@@ -775,18 +785,18 @@ static void check_topk(fabep_isa_t isa, fep_k_dtype_t ydt, fep_k_dtype_t odt,
 				mag += fabs(v);
 			}
 			if (t == 2)
-				ck_assert(f2u(g1) == 0 && f2u(g2) == 0);
+				EXPECT1(f2u(g1) == 0 && f2u(g2) == 0);
 			/* fp32 accumulation of k terms: k ulps of the magnitude;
 			 * bf16 output: plus one bf16 ulp */
 			float tol = (float)(mag * (k + 1) * 6e-8) +
 				    (odt == FEP_K_BF16 ? fabsf((float)want) / 128 +
 				     (float)mag * 6e-8f * (k + 1) : 0);
-			ck_assert_msg(fabs(g1 - want) <= tol, "ref topk %a vs %a", g1, want);
+			EXPECT(fabs(g1 - want) <= tol, "ref topk %a vs %a", g1, want);
 			if (!weighted || isa == FABEP_ISA_SCALAR)
-				ck_assert_msg(same_f32(g1, g2), "%s topk unweighted",
+				EXPECT(same_f32(g1, g2), "%s topk unweighted",
 					      isa_name(isa));
 			else
-				ck_assert_msg(fabsf(g1 - g2) <= tol + fabsf(g1) / 128 *
+				EXPECT(fabsf(g1 - g2) <= tol + fabsf(g1) / 128 *
 					      (odt == FEP_K_BF16), "%s topk %a vs %a",
 					      isa_name(isa), g2, g1);
 		}
@@ -834,7 +844,7 @@ static void check_sum(fabep_isa_t isa, fep_k_dtype_t dt, size_t n, int nin,
 	for (i = off; i < off + n; i++) {
 		float g1 = ld_row(o1, dt, i), g2 = ld_row(o2, dt, i), want;
 
-		ck_assert_msg(same_f32(g1, g2), "%s sum n=%d [%zu] %a vs %a",
+		EXPECT(same_f32(g1, g2), "%s sum n=%d [%zu] %a vs %a",
 			      isa_name(isa), nin, i, g2, g1);
 		/* independent: left-to-right fp32 sum */
 		want = ld_row(in[0], dt, i);
@@ -842,14 +852,14 @@ static void check_sum(fabep_isa_t isa, fep_k_dtype_t dt, size_t n, int nin,
 			want += ld_row(in[j], dt, i);
 		if (dt == FEP_K_BF16)
 			want = fep_bf16_to_f32(ref_bf16(want));
-		ck_assert(same_f32(g1, want));
+		EXPECT1(same_f32(g1, want));
 	}
 	/* in place into in[0] */
 	if (isa != FABEP_ISA_SCALAR) {
 		a.out = in[0];
 		fep_k_ops_isa(isa)->sum(&a, off, off + n);
 		for (i = off; i < off + n; i++)
-			ck_assert(same_f32(ld_row(in[0], dt, i), ld_row(o1, dt, i)));
+			EXPECT1(same_f32(ld_row(in[0], dt, i), ld_row(o1, dt, i)));
 	}
 	for (j = 0; j < nin; j++)
 		free(in[j]);
@@ -906,23 +916,23 @@ static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pa
 	fep_k_ops_isa(isa)->gather(&a, 0, rows);
 	for (r = 0; r < rows; r++) { /* independent check */
 		if (idx[r] < 0)
-			ck_assert(d1[3 + r * stride] == 0xee &&
+			EXPECT1(d1[3 + r * stride] == 0xee &&
 				  d1[3 + r * stride + row_bytes - 1] == 0xee);
 		else
-			ck_assert_msg(!memcmp(d1 + 3 + r * stride,
+			EXPECT(!memcmp(d1 + 3 + r * stride,
 					      src + 1 + idx[r] * stride, row_bytes),
 				      "%s gather row %zu", isa_name(isa), r);
 	}
-	ck_assert(d1[2] == 0xee);
+	EXPECT1(d1[2] == 0xee);
 	a.dst = d2 + 3;
 	fep_k_ops_isa(isa)->scatter(&a, 0, rows);
 	for (r = 0; r < rows; r++) {
 		if (idx[r] >= 0)
-			ck_assert_msg(!memcmp(d2 + 3 + idx[r] * stride,
+			EXPECT(!memcmp(d2 + 3 + idx[r] * stride,
 					      src + 1 + r * stride, row_bytes),
 				      "%s scatter row %zu", isa_name(isa), r);
 	}
-	ck_assert(d2[2] == 0xee && d2[3 + rows * stride] == 0xee);
+	EXPECT1(d2[2] == 0xee && d2[3 + rows * stride] == 0xee);
 	free(src); free(d1); free(d2); free(idx); free(perm);
 }
 
@@ -1035,7 +1045,7 @@ START_TEST(test_pool_config)
 	mem = fep_pool_alloc(p, 100, 4096);
 	ck_assert_ptr_nonnull(mem);
 	for (i = 0; i < 100 * 4096; i++)
-		ck_assert(mem[i] == 0);
+		EXPECT1(mem[i] == 0);
 	fep_numa_free(mem, 100 * 4096);
 	fep_pool_destroy(p);
 	setenv("FABEP_THREADS", "lots", 1);
@@ -1081,10 +1091,10 @@ START_TEST(test_mt_wrappers)
 
 	ck_assert_int_eq(fep_k_f32_to_bf16_mt(NULL, in, h1, rows * cols), 0);
 	ck_assert_int_eq(fep_k_f32_to_bf16_mt(p, in, h2, rows * cols), 0);
-	ck_assert(!memcmp(h1, h2, rows * cols * 2));
+	EXPECT1(!memcmp(h1, h2, rows * cols * 2));
 	ck_assert_int_eq(fep_k_bf16_to_f32_mt(NULL, h1, o1, rows * cols), 0);
 	ck_assert_int_eq(fep_k_bf16_to_f32_mt(p, h1, o2, rows * cols), 0);
-	ck_assert(!memcmp(o1, o2, rows * cols * 4));
+	EXPECT1(!memcmp(o1, o2, rows * cols * 4));
 	{
 		fep_k_fp8_args_t a = { in, FEP_K_F32, cols, q1, cols, s1, 23, cols,
 				       128, 0, 0 };
@@ -1092,7 +1102,7 @@ START_TEST(test_mt_wrappers)
 		a.out = q2;
 		a.scales = s2;
 		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), 0);
-		ck_assert(!memcmp(q1, q2, rows * cols) && !memcmp(s1, s2, sizeof(s1)));
+		EXPECT1(!memcmp(q1, q2, rows * cols) && !memcmp(s1, s2, sizeof(s1)));
 		a.block = 100;
 		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), -EINVAL);
 		a.block = 128;
@@ -1107,7 +1117,7 @@ START_TEST(test_mt_wrappers)
 		ck_assert_int_eq(fep_k_fp8_dequant_mt(NULL, &d, rows), 0);
 		d.out = o2;
 		ck_assert_int_eq(fep_k_fp8_dequant_mt(p, &d, rows), 0);
-		ck_assert(!memcmp(o1, o2, rows * cols * 4));
+		EXPECT1(!memcmp(o1, o2, rows * cols * 4));
 		d.out = NULL;
 		ck_assert_int_eq(fep_k_fp8_dequant_mt(p, &d, rows), -EINVAL);
 	}
@@ -1121,7 +1131,7 @@ START_TEST(test_mt_wrappers)
 		a.out = q2;
 		a.scales = s2;
 		ck_assert_int_eq(fep_k_rmsnorm_mt(p, &a, rows), 0);
-		ck_assert(!memcmp(q1, q2, rows * cols) && !memcmp(s1, s2, rows * 4));
+		EXPECT1(!memcmp(q1, q2, rows * cols) && !memcmp(s1, s2, rows * 4));
 		a.eps = -1;
 		ck_assert_int_eq(fep_k_rmsnorm_mt(p, &a, rows), -EINVAL);
 		a.eps = 0;
@@ -1135,7 +1145,7 @@ START_TEST(test_mt_wrappers)
 		memcpy(o1, in, rows * cols * 4);
 		ck_assert_int_eq(fep_k_sum_mt(p, &a, rows * cols), 0);
 		for (i = 0; i < rows * cols; i++)
-			ck_assert(same_f32(o2[i], in[i] + in[i]));
+			EXPECT1(same_f32(o2[i], in[i] + in[i]));
 		a.in = bad;
 		ck_assert_int_eq(fep_k_sum_mt(p, &a, 10), -EINVAL);
 		a.in = ins;
@@ -1156,7 +1166,7 @@ START_TEST(test_mt_wrappers)
 		a.out = o2;
 		ck_assert_int_eq(fep_k_topk_sum_mt(p, &a, rows), 0);
 		for (i = 0; i < rows * cols; i++)
-			ck_assert(same_f32(o1[i], o2[i]));
+			EXPECT1(same_f32(o1[i], o2[i]));
 		a.k = 0;
 		ck_assert_int_eq(fep_k_topk_sum_mt(p, &a, rows), -EINVAL);
 	}
@@ -1165,10 +1175,10 @@ START_TEST(test_mt_wrappers)
 
 		ck_assert_int_eq(fep_k_gather_mt(p, &a, rows), 0);
 		for (i = 0; i < rows; i++)
-			ck_assert(!memcmp(o1 + i * cols, in + (rows - 1 - i) * cols, cols * 4));
+			EXPECT1(!memcmp(o1 + i * cols, in + (rows - 1 - i) * cols, cols * 4));
 		a.dst = o2;
 		ck_assert_int_eq(fep_k_scatter_mt(p, &a, rows), 0);
-		ck_assert(!memcmp(o1, o2, rows * cols * 4));
+		EXPECT1(!memcmp(o1, o2, rows * cols * 4));
 		a.dst_stride = 4;
 		ck_assert_int_eq(fep_k_gather_mt(p, &a, rows), -EINVAL);
 	}

@@ -242,7 +242,7 @@ int tool_parse_sizes(const char *s, size_t max, size_t *sizes, int *n)
 			return -E2BIG;
 		sizes[cnt++] = v;
 	}
-	if (!cnt || s[strlen(s) - 1] == ',' || s[0] == ',')
+	if (!cnt || s[strlen(s) - 1] == ',' || s[0] == ',' || strstr(s, ",,"))
 		return -EINVAL;
 	qsort(sizes, cnt, sizeof(*sizes), size_cmp);
 	*n = cnt;
@@ -287,8 +287,9 @@ static const char *cnt_str(char *buf, size_t len, uint64_t v)
 	return buf;
 }
 
-static void opt_bad(const struct tool_desc *d, const struct tool_optdef *od,
-		    const char *val, const char *want)
+static void __attribute__((noreturn))
+opt_bad(const struct tool_desc *d, const struct tool_optdef *od,
+	const char *val, const char *want)
 {
 	if (od->id < 256)
 		tool_usage_error(d, "invalid value '%s' for -%c (--%s): %s", val,

@@ -3,7 +3,9 @@
  *
  *   write      raw put bandwidth between 2 ranks (fabep_put in windows):
  *              the reference rate the other operations compare with
- *   kernels    the local compute kernels (bench_kernels, utils/bench_kernels.c)
+ *   kernels    the local compute kernels (bench_kernels() in bench_kernels.c,
+ *              which reaches internal kernels: fabep_bench links the
+ *              convenience library)
  *   dispatch, combine, moe, allreduce, arnorm: hook points, filled in as
  *              those parts land (see parts[] below)
  *
@@ -18,11 +20,6 @@
 
 #include "utils/common.h"
 #include "utils/bench.h"
-
-/* bench_kernels() lives in bench_kernels.c, which reaches internal
- * kernels; while a build lacks it, -o kernels says so instead of the link
- * failing. */
-#pragma weak bench_kernels
 
 /* A part that runs on every rank of a communicator. */
 typedef int (*bench_rank_fn)(fabep_comm_t *comm, const struct bench_opts *o,
@@ -74,9 +71,11 @@ static const struct tool_help bench_help[] = {
 	  "reference rate), kernels (local compute kernels; default), "
 	  "dispatch, combine, moe, allreduce, arnorm (not available yet)" },
 	{ 'I', NULL,
-	  "timed iterations (default: the part's; write: 1000 windows below "
-	  "64k, 100 below 1M, 10 from 1M)" },
-	{ 'w', NULL, "warm-up iterations (default: the part's; write: a tenth of -I, 10 to 1000)" },
+	  "timed iterations (kernels: default 11, the median is shown; write: 1000 "
+	  "windows below 64k, 100 below 1M, 10 from 1M)" },
+	{ 'w', NULL, "warm-up iterations (kernels: 2; write: a tenth of -I, 10 to 1000)" },
+	{ 'T', NULL, "worker threads per rank (default: FABEP_THREADS, else fabep's "
+		     "choice); kernels run with 1 thread and with N" },
 	{ 'n', NULL, "fork N local ranks (default 2 for the parts that need ranks, "
 		     "unless run under mpirun/srun)" },
 	{ 'S', NULL,
@@ -84,9 +83,11 @@ static const struct tool_help bench_help[] = {
 	  "suffixes) or all (powers of two, 1 to 4M); default 64k,1M,4M" },
 	{ 'W', NULL, "write: puts per window (default 64)" },
 	{ 'B', NULL, "kernels: input bytes per kernel (default 64M)" },
-	{ 'K', NULL, "kernels: run only this kernel (default: all)" },
+	{ 'K', NULL, "kernels: run only this kernel, e.g. bf16_to_f32, "
+		     "fp8_quant_bf16_b128, rmsnorm_bf16_fp8, topk8_sum_bf16 "
+		     "(an unknown name lists them all; default: all)" },
 	{ 't', NULL, "dispatch, combine, moe: tokens per rank" },
-	{ 'H', NULL, "dispatch, combine, moe: hidden size" },
+	{ 'H', NULL, "hidden size, elements per row (kernels: default 7168)" },
 	{ 'k', NULL, "dispatch, combine, moe: experts per token (top-k)" },
 	{ 'e', NULL, "dispatch, combine, moe: experts in all" },
 	{ 'f', NULL, "data format: bf16, fp8 or fp32 (default: the part's)" },

@@ -90,7 +90,8 @@ void fep_k_fp8_dequant_scalar(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
 		const float *sc = a->scales + r * a->ld_scales;
 
 		for (i = 0; i < a->cols; i++)
-			fep_st1(out, a->out_dt, i, fep_e4m3_to_f32(in[i]) * sc[i / bs]);
+			fep_st1(out, a->out_dt, i, fep_e4m3_to_f32(in[i]) *
+				sc[bs ? i / bs : 0]);
 	}
 }
 
@@ -174,7 +175,7 @@ FEP_T_AVX2 void fep_k_fp8_dequant_avx2(const fep_k_fp8dq_args_t *a, size_t r0, s
 				q = _mm_loadu_si128((const __m128i *)t);
 			}
 			fep256_store(out, a->out_dt, i, _mm256_mul_ps(dec256(q),
-				     _mm256_set1_ps(sc[i / bs])), n);
+				     _mm256_set1_ps(sc[bs == a->cols ? 0 : i / bs])), n);
 		}
 	}
 }
@@ -196,62 +197,151 @@ static inline FEP_T_AVX512 __m512 dec512(__m128i q8)
 	return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 
-FEP_T_AVX512 void fep_k_fp8_quant_avx512(const fep_k_fp8_args_t *a, size_t r0, size_t r1)
+/* Largest finite |value| of in[c0, c1) as fp32 bits. */
+static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
+				     size_t c0, size_t c1)
+{
+	size_t i = c0;
+
+	if (dt == FEP_K_BF16) { /* on the 16-bit values: 32 per vector */
+		const uint16_t *p = (const uint16_t *)in;
+		const __m512i abs = _mm512_set1_epi16(0x7fff);
+		const __m512i inf = _mm512_set1_epi16(0x7f80);
+		__m512i m0 = _mm512_setzero_si512(), m1 = m0, a;
+
+		for (; i + 64 <= c1; i += 64) {
+			__m512i x0 = _mm512_and_si512(_mm512_loadu_si512(p + i), abs);
+			__m512i x1 = _mm512_and_si512(_mm512_loadu_si512(p + i + 32), abs);
+			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x0, inf), m0, x0);
+			m1 = _mm512_mask_max_epu16(m1, _mm512_cmplt_epu16_mask(x1, inf), m1, x1);
+		}
+		for (; i < c1; i += 32) {
+			size_t n = FEP_MIN((size_t)32, c1 - i);
+			__mmask32 k = n >= 32 ? 0xffffffffu : (1u << n) - 1;
+			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, p + i), abs);
+			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x, inf), m0, x);
+		}
+		m0 = _mm512_max_epu16(m0, m1);
+		/* widen: the max of the 32 halves */
+		a = _mm512_max_epu32(_mm512_and_si512(m0, _mm512_set1_epi32(0xffff)),
+				     _mm512_srli_epi32(m0, 16));
+		return (uint32_t)_mm512_reduce_max_epu32(a) << 16;
+	} else {
+		const float *p = (const float *)in;
+		const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+		const __m512i inf = _mm512_set1_epi32(0x7f800000);
+		__m512i m0 = _mm512_setzero_si512(), m1 = m0;
+
+		for (; i + 32 <= c1; i += 32) {
+			__m512i x0 = _mm512_and_si512(_mm512_loadu_si512(p + i), abs);
+			__m512i x1 = _mm512_and_si512(_mm512_loadu_si512(p + i + 16), abs);
+			m0 = _mm512_mask_max_epu32(m0, _mm512_cmplt_epu32_mask(x0, inf), m0, x0);
+			m1 = _mm512_mask_max_epu32(m1, _mm512_cmplt_epu32_mask(x1, inf), m1, x1);
+		}
+		for (; i < c1; i += 16) {
+			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi32(
+				fep512_mask(c1 - i), p + i), abs);
+			m0 = _mm512_mask_max_epu32(m0, _mm512_cmplt_epu32_mask(x, inf), m0, x);
+		}
+		return (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+	}
+}
+
+static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
+					     size_t r0, size_t r1,
+					     const fep_k_dtype_t dt)
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t nb = nblocks(a->cols, a->block), r, b, i;
+	int nt = (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const char *in = (const char *)a->in +
-				 r * a->ld_in * fep_k_dtype_size(a->in_dt);
+				 r * a->ld_in * fep_k_dtype_size(dt);
 		uint8_t *out = a->out + r * a->ld_out;
+		int ntr = nt && ((uintptr_t)out & 63) == 0;
 
 		for (b = 0; b < nb; b++) {
 			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
-			__m512i m0 = _mm512_setzero_si512(), m1 = m0;
 			__m512 inv;
 			float s;
 
-			for (i = c0; i + 32 <= c1; i += 32) {
-				m0 = _mm512_max_epu32(m0, fep512_absbits(
-					fep512_load(in, a->in_dt, i, 0xffff)));
-				m1 = _mm512_max_epu32(m1, fep512_absbits(
-					fep512_load(in, a->in_dt, i + 16, 0xffff)));
-			}
-			for (; i < c1; i += 16)
-				m0 = _mm512_max_epu32(m0, fep512_absbits(fep512_load(
-					in, a->in_dt, i, fep512_mask(c1 - i))));
-			s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(
-					  _mm512_max_epu32(m0, m1))), a->scale_ub, a->pow2);
+			s = fep_fp8_scale(fep_u2f(amax512(in, dt, c0, c1)),
+					  a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales + b] = s;
 			inv = _mm512_set1_ps(1.0f / s);
-			for (i = c0; i < c1; i += 16) {
+			for (i = c0; i + 64 <= c1; i += 64) {
+				__m512i q0 = fep512_e4m3_codes(_mm512_mul_ps(
+					fep512_load(in, dt, i, 0xffff), inv));
+				__m512i q1 = fep512_e4m3_codes(_mm512_mul_ps(
+					fep512_load(in, dt, i + 16, 0xffff), inv));
+				__m512i q2 = fep512_e4m3_codes(_mm512_mul_ps(
+					fep512_load(in, dt, i + 32, 0xffff), inv));
+				__m512i q3 = fep512_e4m3_codes(_mm512_mul_ps(
+					fep512_load(in, dt, i + 48, 0xffff), inv));
+				if (ntr && (c0 & 63) == 0)
+					_mm512_stream_si512((void *)(out + i),
+							    fep512_pack4(q0, q1, q2, q3));
+				else
+					_mm512_storeu_si512(out + i, fep512_pack4(q0, q1, q2, q3));
+			}
+			for (; i < c1; i += 16) {
 				__mmask16 k = fep512_mask(c1 - i);
 				_mm_mask_storeu_epi8(out + i, k, fep512_e4m3(_mm512_mul_ps(
-					fep512_load(in, a->in_dt, i, k), inv)));
+					fep512_load(in, dt, i, k), inv)));
 			}
 		}
 	}
+	if (nt)
+		_mm_sfence();
+}
+
+FEP_T_AVX512 void fep_k_fp8_quant_avx512(const fep_k_fp8_args_t *a, size_t r0, size_t r1)
+{
+	if (a->in_dt == FEP_K_BF16)
+		quant512(a, r0, r1, FEP_K_BF16);
+	else
+		quant512(a, r0, r1, FEP_K_F32);
+}
+
+static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
+					       size_t r0, size_t r1,
+					       const fep_k_dtype_t odt)
+{
+	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
+	size_t os = fep_k_dtype_size(odt), r, i, c0;
+	int nt = (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+
+	for (r = r0; r < r1; r++) {
+		const uint8_t *in = a->in + r * a->ld_in;
+		char *out = (char *)a->out + r * a->ld_out * os;
+		const float *sc = a->scales + r * a->ld_scales;
+		int ntr = nt && ((uintptr_t)out & 63) == 0;
+
+		for (c0 = 0; c0 < a->cols; c0 += bs) {
+			size_t c1 = FEP_MIN(c0 + bs, a->cols);
+			__m512 s = _mm512_set1_ps(*sc++);
+
+			for (i = c0; i < c1; i += 16) {
+				__mmask16 k = fep512_mask(c1 - i);
+				__m512 v = dec512(k == 0xffff
+					? _mm_loadu_si128((const __m128i *)(in + i))
+					: _mm_maskz_loadu_epi8(k, in + i));
+
+				fep512_store_nt(out, odt, i, _mm512_mul_ps(v, s), k, ntr);
+			}
+		}
+	}
+	if (nt)
+		_mm_sfence();
 }
 
 FEP_T_AVX512 void fep_k_fp8_dequant_avx512(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
 {
-	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
-	size_t r, i;
-
-	for (r = r0; r < r1; r++) {
-		const uint8_t *in = a->in + r * a->ld_in;
-		char *out = (char *)a->out + r * a->ld_out * fep_k_dtype_size(a->out_dt);
-		const float *sc = a->scales + r * a->ld_scales;
-
-		for (i = 0; i < a->cols; i += 16) {
-			__mmask16 k = fep512_mask(a->cols - i);
-			__m512 v = dec512(_mm_maskz_loadu_epi8(k, in + i));
-
-			fep512_store(out, a->out_dt, i,
-				     _mm512_mul_ps(v, _mm512_set1_ps(sc[i / bs])), k);
-		}
-	}
+	if (a->out_dt == FEP_K_BF16)
+		dequant512(a, r0, r1, FEP_K_BF16);
+	else
+		dequant512(a, r0, r1, FEP_K_F32);
 }
 
 /* ---- checks and threaded wrappers ---- */

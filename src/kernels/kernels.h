@@ -343,6 +343,8 @@ int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 
 #define FEP_T_AVX2 __attribute__((target("avx2,f16c,fma")))
 #define FEP_T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+/* bodies specialized per dtype by the compiler (constant arguments) */
+#define FEP_INLINE inline __attribute__((always_inline))
 
 static inline uint32_t fep_f2u(float f)
 {
@@ -407,6 +409,12 @@ static inline FEP_T_AVX512 __m256i fep512_f32_to_bf16(__m512 v)
 static inline FEP_T_AVX512 __m512 fep512_load(const void *p, fep_k_dtype_t dt,
 					      size_t i, __mmask16 m)
 {
+	if (m == 0xffff) {
+		if (dt == FEP_K_F32)
+			return _mm512_loadu_ps((const float *)p + i);
+		return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+			_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
+	}
 	if (dt == FEP_K_F32)
 		return _mm512_maskz_loadu_ps(m, (const float *)p + i);
 	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
@@ -416,11 +424,37 @@ static inline FEP_T_AVX512 __m512 fep512_load(const void *p, fep_k_dtype_t dt,
 static inline FEP_T_AVX512 void fep512_store(void *p, fep_k_dtype_t dt,
 					     size_t i, __m512 v, __mmask16 m)
 {
+	if (m == 0xffff) {
+		if (dt == FEP_K_F32)
+			_mm512_storeu_ps((float *)p + i, v);
+		else
+			_mm256_storeu_si256((__m256i *)((uint16_t *)p + i),
+					    fep512_f32_to_bf16(v));
+		return;
+	}
 	if (dt == FEP_K_F32)
 		_mm512_mask_storeu_ps((float *)p + i, m, v);
 	else
 		_mm256_mask_storeu_epi16((uint16_t *)p + i, m,
 					 fep512_f32_to_bf16(v));
+}
+
+/* Like fep512_store, but streaming (non-temporal) for full vectors when
+ * nt: the caller guarantees p + i is 64-byte (fp32) or 32-byte (bf16)
+ * aligned whenever nt is set, and issues _mm_sfence() when done. */
+static inline FEP_T_AVX512 void fep512_store_nt(void *p, fep_k_dtype_t dt,
+						size_t i, __m512 v, __mmask16 m,
+						int nt)
+{
+	if (nt && m == 0xffff) {
+		if (dt == FEP_K_F32)
+			_mm512_stream_ps((float *)p + i, v);
+		else
+			_mm256_stream_si256((__m256i *)((uint16_t *)p + i),
+					    fep512_f32_to_bf16(v));
+		return;
+	}
+	fep512_store(p, dt, i, v, m);
 }
 
 static inline FEP_T_AVX512 __mmask16 fep512_mask(size_t n)
@@ -528,30 +562,44 @@ static inline uint32_t fep_absbits_finite(float f)
 	return a < 0x7f800000u ? a : 0;
 }
 
-static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
+/* 16 scaled values -> 16 codes in int32 lanes.  Same arithmetic as
+ * fep_e4m3_enc: |v| >= 448 is clamped to 448's bits first (saturation),
+ * the subnormal path's a * 512 is exact so one FMA equals mul + add. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_codes(__m512 v)
 {
 	__m512i u = _mm512_castps_si512(v);
 	__m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-	__m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24),
-					_mm512_set1_epi32(0x80));
-	__m512i nrm = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(
-		_mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff)),
-		_mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1))),
-		20), _mm512_set1_epi32(120 << 3));
-	__m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_castsi512_ps(a),
-					       _mm512_set1_ps(512.0f)),
-				 _mm512_set1_ps(8388608.0f));
-	__m512i sub = _mm512_sub_epi32(_mm512_castps_si512(t),
-				       _mm512_set1_epi32(0x4b000000));
-	__m512i code = _mm512_mask_mov_epi32(nrm,
-		_mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x3c800000)), sub);
-	code = _mm512_mask_mov_epi32(code,
-		_mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x43e00000)),
-		_mm512_set1_epi32(0x7e));
+	__m512i c = _mm512_min_epu32(a, _mm512_set1_epi32(0x43e00000));
+	__m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(
+		_mm512_add_epi32(c, _mm512_set1_epi32(0x7ffff - (960 << 20))),
+		_mm512_and_si512(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(1))),
+		20);
+	__m512 t = _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f),
+				   _mm512_set1_ps(8388608.0f));
+	__m512i code = _mm512_mask_sub_epi32(nrm,
+		_mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x3c800000)),
+		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
 	code = _mm512_mask_mov_epi32(code,
 		_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000)),
 		_mm512_set1_epi32(0x7f));
-	return _mm512_cvtepi32_epi8(_mm512_or_si512(code, sign));
+	/* code | ((u >> 24) & 0x80) */
+	return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24),
+					 _mm512_set1_epi32(0x80), 0xf8);
+}
+
+static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
+{
+	return _mm512_cvtepi32_epi8(fep512_e4m3_codes(v));
+}
+
+/* 4 x 16 codes (int32 lanes, each <= 0xff) -> 64 bytes in order */
+static inline FEP_T_AVX512 __m512i fep512_pack4(__m512i a, __m512i b,
+						__m512i c, __m512i d)
+{
+	__m512i x = _mm512_packus_epi16(_mm512_packus_epi32(a, b),
+					_mm512_packus_epi32(c, d));
+	return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13,
+							  2, 6, 10, 14, 3, 7, 11, 15), x);
 }
 
 /* abs bits with non-finite lanes zeroed */

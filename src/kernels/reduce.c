@@ -122,9 +122,12 @@ FEP_T_AVX2 void fep_k_sum_avx2(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 
 /* ---- AVX-512 ---- */
 
-FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, size_t t1)
+static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
+					    size_t t0, size_t t1,
+					    const fep_k_dtype_t ydt,
+					    const fep_k_dtype_t odt)
 {
-	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
+	size_t ys = fep_k_dtype_size(ydt), os = fep_k_dtype_size(odt);
 	const char *rows[64];
 	float wt[64];
 	size_t t, i;
@@ -147,21 +150,36 @@ FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, s
 			}
 			for (i = 0; i < a->cols; i += 16) {
 				__mmask16 m = fep512_mask(a->cols - i);
-				__m512 acc = j0 ? fep512_load(out, a->out_dt, i, m)
+				__m512 acc = j0 ? fep512_load(out, odt, i, m)
 						: _mm512_setzero_ps();
 				int r;
 
 				for (r = 0; r < nr; r++) {
-					__m512 v = fep512_load(rows[r], a->y_dt, i, m);
+					__m512 v = fep512_load(rows[r], ydt, i, m);
 					acc = a->w ? _mm512_fmadd_ps(_mm512_set1_ps(wt[r]), v, acc)
 						   : _mm512_add_ps(acc, v);
 				}
-				fep512_store(out, a->out_dt, i, acc, m);
+				fep512_store(out, odt, i, acc, m);
 			}
 			j0 = jn;
 		} while (j0 < a->k);
 		if (a->cb)
 			a->cb(a->cb_ctx, t, out);
+	}
+}
+
+FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, size_t t1)
+{
+	if (a->y_dt == FEP_K_BF16) {
+		if (a->out_dt == FEP_K_BF16)
+			topk512(a, t0, t1, FEP_K_BF16, FEP_K_BF16);
+		else
+			topk512(a, t0, t1, FEP_K_BF16, FEP_K_F32);
+	} else {
+		if (a->out_dt == FEP_K_BF16)
+			topk512(a, t0, t1, FEP_K_F32, FEP_K_BF16);
+		else
+			topk512(a, t0, t1, FEP_K_F32, FEP_K_F32);
 	}
 }
 

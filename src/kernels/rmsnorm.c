@@ -135,11 +135,15 @@ FEP_T_AVX2 void fep_k_rmsnorm_avx2(const fep_k_rmsnorm_args_t *a, size_t r0, siz
 
 /* ---- AVX-512 ---- */
 
-FEP_T_AVX512 void fep_k_rmsnorm_avx512(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
+static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
+					    size_t r0, size_t r1,
+					    const fep_k_dtype_t dt,
+					    const fep_k_dtype_t odt)
 {
-	fep_k_dtype_t dt = a->in_dt;
 	size_t r, i, n = a->cols;
 	__m512 wo = _mm512_set1_ps(a->weight_offset);
+	const float *gamma = a->gamma;
+	int nt = (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const char *x = CROW(a->in, dt, a->ld_in, r);
@@ -167,17 +171,24 @@ FEP_T_AVX512 void fep_k_rmsnorm_avx512(const fep_k_rmsnorm_args_t *a, size_t r0,
 		}
 		inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + a->eps);
 		vi = _mm512_set1_ps(inv);
-		if (a->out_dt != FEP_K_FP8) {
-			char *out = ROW(a->out, a->out_dt, a->ld_out, r);
+		if (odt != FEP_K_FP8) {
+			char *out = ROW(a->out, odt, a->ld_out, r);
+			int ntr = nt && ((uintptr_t)out & 63) == 0;
 
-			for (i = 0; i < n; i += 16) {
+			for (i = 0; i + 16 <= n; i += 16) {
+				__m512 g = _mm512_add_ps(_mm512_loadu_ps(gamma + i), wo);
+				fep512_store_nt(out, odt, i, _mm512_mul_ps(_mm512_mul_ps(
+					fep512_load(h, dt, i, 0xffff), vi), g), 0xffff, ntr);
+			}
+			if (i < n) {
 				__mmask16 k = fep512_mask(n - i);
-				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);
-				fep512_store(out, a->out_dt, i, _mm512_mul_ps(_mm512_mul_ps(
+				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
+				fep512_store(out, odt, i, _mm512_mul_ps(_mm512_mul_ps(
 					fep512_load(h, dt, i, k), vi), g), k);
 			}
 		} else {
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
+			int ntr = nt && ((uintptr_t)out & 63) == 0;
 			__m512i m = _mm512_setzero_si512();
 			__m512 is;
 			float s;
@@ -192,7 +203,19 @@ FEP_T_AVX512 void fep_k_rmsnorm_avx512(const fep_k_rmsnorm_args_t *a, size_t r0,
 					  a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales] = s;
 			is = _mm512_set1_ps(1.0f / s);
-			for (i = 0; i < n; i += 16) {
+#define Y16(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(    \
+		fep512_load(h, dt, i + (j), 0xffff), vi),                      \
+		_mm512_add_ps(_mm512_loadu_ps(a->gamma + i + (j)), wo)), is))
+			for (i = 0; i + 64 <= n; i += 64) {
+				__m512i q = fep512_pack4(Y16(0), Y16(16), Y16(32), Y16(48));
+
+				if (ntr)
+					_mm512_stream_si512((void *)(out + i), q);
+				else
+					_mm512_storeu_si512(out + i, q);
+			}
+#undef Y16
+			for (; i < n; i += 16) {
 				__mmask16 k = fep512_mask(n - i);
 				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);
 				_mm_mask_storeu_epi8(out + i, k, fep512_e4m3(_mm512_mul_ps(
@@ -200,6 +223,27 @@ FEP_T_AVX512 void fep_k_rmsnorm_avx512(const fep_k_rmsnorm_args_t *a, size_t r0,
 					is)));
 			}
 		}
+	}
+	if (nt)
+		_mm_sfence();
+}
+
+FEP_T_AVX512 void fep_k_rmsnorm_avx512(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
+{
+	if (a->in_dt == FEP_K_BF16) {
+		if (a->out_dt == FEP_K_BF16)
+			norm512(a, r0, r1, FEP_K_BF16, FEP_K_BF16);
+		else if (a->out_dt == FEP_K_F32)
+			norm512(a, r0, r1, FEP_K_BF16, FEP_K_F32);
+		else
+			norm512(a, r0, r1, FEP_K_BF16, FEP_K_FP8);
+	} else {
+		if (a->out_dt == FEP_K_BF16)
+			norm512(a, r0, r1, FEP_K_F32, FEP_K_BF16);
+		else if (a->out_dt == FEP_K_F32)
+			norm512(a, r0, r1, FEP_K_F32, FEP_K_F32);
+		else
+			norm512(a, r0, r1, FEP_K_F32, FEP_K_FP8);
 	}
 }
 

@@ -1,0 +1,840 @@
+/*
+ * allreduce.c - allreduce, and allreduce + RMSNorm (+ FP8), over the
+ * symmetric heap (DESIGN.md, mechanism 8).
+ *
+ * Heap objects of a handle (one block, carved at creation; every rank
+ * makes the same allocation, so offsets agree):
+ *
+ *   ctr1[2]   phase-1 counters, one per call parity; every source adds 1
+ *   ctr_ag    allgather counter; every owner adds 1
+ *   slots1[2] phase-1 slots by call parity: one per source rank, each a
+ *             header (struct fep_ar_hdr, seq first) + data
+ *   stage     what this rank writes in phase 1: block 0 (one-stage) or
+ *             one block per destination (two-stage), header + rows
+ *   ag        allgather blocks, one per owner rank: header + the owner's
+ *             results (FP8 rows, scales, new residual rows, or dtype rows)
+ *
+ * One call:
+ *   1. Phase 1 (every call, every rank to every other rank, even with an
+ *      error or no rows): one-stage: the header and the whole input into
+ *      slot[me] of every peer; two-stage: the header and the rows peer o
+ *      owns (rows [o*q, o*q + n_o), q = ceil(rows / ranks)) into slot[me]
+ *      of peer o.  Each write is followed by +1 on ctr1[parity] there
+ *      (fep_fab_put_signal_many: one round trip for all destinations).
+ *   2. Wait for ctr1[parity] to grow by ranks - 1, then read every
+ *      header: an error flag or differing rows / cols / op on any rank
+ *      gives every rank the same verdict (below) before any output is
+ *      touched.
+ *   3. One-stage: sum all rows in rank order (the own input read from the
+ *      caller's buffer, the others' from the slots), normalize and
+ *      quantize them: done.  Two-stage: the same on the owned rows only,
+ *      into the own allgather block, which is then written (header +
+ *      results) into the same block of every peer with +1 on ctr_ag;
+ *      wait for ranks - 1, then copy every block into the outputs.
+ *
+ * Back-to-back safety.  Call N uses slots1[N & 1].  Rank A's phase-1
+ * write for call N + 2 into B's slots1[N & 1] happens after A's phase-1
+ * wait of call N + 1 completed, which needs B's phase-1 signal of call
+ * N + 1; B posts that only after it returned from call N, i.e. after it
+ * read everything in slots1[N & 1] for call N.  So no slot is written
+ * while its reader may still read it.  The same argument keeps the
+ * counters unambiguous: a signal for call N + 2 on ctr1[N & 1] cannot
+ * arrive before B's wait of call N is over, so "ctr1[p] reached its
+ * target" means exactly "every source's data for this call is there"
+ * (one shared counter for both parities would not: with 3+ ranks an
+ * early signal of call N + 1 from A could stand in for a late one of
+ * call N from C).  The allgather blocks need only one copy: A writes
+ * its block of call N + 1 into B after A's phase-1 wait of call N + 1,
+ * i.e. after B finished call N (including its reads of the blocks), and
+ * for the same reason ctr_ag never sees a signal of a later call early.
+ * The argument needs every rank to signal every other rank in phase 1 of
+ * every call, which is why phase 1 always goes to all peers.  The own
+ * staging is reused only after fep_fabric_quiet (start of each call).
+ *
+ * Error agreement.  Every rank sees the same set of headers (its own
+ * included) after phase 1, so every rank computes the same verdict:
+ * the status of the lowest rank that flagged an error, else
+ * -FABEP_ERR_MISMATCH when rows, cols or the operation differ.  The
+ * phase-1 writes of a rank are bounded by the handle's capacity whatever
+ * path it picked, so ranks that disagree on the path (mismatched rows)
+ * still complete phase 1 and agree.  A timeout or fabric error leaves
+ * the counters out of step: the handle is then marked broken.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/coll.h"
+
+#define FEP_AR_HDR ((size_t)sizeof(struct fep_ar_hdr))
+#define A64(x) FEP_ALIGN_UP((x), (size_t)64)
+/* Rows of a sum + norm chunk: about this many bytes, so the summed chunk
+ * is still in cache when the norm reads it. */
+#define FEP_AR_CHUNK_BYTES ((size_t)64 << 10)
+
+_Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
+
+/*
+ * The one-stage threshold.  Measured with fabep_bench -o arnorm (fused
+ * FP8 output, no residual), 2 and 4 ranks on shm, cols 7168 bf16, the
+ * path forced with FABEP_AR_ONESTAGE_MAX=0 / =1G: see
+ * src/coll/THRESHOLD.md for the figures.
+ */
+int fep_ar_onestage_env(size_t *os_max)
+{
+	size_t v = FEP_AR_ONESTAGE_DEFAULT;
+	int ret = fep_env_size("FABEP_AR_ONESTAGE_MAX", 0, (size_t)1 << 40, &v);
+
+	if (ret < 0)
+		return ret;
+	*os_max = v;
+	return 0;
+}
+
+static int mul_ok(size_t a, size_t b, size_t *out)
+{
+	return !__builtin_mul_overflow(a, b, out);
+}
+
+/* Bytes of an allgather block's data for q rows of c cols. */
+static size_t ag_bytes(int op, bool res, size_t q, size_t c, size_t esize)
+{
+	size_t rows = A64(q * c * esize);
+
+	switch (op) {
+	case FEP_AR_SUM:
+		return rows;
+	case FEP_AR_NORM:
+		return rows + (res ? rows : 0);
+	default:
+		return A64(q * c) + A64(q * 4) + (res ? rows : 0);
+	}
+}
+
+int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
+		  size_t os_max, struct fep_ar_layout *l)
+{
+	size_t rb, all, d1, ag1, ag2, p = (size_t)nranks, t;
+
+	memset(l, 0, sizeof(*l));
+	if (!max_rows || !max_cols || nranks < 1)
+		return -EINVAL;
+	/* Bound everything well below overflow: every product below is then
+	 * safe (rows x cols x 8 x ranks x 4 < 2^63). */
+	if (!mul_ok(max_cols, esize, &rb) || !mul_ok(max_rows, rb, &all) ||
+	    all > ((size_t)1 << 40) || p > 65536)
+		return -EOVERFLOW;
+	l->esize = esize;
+	l->qmax = (max_rows + p - 1) / p;
+	l->two_stage = all > os_max;
+	l->os_cap = FEP_MIN(all, os_max);
+	d1 = l->os_cap;
+	if (l->two_stage)
+		d1 = FEP_MAX(d1, l->qmax * rb);
+	l->blk1 = FEP_AR_HDR + A64(d1);
+	if (l->two_stage) {
+		ag1 = ag_bytes(FEP_AR_NORM, true, l->qmax, max_cols, esize);
+		ag2 = ag_bytes(FEP_AR_NORM_FP8, true, l->qmax, max_cols, esize);
+		l->blkag = FEP_AR_HDR + FEP_MAX(ag1, ag2);
+	}
+	l->o_ctr = 0;
+	l->o_slots = 64;
+	l->o_stage = l->o_slots + 2 * p * l->blk1;
+	t = (l->two_stage ? p : 1) * l->blk1;
+	l->o_ag = l->o_stage + t;
+	l->total = l->o_ag + p * l->blkag;
+	return 0;
+}
+
+static int fep_ar_esize(fabep_ar_dtype_t dtype, fep_k_dtype_t *dt, size_t *es)
+{
+	switch (dtype) {
+	case FABEP_AR_F32:
+		*dt = FEP_K_F32;
+		*es = 4;
+		return 0;
+	case FABEP_AR_BF16:
+		*dt = FEP_K_BF16;
+		*es = 2;
+		return 0;
+	default:
+		return -EINVAL;
+	}
+}
+
+FEP_EXPORT size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,
+					     fabep_ar_dtype_t dtype, int nranks)
+{
+	struct fep_ar_layout l;
+	fep_k_dtype_t dt;
+	size_t es, os_max;
+
+	if (fep_ar_esize(dtype, &dt, &es) || fep_ar_onestage_env(&os_max) ||
+	    fep_ar_layout(max_rows, cols, es, nranks, os_max, &l))
+		return 0;
+	return l.total + 64; /* alignment of the block */
+}
+
+/* ---- creation ---- */
+
+/* What every rank must agree on at creation. */
+struct fep_ar_hello {
+	uint64_t max_rows;
+	uint64_t max_cols;
+	uint64_t os_max;
+	uint64_t heap_used;
+	int32_t dtype;
+	int32_t status;
+};
+
+FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
+				      size_t max_cols, fabep_ar_dtype_t dtype,
+				      fabep_allreduce_t **out)
+{
+	struct fep_ar_hello me, *all = NULL;
+	struct fabep_allreduce *h = NULL;
+	fep_fabric_t *fab;
+	size_t es = 0, os_max = 0, left;
+	fep_k_dtype_t dt = FEP_K_F32;
+	int r, ret, status = 0, first = -1;
+
+	if (!comm) {
+		fep_err("fabep_allreduce_create: NULL communicator");
+		return -EINVAL;
+	}
+	fab = comm->fab;
+	h = calloc(1, sizeof(*h));
+	if (!h)
+		status = -ENOMEM;
+	if (!status && !out) {
+		fep_err("fabep_allreduce_create: NULL output pointer");
+		status = -EINVAL;
+	}
+	if (!status && fep_ar_esize(dtype, &dt, &es)) {
+		fep_err("fabep_allreduce_create: dtype %d is not FABEP_AR_F32 "
+			"or FABEP_AR_BF16", (int)dtype);
+		status = -EINVAL;
+	}
+	if (!status)
+		status = fep_ar_onestage_env(&os_max);
+	if (!status) {
+		ret = fep_ar_layout(max_rows, max_cols, es, comm->size, os_max,
+				    &h->lay);
+		if (ret) {
+			fep_err("fabep_allreduce_create: shape %zu x %zu %s",
+				max_rows, max_cols, ret == -EINVAL ?
+				"has a zero dimension" : "is too large");
+			status = ret;
+		}
+	}
+
+	/* Agree on the arguments before anything is allocated, so the
+	 * heaps stay in step whatever happens. */
+	memset(&me, 0, sizeof(me));
+	me.max_rows = max_rows;
+	me.max_cols = max_cols;
+	me.os_max = os_max;
+	me.heap_used = fab->heap_used;
+	me.dtype = (int32_t)dtype;
+	me.status = status;
+	all = calloc((size_t)comm->size, sizeof(*all));
+	if (!all) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	ret = fep_comm_allgather(comm, &me, all, sizeof(me));
+	if (ret) {
+		fep_err("fabep_allreduce_create: exchange: %s", fabep_strerror(ret));
+		goto err;
+	}
+	for (r = 0; r < comm->size; r++)
+		if (all[r].status) {
+			first = r;
+			break;
+		}
+	if (first >= 0) {
+		ret = all[first].status;
+		if (first != comm->rank)
+			fep_err("fabep_allreduce_create: rank %d failed: %s", first,
+				fabep_strerror(ret));
+		goto err;
+	}
+	for (r = 0; r < comm->size; r++)
+		if (all[r].max_rows != me.max_rows || all[r].max_cols != me.max_cols ||
+		    all[r].dtype != me.dtype || all[r].os_max != me.os_max ||
+		    all[r].heap_used != me.heap_used) {
+			fep_err("fabep_allreduce_create: arguments differ between "
+				"ranks: rank %d has %llu x %llu dtype %d threshold %llu "
+				"heap used %llu, rank %d has %llu x %llu dtype %d "
+				"threshold %llu heap used %llu", comm->rank,
+				(unsigned long long)me.max_rows,
+				(unsigned long long)me.max_cols, me.dtype,
+				(unsigned long long)me.os_max,
+				(unsigned long long)me.heap_used, r,
+				(unsigned long long)all[r].max_rows,
+				(unsigned long long)all[r].max_cols, all[r].dtype,
+				(unsigned long long)all[r].os_max,
+				(unsigned long long)all[r].heap_used);
+			ret = -FABEP_ERR_MISMATCH;
+			goto err;
+		}
+
+	/* Every heap is in the same state: the same verdict everywhere. */
+	left = fab->heap_size - FEP_MIN(fab->heap_size,
+					FEP_ALIGN_UP(fab->heap_used, (size_t)64));
+	if (h->lay.total > left) {
+		fep_err("fabep_allreduce_create: the symmetric heap has %zu bytes "
+			"free, a %zu x %zu %s handle on %d ranks needs %zu "
+			"(fabep_allreduce_heap_bytes; raise FABEP_HEAP_SIZE or "
+			"attr.heap_size)", left, max_rows, max_cols,
+			dt == FEP_K_BF16 ? "bf16" : "fp32", comm->size,
+			h->lay.total);
+		ret = -FABEP_ERR_HEAP_FULL;
+		goto err;
+	}
+	ret = fep_heap_alloc_(fab, h->lay.total, 64, &h->base);
+	if (ret)
+		goto err;
+
+	h->comm = comm;
+	h->dt = dt;
+	h->max_rows = max_rows;
+	h->max_cols = max_cols;
+	h->os_max = os_max;
+	h->ctr1[0] = h->base + h->lay.o_ctr;
+	h->ctr1[1] = h->ctr1[0] + 8;
+	h->ctr_ag = h->ctr1[0] + 16;
+	h->slots1[0] = h->base + h->lay.o_slots;
+	h->slots1[1] = h->slots1[0] + (uint64_t)comm->size * h->lay.blk1;
+	h->stage = h->base + h->lay.o_stage;
+	h->ag = h->base + h->lay.o_ag;
+	/* the heap is zeroed at creation; a block reused after another
+	 * handle's destroy would not be (heap space is never given back) */
+	memset(fep_heap_at(fab, h->base), 0, 64);
+
+	h->nthreads = fep_pool_threads(comm->pool);
+	h->scratch_bytes = A64(FEP_MAX(FEP_AR_CHUNK_BYTES, max_cols * es));
+	h->gamma32 = malloc(max_cols * sizeof(float));
+	h->ins = calloc((size_t)h->nthreads * (size_t)comm->size, sizeof(void *));
+	h->puts = calloc((size_t)comm->size, sizeof(*h->puts));
+	h->scratch = aligned_alloc(64, (size_t)h->nthreads * h->scratch_bytes);
+	if (!h->gamma32 || !h->ins || !h->puts || !h->scratch) {
+		/* local only: the heap block stays allocated on every rank */
+		fep_err("fabep_allreduce_create: out of memory");
+		ret = -ENOMEM;
+		goto err;
+	}
+	free(all);
+	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
+		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,
+		h->lay.two_stage ? "one- and two-stage" : "one-stage only",
+		h->lay.total);
+	*out = h;
+	return 0;
+
+err:
+	if (h) {
+		free(h->gamma32);
+		free(h->ins);
+		free(h->puts);
+		free(h->scratch);
+	}
+	free(h);
+	free(all);
+	return ret;
+}
+
+FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
+{
+	if (!h)
+		return 0;
+	free(h->gamma32);
+	free(h->ins);
+	free(h->puts);
+	free(h->scratch);
+	free(h);
+	return 0;
+}
+
+FEP_EXPORT size_t fabep_allreduce_onestage_max(const fabep_allreduce_t *h)
+{
+	return h ? h->os_max : 0;
+}
+
+/* ---- local work ---- */
+
+/* Sum (then normalize) `rows` rows: in[k] + r * rb is row r of rank k. */
+struct fep_ar_job {
+	struct fabep_allreduce *h;
+	int op;
+	int n;                    /* ranks */
+	const void *const *in;    /* n row-0 pointers */
+	size_t rows, cols;
+	void *out;                /* dtype rows, or FP8 rows */
+	float *scales;            /* FP8 */
+	const void *res_src;      /* residual rows to start from */
+	void *res;                /* updated residual rows (may be res_src) */
+	const float *gamma;
+	const fabep_rmsnorm_params_t *p;
+};
+
+static void fep_ar_job_run(void *ctx, int tid, int nthreads)
+{
+	const struct fep_ar_job *j = ctx;
+	struct fabep_allreduce *h = j->h;
+	const struct fep_k_ops *ops = fep_k_ops();
+	size_t es = h->lay.esize, rb = j->cols * es, r0, r1, r, n, ch;
+	const void **in = h->ins + (size_t)tid * (size_t)j->n;
+	uint8_t *scratch = h->scratch + (size_t)tid * h->scratch_bytes;
+	fep_k_sum_args_t sa;
+	fep_k_rmsnorm_args_t na;
+	int k;
+
+	fep_pool_split(j->rows, 1, tid, nthreads, &r0, &r1);
+	ch = FEP_MAX((size_t)1, h->scratch_bytes / rb);
+	for (r = r0; r < r1; r += n) {
+		n = FEP_MIN(ch, r1 - r);
+		for (k = 0; k < j->n; k++)
+			in[k] = (const uint8_t *)j->in[k] + r * rb;
+		memset(&sa, 0, sizeof(sa));
+		sa.in = in;
+		sa.n = j->n;
+		sa.dt = h->dt;
+		if (j->op == FEP_AR_SUM) {
+			sa.out = (uint8_t *)j->out + r * rb;
+			ops->sum(&sa, 0, n * j->cols);
+			continue;
+		}
+		sa.out = scratch;
+		ops->sum(&sa, 0, n * j->cols);
+		memset(&na, 0, sizeof(na));
+		na.in = scratch;
+		na.in_dt = h->dt;
+		na.ld_in = j->cols;
+		if (j->res) {
+			na.residual = (uint8_t *)j->res + r * rb;
+			na.ld_res = j->cols;
+			if (j->res_src != j->res)
+				memcpy(na.residual, (const uint8_t *)j->res_src + r * rb,
+				       n * rb);
+		}
+		na.gamma = j->gamma;
+		na.eps = j->p->eps;
+		na.weight_offset = j->p->weight_offset;
+		na.ld_out = j->cols;
+		na.cols = j->cols;
+		if (j->op == FEP_AR_NORM_FP8) {
+			na.out = (uint8_t *)j->out + r * j->cols;
+			na.out_dt = FEP_K_FP8;
+			na.scales = j->scales + r;
+			na.ld_scales = 1;
+			na.scale_ub = j->p->scale_ub;
+		} else {
+			na.out = (uint8_t *)j->out + r * rb;
+			na.out_dt = h->dt;
+		}
+		ops->rmsnorm(&na, 0, n);
+	}
+}
+
+/* Copy rows into place (staging, outputs). */
+struct fep_ar_copy {
+	struct fabep_allreduce *h;
+	int me;
+	size_t q, rb, cols;
+	const uint8_t *in;      /* staging copy: the caller's input */
+	int op;                 /* gather: what the blocks hold */
+	bool res;
+	void *out;
+	float *scales;
+	void *residual;
+};
+
+/* Two-stage staging: every row not owned here into its owner's block. */
+static void fep_ar_stage_rows(void *ctx, size_t r0, size_t r1)
+{
+	const struct fep_ar_copy *c = ctx;
+	struct fabep_allreduce *h = c->h;
+	uint8_t *st = fep_heap_at(h->comm->fab, h->stage);
+	size_t r;
+
+	for (r = r0; r < r1; r++) {
+		size_t o = r / c->q, i = r - o * c->q;
+
+		if ((int)o == c->me)
+			continue;
+		memcpy(st + o * h->lay.blk1 + FEP_AR_HDR + i * c->rb,
+		       c->in + r * c->rb, c->rb);
+	}
+}
+
+static void fep_ar_stage_flat(void *ctx, size_t r0, size_t r1)
+{
+	const struct fep_ar_copy *c = ctx;
+	uint8_t *st = fep_heap_at(c->h->comm->fab, c->h->stage);
+
+	memcpy(st + FEP_AR_HDR + r0 * c->rb, c->in + r0 * c->rb, (r1 - r0) * c->rb);
+}
+
+/* Two-stage results: every owner's block into the caller's outputs. */
+static void fep_ar_gather_rows(void *ctx, size_t r0, size_t r1)
+{
+	const struct fep_ar_copy *c = ctx;
+	struct fabep_allreduce *h = c->h;
+	const uint8_t *ag = fep_heap_at(h->comm->fab, h->ag);
+	size_t r, q = c->q, rb = c->rb;
+
+	for (r = r0; r < r1; r++) {
+		size_t o = r / q, i = r - o * q;
+		const uint8_t *b = ag + o * h->lay.blkag + FEP_AR_HDR;
+
+		switch (c->op) {
+		case FEP_AR_SUM:
+			memcpy((uint8_t *)c->out + r * rb, b + i * rb, rb);
+			break;
+		case FEP_AR_NORM:
+			memcpy((uint8_t *)c->out + r * rb, b + i * rb, rb);
+			if (c->res)
+				memcpy((uint8_t *)c->residual + r * rb,
+				       b + A64(q * rb) + i * rb, rb);
+			break;
+		default:
+			memcpy((uint8_t *)c->out + r * c->cols, b + i * c->cols, c->cols);
+			memcpy(c->scales + r, b + A64(q * c->cols) + i * 4, 4);
+			if (c->res)
+				memcpy((uint8_t *)c->residual + r * rb,
+				       b + A64(q * c->cols) + A64(q * 4) + i * rb, rb);
+		}
+	}
+}
+
+/* ---- the call ---- */
+
+static const char *fep_ar_op_name(int op)
+{
+	switch (op) {
+	case FEP_AR_SUM:
+		return "fabep_allreduce";
+	case FEP_AR_NORM:
+		return "fabep_allreduce_rmsnorm";
+	default:
+		return "fabep_allreduce_rmsnorm_fp8";
+	}
+}
+
+static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
+			size_t rows, size_t cols, const fabep_rmsnorm_params_t *p,
+			const void *out, const float *scales)
+{
+	const char *name = fep_ar_op_name(op);
+
+	if (cols == 0 || cols > h->max_cols || rows > h->max_rows) {
+		fep_err("%s: %zu x %zu is outside the handle's 1..%zu cols, "
+			"0..%zu rows", name, rows, cols, h->max_cols, h->max_rows);
+		return -EINVAL;
+	}
+	if (op != FEP_AR_SUM) {
+		if (!p || !p->gamma) {
+			fep_err("%s: NULL %s", name, p ? "gamma" : "parameters");
+			return -EINVAL;
+		}
+		if (!(p->eps >= 0.0f) || p->eps > 1e30f) {
+			fep_err("%s: eps %g is not a finite value >= 0", name,
+				(double)p->eps);
+			return -EINVAL;
+		}
+	}
+	if (rows && (!in || !out || (op == FEP_AR_NORM_FP8 && !scales))) {
+		fep_err("%s: NULL %s", name, !in ? "input" : !out ? "output" : "scales");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The verdict after phase 1: the same on every rank. */
+static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mine,
+			  const uint8_t *slots, const char *name)
+{
+	fabep_comm_t *comm = h->comm;
+	const struct fep_ar_hdr *hd;
+	int r, mismatch = -1;
+
+	for (r = 0; r < comm->size; r++) {
+		hd = r == comm->rank ? mine :
+			(const struct fep_ar_hdr *)(slots + (size_t)r * h->lay.blk1);
+		if (hd->seq != mine->seq) {
+			fep_err("%s: rank %d's slot holds call %llu, expected %llu",
+				name, r, (unsigned long long)hd->seq,
+				(unsigned long long)mine->seq);
+			h->broken = -FABEP_ERR_PROTOCOL;
+			return -FABEP_ERR_PROTOCOL;
+		}
+	}
+	for (r = 0; r < comm->size; r++) {
+		hd = r == comm->rank ? mine :
+			(const struct fep_ar_hdr *)(slots + (size_t)r * h->lay.blk1);
+		if (hd->status) {
+			if (r != comm->rank)
+				fep_err("%s: rank %d reported: %s", name, r,
+					fabep_strerror(hd->status));
+			return hd->status;
+		}
+		if (mismatch < 0 && (hd->rows != mine->rows || hd->cols != mine->cols ||
+				     hd->op != mine->op))
+			mismatch = r;
+	}
+	if (mismatch >= 0) {
+		hd = (const struct fep_ar_hdr *)(slots + (size_t)mismatch * h->lay.blk1);
+		fep_err("%s: ranks disagree: rank %d passed %llu x %llu (op %#x), "
+			"rank %d passed %llu x %llu (op %#x)", name, comm->rank,
+			(unsigned long long)mine->rows, (unsigned long long)mine->cols,
+			mine->op, mismatch, (unsigned long long)hd->rows,
+			(unsigned long long)hd->cols, hd->op);
+		return -FABEP_ERR_MISMATCH;
+	}
+	return 0;
+}
+
+static int fep_ar_fail(struct fabep_allreduce *h, int ret)
+{
+	h->broken = ret;
+	return ret;
+}
+
+static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
+		       size_t rows, size_t cols, const fabep_rmsnorm_params_t *p,
+		       void *out, float *scales)
+{
+	fabep_comm_t *comm;
+	fep_fabric_t *fab;
+	const char *name = fep_ar_op_name(op);
+	struct fep_ar_hdr hdr;
+	struct fep_ar_copy cp;
+	struct fep_ar_job job;
+	size_t es, rb, q = 0, my0 = 0, myn = 0, i;
+	uint8_t *st, *slots;
+	const float *gamma = NULL;
+	bool one, res;
+	int P, me, par, r, n, ret, status;
+	char what[96];
+
+	if (!h) {
+		fep_err("%s: NULL handle", name);
+		return -EINVAL;
+	}
+	if (h->broken) {
+		fep_err("%s: the handle is unusable after an earlier failure (%s)",
+			name, fabep_strerror(h->broken));
+		return -FABEP_ERR_PEER_LOST;
+	}
+	comm = h->comm;
+	fab = comm->fab;
+	P = comm->size;
+	me = comm->rank;
+	es = h->lay.esize;
+	status = fep_ar_check(h, op, in, rows, cols, p, out, scales);
+	res = !status && op != FEP_AR_SUM && p->residual && rows;
+	rb = cols * es;
+	one = status || !h->lay.two_stage || rows * rb <= h->os_max;
+	par = (int)((h->seq + 1) & 1);
+
+	/* the staging must not change under a write still in flight */
+	ret = fep_fabric_quiet(fab);
+	if (ret)
+		return fep_ar_fail(h, ret);
+	memset(&hdr, 0, sizeof(hdr));
+	hdr.seq = ++h->seq;
+	hdr.rows = rows;
+	hdr.cols = cols;
+	hdr.status = status;
+	hdr.op = (uint32_t)op | (res ? FEP_AR_F_RESIDUAL : 0);
+	st = fep_heap_at(fab, h->stage);
+	memset(&cp, 0, sizeof(cp));
+	cp.h = h;
+	cp.me = me;
+	cp.rb = rb;
+	cp.cols = cols;
+	cp.in = in;
+
+	/* 1. phase 1: stage and write */
+	n = 0;
+	if (one) {
+		memcpy(st, &hdr, sizeof(hdr));
+		if (!status && rows && P > 1)
+			fep_pool_for(comm->pool, rows, 1, fep_ar_stage_flat, &cp);
+	} else {
+		q = (rows + (size_t)P - 1) / (size_t)P;
+		cp.q = q;
+		for (r = 0; r < P; r++)
+			memcpy(st + (size_t)r * h->lay.blk1, &hdr, sizeof(hdr));
+		fep_pool_for(comm->pool, rows, 1, fep_ar_stage_rows, &cp);
+		my0 = FEP_MIN(rows, (size_t)me * q);
+		myn = FEP_MIN(rows - my0, q);
+	}
+	for (i = 1; i < (size_t)P; i++) {
+		struct fep_put *pu = &h->puts[n++];
+		int o = (int)((me + i) % (size_t)P);
+		size_t o0, on;
+
+		pu->peer = o;
+		pu->dst = h->slots1[par] + (uint64_t)me * h->lay.blk1;
+		pu->sig = h->ctr1[par];
+		pu->add = 1;
+		if (one) {
+			pu->src = h->stage;
+			pu->len = FEP_AR_HDR + (status ? 0 : rows * rb);
+		} else {
+			o0 = FEP_MIN(rows, (size_t)o * q);
+			on = FEP_MIN(rows - o0, q);
+			pu->src = h->stage + (uint64_t)o * h->lay.blk1;
+			pu->len = FEP_AR_HDR + on * rb;
+		}
+	}
+	if (n) {
+		ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
+		if (ret) {
+			fep_err("%s: posting phase 1: %s", name, fabep_strerror(ret));
+			return fep_ar_fail(h, ret);
+		}
+		h->expect1[par] += (uint64_t)(P - 1);
+		snprintf(what, sizeof(what), "%s (call %llu, %s)", name,
+			 (unsigned long long)hdr.seq, one ? "one-stage" : "reduce-scatter");
+		ret = fep_comm_wait(comm, what, h->ctr1[par], h->expect1[par],
+				    h->slots1[par], h->lay.blk1, hdr.seq);
+		if (ret)
+			return fep_ar_fail(h, ret);
+	}
+
+	/* 2. the verdict */
+	slots = fep_heap_at(fab, h->slots1[par]);
+	ret = fep_ar_verdict(h, &hdr, slots, name);
+	if (ret)
+		return ret;
+	if (!rows)
+		return 0;
+
+	/* 3. reduce (and normalize) */
+	if (op != FEP_AR_SUM) {
+		if (h->dt == FEP_K_F32)
+			gamma = p->gamma;
+		else {
+			for (i = 0; i < cols; i++)
+				h->gamma32[i] = fep_bf16_to_f32(((const uint16_t *)p->gamma)[i]);
+			gamma = h->gamma32;
+		}
+	}
+	/* the per-thread pointer arrays of the job double as the row-0 list */
+	{
+		const void *base[P];
+
+		memset(&job, 0, sizeof(job));
+		job.h = h;
+		job.op = op;
+		job.n = P;
+		job.in = base;
+		job.cols = cols;
+		job.gamma = gamma;
+		job.p = p;
+		if (one) {
+			for (r = 0; r < P; r++)
+				base[r] = r == me ? in : slots + (size_t)r * h->lay.blk1 +
+								 FEP_AR_HDR;
+			job.rows = rows;
+			job.out = out;
+			job.scales = scales;
+			job.res_src = job.res = res ? p->residual : NULL;
+			ret = fep_pool_run(comm->pool, fep_ar_job_run, &job);
+			return ret;
+		}
+		uint8_t *mine = (uint8_t *)fep_heap_at(fab, h->ag) +
+				(size_t)me * h->lay.blkag;
+
+		for (r = 0; r < P; r++)
+			base[r] = r == me ? (const uint8_t *)in + my0 * rb :
+				slots + (size_t)r * h->lay.blk1 + FEP_AR_HDR;
+		job.rows = myn;
+		job.out = mine + FEP_AR_HDR;
+		if (op == FEP_AR_NORM_FP8) {
+			job.scales = (float *)(mine + FEP_AR_HDR + A64(q * cols));
+			if (res)
+				job.res = mine + FEP_AR_HDR + A64(q * cols) + A64(q * 4);
+		} else if (res) {
+			job.res = mine + FEP_AR_HDR + A64(q * rb);
+		}
+		if (res)
+			job.res_src = (const uint8_t *)p->residual + my0 * rb;
+		if (myn) {
+			ret = fep_pool_run(comm->pool, fep_ar_job_run, &job);
+			if (ret)
+				return fep_ar_fail(h, ret);
+		}
+		memcpy(mine, &hdr, sizeof(hdr));
+	}
+
+	/* 4. allgather of the owned results */
+	n = 0;
+	for (i = 1; i < (size_t)P; i++) {
+		struct fep_put *pu = &h->puts[n++];
+
+		pu->peer = (int)((me + i) % (size_t)P);
+		pu->dst = h->ag + (uint64_t)me * h->lay.blkag;
+		pu->src = pu->dst;
+		pu->len = FEP_AR_HDR + (myn ? ag_bytes(op, res, q, cols, es) : 0);
+		pu->sig = h->ctr_ag;
+		pu->add = 1;
+	}
+	ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
+	if (ret) {
+		fep_err("%s: posting the allgather: %s", name, fabep_strerror(ret));
+		return fep_ar_fail(h, ret);
+	}
+	h->expect_ag += (uint64_t)(P - 1);
+	snprintf(what, sizeof(what), "%s (call %llu, allgather)", name,
+		 (unsigned long long)hdr.seq);
+	ret = fep_comm_wait(comm, what, h->ctr_ag, h->expect_ag, h->ag,
+			    h->lay.blkag, hdr.seq);
+	if (ret)
+		return fep_ar_fail(h, ret);
+	for (r = 0; r < P; r++) {
+		const struct fep_ar_hdr *b = (const struct fep_ar_hdr *)(
+			(uint8_t *)fep_heap_at(fab, h->ag) + (size_t)r * h->lay.blkag);
+
+		if (b->seq != hdr.seq) {
+			fep_err("%s: rank %d's allgather block holds call %llu, "
+				"expected %llu", name, r, (unsigned long long)b->seq,
+				(unsigned long long)hdr.seq);
+			return fep_ar_fail(h, -FABEP_ERR_PROTOCOL);
+		}
+	}
+	cp.op = op;
+	cp.q = q;
+	cp.res = res;
+	cp.out = out;
+	cp.scales = scales;
+	cp.residual = res ? p->residual : NULL;
+	return fep_pool_for(comm->pool, rows, 1, fep_ar_gather_rows, &cp);
+}
+
+FEP_EXPORT int fabep_allreduce(fabep_allreduce_t *ar, const void *in,
+			       void *out, size_t rows, size_t cols)
+{
+	return fep_ar_call(ar, FEP_AR_SUM, in, rows, cols, NULL, out, NULL);
+}
+
+FEP_EXPORT int fabep_allreduce_rmsnorm_fp8(fabep_allreduce_t *ar, const void *in,
+					   size_t rows, size_t cols,
+					   const fabep_rmsnorm_params_t *p,
+					   uint8_t *out, float *scales)
+{
+	return fep_ar_call(ar, FEP_AR_NORM_FP8, in, rows, cols, p, out, scales);
+}
+
+FEP_EXPORT int fabep_allreduce_rmsnorm(fabep_allreduce_t *ar, const void *in,
+				       size_t rows, size_t cols,
+				       const fabep_rmsnorm_params_t *p, void *out)
+{
+	return fep_ar_call(ar, FEP_AR_NORM, in, rows, cols, p, out, NULL);
+}

@@ -1,0 +1,90 @@
+/*
+ * coll.h - collectives on top of the communicator: the allreduce handle
+ * (allreduce.c).  Internal (not installed).  Layer: coll, using core,
+ * fabric and kernels.
+ */
+#ifndef FEP_COLL_H
+#define FEP_COLL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/comm.h"
+#include "kernels/kernels.h"
+
+/* The one-stage threshold when FABEP_AR_ONESTAGE_MAX is not set: input
+ * bytes per rank.  Measured with fabep_bench -o arnorm on shm (see the
+ * comment at its definition in allreduce.c). */
+#define FEP_AR_ONESTAGE_DEFAULT ((size_t)256 << 10)
+
+/* Every slot and allgather block starts with this header, written in the
+ * same fi_write as the data that follows it. */
+struct fep_ar_hdr {
+	uint64_t seq;     /* call number: first, so fep_comm_wait can name
+			   * the peers whose slot is behind */
+	uint64_t rows;
+	uint64_t cols;
+	int32_t status;   /* 0, or the sender's negative error code */
+	uint32_t op;      /* enum fep_ar_op | FEP_AR_F_RESIDUAL */
+	uint8_t pad[32];
+};
+
+enum fep_ar_op {
+	FEP_AR_SUM = 1,
+	FEP_AR_NORM = 2,       /* allreduce + RMSNorm, dtype out */
+	FEP_AR_NORM_FP8 = 3,   /* allreduce + RMSNorm + FP8 */
+};
+#define FEP_AR_F_RESIDUAL 0x100u
+
+/* Sizes of one handle's heap objects. */
+struct fep_ar_layout {
+	size_t esize;       /* element bytes */
+	size_t qmax;        /* ceil(max_rows / ranks): rows one rank owns */
+	size_t os_cap;      /* one-stage data bytes a slot holds */
+	size_t blk1;        /* phase-1 slot (and staging block): hdr + data */
+	size_t blkag;       /* allgather block: hdr + data; 0 without two-stage */
+	bool two_stage;     /* whether max_rows x max_cols exceeds os_max */
+	/* offsets from the start of the handle's heap block */
+	size_t o_ctr;       /* 3 counters: phase 1 by parity, allgather */
+	size_t o_slots;     /* 2 parities x ranks x blk1 */
+	size_t o_stage;     /* ranks x blk1 (one-stage: block 0 only) */
+	size_t o_ag;        /* ranks x blkag */
+	size_t total;
+};
+
+struct fabep_allreduce {
+	fabep_comm_t *comm;
+	fep_k_dtype_t dt;
+	size_t max_rows;
+	size_t max_cols;
+	size_t os_max;
+	struct fep_ar_layout lay;
+	uint64_t base;          /* heap offset of the block */
+	uint64_t ctr1[2];       /* phase-1 counters, by call parity */
+	uint64_t ctr_ag;        /* allgather counter */
+	uint64_t slots1[2];     /* phase-1 slots, by call parity */
+	uint64_t stage;         /* staging: what this rank writes */
+	uint64_t ag;            /* allgather blocks */
+	uint64_t seq;           /* calls made on this handle */
+	uint64_t expect1[2];    /* what ctr1[p] must reach */
+	uint64_t expect_ag;
+	int broken;             /* an earlier call failed mid-protocol */
+
+	/* local scratch */
+	int nthreads;
+	float *gamma32;         /* max_cols */
+	const void **ins;       /* nthreads x ranks input pointers */
+	uint8_t *scratch;       /* nthreads x scratch_bytes */
+	size_t scratch_bytes;
+	struct fep_put *puts;   /* ranks */
+};
+
+/* Compute the layout; 0 or -EINVAL / -EOVERFLOW (not logged). */
+int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
+		  size_t os_max, struct fep_ar_layout *l);
+
+/* FABEP_AR_ONESTAGE_MAX, else the default.  0 or -EINVAL (logged). */
+int fep_ar_onestage_env(size_t *os_max);
+
+#endif

@@ -1,0 +1,262 @@
+/*
+ * combine.c - expert-parallel combine.
+ *
+ * Send (expert rank): for the oldest dispatch not yet combined, reduce
+ * each received token's rows here, sum_k w_k * y_k over this rank's
+ * experts in fp32 (the pool's top-k kernel reading the caller's y at the
+ * row indices dispatch recorded), straight into one contiguous run per
+ * source, and write every run with its signal in one batch.
+ *
+ * Receive (source rank): wait for the set's counter, check the headers
+ * (every count must equal what this rank sent there), then sum the at
+ * most min(top_k, ranks) partial rows of each token into the output with
+ * the same kernel, calling the caller's callback per row.  Receiving
+ * every peer's combine is also the credit: they have finished reading
+ * this set's dispatch slots, so the set is free for a later dispatch.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep/ep.h"
+
+/* The set of the oldest dispatch in `state`, or NULL. */
+static struct fep_ep_set *oldest(struct fabep_moe *m, int state, int *bp)
+{
+	struct fep_ep_set *best = NULL;
+	int b;
+
+	for (b = 0; b < m->sets; b++)
+		if (m->set[b].state == state &&
+		    (!best || m->set[b].seq < best->seq)) {
+			best = &m->set[b];
+			*bp = b;
+		}
+	return best;
+}
+
+struct red_ctx {
+	struct fabep_moe *m;
+	struct fep_ep_set *s;
+	const struct fep_k_ops *ops;
+	int b;
+	const void *y;
+	size_t ld_y;
+	int weighted;
+};
+
+static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
+{
+	fep_fabric_t *fab = m->comm->fab;
+
+	if (src == m->rank)
+		return fep_heap_at(fab, fep_ep_cslot(m, b, m->rank));
+	return fep_heap_at(fab, fep_ep_cstage(m, src));
+}
+
+/* Reduce received tokens [t0, t1) (flattened over sources). */
+static void reduce_range(void *arg, size_t t0, size_t t1)
+{
+	struct red_ctx *c = arg;
+	struct fabep_moe *m = c->m;
+	struct fep_ep_set *s = c->s;
+	size_t k = (size_t)m->k;
+	int src = 0;
+
+	while (t0 < t1) {
+		size_t i0, i1;
+		fep_k_topk_args_t a;
+
+		while (s->tbase[src + 1] <= t0)
+			src++;
+		i0 = t0 - s->tbase[src];
+		i1 = FEP_MIN(t1, (size_t)s->tbase[src + 1]) - s->tbase[src];
+		memset(&a, 0, sizeof(a));
+		a.y = c->y;
+		a.y_dt = m->cdt;
+		a.ld_y = c->ld_y;
+		a.idx = s->cidx + (size_t)s->tbase[src] * k;
+		a.w = c->weighted ? s->cw + (size_t)s->tbase[src] * k : NULL;
+		a.k = m->k;
+		a.out = crun_base(m, c->b, src) + m->chdr_rows * m->crow_bytes;
+		a.out_dt = m->cdt;
+		a.ld_out = m->hidden;
+		a.cols = m->hidden;
+		c->ops->topk_sum(&a, i0, i1);
+		t0 = s->tbase[src] + i1;
+	}
+}
+
+static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
+			unsigned flags, int status)
+{
+	fabep_comm_t *comm = m->comm;
+	fep_fabric_t *fab = comm->fab;
+	struct fep_ep_set *s;
+	struct fep_put *puts;
+	int b = 0, d, np = 0, ret;
+
+	if (m->pending_recv || m->pending_crecv) {
+		fep_err("fabep_moe_combine_send: the previous %s_send awaits its "
+			"%s_recv", m->pending_recv ? "dispatch" : "combine",
+			m->pending_recv ? "dispatch" : "combine");
+		return -EINVAL;
+	}
+	s = oldest(m, FEP_EP_RECEIVED, &b);
+	if (!s) {
+		fep_err("fabep_moe_combine_send: no received dispatch to combine");
+		return -EINVAL;
+	}
+	ret = fep_fabric_quiet(fab);
+	if (ret)
+		return ret;
+	if (!status && s->rows && !y) {
+		fep_err("fabep_moe_combine: NULL expert outputs for %zu rows", s->rows);
+		status = -EINVAL;
+	}
+	if (!status && s->rows && ld_y < m->hidden) {
+		fep_err("fabep_moe_combine: ld_y %zu below hidden %zu", ld_y, m->hidden);
+		status = -EINVAL;
+	}
+	if (!status && (flags & ~FABEP_MOE_UNWEIGHTED)) {
+		fep_err("fabep_moe_combine: unknown flags 0x%x", flags);
+		status = -EINVAL;
+	}
+	s->state = FEP_EP_CSENT;
+	s->cuses++;
+	s->status = status;
+	m->pending_crecv = 1;
+	if (!status && s->rtokens) {
+		struct red_ctx c = { m, s, fep_k_ops(), b, y ? y : (const void *)s,
+				     y ? ld_y : m->hidden,
+				     !(flags & FABEP_MOE_UNWEIGHTED) };
+
+		ret = fep_pool_for(comm->pool, s->rtokens, 1, reduce_range, &c);
+		if (ret)
+			return ret;
+	}
+	for (d = 0; d < m->size; d++)
+		fep_ep_hdr_write(crun_base(m, b, d), s->seq, status,
+				 status ? 0 : s->rcount[d]);
+	if (m->size < 2)
+		return status;
+	puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
+	if (!puts)
+		return -ENOMEM;
+	for (d = 1; d < m->size; d++) {
+		int peer = (m->rank + d) % m->size;
+
+		puts[np].peer = peer;
+		puts[np].dst = fep_ep_cslot(m, b, m->rank);
+		puts[np].src = fep_ep_cstage(m, peer);
+		puts[np].len = (m->chdr_rows + (status ? 0 : s->rcount[peer])) *
+			       m->crow_bytes;
+		puts[np].sig = fep_ep_cctr(m, b);
+		puts[np].add = 1;
+		np++;
+	}
+	ret = fep_fab_put_signal_many(fab, puts, (size_t)np);
+	free(puts);
+	if (ret) {
+		fep_err("fabep_moe_combine_send: %s", fabep_strerror(ret));
+		return ret;
+	}
+	return status;
+}
+
+FEP_EXPORT int fabep_moe_combine_send(fabep_moe_t *m, const void *y,
+				      size_t ld_y, unsigned flags)
+{
+	if (!m) {
+		fep_err("fabep_moe_combine_send: NULL handle");
+		return -EINVAL;
+	}
+	return combine_send(m, y, ld_y, flags, 0);
+}
+
+static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
+			fabep_moe_row_fn cb, void *cb_ctx)
+{
+	struct fep_ep_set *s;
+	int b = 0, ret;
+
+	if (!m->pending_crecv) {
+		fep_err("fabep_moe_combine_recv: no combine_send to complete");
+		return -EINVAL;
+	}
+	s = oldest(m, FEP_EP_CSENT, &b);
+	if (!s)
+		return -FABEP_ERR_PROTOCOL;
+	m->pending_crecv = 0;
+	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
+			  (uint64_t)(m->size - 1) * s->cuses, fep_ep_cslot(m, b, 0),
+			  m->cslot_bytes, s->seq);
+	if (!ret)
+		ret = fep_ep_check_hdrs(m, "fabep_moe_combine", fep_ep_cslot(m, b, 0),
+					m->cslot_bytes, s->seq, s->sent, s->status,
+					s->rcount);
+	if (!ret && s->n) {
+		fep_k_topk_args_t a;
+
+		memset(&a, 0, sizeof(a));
+		a.y = fep_heap_at(m->comm->fab, fep_ep_cslot(m, b, 0));
+		a.y_dt = m->cdt;
+		a.ld_y = m->hidden;
+		a.idx = s->ret_idx;
+		a.w = NULL;
+		a.k = m->kk;
+		a.out = out;
+		a.out_dt = m->cdt;
+		a.ld_out = ld_out;
+		a.cols = m->hidden;
+		a.cb = (fep_k_row_cb)cb;
+		a.cb_ctx = cb_ctx;
+		ret = fep_k_topk_sum_mt(m->comm->pool, &a, s->n);
+	}
+	s->state = FEP_EP_FREE;
+	return ret;
+}
+
+FEP_EXPORT int fabep_moe_combine_recv(fabep_moe_t *m, void *out, size_t ld_out,
+				      fabep_moe_row_fn cb, void *cb_ctx)
+{
+	struct fep_ep_set *s;
+	int b;
+
+	if (!m) {
+		fep_err("fabep_moe_combine_recv: NULL handle");
+		return -EINVAL;
+	}
+	s = oldest(m, FEP_EP_CSENT, &b);
+	if (s && s->n && !s->status && (!out || ld_out < m->hidden)) {
+		fep_err("fabep_moe_combine_recv: %s for %zu tokens",
+			!out ? "NULL output" : "ld_out below hidden", s->n);
+		return -EINVAL;
+	}
+	return combine_recv(m, out, ld_out, cb, cb_ctx);
+}
+
+FEP_EXPORT int fabep_moe_combine(fabep_moe_t *m, const void *y, size_t ld_y,
+				 unsigned flags, void *out, size_t ld_out,
+				 fabep_moe_row_fn cb, void *cb_ctx)
+{
+	struct fep_ep_set *s;
+	int b, ret, status = 0;
+
+	if (!m) {
+		fep_err("fabep_moe_combine: NULL handle");
+		return -EINVAL;
+	}
+	s = oldest(m, FEP_EP_RECEIVED, &b);
+	if (s && s->n && (!out || ld_out < m->hidden)) {
+		fep_err("fabep_moe_combine: %s for %zu tokens",
+			!out ? "NULL output" : "ld_out below hidden", s->n);
+		status = -EINVAL;
+	}
+	ret = combine_send(m, y, ld_y, flags, status);
+	if (ret && (!m->pending_crecv || !s || s->status != ret))
+		return ret;
+	return combine_recv(m, out, ld_out, cb, cb_ctx);
+}

@@ -1,0 +1,496 @@
+/*
+ * dispatch.c - expert-parallel dispatch.
+ *
+ * Send: check the input (nothing leaves before the checks pass), count
+ * tokens per destination rank (a token goes to a rank once however many
+ * of its experts live there), quantize to FP8 once per token if asked,
+ * pack each destination's records (metadata, scales, payload) into one
+ * contiguous run with the pool's gather kernel, and write every run with
+ * its signal in one batch.  A rank whose input is bad still sends every
+ * peer a header with its error and no records.
+ *
+ * Receive: wait for the set's counter, check every header (sequence,
+ * status, count bounds), agree on the error of the lowest failing rank,
+ * then build the expert-major result with the gather kernel.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep/ep.h"
+
+struct pack_ctx {
+	struct fabep_moe *m;
+	const struct fep_k_ops *ops;
+	int b;
+	const int32_t *ids;
+	const float *w;
+	const uint8_t *rows;    /* source rows of row_bytes */
+	const float *scales;    /* FP8: [n, nscale] */
+};
+
+static uint8_t *run_base(struct fabep_moe *m, int b, int d)
+{
+	fep_fabric_t *fab = m->comm->fab;
+
+	if (d == m->rank)
+		return fep_heap_at(fab, fep_ep_dslot(m, b, m->rank));
+	return fep_heap_at(fab, fep_ep_dstage(m, d));
+}
+
+/* Pack records [r0, r1) of the flattened list (destinations in order). */
+static void pack_range(void *arg, size_t r0, size_t r1)
+{
+	struct pack_ctx *c = arg;
+	struct fabep_moe *m = c->m;
+	int d = 0;
+
+	while (r0 < r1) {
+		size_t i0, i1, i;
+		uint8_t *recs;
+		const int32_t *tok;
+		fep_k_perm_args_t a;
+
+		while (m->pack_base[d + 1] <= r0)
+			d++;
+		i0 = r0 - m->pack_base[d];
+		i1 = FEP_MIN(r1, (size_t)m->pack_base[d + 1]) - m->pack_base[d];
+		recs = run_base(m, c->b, d) + m->hdr_recs * m->rec_bytes;
+		tok = m->pack_tok + m->pack_base[d];
+		for (i = i0; i < i1; i++) {
+			uint8_t *rec = recs + i * m->rec_bytes;
+			int32_t t = tok[i], *le = (int32_t *)(rec + 8);
+			float *wt = (float *)(rec + 8 + 4 * (size_t)m->k);
+			int j;
+
+			((int32_t *)rec)[0] = t;
+			((int32_t *)rec)[1] = 0;
+			for (j = 0; j < m->k; j++) {
+				int32_t e = c->ids[(size_t)t * (size_t)m->k + (size_t)j];
+
+				le[j] = (e >= 0 && e / m->L == d) ? e - d * m->L : -1;
+				wt[j] = c->w ? c->w[(size_t)t * (size_t)m->k + (size_t)j] : 1.0f;
+			}
+			if (m->fp8)
+				memcpy(rec + m->scale_off, c->scales + (size_t)t * m->nscale,
+				       4 * m->nscale);
+		}
+		memset(&a, 0, sizeof(a));
+		a.src = c->rows;
+		a.src_stride = m->row_bytes;
+		a.dst = recs + m->pay_off;
+		a.dst_stride = m->rec_bytes;
+		a.row_bytes = m->row_bytes;
+		a.idx = tok;
+		c->ops->gather(&a, i0, i1);
+		r0 = m->pack_base[d] + i1;
+	}
+}
+
+/* Local checks of dispatch_send's input: 0 or a negative code (logged). */
+static int check_input(struct fabep_moe *m, const void *x, const float *scales,
+		       size_t n, const int32_t *ids)
+{
+	size_t i, nk;
+
+	if (n > (size_t)m->cfg.max_tokens) {
+		fep_err("fabep_moe_dispatch: %zu tokens, more than max_tokens %d",
+			n, m->cfg.max_tokens);
+		return -EMSGSIZE;
+	}
+	if (!ids) {
+		if (!m->have_prev || m->prev_n != n) {
+			fep_err("fabep_moe_dispatch: topk_ids NULL (reuse the previous "
+				"routing) but %s", m->have_prev ? "n differs from the "
+				"previous call's" : "there was no previous dispatch");
+			return -EINVAL;
+		}
+		ids = m->prev_ids;
+	}
+	if (n && !x) {
+		fep_err("fabep_moe_dispatch: NULL tokens");
+		return -EINVAL;
+	}
+	if (n && m->cfg.token_type == FABEP_MOE_FP8_PREQUANT && !scales) {
+		fep_err("fabep_moe_dispatch: FP8_PREQUANT needs the scales");
+		return -EINVAL;
+	}
+	nk = n * (size_t)m->k;
+	for (i = 0; i < nk; i++)
+		if (ids[i] < -1 || ids[i] >= m->cfg.num_experts) {
+			fep_err("fabep_moe_dispatch: token %zu: expert id %d not in "
+				"[-1, %d)", i / (size_t)m->k, ids[i],
+				m->cfg.num_experts);
+			return -ERANGE;
+		}
+	return 0;
+}
+
+/* Count per destination, order each destination's tokens, and record
+ * where each token's partial rows will come back in combine. */
+static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
+		  size_t n)
+{
+	int R = m->size, k = m->k, kk = m->kk, d;
+	uint32_t *cursor = m->cursor;
+	size_t t;
+
+	memset(s->sent, 0, (size_t)R * sizeof(uint32_t));
+	for (t = 0; t < n; t++) {
+		int32_t *dt = m->dest + t * (size_t)kk;
+		int nd = 0, j, q;
+
+		for (j = 0; j < k; j++) {
+			int32_t e = ids[t * (size_t)k + (size_t)j];
+
+			if (e < 0)
+				continue;
+			d = e / m->L;
+			for (q = 0; q < nd && dt[q] != d; q++)
+				;
+			if (q == nd) {
+				dt[nd++] = d;
+				s->sent[d]++;
+			}
+		}
+		for (; nd < kk; nd++)
+			dt[nd] = -1;
+	}
+	m->pack_base[0] = 0;
+	for (d = 0; d < R; d++)
+		m->pack_base[d + 1] = m->pack_base[d] + s->sent[d];
+	memset(cursor, 0, (size_t)R * sizeof(uint32_t));
+	for (t = 0; t < n; t++) {
+		int q;
+
+		for (q = 0; q < kk; q++) {
+			int32_t dd = m->dest[t * (size_t)kk + (size_t)q];
+			uint32_t pos;
+
+			if (dd < 0) {
+				s->ret_idx[t * (size_t)kk + (size_t)q] = -1;
+				continue;
+			}
+			pos = cursor[dd]++;
+			m->pack_tok[m->pack_base[dd] + pos] = (int32_t)t;
+			s->ret_idx[t * (size_t)kk + (size_t)q] =
+				(int32_t)((size_t)dd * m->cslot_rows + m->chdr_rows + pos);
+		}
+	}
+}
+
+static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
+			 size_t n, const int32_t *ids, const float *w, int status)
+{
+	fabep_comm_t *comm = m->comm;
+	fep_fabric_t *fab = comm->fab;
+	struct fep_ep_set *s;
+	struct fep_put *puts = NULL;
+	int b, d, np = 0, ret;
+
+	if (m->pending_recv || m->pending_crecv) {
+		fep_err("fabep_moe_dispatch_send: the previous %s_send awaits its "
+			"%s_recv", m->pending_recv ? "dispatch" : "combine",
+			m->pending_recv ? "dispatch" : "combine");
+		return -EINVAL;
+	}
+	b = (int)(m->ndisp % (uint64_t)m->sets);
+	s = &m->set[b];
+	if (s->state != FEP_EP_FREE) {
+		fep_err("fabep_moe_dispatch_send: all %d buffer sets hold dispatches "
+			"not yet combined (combine the oldest first)", m->sets);
+		return -FABEP_ERR_BUSY;
+	}
+	/* the send runs of the previous call must have left */
+	ret = fep_fabric_quiet(fab);
+	if (ret)
+		return ret;
+	if (!status)
+		status = check_input(m, x, scales, n, ids);
+	if (status)
+		n = 0;
+	else if (ids) {
+		memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
+		if (w)
+			memcpy(m->prev_w, w, n * (size_t)m->k * sizeof(float));
+		else {
+			size_t i;
+
+			for (i = 0; i < n * (size_t)m->k; i++)
+				m->prev_w[i] = 1.0f;
+		}
+		m->prev_n = n;
+		m->have_prev = 1;
+	}
+	/* from here on the call counts: every rank advances the same way */
+	m->ndisp++;
+	s->seq = m->ndisp;
+	s->uses++;
+	s->state = FEP_EP_SENT;
+	s->status = status;
+	s->n = n;
+	m->pending_recv = 1;
+
+	if (!status) {
+		struct pack_ctx c = { m, fep_k_ops(), b, m->prev_ids, m->prev_w,
+				      x, NULL };
+
+		route(m, s, m->prev_ids, n);
+		if (m->cfg.token_type == FABEP_MOE_FP8 && n) {
+			fep_k_fp8_args_t q;
+
+			memset(&q, 0, sizeof(q));
+			q.in = x;
+			q.in_dt = m->cfg.input_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
+			q.ld_in = m->hidden;
+			q.out = m->q;
+			q.ld_out = m->hidden;
+			q.scales = m->qs;
+			q.ld_scales = m->nscale;
+			q.cols = m->hidden;
+			q.block = m->cfg.fp8_block;
+			ret = fep_k_fp8_quant_mt(comm->pool, &q, n);
+			if (ret)
+				return ret;
+			c.rows = m->q;
+			c.scales = m->qs;
+		} else if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT) {
+			c.scales = scales;
+		}
+		if (m->pack_base[m->size]) {
+			ret = fep_pool_for(comm->pool, m->pack_base[m->size], 1,
+					   pack_range, &c);
+			if (ret)
+				return ret;
+		}
+	} else {
+		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
+	}
+	for (d = 0; d < m->size; d++)
+		fep_ep_hdr_write(run_base(m, b, d), s->seq, status, s->sent[d]);
+	if (m->size > 1) {
+		puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
+		if (!puts)
+			return -ENOMEM;
+		for (d = 1; d < m->size; d++) {
+			int peer = (m->rank + d) % m->size;
+
+			puts[np].peer = peer;
+			puts[np].dst = fep_ep_dslot(m, b, m->rank);
+			puts[np].src = fep_ep_dstage(m, peer);
+			puts[np].len = (m->hdr_recs + s->sent[peer]) * m->rec_bytes;
+			puts[np].sig = fep_ep_dctr(m, b);
+			puts[np].add = 1;
+			np++;
+		}
+		ret = fep_fab_put_signal_many(fab, puts, (size_t)np);
+		free(puts);
+		if (ret) {
+			fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(ret));
+			return ret;
+		}
+	}
+	return status;
+}
+
+FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
+				       const float *scales, size_t n,
+				       const int32_t *topk_ids,
+				       const float *topk_weights)
+{
+	if (!m) {
+		fep_err("fabep_moe_dispatch_send: NULL handle");
+		return -EINVAL;
+	}
+	return dispatch_send(m, x, scales, n, topk_ids, topk_weights, 0);
+}
+
+/* Build the expert-major result of set s from its slots. */
+static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	const uint8_t *base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
+	size_t k = (size_t)m->k, rows = 0, i;
+	uint32_t *cur = s->counts;
+	int src, e, j, ret;
+
+	s->tbase[0] = 0;
+	for (src = 0; src < m->size; src++)
+		s->tbase[src + 1] = s->tbase[src] + s->rcount[src];
+	s->rtokens = s->tbase[m->size];
+	memset(s->counts, 0, (size_t)m->L * sizeof(uint32_t));
+	/* pass 1: validate the metadata, count rows per local expert */
+	for (src = 0; src < m->size; src++) {
+		const uint8_t *recs = base + (size_t)src * m->dslot_bytes +
+				      m->hdr_recs * m->rec_bytes;
+
+		for (i = 0; i < s->rcount[src]; i++) {
+			const uint8_t *rec = recs + i * m->rec_bytes;
+			int32_t t, le;
+
+			memcpy(&t, rec, 4);
+			if (t < 0 || t >= m->cfg.max_tokens) {
+				fep_err("fabep_moe_dispatch: rank %d sent token index %d",
+					src, t);
+				return -FABEP_ERR_PROTOCOL;
+			}
+			for (j = 0; j < m->k; j++) {
+				memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
+				if (le == -1)
+					continue;
+				if (le < 0 || le >= m->L) {
+					fep_err("fabep_moe_dispatch: rank %d sent local "
+						"expert %d", src, le);
+					return -FABEP_ERR_PROTOCOL;
+				}
+				s->counts[le]++;
+				rows++;
+			}
+		}
+	}
+	ret = fep_ep_set_reserve(m, s, rows);
+	if (ret)
+		return ret;
+	s->rows = rows;
+	s->row_offsets[0] = 0;
+	for (e = 0; e < m->L; e++)
+		s->row_offsets[e + 1] = s->row_offsets[e] + s->counts[e];
+	/* pass 2: place every (token, k) row; cursors start at the offsets */
+	cur = malloc((size_t)m->L * sizeof(uint32_t));
+	if (!cur)
+		return -ENOMEM;
+	memcpy(cur, s->row_offsets, (size_t)m->L * sizeof(uint32_t));
+	for (src = 0; src < m->size; src++) {
+		const uint8_t *recs = base + (size_t)src * m->dslot_bytes +
+				      m->hdr_recs * m->rec_bytes;
+
+		for (i = 0; i < s->rcount[src]; i++) {
+			const uint8_t *rec = recs + i * m->rec_bytes;
+			size_t tok = s->tbase[src] + i;
+			int32_t t, le;
+			float w;
+
+			memcpy(&t, rec, 4);
+			for (j = 0; j < m->k; j++) {
+				uint32_t r;
+
+				memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
+				if (le == -1) {
+					s->cidx[tok * k + (size_t)j] = -1;
+					s->cw[tok * k + (size_t)j] = 0;
+					continue;
+				}
+				memcpy(&w, rec + 8 + 4 * k + 4 * (size_t)j, 4);
+				r = cur[le]++;
+				s->gidx[r] = (int32_t)((size_t)src * m->dslot_recs +
+						       m->hdr_recs + i);
+				s->src_info[3 * (size_t)r] = src;
+				s->src_info[3 * (size_t)r + 1] = t;
+				s->src_info[3 * (size_t)r + 2] = j;
+				s->weights[r] = w;
+				s->cidx[tok * k + (size_t)j] = (int32_t)r;
+				s->cw[tok * k + (size_t)j] = w;
+			}
+		}
+	}
+	free(cur);
+	if (rows) {
+		fep_k_perm_args_t a;
+
+		memset(&a, 0, sizeof(a));
+		a.src = base + m->pay_off;
+		a.src_stride = m->rec_bytes;
+		a.dst = s->x;
+		a.dst_stride = m->row_bytes;
+		a.row_bytes = m->row_bytes;
+		a.idx = s->gidx;
+		ret = fep_k_gather_mt(m->comm->pool, &a, rows);
+		if (!ret && m->fp8) {
+			a.src = base + m->scale_off;
+			a.dst = s->scales;
+			a.dst_stride = 4 * m->nscale;
+			a.row_bytes = 4 * m->nscale;
+			ret = fep_k_gather_mt(m->comm->pool, &a, rows);
+		}
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
+{
+	struct fep_ep_set *s;
+	int b, ret;
+
+	if (!m->pending_recv) {
+		fep_err("fabep_moe_dispatch_recv: no dispatch_send to complete");
+		return -EINVAL;
+	}
+	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
+	s = &m->set[b];
+	m->pending_recv = 0;
+	ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
+			  (uint64_t)(m->size - 1) * s->uses, fep_ep_dslot(m, b, 0),
+			  m->dslot_bytes, s->seq);
+	if (!ret)
+		ret = fep_ep_check_hdrs(m, "fabep_moe_dispatch", fep_ep_dslot(m, b, 0),
+					m->dslot_bytes, s->seq, NULL, s->status,
+					s->rcount);
+	if (!ret)
+		ret = build(m, b, s);
+	if (ret) {
+		s->state = FEP_EP_FREE;
+		return ret;
+	}
+	s->state = FEP_EP_RECEIVED;
+	if (out) {
+		memset(out, 0, sizeof(*out));
+		out->rows = s->rows;
+		out->local_experts = m->L;
+		out->first_expert = m->rank * m->L;
+		out->x = s->x;
+		out->scales = m->fp8 ? s->scales : NULL;
+		out->scales_per_row = m->nscale;
+		out->row_offsets = s->row_offsets;
+		out->expert_ids = s->expert_ids;
+		out->expert_counts = s->counts;
+		out->src_info = s->src_info;
+		out->weights = s->weights;
+	}
+	return 0;
+}
+
+FEP_EXPORT int fabep_moe_dispatch_recv(fabep_moe_t *m, fabep_moe_recv_t *out)
+{
+	if (!m || !out) {
+		fep_err("fabep_moe_dispatch_recv: NULL %s", !m ? "handle" : "output");
+		return -EINVAL;
+	}
+	return dispatch_recv(m, out);
+}
+
+FEP_EXPORT int fabep_moe_dispatch(fabep_moe_t *m, const void *x,
+				  const float *scales, size_t n,
+				  const int32_t *topk_ids, const float *topk_weights,
+				  fabep_moe_recv_t *out)
+{
+	int ret, status = 0;
+
+	if (!m) {
+		fep_err("fabep_moe_dispatch: NULL handle");
+		return -EINVAL;
+	}
+	if (!out) {
+		fep_err("fabep_moe_dispatch: NULL output");
+		status = -EINVAL;
+	}
+	ret = dispatch_send(m, x, scales, n, topk_ids, topk_weights, status);
+	if (ret && (!m->pending_recv ||
+		    m->set[(m->ndisp - 1) % (uint64_t)m->sets].status != ret))
+		return ret;  /* refused before sending, or the fabric failed */
+	/* a local error still completes the exchange, so all agree */
+	return dispatch_recv(m, status ? NULL : out);
+}

@@ -1,0 +1,170 @@
+/*
+ * ep.h - expert parallelism: the MoE handle shared by layout.c (creation,
+ * heap layout, routing), dispatch.c and combine.c.  Internal.
+ *
+ * Heap objects of a handle (same offsets on every rank):
+ *
+ *   counters  dctr[set], cctr[set]: uint64, every source adds 1 per call
+ *             into the set; never reset; a wait is ctr >= (size-1) * uses.
+ *   drecv     [set][source] dispatch slots: a header (hdr_recs records)
+ *             then max_tokens records of rec_bytes:
+ *               int32 token, int32 pad, int32 local_expert[k] (-1 = none),
+ *               float weight[k], float scales[nscale], payload (row_bytes)
+ *   dstage    [size-1] send runs (one per other destination), same layout
+ *   crecv     [set][expert rank] combine slots: a header (chdr_rows rows)
+ *             then max_tokens rows of crow_bytes (combine_type)
+ *   cstage    [size-1] combine send runs
+ *
+ * A header starts with the call's sequence number (what fep_comm_wait
+ * reads to name missing peers), the sender's status and its count.  The
+ * part a rank sends to itself is written in place.
+ */
+#ifndef FEP_EP_H
+#define FEP_EP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/comm.h"
+#include "kernels/kernels.h"
+
+struct fep_ep_hdr {
+	uint64_t seq;     /* call sequence number, 1, 2, ... */
+	int32_t status;   /* 0 or the sender's negative error code */
+	uint32_t count;   /* records / rows that follow */
+	uint64_t magic;
+	uint64_t pad[5];
+};
+#define FEP_EP_MAGIC 0x66616265704d6f45ull
+#define FEP_EP_HDR 64
+
+enum fep_ep_state {
+	FEP_EP_FREE = 0,
+	FEP_EP_SENT,      /* dispatch_send done, dispatch_recv pending */
+	FEP_EP_RECEIVED,  /* dispatch_recv done, combine pending */
+	FEP_EP_CSENT,     /* combine_send done, combine_recv pending */
+};
+
+/* One buffer set: the state of one dispatch/combine call. */
+struct fep_ep_set {
+	int state;
+	int status;          /* local error of the send half (agreed later) */
+	uint64_t seq;
+	uint64_t uses;       /* dispatches into this set (dctr target) */
+	uint64_t cuses;      /* combines from this set (cctr target) */
+
+	/* source side: what this rank sent (for combine_recv) */
+	size_t n;
+	uint32_t *sent;      /* [size] tokens sent to each rank */
+	int32_t *ret_idx;    /* [n * kk]: row in crecv of each partial, -1 */
+
+	/* expert side: what this rank received */
+	uint32_t *rcount;    /* [size] tokens received from each source */
+	uint32_t *tbase;     /* [size + 1] prefix of rcount */
+	size_t rtokens;      /* sum of rcount */
+	int32_t *cidx;       /* [rtokens * k]: output row of each (token, k), -1 */
+	float *cw;           /* [rtokens * k]: its weight */
+	size_t rows, cap_rows;
+	void *x;             /* [cap_rows, row_bytes] */
+	float *scales;       /* [cap_rows, nscale] */
+	int32_t *gidx;       /* [cap_rows]: record index in drecv */
+	int32_t *src_info;   /* [cap_rows * 3] */
+	float *weights;      /* [cap_rows] */
+	uint32_t *row_offsets; /* [L + 1] */
+	uint32_t *counts;    /* [L] */
+	int32_t *expert_ids; /* [L] */
+};
+
+struct fabep_moe {
+	fabep_comm_t *comm;
+	fabep_moe_config_t cfg;
+	int rank, size;
+	int L;               /* local experts */
+	int k, kk;           /* top_k, min(top_k, size) */
+	int sets;
+	size_t hidden;
+	size_t elt;          /* bytes per value on the wire (1, 2, 4) */
+	size_t in_elt;       /* bytes per value of the caller's x */
+	size_t row_bytes;    /* hidden * elt */
+	size_t nscale;       /* FP8: scales per row; else 0 */
+	int fp8;
+	fep_k_dtype_t cdt;   /* combine dtype */
+	size_t crow_bytes;
+
+	/* record layout */
+	size_t meta_bytes, scale_off, pay_off, rec_bytes, hdr_recs;
+	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
+	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
+	size_t chdr_rows, cslot_rows, cslot_bytes;
+
+	/* heap offsets */
+	uint64_t ctrs;       /* dctr[sets], cctr[sets] */
+	uint64_t drecv, dstage, crecv, cstage;
+
+	/* calls */
+	uint64_t ndisp;      /* dispatch calls begun (set = ndisp % sets) */
+	uint64_t ncomb;      /* combines begun (oldest outstanding) */
+	int pending_recv;    /* a dispatch_send awaits its dispatch_recv */
+	int pending_crecv;   /* a combine_send awaits its combine_recv */
+	struct fep_ep_set *set;
+
+	/* previous routing, for topk_ids == NULL */
+	int32_t *prev_ids;
+	float *prev_w;
+	size_t prev_n;
+	int have_prev;
+
+	/* scratch */
+	uint8_t *q;          /* FP8: quantized rows [max_tokens, hidden] */
+	float *qs;           /* FP8: their scales */
+	int32_t *pack_tok;   /* [max_tokens * size]: token of each packed record */
+	uint32_t *pack_base; /* [size + 1] */
+	int32_t *dest;       /* [max_tokens * kk]: distinct ranks of a token */
+	uint32_t *cursor;    /* [size] */
+};
+
+static inline uint64_t fep_ep_dctr(const struct fabep_moe *m, int b)
+{
+	return m->ctrs + 8 * (uint64_t)b;
+}
+static inline uint64_t fep_ep_cctr(const struct fabep_moe *m, int b)
+{
+	return m->ctrs + 8 * (uint64_t)(m->sets + b);
+}
+/* Dispatch slot of source s in set b. */
+static inline uint64_t fep_ep_dslot(const struct fabep_moe *m, int b, int s)
+{
+	return m->drecv + ((uint64_t)b * (uint64_t)m->size + (uint64_t)s) * m->dslot_bytes;
+}
+static inline uint64_t fep_ep_cslot(const struct fabep_moe *m, int b, int d)
+{
+	return m->crecv + ((uint64_t)b * (uint64_t)m->size + (uint64_t)d) * m->cslot_bytes;
+}
+/* Staging of a run to rank d (d != rank). */
+static inline uint64_t fep_ep_dstage(const struct fabep_moe *m, int d)
+{
+	int i = (d - m->rank - 1 + m->size) % m->size;
+	return m->dstage + (uint64_t)i * m->dslot_bytes;
+}
+static inline uint64_t fep_ep_cstage(const struct fabep_moe *m, int d)
+{
+	int i = (d - m->rank - 1 + m->size) % m->size;
+	return m->cstage + (uint64_t)i * m->cslot_bytes;
+}
+
+/* layout.c */
+int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);
+/* Check the headers of set b's slots (base: first slot, stride between
+ * slots) after the wait: sequence, magic, count bounds.  `expect`: per
+ * source the exact count required, or NULL (<= max_tokens).  Returns 0,
+ * the agreed error of the lowest failing rank (local status included),
+ * or -FABEP_ERR_PROTOCOL. */
+int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
+		      size_t stride, uint64_t seq, const uint32_t *expect,
+		      int local_status, uint32_t *counts);
+/* Wait for the counter of a phase, naming missing peers on timeout. */
+int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
+		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
+void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
+
+#endif

@@ -1,0 +1,451 @@
+/*
+ * layout.c - the MoE handle: configuration checks and agreement, the heap
+ * layout of its slots and counters, per-set output buffers, and the
+ * header checks both phases share.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep/ep.h"
+
+FEP_EXPORT void fabep_moe_config_init(fabep_moe_config_t *cfg)
+{
+	if (!cfg)
+		return;
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->token_type = FABEP_MOE_BF16;
+	cfg->input_type = FABEP_MOE_BF16;
+	cfg->combine_type = FABEP_MOE_BF16;
+	cfg->buffer_sets = 2;
+}
+
+static size_t type_size(fabep_moe_type_t t)
+{
+	switch (t) {
+	case FABEP_MOE_FP32: return 4;
+	case FABEP_MOE_BF16: return 2;
+	case FABEP_MOE_FP8:
+	case FABEP_MOE_FP8_PREQUANT: return 1;
+	}
+	return 0;
+}
+
+/* Validate and fill the geometry of m from cfg and nranks. */
+static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
+		       int nranks, int quiet)
+{
+#define BAD(...) do { if (!quiet) fep_err(__VA_ARGS__); return -EINVAL; } while (0)
+	size_t hdr;
+
+	if (nranks < 1)
+		BAD("fabep_moe: %d ranks", nranks);
+	if (c->num_experts < 1 || c->num_experts % nranks)
+		BAD("fabep_moe: num_experts %d is not a positive multiple of the "
+		    "%d ranks", c->num_experts, nranks);
+	if (c->top_k < 1 || c->top_k > FABEP_MOE_MAX_TOPK)
+		BAD("fabep_moe: top_k %d not in [1, %d]", c->top_k, FABEP_MOE_MAX_TOPK);
+	if (c->hidden < 1 || c->hidden > (1u << 24))
+		BAD("fabep_moe: hidden %zu not in [1, 2^24]", c->hidden);
+	if (c->max_tokens < 0 || c->max_tokens > (1 << 24))
+		BAD("fabep_moe: max_tokens %d not in [0, 2^24]", c->max_tokens);
+	if (c->token_type < FABEP_MOE_FP32 || c->token_type > FABEP_MOE_FP8_PREQUANT)
+		BAD("fabep_moe: token_type %d unknown", (int)c->token_type);
+	if (c->token_type == FABEP_MOE_FP8 && c->input_type != FABEP_MOE_FP32 &&
+	    c->input_type != FABEP_MOE_BF16)
+		BAD("fabep_moe: FP8 tokens need input_type FP32 or BF16");
+	if (c->combine_type != FABEP_MOE_FP32 && c->combine_type != FABEP_MOE_BF16)
+		BAD("fabep_moe: combine_type must be FP32 or BF16");
+	if (c->fp8_block < 0 || c->fp8_block % 16 ||
+	    (size_t)c->fp8_block > c->hidden + 15)
+		BAD("fabep_moe: fp8_block %d is not 0 or a multiple of 16 up to the "
+		    "hidden size", c->fp8_block);
+	if (c->buffer_sets < 0 || c->buffer_sets > 16)
+		BAD("fabep_moe: buffer_sets %d not in [0, 16]", c->buffer_sets);
+	m->cfg = *c;
+	if (!m->cfg.buffer_sets)
+		m->cfg.buffer_sets = 2;
+	m->size = nranks;
+	m->sets = m->cfg.buffer_sets;
+	m->L = c->num_experts / nranks;
+	m->k = c->top_k;
+	m->kk = FEP_MIN(c->top_k, nranks);
+	m->hidden = c->hidden;
+	m->fp8 = c->token_type == FABEP_MOE_FP8 || c->token_type == FABEP_MOE_FP8_PREQUANT;
+	m->elt = type_size(c->token_type);
+	m->in_elt = c->token_type == FABEP_MOE_FP8 ? type_size(c->input_type) : m->elt;
+	m->row_bytes = m->hidden * m->elt;
+	m->nscale = !m->fp8 ? 0 : c->fp8_block ?
+		(m->hidden + (size_t)c->fp8_block - 1) / (size_t)c->fp8_block : 1;
+	m->cdt = c->combine_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
+	m->crow_bytes = m->hidden * (c->combine_type == FABEP_MOE_FP32 ? 4 : 2);
+
+	m->meta_bytes = 8 + 8 * (size_t)m->k;
+	m->scale_off = m->meta_bytes;
+	m->pay_off = FEP_ALIGN_UP(m->scale_off + 4 * m->nscale, 16);
+	m->rec_bytes = FEP_ALIGN_UP(m->pay_off + m->row_bytes, 16);
+	m->hdr_recs = (FEP_EP_HDR + m->rec_bytes - 1) / m->rec_bytes;
+	/* the slot stride must be whole records (one gather index space) */
+	m->dslot_recs = m->hdr_recs + (size_t)c->max_tokens;
+	while ((m->dslot_recs * m->rec_bytes) % 64)
+		m->dslot_recs++;
+	m->dslot_bytes = m->dslot_recs * m->rec_bytes;
+	/* the combine slot stride must be whole rows (one index space) */
+	m->chdr_rows = (FEP_EP_HDR + m->crow_bytes - 1) / m->crow_bytes;
+	m->cslot_rows = m->chdr_rows + (size_t)c->max_tokens;
+	hdr = m->cslot_rows * m->crow_bytes;
+	while (hdr % 64) {  /* keep slots 64-byte aligned: pad whole rows */
+		m->cslot_rows++;
+		hdr += m->crow_bytes;
+	}
+	m->cslot_bytes = hdr;
+	if ((double)m->sets * nranks * (double)m->dslot_recs >= 2147483647.0 ||
+	    (double)nranks * (double)m->cslot_rows >= 2147483647.0)
+		BAD("fabep_moe: max_tokens %d too large for %d ranks", c->max_tokens,
+		    nranks);
+	return 0;
+#undef BAD
+}
+
+/* Heap bytes, in allocation order, each 64-aligned. */
+static size_t ep_heap_need(const struct fabep_moe *m)
+{
+	size_t n = 0, R = (size_t)m->size, S = (size_t)m->sets;
+
+	n += FEP_ALIGN_UP(16 * S, 64);                     /* counters */
+	n += FEP_ALIGN_UP(S * R * m->dslot_bytes, 64);     /* drecv */
+	n += FEP_ALIGN_UP((R - 1) * m->dslot_bytes + 1, 64); /* dstage */
+	n += FEP_ALIGN_UP(S * R * m->cslot_bytes, 64);     /* crecv */
+	n += FEP_ALIGN_UP((R - 1) * m->cslot_bytes + 1, 64); /* cstage */
+	return n + 64;
+}
+
+FEP_EXPORT size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks)
+{
+	struct fabep_moe m;
+
+	if (!cfg)
+		return 0;
+	memset(&m, 0, sizeof(m));
+	if (ep_geometry(&m, cfg, nranks, 1))
+		return 0;
+	return ep_heap_need(&m);
+}
+
+/* What the ranks compare at creation. */
+struct ep_hello {
+	int32_t status;
+	int32_t token_type, input_type, combine_type;
+	int32_t num_experts, top_k, max_tokens, fp8_block, buffer_sets, pad;
+	uint64_t hidden;
+	uint64_t heap_used;
+};
+
+static void ep_set_free(struct fep_ep_set *s)
+{
+	free(s->sent);
+	free(s->ret_idx);
+	free(s->rcount);
+	free(s->tbase);
+	free(s->cidx);
+	free(s->cw);
+	free(s->x);
+	free(s->scales);
+	free(s->gidx);
+	free(s->src_info);
+	free(s->weights);
+	free(s->row_offsets);
+	free(s->counts);
+	free(s->expert_ids);
+}
+
+static void ep_free(struct fabep_moe *m)
+{
+	int b;
+
+	if (m->set)
+		for (b = 0; b < m->sets; b++)
+			ep_set_free(&m->set[b]);
+	free(m->set);
+	free(m->prev_ids);
+	free(m->prev_w);
+	free(m->q);
+	free(m->qs);
+	free(m->pack_tok);
+	free(m->pack_base);
+	free(m->dest);
+	free(m->cursor);
+	free(m);
+}
+
+static int ep_alloc_host(struct fabep_moe *m)
+{
+	size_t R = (size_t)m->size, T = (size_t)m->cfg.max_tokens, L = (size_t)m->L;
+	size_t T1 = T ? T : 1;
+	int b, e;
+
+	m->set = calloc((size_t)m->sets, sizeof(*m->set));
+	m->prev_ids = malloc(T1 * (size_t)m->k * sizeof(int32_t));
+	m->prev_w = malloc(T1 * (size_t)m->k * sizeof(float));
+	m->pack_tok = malloc(T1 * R * sizeof(int32_t));
+	m->pack_base = calloc(R + 1, sizeof(uint32_t));
+	m->dest = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
+	m->cursor = calloc(R, sizeof(uint32_t));
+	if (!m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	    !m->pack_base || !m->dest)
+		return -ENOMEM;
+	if (m->cfg.token_type == FABEP_MOE_FP8) {
+		m->q = malloc(T1 * m->hidden);
+		m->qs = malloc(T1 * m->nscale * sizeof(float));
+		if (!m->q || !m->qs)
+			return -ENOMEM;
+	}
+	for (b = 0; b < m->sets; b++) {
+		struct fep_ep_set *s = &m->set[b];
+
+		s->sent = calloc(R, sizeof(uint32_t));
+		s->ret_idx = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
+		s->rcount = calloc(R, sizeof(uint32_t));
+		s->tbase = calloc(R + 1, sizeof(uint32_t));
+		s->cidx = malloc(R * T1 * (size_t)m->k * sizeof(int32_t));
+		s->cw = malloc(R * T1 * (size_t)m->k * sizeof(float));
+		s->row_offsets = calloc(L + 1, sizeof(uint32_t));
+		s->counts = calloc(L, sizeof(uint32_t));
+		s->expert_ids = calloc(L, sizeof(int32_t));
+		if (!s->sent || !s->ret_idx || !s->rcount || !s->tbase ||
+		    !s->cidx || !s->cw || !s->row_offsets || !s->counts ||
+		    !s->expert_ids)
+			return -ENOMEM;
+		for (e = 0; e < m->L; e++)
+			s->expert_ids[e] = m->rank * m->L + e;
+	}
+	return 0;
+}
+
+FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
+				fabep_moe_t **out)
+{
+	struct fabep_moe *m;
+	struct ep_hello me, *all = NULL;
+	fep_fabric_t *fab;
+	size_t need, room;
+	int r, ret, status;
+
+	if (!comm || !cfg || !out) {
+		fep_err("fabep_moe_create: NULL %s", !comm ? "communicator" :
+			!cfg ? "configuration" : "output pointer");
+		return -EINVAL;
+	}
+	fab = comm->fab;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->comm = comm;
+	m->rank = comm->rank;
+	status = ep_geometry(m, cfg, comm->size, 0);
+	need = status ? 0 : ep_heap_need(m);
+	room = fab->heap_size - FEP_MIN(fab->heap_size, FEP_ALIGN_UP(fab->heap_used, 64));
+	if (!status && need > room) {
+		fep_err("fabep_moe_create: the handle needs %zu heap bytes, %zu of "
+			"%zu are free (fabep_moe_heap_bytes(); raise heap_size or "
+			"FABEP_HEAP_SIZE to at least %zu)", need, room,
+			fab->heap_size, fab->heap_used + need);
+		status = -FABEP_ERR_HEAP_FULL;
+	}
+	if (!status)
+		status = ep_alloc_host(m);
+
+	/* every rank learns every rank's status and configuration */
+	memset(&me, 0, sizeof(me));
+	me.status = status;
+	me.token_type = cfg->token_type;
+	me.input_type = cfg->token_type == FABEP_MOE_FP8 ? cfg->input_type : 0;
+	me.combine_type = cfg->combine_type;
+	me.num_experts = cfg->num_experts;
+	me.top_k = cfg->top_k;
+	me.max_tokens = cfg->max_tokens;
+	me.fp8_block = m->fp8 ? cfg->fp8_block : 0;
+	me.buffer_sets = cfg->buffer_sets ? cfg->buffer_sets : 2;
+	me.hidden = cfg->hidden;
+	me.heap_used = fab->heap_used;
+	all = calloc((size_t)comm->size, sizeof(*all));
+	if (!all) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	ret = fep_comm_allgather(comm, &me, all, sizeof(me));
+	if (ret) {
+		fep_err("fabep_moe_create: exchanging configurations: %s",
+			fabep_strerror(ret));
+		goto err;
+	}
+	for (r = 0; r < comm->size; r++)
+		if (all[r].status) {
+			if (r != comm->rank)
+				fep_err("fabep_moe_create: rank %d failed: %s", r,
+					fabep_strerror(all[r].status));
+			ret = all[r].status;
+			goto err;
+		}
+	for (r = 1; r < comm->size; r++) {
+		struct ep_hello a = all[0], b = all[r];
+
+		a.heap_used = b.heap_used = 0;
+		if (memcmp(&a, &b, sizeof(a))) {
+			fep_err("fabep_moe_create: configurations differ: rank 0 has "
+				"experts %d top_k %d hidden %llu max_tokens %d types "
+				"%d/%d/%d block %d sets %d; rank %d has %d %d %llu %d "
+				"%d/%d/%d %d %d", a.num_experts, a.top_k,
+				(unsigned long long)a.hidden, a.max_tokens,
+				a.token_type, a.input_type, a.combine_type,
+				a.fp8_block, a.buffer_sets, r, b.num_experts, b.top_k,
+				(unsigned long long)b.hidden, b.max_tokens,
+				b.token_type, b.input_type, b.combine_type,
+				b.fp8_block, b.buffer_sets);
+			ret = -FABEP_ERR_MISMATCH;
+			goto err;
+		}
+		if (all[r].heap_used != all[0].heap_used) {
+			fep_err("fabep_moe_create: heap usage differs (rank 0 %llu, "
+				"rank %d %llu): every rank must make the same heap "
+				"allocations", (unsigned long long)all[0].heap_used, r,
+				(unsigned long long)all[r].heap_used);
+			ret = -FABEP_ERR_MISMATCH;
+			goto err;
+		}
+	}
+	free(all);
+	all = NULL;
+
+	if ((ret = fep_heap_alloc_(fab, 16 * (size_t)m->sets, 64, &m->ctrs)) ||
+	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
+				   m->dslot_bytes, 64, &m->drecv)) ||
+	    (ret = fep_heap_alloc_(fab, ((size_t)m->size - 1) * m->dslot_bytes + 1,
+				   64, &m->dstage)) ||
+	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
+				   m->cslot_bytes, 64, &m->crecv)) ||
+	    (ret = fep_heap_alloc_(fab, ((size_t)m->size - 1) * m->cslot_bytes + 1,
+				   64, &m->cstage)))
+		goto err;  /* checked above on every rank: cannot differ */
+	*out = m;
+	return 0;
+err:
+	free(all);
+	ep_free(m);
+	return ret;
+}
+
+FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
+{
+	if (!m)
+		return 0;
+	ep_free(m);
+	return 0;
+}
+
+int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
+{
+	size_t cap;
+	void *x = NULL;
+	float *sc = NULL, *w = NULL;
+	int32_t *g = NULL, *si = NULL;
+
+	if (rows <= s->cap_rows)
+		return 0;
+	cap = FEP_MAX(rows, s->cap_rows + s->cap_rows / 2);
+	x = malloc(cap * m->row_bytes + 64);
+	g = malloc(cap * sizeof(int32_t));
+	si = malloc(cap * 3 * sizeof(int32_t));
+	w = malloc(cap * sizeof(float));
+	if (m->fp8)
+		sc = malloc(cap * m->nscale * sizeof(float));
+	if (!x || !g || !si || !w || (m->fp8 && !sc)) {
+		free(x);
+		free(g);
+		free(si);
+		free(w);
+		free(sc);
+		fep_err("fabep_moe_dispatch: no memory for %zu received rows", cap);
+		return -ENOMEM;
+	}
+	free(s->x);
+	free(s->gidx);
+	free(s->src_info);
+	free(s->weights);
+	free(s->scales);
+	s->x = x;
+	s->gidx = g;
+	s->src_info = si;
+	s->weights = w;
+	s->scales = sc;
+	s->cap_rows = cap;
+	return 0;
+}
+
+void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
+{
+	struct fep_ep_hdr h;
+
+	memset(&h, 0, sizeof(h));
+	h.seq = seq;
+	h.status = status;
+	h.count = count;
+	h.magic = FEP_EP_MAGIC;
+	memcpy(p, &h, sizeof(h));
+}
+
+int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
+		uint64_t target, uint64_t slots, size_t stride, uint64_t seq)
+{
+	if (m->size == 1)
+		return 0;
+	return fep_comm_wait(m->comm, what, ctr, target, slots, stride, seq);
+}
+
+int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
+		      size_t stride, uint64_t seq, const uint32_t *expect,
+		      int local_status, uint32_t *counts)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	int r, agreed = 0, who = -1;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(fab, base + (uint64_t)r * stride), sizeof(h));
+		if (h.seq != seq || h.magic != FEP_EP_MAGIC) {
+			fep_err("%s: rank %d's header holds call %llu (magic %llx), "
+				"expected call %llu", what, r,
+				(unsigned long long)h.seq, (unsigned long long)h.magic,
+				(unsigned long long)seq);
+			return -FABEP_ERR_PROTOCOL;
+		}
+		if (r == m->rank && local_status)
+			h.status = local_status;
+		if (h.status) {
+			if (h.status > 0 || h.status < -100000) {
+				fep_err("%s: rank %d sent status %d", what, r, h.status);
+				return -FABEP_ERR_PROTOCOL;
+			}
+			if (!agreed) {
+				agreed = h.status;
+				who = r;
+			}
+			continue;
+		}
+		if (h.count > (uint32_t)m->cfg.max_tokens ||
+		    (expect && h.count != expect[r])) {
+			fep_err("%s: rank %d announced %u rows (expected %s%u)", what,
+				r, h.count, expect ? "" : "at most ",
+				expect ? expect[r] : (uint32_t)m->cfg.max_tokens);
+			return -FABEP_ERR_PROTOCOL;
+		}
+		counts[r] = h.count;
+	}
+	if (agreed && who != m->rank)
+		fep_err("%s: rank %d rejected its input: %s", what, who,
+			fabep_strerror(agreed));
+	return agreed;
+}

@@ -1,0 +1,621 @@
+/*
+ * test_coll.c - allreduce, allreduce + RMSNorm and allreduce + RMSNorm +
+ * FP8 with forked ranks on shm, tcp and sockets.
+ *
+ * Every rank generates every rank's input (deterministic per call), so it
+ * computes the result in double precision by itself and compares:
+ *   sum          within the rounding of the result to the dtype
+ *   rmsnorm      within a few bf16 / fp32 ulps of the double reference
+ *   FP8          the dequantized value within one FP8 step of the
+ *                reference (after the scale_ub saturation), the scale
+ *                within 2^-6 of max|y| / 448 (clamped)
+ *   residual     the new residual within the dtype's rounding of
+ *                sum + residual
+ * and every rank folds its outputs into a hash kept in shared memory, so
+ * the parent checks that the outputs are bitwise equal on every rank.
+ * Both paths are forced (FABEP_AR_ONESTAGE_MAX=0 / 1G) and automatic;
+ * back-to-back runs make hundreds of calls with fresh data each, mixing
+ * paths, ops and shapes, so a stale slot would show.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fabep.h"
+#include "harness.h"
+
+enum { OP_SUM = 0, OP_NORM = 1, OP_FP8 = 2 };
+
+struct ar_case {
+	size_t rows, cols;
+	int op;
+	int res;        /* with a residual */
+	float woff;
+	float ub;       /* scale_ub */
+	int inplace;    /* in == out (SUM, NORM) */
+};
+
+struct ar_run {
+	const char *prov;
+	fabep_ar_dtype_t dt;
+	const char *os_max;   /* FABEP_AR_ONESTAGE_MAX, NULL: unset */
+	size_t max_rows, max_cols;
+	const struct ar_case *cases;
+	int ncases;
+	int repeat;
+	int threads;
+};
+
+/* One hash per rank, in memory shared with the parent. */
+static uint64_t *g_hash;
+
+static void share_init(void)
+{
+	if (!g_hash) {
+		g_hash = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		ck_assert(g_hash != MAP_FAILED);
+	}
+	memset(g_hash, 0, 4096);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	while (n--)
+		h = (h ^ *b++) * 0x100000001b3ull;
+	return h;
+}
+
+/* ---- independent scalar conversions (not the library's) ---- */
+
+static uint16_t to_bf16(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static double from_bf16(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static double e4m3_value(uint8_t q)
+{
+	int s = q >> 7, e = (q >> 3) & 15, m = q & 7;
+	double v;
+
+	if ((q & 0x7f) == 0x7f)
+		return NAN;
+	v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp((double)m, -9);
+	return s ? -v : v;
+}
+
+/* One FP8 step at magnitude v (in units of the scale). */
+static double e4m3_step(double v)
+{
+	if (v < ldexp(1.0, -6))
+		return ldexp(1.0, -9);
+	if (v >= 448)
+		return 32;
+	return ldexp(1.0, (int)floor(log2(v)) - 3);
+}
+
+/* Values of dtype dt at p[i]. */
+static double ld(const void *p, fabep_ar_dtype_t dt, size_t i)
+{
+	return dt == FABEP_AR_BF16 ? from_bf16(((const uint16_t *)p)[i])
+				   : (double)((const float *)p)[i];
+}
+
+static void fill(void *p, fabep_ar_dtype_t dt, size_t n, uint64_t seed,
+		 double lo, double hi)
+{
+	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 12345;
+	size_t i;
+
+	fep_test_rand(&s);
+	for (i = 0; i < n; i++) {
+		double u = (double)(fep_test_rand(&s) >> 11) / 9007199254740992.0;
+		float v = (float)(lo + (hi - lo) * u);
+
+		if (dt == FABEP_AR_BF16)
+			((uint16_t *)p)[i] = to_bf16(v);
+		else
+			((float *)p)[i] = v;
+	}
+}
+
+#define FAILF(...)                                                    \
+	do {                                                          \
+		fprintf(stderr, "rank %d: ", rank);                   \
+		fprintf(stderr, __VA_ARGS__);                         \
+		fputc('\n', stderr);                                  \
+		return 1;                                             \
+	} while (0)
+
+static int make_comm(const char *prov, size_t heap, int threads,
+		     fabep_comm_t **comm)
+{
+	fabep_comm_attr_t a;
+
+	fabep_comm_attr_init(&a);
+	a.heap_size = heap;
+	a.threads = threads;
+	a.timeout_ms = 20000;
+	return fabep_comm_create(&a, comm);
+}
+
+/* Create; 77 = skip (sockets warm-up timed out). */
+static int open_comm(const struct ar_run *t, int rank, size_t heap,
+		     fabep_comm_t **comm)
+{
+	int ret = make_comm(t->prov, heap, t->threads ? t->threads : 1, comm);
+
+	if (ret == -ETIMEDOUT && !strcmp(t->prov, "sockets")) {
+		fprintf(stderr, "SKIP: rank %d: fabep_comm_create on sockets timed "
+			"out (known intermittent warm-up failure)\n", rank);
+		return 77;
+	}
+	if (ret) {
+		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank,
+			fabep_strerror(ret));
+		return 1;
+	}
+	return 0;
+}
+
+static const char *op_name(int op)
+{
+	return op == OP_SUM ? "allreduce" : op == OP_NORM ? "rmsnorm" : "rmsnorm_fp8";
+}
+
+/* One call of one case, checked against the double reference. */
+static int check_case(int rank, int size, fabep_allreduce_t *ar,
+		      const struct ar_run *t, const struct ar_case *c,
+		      uint64_t seed, void **ins, void *res0, void *res,
+		      void *gamma, void *out, float *scales, double *hrow,
+		      uint64_t *hash)
+{
+	fabep_ar_dtype_t dt = t->dt;
+	size_t es = dt == FABEP_AR_BF16 ? 2 : 4, n = c->rows * c->cols;
+	size_t r, j;
+	const void *in;
+	fabep_rmsnorm_params_t p;
+	double eps = 1e-5;
+	int k, ret;
+
+	for (k = 0; k < size; k++)
+		fill(ins[k], dt, n, seed * 64 + (uint64_t)k, -2.0, 2.0);
+	fill(gamma, dt, c->cols, seed * 64 + 63, c->woff ? -0.5 : 0.5,
+	     c->woff ? 0.5 : 1.5);
+	fill(res0, dt, n, seed * 64 + 62, -1.0, 1.0);
+	memcpy(res, res0, n * es);
+	in = ins[rank];
+	memset(&p, 0, sizeof(p));
+	p.gamma = gamma;
+	p.eps = (float)eps;
+	p.weight_offset = c->woff;
+	p.scale_ub = c->ub;
+	p.residual = c->res ? res : NULL;
+	if (c->inplace) {
+		memcpy(out, in, n * es);
+		in = out;
+	}
+	if (c->op == OP_SUM)
+		ret = fabep_allreduce(ar, in, out, c->rows, c->cols);
+	else if (c->op == OP_NORM)
+		ret = fabep_allreduce_rmsnorm(ar, in, c->rows, c->cols, &p, out);
+	else
+		ret = fabep_allreduce_rmsnorm_fp8(ar, in, c->rows, c->cols, &p,
+						  out, scales);
+	if (ret)
+		FAILF("%s %zu x %zu: %s", op_name(c->op), c->rows, c->cols,
+		      fabep_strerror(ret));
+
+	for (r = 0; r < c->rows; r++) {
+		double ss = 0, inv, amax = 0, sc = 0;
+
+		/* h = sum (+ residual), in double */
+		for (j = 0; j < c->cols; j++) {
+			size_t i = r * c->cols + j;
+			double s = 0, sabs = 0, h, tol;
+
+			for (k = 0; k < size; k++) {
+				s += ld(ins[k], dt, i);
+				sabs += fabs(ld(ins[k], dt, i));
+			}
+			h = s + (c->res ? ld(res0, dt, i) : 0);
+			hrow[j] = h;
+			ss += h * h;
+			tol = dt == FABEP_AR_BF16 ? ldexp(fabs(s) + fabs(h), -8)
+						  : ldexp(sabs + fabs(h) + 1, -21);
+			if (c->op == OP_SUM && fabs(ld(out, dt, i) - s) > tol)
+				FAILF("allreduce %zu x %zu: [%zu][%zu] = %.9g, want %.9g",
+				      c->rows, c->cols, r, j, ld(out, dt, i), s);
+			if (c->op != OP_SUM && c->res &&
+			    fabs(ld(res, dt, i) - h) > tol)
+				FAILF("%s %zu x %zu: residual [%zu][%zu] = %.9g, want %.9g",
+				      op_name(c->op), c->rows, c->cols, r, j,
+				      ld(res, dt, i), h);
+		}
+		if (c->op == OP_SUM)
+			continue;
+		inv = 1.0 / sqrt(ss / (double)c->cols + eps);
+		for (j = 0; j < c->cols; j++) {
+			hrow[j] = hrow[j] * inv * (ld(gamma, dt, j) + c->woff);
+			amax = fmax(amax, fabs(hrow[j]));
+		}
+		if (c->op == OP_NORM) {
+			for (j = 0; j < c->cols; j++) {
+				double y = hrow[j], got = ld(out, dt, r * c->cols + j);
+				double tol = (dt == FABEP_AR_BF16 ? ldexp(fabs(y), -6)
+								  : 1e-5 * fabs(y)) + 1e-5;
+
+				if (!(fabs(got - y) <= tol))
+					FAILF("rmsnorm %zu x %zu: [%zu][%zu] = %.9g, want %.9g",
+					      c->rows, c->cols, r, j, got, y);
+			}
+			continue;
+		}
+		sc = amax / 448.0;
+		if (sc == 0)
+			sc = 1;
+		if (c->ub > 0 && sc > c->ub)
+			sc = c->ub;
+		if (!(fabs(scales[r] - sc) <= ldexp(sc, -6)))
+			FAILF("fp8 %zu x %zu: scale of row %zu = %.9g, want %.9g",
+			      c->rows, c->cols, r, (double)scales[r], sc);
+		for (j = 0; j < c->cols; j++) {
+			double s = scales[r];
+			double y = fmax(-448 * s, fmin(448 * s, hrow[j]));
+			double got = e4m3_value(((uint8_t *)out)[r * c->cols + j]) * s;
+			double tol = e4m3_step(fmax(fabs(y), fabs(got)) / s) * s +
+				     (dt == FABEP_AR_BF16 ? ldexp(fabs(y), -7) : 1e-6);
+
+			if (!(fabs(got - y) <= tol))
+				FAILF("fp8 %zu x %zu (ub %g, woff %g%s): [%zu][%zu] = %.9g "
+				      "(code 0x%02x, scale %g), want %.9g", c->rows,
+				      c->cols, (double)c->ub, (double)c->woff,
+				      c->res ? ", residual" : "", r, j, got,
+				      ((uint8_t *)out)[r * c->cols + j], s, y);
+		}
+	}
+	*hash = fnv(*hash, out, c->op == OP_FP8 ? n : n * es);
+	if (c->op == OP_FP8)
+		*hash = fnv(*hash, scales, c->rows * 4);
+	if (c->res)
+		*hash = fnv(*hash, res, n * es);
+	return 0;
+}
+
+static int run_rank(int rank, int size, void *arg)
+{
+	const struct ar_run *t = arg;
+	size_t es = t->dt == FABEP_AR_BF16 ? 2 : 4;
+	size_t n = t->max_rows * t->max_cols, heap;
+	fabep_comm_t *comm;
+	fabep_allreduce_t *ar;
+	void *ins[8], *res0, *res, *gamma, *out;
+	float *scales;
+	double *hrow;
+	uint64_t hash = 0xcbf29ce484222325ull;
+	int i, k, rep, ret;
+
+	if (t->os_max)
+		setenv("FABEP_AR_ONESTAGE_MAX", t->os_max, 1);
+	else
+		unsetenv("FABEP_AR_ONESTAGE_MAX");
+	heap = fabep_allreduce_heap_bytes(t->max_rows, t->max_cols, t->dt, size);
+	if (!heap)
+		FAILF("fabep_allreduce_heap_bytes returned 0");
+	ret = open_comm(t, rank, heap + (1u << 20), &comm);
+	if (ret)
+		return ret;
+	ret = fabep_allreduce_create(comm, t->max_rows, t->max_cols, t->dt, &ar);
+	if (ret)
+		FAILF("fabep_allreduce_create: %s", fabep_strerror(ret));
+	for (k = 0; k < size; k++)
+		ins[k] = malloc(n * es);
+	res0 = malloc(n * es);
+	res = malloc(n * es);
+	gamma = malloc(t->max_cols * es);
+	out = malloc(n * es);
+	scales = malloc(t->max_rows * sizeof(float));
+	hrow = malloc(t->max_cols * sizeof(double));
+	for (rep = 0; rep < t->repeat; rep++)
+		for (i = 0; i < t->ncases; i++) {
+			ret = check_case(rank, size, ar, t, &t->cases[i],
+					 (uint64_t)rep * 1000 + (uint64_t)i, ins, res0,
+					 res, gamma, out, scales, hrow, &hash);
+			if (ret) {
+				fprintf(stderr, "rank %d: (call %d of case %d, %s, "
+					"threshold %zu)\n", rank, rep, i, t->prov,
+					fabep_allreduce_onestage_max(ar));
+				return ret;
+			}
+		}
+	g_hash[rank] = hash;
+	fabep_allreduce_destroy(ar);
+	ret = fabep_comm_destroy(comm);
+	for (k = 0; k < size; k++)
+		free(ins[k]);
+	free(res0);
+	free(res);
+	free(gamma);
+	free(out);
+	free(scales);
+	free(hrow);
+	return ret ? 1 : 0;
+}
+
+static void run(const char *prov, int size, struct ar_run *t)
+{
+	int status[8], r;
+
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	t->prov = prov;
+	share_init();
+	fep_test_run_ranks_status(size, 120, run_rank, t, status);
+	if (status[0] == 77) {
+		fprintf(stderr, "SKIP: %s: communicator creation timed out\n", prov);
+		return;
+	}
+	for (r = 0; r < size; r++)
+		ck_assert_msg(status[r] == 0, "%s, %d ranks, threshold %s: rank %d "
+			      "exited %d", prov, size, t->os_max ? t->os_max : "auto",
+			      r, status[r]);
+	for (r = 1; r < size; r++)
+		ck_assert_msg(g_hash[r] == g_hash[0], "%s, %d ranks: outputs of "
+			      "rank %d differ from rank 0's", prov, size, r);
+}
+
+/* ---- the cases ---- */
+
+#define ALLOPS(rows, cols)                                            \
+	{ rows, cols, OP_SUM, 0, 0, 0, 0 },                           \
+	{ rows, cols, OP_SUM, 0, 0, 0, 1 },                           \
+	{ rows, cols, OP_FP8, 0, 0, 0, 0 },                           \
+	{ rows, cols, OP_FP8, 1, 1, 0, 0 },                           \
+	{ rows, cols, OP_FP8, 1, 0, 0.004f, 0 },                      \
+	{ rows, cols, OP_NORM, 0, 1, 0, 1 },                          \
+	{ rows, cols, OP_NORM, 1, 0, 0, 0 }
+
+static const struct ar_case wide[] = {
+	ALLOPS(1, 7168), ALLOPS(5, 7168), ALLOPS(40, 7168),
+};
+static const struct ar_case narrow[] = {
+	ALLOPS(1, 1), ALLOPS(3, 1), ALLOPS(2000, 1),
+	ALLOPS(1, 100), ALLOPS(7, 100), ALLOPS(3000, 100),
+};
+static const struct ar_case mixed[] = {
+	{ 17, 100, OP_FP8, 1, 1, 0, 0 },
+	{ 0, 100, OP_SUM, 0, 0, 0, 0 },
+	{ 1, 100, OP_SUM, 0, 0, 0, 1 },
+	{ 90, 100, OP_FP8, 0, 0, 0, 0 },
+	{ 2, 60, OP_NORM, 1, 0, 0, 0 },
+	{ 100, 100, OP_SUM, 0, 0, 0, 0 },
+	{ 5, 100, OP_FP8, 1, 0, 0.004f, 0 },
+	{ 64, 99, OP_NORM, 0, 1, 0, 1 },
+};
+
+#define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static void run_cases(const char *prov, int size, fabep_ar_dtype_t dt,
+		      const char *os_max, const struct ar_case *cases, int ncases,
+		      int repeat)
+{
+	struct ar_run t = { .dt = dt, .os_max = os_max, .cases = cases,
+			    .ncases = ncases, .repeat = repeat, .threads = 1 };
+	int i;
+
+	for (i = 0; i < ncases; i++) {
+		if (cases[i].rows > t.max_rows)
+			t.max_rows = cases[i].rows;
+		if (cases[i].cols > t.max_cols)
+			t.max_cols = cases[i].cols;
+	}
+	if (size == 2)
+		t.threads = 2;
+	run(prov, size, &t);
+}
+
+START_TEST(shm_wide_auto) { run_cases("shm", 2, FABEP_AR_BF16, NULL, wide, N(wide), 1); } END_TEST
+START_TEST(shm_wide_two) { run_cases("shm", 3, FABEP_AR_BF16, "0", wide, N(wide), 1); } END_TEST
+START_TEST(shm_wide_one) { run_cases("shm", 4, FABEP_AR_BF16, "1G", wide, N(wide), 1); } END_TEST
+START_TEST(shm_narrow_auto) { run_cases("shm", 3, FABEP_AR_BF16, NULL, narrow, N(narrow), 1); } END_TEST
+START_TEST(shm_narrow_two) { run_cases("shm", 4, FABEP_AR_BF16, "0", narrow, N(narrow), 1); } END_TEST
+START_TEST(shm_fp32_two) { run_cases("shm", 2, FABEP_AR_F32, "0", narrow, N(narrow), 1); } END_TEST
+START_TEST(shm_fp32_one) { run_cases("shm", 3, FABEP_AR_F32, "1G", mixed, N(mixed), 2); } END_TEST
+START_TEST(shm_1rank) { run_cases("shm", 1, FABEP_AR_BF16, NULL, mixed, N(mixed), 2); } END_TEST
+START_TEST(shm_8ranks) { run_cases("shm", 8, FABEP_AR_BF16, "2k", mixed, N(mixed), 3); } END_TEST
+/* threshold 4k: rows <= 20 of 100 bf16 go one-stage, the rest two-stage */
+START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 40); } END_TEST
+START_TEST(tcp_auto) { run_cases("tcp", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 3); } END_TEST
+START_TEST(tcp_wide_two) { run_cases("tcp", 2, FABEP_AR_BF16, "0", wide, 7, 1); } END_TEST
+START_TEST(sockets_mixed) { run_cases("sockets", 2, FABEP_AR_BF16, "4k", mixed, N(mixed), 1); } END_TEST
+
+/* ---- errors: every rank returns the same code ---- */
+
+struct err_run {
+	const char *prov;
+	int which;
+};
+
+static int err_rank(int rank, int size, void *arg)
+{
+	const struct err_run *e = arg;
+	struct ar_run t = { .prov = e->prov, .threads = 1 };
+	fabep_comm_t *comm;
+	fabep_allreduce_t *ar;
+	uint16_t in[64 * 8], out[64 * 8], gamma[8];
+	uint8_t q[64 * 8];
+	float sc[64];
+	fabep_rmsnorm_params_t p = { .gamma = gamma, .eps = 1e-5f };
+	int ret, i;
+
+	unsetenv("FABEP_AR_ONESTAGE_MAX");
+	ret = open_comm(&t, rank, 4u << 20, &comm);
+	if (ret)
+		return ret;
+	for (i = 0; i < 64 * 8; i++)
+		in[i] = to_bf16((float)(i % 7) + (float)rank);
+	for (i = 0; i < 8; i++)
+		gamma[i] = to_bf16(1.0f);
+
+	if (e->which == 0) {
+		/* creation: shapes differ, then a heap that is too small */
+		ret = fabep_allreduce_create(comm, rank == 1 ? 32 : 64, 8,
+					     FABEP_AR_BF16, &ar);
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("create with differing shapes: %s", fabep_strerror(ret));
+		ret = fabep_allreduce_create(comm, 1u << 20, 7168, FABEP_AR_BF16, &ar);
+		if (ret != -FABEP_ERR_HEAP_FULL)
+			FAILF("create past the heap: %s", fabep_strerror(ret));
+		ret = fabep_allreduce_create(comm, 64, 8, (fabep_ar_dtype_t)7, &ar);
+		if (ret != -EINVAL)
+			FAILF("create with a bad dtype: %s", fabep_strerror(ret));
+		goto done;
+	}
+	ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_BF16, &ar);
+	if (ret)
+		FAILF("create: %s", fabep_strerror(ret));
+	for (i = 0; i < 2; i++) {
+		/* once one-stage (rows 3), once two-stage (rows 60) */
+		size_t rows = i ? 60 : 3;
+
+		ret = fabep_allreduce(ar, in, out, rank == 1 ? rows + 1 : rows, 8);
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("rows differ: %s", fabep_strerror(ret));
+		ret = fabep_allreduce(ar, in, out, rows, rank == size - 1 ? 7 : 8);
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("cols differ: %s", fabep_strerror(ret));
+		ret = rank == 0 ? fabep_allreduce(ar, in, out, rows, 8)
+				: fabep_allreduce_rmsnorm_fp8(ar, in, rows, 8, &p, q, sc);
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("ops differ: %s", fabep_strerror(ret));
+		ret = fabep_allreduce(ar, in, out, rank == size - 1 ? 65 : rows, 8);
+		if (ret != -EINVAL)
+			FAILF("rows above the maximum on one rank: %s",
+			      fabep_strerror(ret));
+		ret = fabep_allreduce(ar, rank == 1 ? NULL : in, out, rows, 8);
+		if (ret != -EINVAL)
+			FAILF("NULL input on one rank: %s", fabep_strerror(ret));
+		ret = fabep_allreduce_rmsnorm_fp8(ar, in, rows, 8, &p, q,
+						  rank == 0 ? NULL : sc);
+		if (ret != -EINVAL)
+			FAILF("NULL scales on one rank: %s", fabep_strerror(ret));
+		/* and the handle still works, with the right result */
+		memset(out, 0, sizeof(out));
+		ret = fabep_allreduce(ar, in, out, rows, 8);
+		if (ret)
+			FAILF("good call after errors: %s", fabep_strerror(ret));
+		for (size_t j = 0; j < rows * 8; j++) {
+			double want = 0;
+
+			for (int k = 0; k < size; k++)
+				want += (double)(j % 7) + k;
+			if (from_bf16(out[j]) != want)
+				FAILF("after errors: out[%zu] = %g, want %g", j,
+				      from_bf16(out[j]), want);
+		}
+	}
+	fabep_allreduce_destroy(ar);
+	if (fabep_allreduce(NULL, in, out, 1, 8) != -EINVAL)
+		FAILF("NULL handle accepted");
+done:
+	ret = fabep_comm_destroy(comm);
+	return ret ? 1 : 0;
+}
+
+static void run_err(const char *prov, int size, int which)
+{
+	struct err_run e = { prov, which };
+	int status[8], r;
+
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	fep_test_run_ranks_status(size, 60, err_rank, &e, status);
+	for (r = 0; r < size; r++)
+		ck_assert_msg(status[r] == 0, "%s errors %d: rank %d exited %d",
+			      prov, which, r, status[r]);
+}
+
+START_TEST(err_calls_shm) { run_err("shm", 3, 1); } END_TEST
+START_TEST(err_create_shm) { run_err("shm", 3, 0); } END_TEST
+START_TEST(err_calls_tcp) { run_err("tcp", 2, 1); } END_TEST
+
+START_TEST(heap_bytes)
+{
+	size_t a, b;
+
+	unsetenv("FABEP_AR_ONESTAGE_MAX");
+	a = fabep_allreduce_heap_bytes(128, 7168, FABEP_AR_BF16, 2);
+	b = fabep_allreduce_heap_bytes(8192, 7168, FABEP_AR_BF16, 2);
+	ck_assert(a > 128 * 7168 * 2);
+	ck_assert(b > a);
+	/* every slot set holds at least the input of the largest call */
+	ck_assert(b >= (size_t)8192 * 7168 * 2 * 2);
+	ck_assert_uint_eq(fabep_allreduce_heap_bytes(0, 7168, FABEP_AR_BF16, 2), 0);
+	ck_assert_uint_eq(fabep_allreduce_heap_bytes(8, 0, FABEP_AR_BF16, 2), 0);
+	ck_assert_uint_eq(fabep_allreduce_heap_bytes(8, 8, (fabep_ar_dtype_t)5, 2), 0);
+	ck_assert_uint_eq(fabep_allreduce_heap_bytes(8, 8, FABEP_AR_BF16, 0), 0);
+	ck_assert_uint_eq(fabep_allreduce_heap_bytes((size_t)1 << 40, 1 << 20,
+						     FABEP_AR_BF16, 2), 0);
+}
+END_TEST
+
+static Suite *coll_suite(void)
+{
+	Suite *s = suite_create("coll");
+	TCase *tc = tcase_create("allreduce");
+
+	tcase_set_timeout(tc, 150);
+	tcase_add_test(tc, heap_bytes);
+	tcase_add_test(tc, shm_wide_auto);
+	tcase_add_test(tc, shm_wide_two);
+	tcase_add_test(tc, shm_wide_one);
+	tcase_add_test(tc, shm_narrow_auto);
+	tcase_add_test(tc, shm_narrow_two);
+	tcase_add_test(tc, shm_fp32_two);
+	tcase_add_test(tc, shm_fp32_one);
+	tcase_add_test(tc, shm_1rank);
+	tcase_add_test(tc, shm_8ranks);
+	tcase_add_test(tc, shm_b2b);
+	tcase_add_test(tc, tcp_auto);
+	tcase_add_test(tc, tcp_wide_two);
+	tcase_add_test(tc, sockets_mixed);
+	tcase_add_test(tc, err_calls_shm);
+	tcase_add_test(tc, err_create_shm);
+	tcase_add_test(tc, err_calls_tcp);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(coll_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
