@@ -32,5 +32,18 @@ struct bench_opts {
 
 /* Each part returns 0 on success, else a negative code (message printed). */
 int bench_kernels(const struct bench_opts *o, FILE *out);
+/* -o allreduce|arnorm (utils/bench_coll.c): runs on every rank of comm;
+ * rank 0 prints.  bench_coll_heap_bytes: the heap the communicator needs
+ * for it (fabep_comm_attr_t.heap_size). */
+struct fabep_comm;
+int bench_coll(struct fabep_comm *comm, const struct bench_opts *o, FILE *out);
+size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks);
+
+/* -o dispatch|combine|moe (utils/bench_moe.c): runs on every rank of comm;
+ * rank 0 prints.  bench_moe_heap_bytes: the heap the communicator needs
+ * for it (fabep_comm_attr_t.heap_size). */
+#include "fabep.h"
+int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
+size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks);
 
 #endif

@@ -153,12 +153,8 @@ FEP_T_AVX512 void fep_k_f32_to_bf16_avx512(const float *in, uint16_t *out,
 		}
 	}
 	for (; i + 32 <= i1; i += 32) {
-		__m512i a = fep512_bf16_bits(_mm512_loadu_ps(in + i));
-		__m512i b = fep512_bf16_bits(_mm512_loadu_ps(in + i + 16));
-		/* pack the low halves of a and b, then fix the lane order */
-		__m512i r = _mm512_permutexvar_epi64(
-			_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-			_mm512_packus_epi32(a, b));
+		__m512i r = fep512_f32x2_to_bf16(_mm512_loadu_ps(in + i),
+						 _mm512_loadu_ps(in + i + 16));
 
 		if (nt)
 			_mm512_stream_si512((void *)(out + i), r);

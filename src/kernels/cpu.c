@@ -49,6 +49,8 @@ static const struct fep_k_ops ops_avx512 = {
 	.scatter = fep_k_scatter_avx512,
 };
 
+int fep_k_hw_bf16;
+
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static fabep_isa_t isa_max = FABEP_ISA_SCALAR;
 static fabep_isa_t isa_chosen = FABEP_ISA_SCALAR;
@@ -70,6 +72,8 @@ static void isa_detect(void)
 		    __builtin_cpu_supports("avx512dq"))
 			isa_max = FABEP_ISA_AVX512;
 	}
+	if (isa_max == FABEP_ISA_AVX512 && __builtin_cpu_supports("avx512bf16"))
+		fep_k_hw_bf16 = 1;
 	isa_chosen = isa_max;
 	if (fep_env_str("FABEP_ISA", &env) > 0 && env) {
 		if (fep_k_isa_parse(env, &want) < 0) {
@@ -82,8 +86,8 @@ static void isa_detect(void)
 			isa_chosen = want;
 		}
 	}
-	fep_dbg("kernels: isa %s (cpu max %s)", fabep_isa_name(isa_chosen),
-		fabep_isa_name(isa_max));
+	fep_dbg("kernels: isa %s (cpu max %s%s)", fabep_isa_name(isa_chosen),
+		fabep_isa_name(isa_max), fep_k_hw_bf16 ? ", avx512_bf16" : "");
 }
 
 int fep_k_isa_parse(const char *s, fabep_isa_t *isa)

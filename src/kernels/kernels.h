@@ -227,6 +227,10 @@ struct fep_k_ops {
 const struct fep_k_ops *fep_k_ops(void);
 /* The table of one level, or NULL when the CPU lacks it (tests, bench). */
 const struct fep_k_ops *fep_k_ops_isa(fabep_isa_t isa);
+/* Set at start-up when the CPU has AVX512_BF16: the AVX-512 kernels then
+ * convert fp32 -> bf16 with vcvtne[2]ps2bf16 (bitwise equal results; the
+ * tests clear it to cover the integer path too). */
+extern int fep_k_hw_bf16;
 /* The highest level this CPU supports (ignores FABEP_ISA). */
 fabep_isa_t fep_k_isa_max(void);
 /* Parse "scalar"|"avx2"|"avx512"; -EINVAL otherwise. */
@@ -342,7 +346,12 @@ int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 #include <string.h>
 
 #define FEP_T_AVX2 __attribute__((target("avx2,f16c,fma")))
-#define FEP_T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+/* avx512bf16 is in the target so the hardware bf16 conversion can be
+ * used where the CPU has it (fep_k_hw_bf16); the compiler emits those
+ * instructions only for the explicit intrinsics, which run only when the
+ * flag is set, so the code stays valid on AVX-512 CPUs without BF16. */
+#define FEP_T_AVX512 \
+	__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 /* bodies specialized per dtype by the compiler (constant arguments) */
 #define FEP_INLINE inline __attribute__((always_inline))
 
@@ -401,9 +410,32 @@ static inline FEP_T_AVX512 __m512i fep512_bf16_bits(__m512 v)
 				    _mm512_set1_epi32(0x40));
 }
 
+/* Lanes of v that are fp32 subnormals (exponent 0, mantissa != 0): the
+ * hardware conversion flushes them, so they take the integer path. */
+static inline FEP_T_AVX512 __mmask16 fep512_subnormals(__m512 v)
+{
+	__m512i u = _mm512_castps_si512(v);
+
+	return _mm512_mask_test_epi32_mask(
+		_mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)), u,
+		_mm512_set1_epi32(0x007fffff));
+}
+
+/* 16 fp32 -> 16 bf16, RNE, NaN kept (quietened), subnormals kept. */
 static inline FEP_T_AVX512 __m256i fep512_f32_to_bf16(__m512 v)
 {
+	if (fep_k_hw_bf16 && !fep512_subnormals(v))
+		return (__m256i)_mm512_cvtneps_pbh(v);
 	return _mm512_cvtepi32_epi16(fep512_bf16_bits(v));
+}
+
+/* 32 fp32 (a: first 16, b: next 16) -> 32 bf16 in order. */
+static inline FEP_T_AVX512 __m512i fep512_f32x2_to_bf16(__m512 a, __m512 b)
+{
+	if (fep_k_hw_bf16 && !(fep512_subnormals(a) | fep512_subnormals(b)))
+		return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+	return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+		_mm512_packus_epi32(fep512_bf16_bits(a), fep512_bf16_bits(b)));
 }
 
 static inline FEP_T_AVX512 __m512 fep512_load(const void *p, fep_k_dtype_t dt,

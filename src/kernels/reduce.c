@@ -230,9 +230,7 @@ FEP_T_AVX512 void fep_k_sum_avx512(const fep_k_sum_args_t *a, size_t i0, size_t 
 				acc0 = _mm512_add_ps(acc0, fep512_load(a->in[j], a->dt, i, 0xffff));
 				acc1 = _mm512_add_ps(acc1, fep512_load(a->in[j], a->dt, i + 16, 0xffff));
 			}
-			r = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-				_mm512_packus_epi32(fep512_bf16_bits(acc0),
-						    fep512_bf16_bits(acc1)));
+			r = fep512_f32x2_to_bf16(acc0, acc1);
 			if (nt)
 				_mm512_stream_si512((void *)((uint16_t *)a->out + i), r);
 			else

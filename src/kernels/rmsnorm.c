@@ -159,10 +159,10 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			if (res) {
 				v = _mm512_add_ps(v, fep512_load(res, dt, i, k));
 				if (dt == FEP_K_BF16) {
-					__m512i b = fep512_bf16_bits(v);
-					_mm256_mask_storeu_epi16((uint16_t *)res + i, k,
-								 _mm512_cvtepi32_epi16(b));
-					v = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+					__m256i b = fep512_f32_to_bf16(v);
+					_mm256_mask_storeu_epi16((uint16_t *)res + i, k, b);
+					v = _mm512_castsi512_ps(_mm512_slli_epi32(
+						_mm512_cvtepu16_epi32(b), 16));
 				} else {
 					_mm512_mask_storeu_ps((float *)res + i, k, v);
 				}

@@ -1,0 +1,400 @@
+/*
+ * bench_moe.c - fabep_bench -o dispatch|combine|moe: latency and rate of
+ * expert-parallel dispatch and combine, next to the raw fabep_put rate for
+ * the same bytes per destination, measured in the same run.
+ *
+ * Every rank makes -t random tokens routed to -k distinct experts of -e;
+ * the toy expert returns its input row (so a combine with weights w gives
+ * sum(w) * x).  Timed on rank 0: dispatch (dispatch_send + recv), combine
+ * (send + recv), or both (moe).  Bytes are what this rank puts to other
+ * ranks in the timed phases (payload, scales, metadata, headers); the
+ * reference puts the same number of bytes to each peer with fabep_put and
+ * waits with fabep_flush.  Uses only the public API.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utils/common.h"
+#include "utils/bench.h"
+
+static uint64_t rnd(uint64_t *s)
+{
+	uint64_t x = *s;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*s = x;
+	return x * 0x2545F4914F6CDD1Dull;
+}
+
+static uint16_t f2bf(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void bench_cfg(const struct bench_opts *o, fabep_moe_config_t *cfg)
+{
+	fabep_moe_config_init(cfg);
+	cfg->num_experts = o->experts > 0 ? o->experts : 256;
+	cfg->top_k = o->topk > 0 ? o->topk : 8;
+	cfg->hidden = o->hidden > 0 ? (size_t)o->hidden : 7168;
+	cfg->max_tokens = o->tokens > 0 ? o->tokens : 128;
+	if (o->format && !strcmp(o->format, "fp8")) {
+		cfg->token_type = FABEP_MOE_FP8;
+		cfg->input_type = FABEP_MOE_BF16;
+		cfg->fp8_block = 128;
+	} else if (o->format && !strcmp(o->format, "fp32")) {
+		cfg->token_type = FABEP_MOE_FP32;
+		cfg->combine_type = FABEP_MOE_FP32;
+	}
+}
+
+size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
+{
+	fabep_moe_config_t cfg;
+	size_t rec;
+
+	bench_cfg(o, &cfg);
+	/* the handle, plus the reference's send run and one run per source */
+	rec = cfg.hidden * 8 + 16 * (size_t)cfg.top_k + 64;
+	return fabep_moe_heap_bytes(&cfg, nranks) +
+	       ((size_t)nranks + 1) * ((size_t)cfg.max_tokens * rec + 256) +
+	       (4u << 20);
+}
+
+/* Rank 0 learns whether every rank's check passed (flag words). */
+static int gather_flags(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
+			int mine, int *all_ok)
+{
+	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), r, ret;
+	uint64_t *w = fabep_heap_ptr(comm, words);
+
+	w[size + rank] = (uint64_t)(mine ? 2 : 1);
+	if (rank) {
+		ret = fabep_put_signal(comm, 0, words + 8 * (uint64_t)rank,
+				       words + 8 * (uint64_t)(size + rank), 8, ctr, 1);
+		if (!ret)
+			ret = fabep_flush(comm);
+		return ret;
+	}
+	ret = fabep_wait(comm, ctr, (uint64_t)size - 1);
+	if (ret)
+		return ret;
+	w[0] = w[size];
+	*all_ok = 1;
+	for (r = 0; r < size; r++)
+		if (__atomic_load_n(&w[r], __ATOMIC_ACQUIRE) != 2)
+			*all_ok = 0;
+	return 0;
+}
+
+int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
+{
+	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm);
+	int do_d = strcmp(o->op, "combine") != 0, do_c = strcmp(o->op, "dispatch") != 0;
+	fabep_moe_config_t cfg;
+	fabep_moe_t *moe = NULL;
+	fabep_moe_recv_t rv;
+	long iters = o->iters > 0 ? o->iters : 20;
+	long warmup = o->warmup >= 0 ? o->warmup : 3, it;
+	size_t n, H, k, t, j, h, elt, rec, maxrun = 0, *dbytes = NULL;
+	size_t bytes = 0, nsc, slot, *cbytes = NULL;
+	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
+	uint64_t *lat = NULL, *ref = NULL, t0;
+	int32_t *ids = NULL;
+	float *w = NULL;
+	uint16_t *x = NULL, *outb = NULL, *y = NULL;
+	fabep_off_t rsrc, rdst, flags, fctr;
+	int ret, ok = 1, all_ok = 1, e, d, L;
+	char *seen = NULL;
+
+	bench_cfg(o, &cfg);
+	n = (size_t)cfg.max_tokens;
+	H = cfg.hidden;
+	k = (size_t)cfg.top_k;
+	L = cfg.num_experts / (size > 0 ? size : 1);
+	if (cfg.num_experts % size || cfg.top_k > cfg.num_experts) {
+		fprintf(stderr, "%s: -e %d experts must be a multiple of %d ranks and "
+			"at least -k %d\n", tool_name, cfg.num_experts, size, cfg.top_k);
+		return -EINVAL;
+	}
+	ret = fabep_moe_create(comm, &cfg, &moe);
+	if (ret) {
+		if (ret == -FABEP_ERR_HEAP_FULL && !rank)
+			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
+				bench_moe_heap_bytes(o, size));
+		return tool_fail("fabep_moe_create", ret);
+	}
+	nsc = cfg.token_type == FABEP_MOE_FP8 ? (H + 127) / 128 : 0;
+	elt = cfg.token_type == FABEP_MOE_FP32 ? 4 : cfg.token_type == FABEP_MOE_BF16 ? 2 : 1;
+	rec = (8 + 8 * k + 4 * nsc + 15) / 16 * 16 + elt * H;
+
+	ids = malloc(n * k * sizeof(*ids) + 1);
+	w = malloc(n * k * sizeof(*w) + 1);
+	x = malloc(n * H * 4 + 4);
+	outb = malloc(n * H * 4 + 4);
+	lat = calloc((size_t)iters + 1, sizeof(*lat));
+	ref = calloc((size_t)iters + 1, sizeof(*ref));
+	dbytes = calloc((size_t)size, sizeof(*dbytes));
+	seen = calloc((size_t)size, 1);
+	cbytes = calloc((size_t)size, sizeof(*cbytes));
+	if (!cbytes || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* tokens, distinct experts per token, weights */
+	for (t = 0; t < n; t++) {
+		memset(seen, 0, (size_t)size);
+		for (j = 0; j < k; j++) {
+			int32_t ex;
+			size_t q;
+
+			do {
+				ex = (int32_t)(rnd(&seed) % (uint64_t)cfg.num_experts);
+				for (q = 0; q < j && ids[t * k + q] != ex; q++)
+					;
+			} while (q < j);
+			ids[t * k + j] = ex;
+			w[t * k + j] = (float)(rnd(&seed) % 1000) / 1000.0f + 0.01f;
+			d = ex / L;
+			if (d != rank && !seen[d]) {
+				seen[d] = 1;
+				dbytes[d] += rec;
+			}
+		}
+		for (h = 0; h < H; h++) {
+			float v = (float)((int)(rnd(&seed) % 2001) - 1000) / 500.0f;
+
+			if (cfg.token_type == FABEP_MOE_FP32)
+				((float *)x)[t * H + h] = v;
+			else
+				x[t * H + h] = f2bf(v);
+		}
+	}
+	for (d = 0; d < size; d++)
+		if (d != rank) {
+			dbytes[d] += 64;
+			maxrun = dbytes[d] > maxrun ? dbytes[d] : maxrun;
+		}
+	slot = n * (rec + H * 4) + 256;
+	if ((ret = fabep_heap_alloc(comm, slot, 64, &rsrc)) ||
+	    (ret = fabep_heap_alloc(comm, slot * (size_t)size, 64, &rdst)) ||
+	    (ret = fabep_heap_alloc(comm, 16 * (size_t)size, 64, &flags)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 64, &fctr))) {
+		if (!rank)
+			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
+				bench_moe_heap_bytes(o, size));
+		tool_fail("fabep_heap_alloc", ret);
+		goto out;
+	}
+
+	for (it = -warmup; it < iters; it++) {
+		size_t crow = H * (cfg.combine_type == FABEP_MOE_FP32 ? 4 : 2);
+
+		ret = fabep_barrier(comm);
+		if (ret)
+			goto fail_call;
+		t0 = tool_now_ns();
+		ret = fabep_moe_dispatch(moe, x, NULL, n, ids, w, &rv);
+		if (ret)
+			goto fail_call;
+		if (do_d && it >= 0)
+			lat[it] = tool_now_ns() - t0;
+		/* toy expert: y = x, in the combine type */
+		free(y);
+		y = malloc(rv.rows * crow + 4);
+		if (!y) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		if (cfg.token_type == FABEP_MOE_FP8) {
+			const uint8_t *q = rv.x;
+
+			for (size_t r = 0; r < rv.rows; r++)
+				for (h = 0; h < H; h++) {
+					uint8_t c = q[r * H + h];
+					int ex = (c >> 3) & 15, mt = c & 7;
+					float v = ex ? ldexpf(1.0f + mt / 8.0f, ex - 7)
+						     : ldexpf((float)mt, -9);
+
+					v = (c & 0x80 ? -v : v) * rv.scales[r * nsc + h / 128];
+					y[r * H + h] = f2bf(v);
+				}
+		} else {
+			memcpy(y, rv.x, rv.rows * crow);
+		}
+		if (it == -warmup) {
+			/* combine bytes: one row per distinct token of each peer */
+			char *tk = calloc((size_t)size * n + 1, 1);
+
+			if (!tk) {
+				ret = -ENOMEM;
+				goto out;
+			}
+			for (size_t r = 0; r < rv.rows; r++) {
+				int s = rv.src_info[3 * r];
+				size_t tt = (size_t)rv.src_info[3 * r + 1];
+
+				if (s != rank && !tk[(size_t)s * n + tt]) {
+					tk[(size_t)s * n + tt] = 1;
+					cbytes[s] += crow;
+				}
+			}
+			for (d = 0; d < size; d++)
+				if (d != rank)
+					cbytes[d] += 64;
+			free(tk);
+		}
+		ret = fabep_barrier(comm);
+		if (ret)
+			goto fail_call;
+		t0 = tool_now_ns();
+		ret = fabep_moe_combine(moe, y, H, 0, outb, H, NULL, NULL);
+		if (ret)
+			goto fail_call;
+		if (it >= 0)
+			lat[it] = (do_d ? lat[it] : 0) + (do_c ? tool_now_ns() - t0 : 0);
+		if (o->check && it == iters - 1) {
+			/* out[t] = sum_k w_k * x[t] within the format's error */
+			for (t = 0; t < n && ok; t++) {
+				float sw = 0, amax = 0;
+
+				for (j = 0; j < k; j++)
+					sw += w[t * k + j];
+				for (h = 0; h < H; h++)
+					amax = fmaxf(amax, fabsf(cfg.token_type == FABEP_MOE_FP32 ?
+						((float *)x)[t * H + h] : bf2f(x[t * H + h])));
+				for (h = 0; h < H; h++) {
+					float xv = cfg.token_type == FABEP_MOE_FP32 ?
+						((float *)x)[t * H + h] : bf2f(x[t * H + h]);
+					float v = cfg.combine_type == FABEP_MOE_FP32 ?
+						((float *)outb)[t * H + h] : bf2f(outb[t * H + h]);
+					float tol = sw * fabsf(xv) * 0.03f + 1e-6f;
+
+					if (cfg.token_type == FABEP_MOE_FP8)
+						tol += sw * (fabsf(xv) / 15 + amax / 448 / 500);
+					if (!(fabsf(v - sw * xv) <= tol)) {
+						fprintf(stderr, "%s: rank %d token %zu col %zu: "
+							"%g, want %g\n", tool_name, rank, t,
+							h, v, sw * xv);
+						ok = 0;
+						break;
+					}
+				}
+			}
+		}
+	}
+	/* the reference: the same bytes to each peer with fabep_put */
+	for (it = -warmup; it < iters; it++) {
+		ret = fabep_barrier(comm);
+		if (ret)
+			goto fail_call;
+		t0 = tool_now_ns();
+		for (e = 1; e < size; e++) {
+			int peer = (rank + e) % size;
+			size_t len = 0;
+
+			if (do_d)
+				len += dbytes[peer];
+			if (do_c)
+				len += cbytes[peer];
+			ret = fabep_put(comm, peer, rdst + (uint64_t)rank * slot, rsrc,
+					len);
+			if (ret)
+				goto fail_call;
+		}
+		ret = fabep_flush(comm);
+		if (ret)
+			goto fail_call;
+		if (it >= 0)
+			ref[it] = tool_now_ns() - t0;
+	}
+	for (d = 0; d < size; d++)
+		if (d != rank) {
+			if (do_d)
+				bytes += dbytes[d];
+			if (do_c)
+				bytes += cbytes[d];
+		}
+	ret = gather_flags(comm, flags, fctr, ok, &all_ok);
+	if (ret)
+		goto fail_call;
+	if (!rank) {
+		const char *fmt = o->format ? o->format : "bf16";
+		const char *chk = !o->check ? "off" : all_ok ? "ok" : "failed";
+		double med, mn, rmed, gbps, rgbps;
+
+		qsort(lat, (size_t)iters, sizeof(*lat), cmp_u64);
+		qsort(ref, (size_t)iters, sizeof(*ref), cmp_u64);
+		med = (double)lat[iters / 2] / 1e3;
+		mn = (double)lat[0] / 1e3;
+		rmed = (double)ref[iters / 2] / 1e3;
+		gbps = med > 0 ? (double)bytes / (med * 1e3) : 0;
+		rgbps = rmed > 0 ? (double)bytes / (rmed * 1e3) : 0;
+		if (o->machine)
+			fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
+				"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
+				"min_us: %.1f GBps: %.3f ref_GBps: %.3f ratio: %.3f "
+				"check: %s\n", o->op, fabep_comm_provider(comm), size, n,
+				H, k, cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
+				rgbps > 0 ? gbps / rgbps : 0, chk);
+		else {
+			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
+				"rank 0's figures; bytes = what rank 0 put to other "
+				"ranks; ref = fabep_put of the same bytes\n", tool_name,
+				o->op, fabep_comm_provider(comm), size,
+				fabep_comm_threads(comm));
+			fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %8s "
+				"%6s %6s\n", "op", "fmt", "tokens", "hidden", "topk",
+				"exp", "bytes", "median_us", "min_us", "GB/s", "ref_GB/s",
+				"ratio", "check");
+			fprintf(out, "%-9s %-5s %7zu %6zu %4zu %5d %12zu %11.1f %11.1f "
+				"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, n, H, k,
+				cfg.num_experts, bytes, med, mn, gbps, rgbps,
+				rgbps > 0 ? gbps / rgbps : 0, chk);
+		}
+		fflush(out);
+		if (o->check && !all_ok)
+			ret = -FABEP_ERR_PEER;
+	}
+	goto out;
+fail_call:
+	tool_fail(o->op, ret);
+out:
+	fabep_moe_destroy(moe);
+	free(ids);
+	free(w);
+	free(x);
+	free(outb);
+	free(y);
+	free(lat);
+	free(ref);
+	free(dbytes);
+	free(seen);
+	free(cbytes);
+	return ret;
+}
