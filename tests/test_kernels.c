@@ -114,6 +114,25 @@ static void *xmalloc(size_t n)
 
 static const size_t shapes[] = { 1, 7, 100, 2880, 7168 };
 
+/* Whether the CPU has the hardware bf16 conversion (captured before the
+ * tests change fep_k_hw_bf16). */
+static int hw_bf16_have(void)
+{
+	static int have = -1;
+
+	if (have < 0) {
+		fep_k_isa_max(); /* runs the detection */
+		have = fep_k_hw_bf16;
+	}
+	return have;
+}
+
+/* Run the body with the AVX-512 kernels' hardware bf16 conversion off,
+ * then on where the CPU has it, so both paths are compared. */
+#define FOR_HW_BF16(hw)                                               \
+	for (int hw = 0; hw <= hw_bf16_have() && ((fep_k_hw_bf16 = hw), 1); \
+	     hw++)
+
 /* The vector levels this CPU has (AVX2 and up). */
 #define FOR_VECTOR_LEVELS(isa)                                         \
 	for (fabep_isa_t isa = FABEP_ISA_AVX2; isa <= fep_k_isa_max(); \
@@ -139,6 +158,8 @@ START_TEST(test_isa_names)
 	ck_assert_int_eq(fep_k_ops()->isa, fabep_isa());
 	if (fep_k_isa_max() < FABEP_ISA_AVX512)
 		ck_assert_ptr_null(fep_k_ops_isa(FABEP_ISA_AVX512));
+	EXPECT1(hw_bf16_have() == (fep_k_isa_max() == FABEP_ISA_AVX512 &&
+				   __builtin_cpu_supports("avx512bf16")));
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
 	    __builtin_cpu_supports("avx512dq") && !getenv("FABEP_ISA"))
 		ck_assert_int_eq(fabep_isa(), FABEP_ISA_AVX512);
@@ -248,7 +269,7 @@ START_TEST(test_bf16_vector)
 	const struct fep_k_ops *s = fep_k_ops_isa(FABEP_ISA_SCALAR);
 	size_t k, off;
 
-	FOR_VECTOR_LEVELS(isa) {
+	FOR_HW_BF16(hw) FOR_VECTOR_LEVELS(isa) {
 		const struct fep_k_ops *v = fep_k_ops_isa(isa);
 		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
 			for (off = 0; off < 3; off++)
@@ -511,6 +532,7 @@ START_TEST(test_fp8_vector)
 	int dt, pow2, edges;
 
 	build_e4m3_table();
+	FOR_HW_BF16(hw)
 	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
 		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
 			for (b = 0; b < FEP_ARRAY_SIZE(blocks); b++)
@@ -679,6 +701,7 @@ START_TEST(test_rmsnorm)
 	int idt, odt, res;
 
 	build_e4m3_table();
+	FOR_HW_BF16(hw)
 	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
 		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
 			for (idt = 0; idt < 2; idt++)
@@ -811,6 +834,7 @@ START_TEST(test_topk)
 	unsigned kk;
 	int ydt, odt, wt;
 
+	FOR_HW_BF16(hw)
 	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
 		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
 			for (kk = 0; kk < FEP_ARRAY_SIZE(ks); kk++)
@@ -874,6 +898,7 @@ START_TEST(test_sum)
 	unsigned k;
 	int dt;
 
+	FOR_HW_BF16(hw)
 	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
 		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
 			for (k = 0; k < FEP_ARRAY_SIZE(ns); k++)

@@ -21,6 +21,7 @@
 
 #include "fabep.h"
 #include "harness.h"
+#include "fabric/fabric.h"
 
 struct stress {
 	fabep_signal_t signal;
@@ -341,6 +342,60 @@ START_TEST(strerror_all)
 }
 END_TEST
 
+/* Address and key exchange: what a peer publishes is validated. */
+START_TEST(blob_exchange)
+{
+	struct fep_fab_params p = { 0 };
+	struct fep_fab_blob blobs[2], b;
+	fep_fabric_t *fab;
+	int ret;
+
+	if (!fep_test_have_provider("shm"))
+		return;
+	p.provider = "shm";
+	p.all_local = true;
+	p.rank = 0;
+	p.size = 2;
+	p.timeout_ms = 2000;
+	p.heap_size = 1 << 20;
+	p.numa_node = -1;
+	ret = fep_fabric_open(&p, &fab);
+	ck_assert_msg(ret == 0, "open: %s", fabep_strerror(ret));
+	ck_assert_int_eq(fep_fabric_blob(fab, &b), 0);
+	ck_assert_uint_gt(b.name_len, 0);
+	ck_assert_uint_eq(b.heap_size, fab->heap_size);
+
+	blobs[0] = blobs[1] = b;
+	blobs[1].magic ^= 1;
+	ck_assert_int_eq(fep_fabric_connect(fab, blobs), -FABEP_ERR_PROTOCOL);
+	blobs[1] = b;
+	blobs[1].name_len = sizeof(b.name) + 1;
+	ck_assert_int_eq(fep_fabric_connect(fab, blobs), -FABEP_ERR_PROTOCOL);
+	blobs[1] = b;
+	blobs[1].raw_key_len = sizeof(b.raw_key) + 1;
+	ck_assert_int_eq(fep_fabric_connect(fab, blobs), -FABEP_ERR_PROTOCOL);
+	blobs[1] = b;
+	blobs[1].heap_size += 4096;
+	ck_assert_int_eq(fep_fabric_connect(fab, blobs), -FABEP_ERR_MISMATCH);
+	blobs[1] = b;
+	blobs[1].signal = b.signal == FABEP_SIGNAL_CQDATA ? FABEP_SIGNAL_DELIVERY
+							  : FABEP_SIGNAL_CQDATA;
+	ck_assert_int_eq(fep_fabric_connect(fab, blobs), -FABEP_ERR_MISMATCH);
+	fep_fabric_close(fab);
+
+	/* a fresh fabric takes the good pair; keys and bases are recorded */
+	ret = fep_fabric_open(&p, &fab);
+	ck_assert_int_eq(ret, 0);
+	ck_assert_int_eq(fep_fabric_blob(fab, &b), 0);
+	blobs[0] = blobs[1] = b;
+	ck_assert_int_eq(fep_fabric_connect(fab, blobs), 0);
+	ck_assert_uint_eq(fab->peers[1].key, b.key);
+	ck_assert_uint_eq(fab->peers[1].base,
+			  (fab->mr_mode & FI_MR_VIRT_ADDR) ? b.heap_base : 0);
+	fep_fabric_close(fab);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("signal");
@@ -379,6 +434,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, unsupported_signal);
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);
+	tcase_add_test(tc, blob_exchange);
 	suite_add_tcase(s, tc);
 	return s;
 }

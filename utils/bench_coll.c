@@ -245,10 +245,18 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			ret = tool_fail("allocating timings", -ENOMEM);
 			goto out;
 		}
-		/* fused and reference interleaved, so drift hits both alike */
+		/* fused and reference interleaved, so drift hits both alike;
+		 * each timed step starts from a barrier, so neither absorbs the
+		 * peers' lag from the step before */
 		for (k = -warm; k < iters; k++) {
-			uint64_t t0 = tool_now_ns(), t1, tw = 0;
+			uint64_t t0, t1, tw = 0;
 
+			ret = fabep_barrier(comm);
+			if (ret) {
+				ret = tool_fail("fabep_barrier", ret);
+				goto out;
+			}
+			t0 = tool_now_ns();
 			ret = arnorm ? fabep_allreduce_rmsnorm_fp8(ar, b.in, rows, b.cols,
 								   &p, b.q, b.scales)
 				     : fabep_allreduce(ar, b.in, b.sum, rows, b.cols);
@@ -258,7 +266,10 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				goto out;
 			}
 			if (arnorm) {
-				ret = separate(comm, ar, &b, dt, rows);
+				ret = fabep_barrier(comm);
+				t1 = tool_now_ns();
+				if (!ret)
+					ret = separate(comm, ar, &b, dt, rows);
 				tw = tool_now_ns() - t1;
 			} else {
 				ret = raw_write(comm, wsrc, wdst, bytes, &tw);

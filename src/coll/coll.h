@@ -16,7 +16,7 @@
 /* The one-stage threshold when FABEP_AR_ONESTAGE_MAX is not set: input
  * bytes per rank.  Measured with fabep_bench -o arnorm on shm (see the
  * comment at its definition in allreduce.c). */
-#define FEP_AR_ONESTAGE_DEFAULT ((size_t)256 << 10)
+#define FEP_AR_ONESTAGE_DEFAULT ((size_t)32 << 10)
 
 /* Every slot and allgather block starts with this header, written in the
  * same fi_write as the data that follows it. */
