@@ -34,6 +34,8 @@ struct bench_part {
 	int (*local)(const struct bench_opts *o, FILE *out);
 	bench_rank_fn rank;
 	int default_ranks;  /* local ranks forked when -n is not given */
+	/* the heap the part needs (NULL: the write sizes decide) */
+	size_t (*heap)(const struct bench_opts *o, int nranks);
 };
 
 static int bench_write(fabep_comm_t *comm, const struct bench_opts *o,
@@ -47,14 +49,18 @@ static int bench_write(fabep_comm_t *comm, const struct bench_opts *o,
  */
 static const struct bench_part parts[] = {
 	{ "write", "raw put bandwidth between 2 ranks (reference rate)",
-	  NULL, bench_write, 2 },
+	  NULL, bench_write, 2, NULL },
 	{ "kernels", "local compute kernels (GB/s per kernel and ISA level)",
-	  bench_kernels, NULL, 0 },
-	{ "dispatch", "expert-parallel dispatch", NULL, NULL, 2 },
-	{ "combine", "expert-parallel combine", NULL, NULL, 2 },
-	{ "moe", "dispatch + combine, as one MoE layer", NULL, NULL, 2 },
-	{ "allreduce", "sum allreduce", NULL, NULL, 2 },
-	{ "arnorm", "allreduce + RMSNorm + FP8", NULL, NULL, 2 },
+	  bench_kernels, NULL, 0, NULL },
+	{ "dispatch", "expert-parallel dispatch", NULL, bench_moe, 2,
+	  bench_moe_heap_bytes },
+	{ "combine", "expert-parallel combine", NULL, bench_moe, 2,
+	  bench_moe_heap_bytes },
+	{ "moe", "dispatch + combine, as one MoE layer", NULL, bench_moe, 2,
+	  bench_moe_heap_bytes },
+	{ "allreduce", "sum allreduce", NULL, bench_coll, 2, bench_coll_heap_bytes },
+	{ "arnorm", "allreduce + RMSNorm + FP8", NULL, bench_coll, 2,
+	  bench_coll_heap_bytes },
 };
 
 #define NPARTS ((int)(sizeof(parts) / sizeof(parts[0])))
@@ -332,9 +338,16 @@ int main(int argc, char **argv)
 	bo.nranks = o->nranks;
 
 	fabep_comm_attr_init(&attr);
-	need = 2 * o->sizes[o->nsizes - 1] + (1u << 20);
-	if (need > (64u << 20))
-		attr.heap_size = need;
+	if (part->heap) {
+		/* under mpirun/srun the rank count is only known inside the
+		 * ranks: there FABEP_HEAP_SIZE must be large enough */
+		if (o->nranks)
+			attr.heap_size = part->heap(&bo, o->nranks);
+	} else {
+		need = 2 * o->sizes[o->nsizes - 1] + (1u << 20);
+		if (need > (64u << 20))
+			attr.heap_size = need;
+	}
 	ctx.part = part;
 	ctx.bo = &bo;
 	return tool_run(&bench_desc, o, &attr,

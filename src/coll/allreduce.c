@@ -721,8 +721,7 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 		if (h->dt == FEP_K_F32)
 			gamma = p->gamma;
 		else {
-			for (i = 0; i < cols; i++)
-				h->gamma32[i] = fep_bf16_to_f32(((const uint16_t *)p->gamma)[i]);
+			fep_k_ops()->bf16_to_f32(p->gamma, h->gamma32, 0, cols);
 			gamma = h->gamma32;
 		}
 	}
