@@ -42,10 +42,12 @@ static const int pp_accept[] = {
 };
 
 static const struct tool_help pp_help[] = {
-	{ 'o', "write|signal|writedata",
+	{ 'o', "write|signal|writedata[,...]",
 	  "write: fabep_put, the receiver polls the payload's last word; "
 	  "signal: fabep_put_signal + fabep_wait (default); "
-	  "writedata: as signal, with the cqdata strategy (fi_writedata)" },
+	  "writedata: as signal, with the cqdata strategy (fi_writedata); "
+	  "a list (e.g. write,signal) runs each in one run and compares "
+	  "each with the first" },
 	{ 'I', NULL,
 	  "timed iterations per size (default: 10000 below 64k, 1000 below 1M, "
 	  "100 from 1M; with -b windows: 1000, 100, 10)" },
@@ -81,8 +83,15 @@ static const struct tool_desc pp_desc = {
 		"Exit status: 0 success, 1 a run failed, 2 bad command line.\n",
 };
 
+#define PP_MAX_OPS 3
+#define PP_MAX_SIZES 64
+
 struct pp_ctx {
-	enum pp_op op;
+	enum pp_op ops[PP_MAX_OPS];  /* -o a,b: run each, in one communicator */
+	int nops;
+	enum pp_op op;               /* the op being run */
+	double mbps[PP_MAX_OPS][PP_MAX_SIZES];
+	double usec[PP_MAX_OPS][PP_MAX_SIZES];
 };
 
 /* Wait until the flag at p reads `want`, driving progress; spin, then
@@ -228,9 +237,56 @@ static int pp_latency(struct tool_rma *r, enum pp_op op, size_t len,
 	return 0;
 }
 
+static int pp_rank_op(fabep_comm_t *comm, const struct tool_opts *o,
+		      struct pp_ctx *ctx, int k);
+
+/* With several ops, each runs over every size, then a comparison of each
+ * op with the first (MB/sec ratio) is printed. */
 static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 {
-	const struct pp_ctx *ctx = arg;
+	struct pp_ctx *ctx = arg;
+	int k, s, ret, report = fabep_comm_rank(comm) == 0 || o->host;
+	char b[32];
+
+	for (k = 0; k < ctx->nops; k++) {
+		ctx->op = ctx->ops[k];
+		ret = pp_rank_op(comm, o, ctx, k);
+		if (ret)
+			return ret;
+	}
+	if (ctx->nops < 2 || !report)
+		return 0;
+	if (!o->machine)
+		printf("# %s vs %s, same run: MB/sec ratio (1.00 = as fast)\n"
+		       "%-8s%12s%12s%12s%12s%8s\n", pp_op_names[ctx->ops[1]],
+		       pp_op_names[ctx->ops[0]], "bytes", "usec_a", "usec_b",
+		       "MBps_a", "MBps_b", "ratio");
+	for (k = 1; k < ctx->nops; k++)
+		for (s = 0; s < o->nsizes && s < PP_MAX_SIZES; s++) {
+			double ratio = ctx->mbps[0][s] > 0 ?
+				ctx->mbps[k][s] / ctx->mbps[0][s] : 0;
+
+			if (o->machine)
+				printf("op: compare mode: %s provider: %s a: %s b: %s "
+				       "bytes: %zu usec_a: %.3f usec_b: %.3f MBps_a: "
+				       "%.2f MBps_b: %.2f ratio: %.3f\n",
+				       o->bandwidth ? "bw" : "lat",
+				       fabep_comm_provider(comm),
+				       pp_op_names[ctx->ops[0]], pp_op_names[ctx->ops[k]],
+				       o->sizes[s], ctx->usec[0][s], ctx->usec[k][s],
+				       ctx->mbps[0][s], ctx->mbps[k][s], ratio);
+			else
+				printf("%-8s%12.2f%12.2f%12.2f%12.2f%8.3f\n",
+				       tool_size_str(b, sizeof(b), o->sizes[s]),
+				       ctx->usec[0][s], ctx->usec[k][s],
+				       ctx->mbps[0][s], ctx->mbps[k][s], ratio);
+		}
+	return 0;
+}
+
+static int pp_rank_op(fabep_comm_t *comm, const struct tool_opts *o,
+		      struct pp_ctx *ctx, int k)
+{
 	int window = o->window ? o->window : 64;
 	struct tool_rma r;
 	int report, ret;
@@ -270,6 +326,10 @@ static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 		}
 		if (ret)
 			return ret;
+		if (s < PP_MAX_SIZES && row.xfers && row.ns) {
+			ctx->usec[k][s] = (double)row.ns / 1000.0 / (double)row.xfers;
+			ctx->mbps[k][s] = (double)len / ctx->usec[k][s];
+		}
 		if (report)
 			tool_print_row(stdout, o, &row);
 	}
@@ -283,7 +343,7 @@ int main(int argc, char **argv)
 {
 	static const size_t default_sizes[] = { 64, 4096, 65536, 1 << 20 };
 	struct tool_opts o;
-	struct pp_ctx ctx = { .op = PP_SIGNAL };
+	static struct pp_ctx ctx = { .ops = { PP_SIGNAL }, .nops = 1 };
 	fabep_comm_attr_t attr;
 	size_t need;
 	int found = 0;
@@ -291,16 +351,34 @@ int main(int argc, char **argv)
 	tool_parse(&pp_desc, argc, argv, &o);
 
 	if (o.op) {
-		for (int i = 0; i < 3; i++) {
-			if (!strcmp(o.op, pp_op_names[i])) {
-				ctx.op = (enum pp_op)i;
-				found = 1;
-			}
+		char list[64], *tok, *save = NULL;
+
+		snprintf(list, sizeof(list), "%s", o.op);
+		ctx.nops = 0;
+		for (tok = strtok_r(list, ",", &save); tok;
+		     tok = strtok_r(NULL, ",", &save)) {
+			found = 0;
+			for (int i = 0; i < 3; i++)
+				if (!strcmp(tok, pp_op_names[i])) {
+					if (ctx.nops == PP_MAX_OPS)
+						tool_usage_error(&pp_desc, "-o: at most %d "
+								 "operations", PP_MAX_OPS);
+					ctx.ops[ctx.nops++] = (enum pp_op)i;
+					found = 1;
+				}
+			if (!found)
+				tool_usage_error(&pp_desc, "unknown operation '%s' for -o: "
+						 "expected write, signal or writedata "
+						 "(or a comma-separated list)", tok);
 		}
-		if (!found)
-			tool_usage_error(&pp_desc, "unknown operation '%s' for -o: "
-					 "expected write, signal or writedata", o.op);
+		if (!ctx.nops)
+			tool_usage_error(&pp_desc, "-o needs an operation");
 	}
+	for (int k = 0; k < ctx.nops; k++)
+		if (ctx.ops[k] == PP_WRITEDATA && ctx.nops > 1)
+			tool_usage_error(&pp_desc, "writedata forces the cqdata strategy "
+					 "for the whole run: give it alone, or compare "
+					 "with FABEP_SIGNAL=cqdata and -o write,signal");
 	if (o.server && o.host)
 		tool_usage_error(&pp_desc, "-s (server) and HOST (client) exclude each other");
 	if ((o.server || o.host) && o.nranks)
@@ -317,12 +395,12 @@ int main(int argc, char **argv)
 	}
 	if (!o.server && !o.host && !o.nranks && !tool_in_job())
 		o.nranks = 2;
-	if (ctx.op == PP_WRITEDATA)
+	if (ctx.ops[0] == PP_WRITEDATA)
 		o.signal = FABEP_SIGNAL_CQDATA;
 
 	fabep_comm_attr_init(&attr);
 	/* Send and receive buffers of the largest size, and a counter. */
-	need = 2 * o.sizes[o.nsizes - 1] + (1u << 20);
+	need = (size_t)ctx.nops * (2 * o.sizes[o.nsizes - 1] + (1u << 20));
 	if (need > (64u << 20))
 		attr.heap_size = need;
 	return tool_run(&pp_desc, &o, &attr, 300, pp_rank, &ctx);
