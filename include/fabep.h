@@ -290,7 +290,17 @@ typedef struct fabep_moe_config {
 	int fp8_block;     /* FP8: 0 = one scale per token, else a multiple of 16 */
 	fabep_moe_type_t combine_type; /* FP32 or BF16: expert outputs and combine output */
 	int buffer_sets;   /* dispatches that may be outstanding; 0 = 2 */
+	unsigned flags;    /* FABEP_MOE_ZERO_COPY; 0 = default */
 } fabep_moe_config_t;
+
+/* Config flags */
+/* Dispatch leaves the received rows where they landed (the receive slots)
+ * instead of copying them into expert-major order: fabep_moe_recv_t's
+ * row_index then lists, in expert-major order, the slot row of each
+ * (token, expert) pair (what a grouped matmul that takes row ids, such as
+ * llama.cpp's mul_mat_id, consumes), and the rows stay valid only until
+ * the combine of that dispatch. */
+#define FABEP_MOE_ZERO_COPY 1u
 
 typedef struct fabep_moe fabep_moe_t;
 
@@ -318,9 +328,17 @@ FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
  * What dispatch delivers to an expert rank: the rows it received, in
  * expert-major order (the rows of local expert i are
  * [row_offsets[i], row_offsets[i + 1]); within an expert by source rank,
- * then token index, then k).  The buffers belong to the handle and stay
- * valid until the dispatch that reuses this buffer set (buffer_sets
- * dispatches later) or fabep_moe_destroy.
+ * then token index, then k).  Row r's values start at
+ *     (const char *)x + row_index[r] * row_stride
+ * and its FP8 scales at scales + row_index[r] * scale_stride.  By default
+ * the rows are copied in that order (row_index[r] == r, row_stride the
+ * row size, scale_stride scales_per_row), and the buffers belong to the
+ * handle and stay valid until the dispatch that reuses this buffer set
+ * (buffer_sets dispatches later) or fabep_moe_destroy.  With
+ * FABEP_MOE_ZERO_COPY nothing is copied: x and scales point into the
+ * receive slots (a row received once for several local experts appears
+ * once per expert in row_index, with the same slot row), and they stay
+ * valid until this dispatch's combine (send half) begins.
  */
 typedef struct fabep_moe_recv {
 	size_t rows;                 /* rows received */
@@ -334,6 +352,9 @@ typedef struct fabep_moe_recv {
 	const uint32_t *expert_counts; /* [local_experts]: rows per expert (load) */
 	const int32_t *src_info;     /* [rows, 3]: source rank, token index, k */
 	const float *weights;        /* [rows]: the router weight of each row */
+	const int32_t *row_index;    /* [rows]: slot row of expert-major row r */
+	size_t row_stride;           /* bytes between slot rows of x */
+	size_t scale_stride;         /* FP8: floats between slot rows of scales */
 } fabep_moe_recv_t;
 
 /*
@@ -386,6 +407,27 @@ FABEP_API int fabep_moe_combine_recv(fabep_moe_t *moe, void *out, size_t ld_out,
 FABEP_API int fabep_moe_combine(fabep_moe_t *moe, const void *y, size_t ld_y,
 				unsigned flags, void *out, size_t ld_out,
 				fabep_moe_row_fn cb, void *cb_ctx);
+
+/*
+ * Where the time of this rank's last dispatch and last combine went, in
+ * nanoseconds (each field the last call's; 0 before the first):
+ *   dispatch: pack (checks, routing, FP8 quantization, packing the runs),
+ *     put (posting the writes and signals), wait (until every peer's run
+ *     arrived, with the header checks), build (the expert-major rows and
+ *     their metadata);
+ *   combine: reduce (the weighted sums on the expert rank), put, wait,
+ *     sum (the final sum into out).
+ * put + wait is the wire time; wire_bytes what this rank wrote to other
+ * ranks (headers included).  Not collective; NULL arguments give -EINVAL.
+ */
+typedef struct fabep_moe_timing {
+	uint64_t dispatch_pack_ns, dispatch_put_ns, dispatch_wait_ns,
+		 dispatch_build_ns;
+	uint64_t combine_reduce_ns, combine_put_ns, combine_wait_ns,
+		 combine_sum_ns;
+	uint64_t dispatch_wire_bytes, combine_wire_bytes;
+} fabep_moe_timing_t;
+FABEP_API int fabep_moe_timing(const fabep_moe_t *moe, fabep_moe_timing_t *out);
 /* @@EP-END@@ */
 
 /* ------------------------------------------------------------------ */

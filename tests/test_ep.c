@@ -6,6 +6,9 @@
  * with the single-process reference below, what it must receive (rows in
  * expert-major order, offsets, source info, weights, scales) and what its
  * combine must return.  The toy expert multiplies a row by 1 + (e % 4) / 4.
+ * Rows are read through row_index / row_stride / scale_stride, so the same
+ * checks cover the default (copied, row_index the identity, checked) and
+ * the FABEP_MOE_ZERO_COPY result.
  */
 #include "config.h"
 
@@ -34,6 +37,7 @@ struct params {
 	int mismatch;     /* rank 1 asks for another hidden size */
 	int heap_small;
 	int threads;
+	int zcopy;        /* FABEP_MOE_ZERO_COPY */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -165,14 +169,15 @@ static float expert_scale(int e)
 static float recv_val(const struct params *p, const fabep_moe_recv_t *rv,
 		      size_t r, size_t h)
 {
-	size_t H = (size_t)p->hidden;
+	size_t i = (size_t)rv->row_index[r];
+	const char *row = (const char *)rv->x + i * rv->row_stride;
 
 	switch (p->tt) {
-	case FABEP_MOE_FP32: return ((const float *)rv->x)[r * H + h];
-	case FABEP_MOE_BF16: return bf16_to_f(((const uint16_t *)rv->x)[r * H + h]);
+	case FABEP_MOE_FP32: return ((const float *)row)[h];
+	case FABEP_MOE_BF16: return bf16_to_f(((const uint16_t *)row)[h]);
 	default:
-		return e4m3_dec(((const uint8_t *)rv->x)[r * H + h]) *
-		       rv->scales[r * rv->scales_per_row +
+		return e4m3_dec(((const uint8_t *)row)[h]) *
+		       rv->scales[i * rv->scale_stride +
 				  (p->block ? h / (size_t)p->block : 0)];
 	}
 }
@@ -206,6 +211,31 @@ static int check_recv(const struct params *p, int rank, int size,
 		fprintf(stderr, "rank %d: local experts %d first %d\n", rank,
 			rv->local_experts, rv->first_expert);
 		return -1;
+	}
+	if (rv->rows && (!rv->row_index || rv->row_stride < H * tsize(p->tt) ||
+			 (p->tt >= FABEP_MOE_FP8 &&
+			  rv->scale_stride < rv->scales_per_row))) {
+		fprintf(stderr, "rank %d: row_index %p, row_stride %zu, scale_stride "
+			"%zu\n", rank, (const void *)rv->row_index, rv->row_stride,
+			rv->scale_stride);
+		return -1;
+	}
+	if (!p->zcopy) {
+		/* the default: rows copied in order, contiguous */
+		if (rv->rows && (rv->row_stride != H * tsize(p->tt) ||
+				 (p->tt >= FABEP_MOE_FP8 &&
+				  rv->scale_stride != rv->scales_per_row))) {
+			fprintf(stderr, "rank %d: copied rows with stride %zu/%zu\n",
+				rank, rv->row_stride, rv->scale_stride);
+			return -1;
+		}
+		for (r = 0; r < rv->rows; r++)
+			if (rv->row_index[r] != (int32_t)r) {
+				fprintf(stderr, "rank %d: row_index[%zu] = %d\n", rank,
+					r, rv->row_index[r]);
+				return -1;
+			}
+		r = 0;
 	}
 	for (e = 0; e < L; e++) {
 		int ge = rank * L + e;
@@ -348,6 +378,7 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	cfg->input_type = p->it;
 	cfg->combine_type = p->ct;
 	cfg->fp8_block = p->block;
+	cfg->flags = p->zcopy ? FABEP_MOE_ZERO_COPY : 0;
 	fabep_comm_attr_init(&a);
 	a.threads = p->threads ? p->threads : 1;
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
@@ -626,6 +657,25 @@ EP_TEST(shm2_big_7168, "shm", 2, .rounds = 3, .hidden = 7168, .topk = 8,
 EP_TEST(shm3_split_backward, "shm", 3, .rounds = 40, .experts = 6, .split = 1, .backward = 1,
 	.routing = R_NEG)
 EP_TEST(shm2_outstanding, "shm", 2, .rounds = 30, .outstanding = 1)
+/* zero-copy receive: the same reference, rows read in place */
+EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
+EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
+	.experts = 8, .zcopy = 1)
+EP_TEST(zc_shm3_fp32_neg_split, "shm", 3, .rounds = 40, .tt = FABEP_MOE_FP32,
+	.ct = FABEP_MOE_FP32, .routing = R_NEG, .topk = 5, .experts = 9,
+	.split = 1, .backward = 1, .zcopy = 1)
+EP_TEST(zc_shm4_fp8_block, "shm", 4, .rounds = 20, .tt = FABEP_MOE_FP8,
+	.block = 128, .hidden = 300, .topk = 4, .experts = 12, .zcopy = 1)
+EP_TEST(zc_shm2_fp8_pre, "shm", 2, .rounds = 20, .tt = FABEP_MOE_FP8_PREQUANT,
+	.block = 16, .ct = FABEP_MOE_FP32, .zcopy = 1)
+EP_TEST(zc_shm2_big_7168, "shm", 2, .rounds = 2, .hidden = 7168, .topk = 8,
+	.experts = 16, .max_tokens = 24, .threads = 2, .tt = FABEP_MOE_FP8,
+	.block = 128, .zcopy = 1)
+EP_TEST(zc_shm2_fp8_tok, "shm", 2, .rounds = 20, .tt = FABEP_MOE_FP8,
+	.it = FABEP_MOE_FP32, .ct = FABEP_MOE_FP32, .routing = R_NEG, .zcopy = 1)
+EP_TEST(zc_shm2_outstanding, "shm", 2, .rounds = 12, .outstanding = 1, .zcopy = 1)
+EP_TEST(zc_tcp2_fp8, "tcp", 2, .rounds = 10, .tt = FABEP_MOE_FP8, .block = 128,
+	.hidden = 256, .split = 1, .zcopy = 1)
 /* errors */
 EP_TEST(bad_range, "shm", 3, .rounds = 3, .experts = 12, .bad = B_RANGE, .bad_rank = 1)
 EP_TEST(bad_too_many, "shm", 4, .rounds = 3, .bad = B_TOO_MANY, .bad_rank = 3)
@@ -638,6 +688,26 @@ EP_TEST(tcp2_fp8, "tcp", 2, .rounds = 10, .tt = FABEP_MOE_FP8, .block = 128,
 	.hidden = 256, .split = 1)
 EP_TEST(tcp2_bad, "tcp", 2, .rounds = 3, .bad = B_RANGE, .bad_rank = 1)
 EP_TEST(sockets2_small, "sockets", 2, .rounds = 5, .hidden = 16)
+
+/* Unknown config flags: no heap size, and fabep_moe_timing's NULL checks. */
+START_TEST(bad_flags)
+{
+	fabep_moe_config_t c;
+	fabep_moe_timing_t t;
+
+	fabep_moe_config_init(&c);
+	c.num_experts = 4;
+	c.top_k = 2;
+	c.hidden = 16;
+	c.max_tokens = 8;
+	ck_assert_uint_gt(fabep_moe_heap_bytes(&c, 2), 0);
+	c.flags = FABEP_MOE_ZERO_COPY;
+	ck_assert_uint_gt(fabep_moe_heap_bytes(&c, 2), 0);
+	c.flags = 0x100;
+	ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
+	ck_assert_int_eq(fabep_moe_timing(NULL, &t), -EINVAL);
+}
+END_TEST
 
 static Suite *ep_suite(void)
 {
@@ -659,6 +729,16 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, shm2_big_7168);
 	tcase_add_test(tc, shm3_split_backward);
 	tcase_add_test(tc, shm2_outstanding);
+	tcase_add_test(tc, bad_flags);
+	tcase_add_test(tc, zc_one_rank);
+	tcase_add_test(tc, zc_shm2_bf16);
+	tcase_add_test(tc, zc_shm3_fp32_neg_split);
+	tcase_add_test(tc, zc_shm4_fp8_block);
+	tcase_add_test(tc, zc_shm2_fp8_pre);
+	tcase_add_test(tc, zc_shm2_big_7168);
+	tcase_add_test(tc, zc_shm2_fp8_tok);
+	tcase_add_test(tc, zc_shm2_outstanding);
+	tcase_add_test(tc, zc_tcp2_fp8);
 	tcase_add_test(tc, bad_range);
 	tcase_add_test(tc, bad_too_many);
 	tcase_add_test(tc, bad_null);

@@ -245,41 +245,45 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			ret = tool_fail("allocating timings", -ENOMEM);
 			goto out;
 		}
-		/* fused and reference interleaved, so drift hits both alike;
-		 * each timed step starts from a barrier, so neither absorbs the
-		 * peers' lag from the step before */
+		/* fused and reference interleaved, so drift hits both alike,
+		 * in alternating order (the first step after a barrier was seen
+		 * to run slower on a loaded machine); each timed step starts
+		 * from a barrier, so neither absorbs the peers' lag */
 		for (k = -warm; k < iters; k++) {
-			uint64_t t0, t1, tw = 0;
+			uint64_t tf = 0, tw = 0;
+			int step;
 
-			ret = fabep_barrier(comm);
-			if (ret) {
-				ret = tool_fail("fabep_barrier", ret);
-				goto out;
-			}
-			t0 = tool_now_ns();
-			ret = arnorm ? fabep_allreduce_rmsnorm_fp8(ar, b.in, rows, b.cols,
-								   &p, b.q, b.scales)
-				     : fabep_allreduce(ar, b.in, b.sum, rows, b.cols);
-			t1 = tool_now_ns();
-			if (ret) {
-				ret = tool_fail(o->op, ret);
-				goto out;
-			}
-			if (arnorm) {
+			for (step = 0; step < 2; step++) {
+				int fused = (step == 0) == ((k & 1) == 0);
+				uint64_t t0;
+
 				ret = fabep_barrier(comm);
-				t1 = tool_now_ns();
-				if (!ret)
+				if (ret) {
+					ret = tool_fail("fabep_barrier", ret);
+					goto out;
+				}
+				t0 = tool_now_ns();
+				if (fused) {
+					ret = arnorm ? fabep_allreduce_rmsnorm_fp8(ar, b.in, rows,
+										   b.cols, &p, b.q,
+										   b.scales)
+						     : fabep_allreduce(ar, b.in, b.sum, rows,
+								       b.cols);
+					tf = tool_now_ns() - t0;
+				} else if (arnorm) {
 					ret = separate(comm, ar, &b, dt, rows);
-				tw = tool_now_ns() - t1;
-			} else {
-				ret = raw_write(comm, wsrc, wdst, bytes, &tw);
-			}
-			if (ret) {
-				ret = tool_fail(arnorm ? "separate steps" : "raw write", ret);
-				goto out;
+					tw = tool_now_ns() - t0;
+				} else {
+					ret = raw_write(comm, wsrc, wdst, bytes, &tw);
+				}
+				if (ret) {
+					ret = tool_fail(fused ? o->op : arnorm ? "separate steps" :
+							"raw write", ret);
+					goto out;
+				}
 			}
 			if (k >= 0) {
-				t[k] = t1 - t0;
+				t[k] = tf;
 				tr[k] = tw;
 			}
 		}

@@ -10,6 +10,13 @@
  * ranks in the timed phases (payload, scales, metadata, headers); the
  * reference puts the same number of bytes to each peer with fabep_put and
  * waits with fabep_flush.  Uses only the public API.
+ *
+ * Beside the whole phase, from fabep_moe_timing() of the same calls: the
+ * wire time (posting the puts and waiting for the peers' runs) and the
+ * local work (pack + build, or reduce + final sum), the latter next to a
+ * memcpy of the same bytes (half of what the local work reads and writes)
+ * timed in the same process.  FABEP_BENCH_ZERO_COPY=1 creates the handle
+ * with FABEP_MOE_ZERO_COPY.
  */
 #include "config.h"
 
@@ -63,6 +70,12 @@ static void bench_cfg(const struct bench_opts *o, fabep_moe_config_t *cfg)
 	cfg->top_k = o->topk > 0 ? o->topk : 8;
 	cfg->hidden = o->hidden > 0 ? (size_t)o->hidden : 7168;
 	cfg->max_tokens = o->tokens > 0 ? o->tokens : 128;
+	{
+		const char *z = getenv("FABEP_BENCH_ZERO_COPY");
+
+		if (z && *z && strcmp(z, "0"))
+			cfg->flags |= FABEP_MOE_ZERO_COPY;
+	}
 	if (o->format && !strcmp(o->format, "fp8")) {
 		cfg->token_type = FABEP_MOE_FP8;
 		cfg->input_type = FABEP_MOE_BF16;
@@ -124,7 +137,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	size_t n, H, k, t, j, h, elt, rec, maxrun = 0, *dbytes = NULL;
 	size_t bytes = 0, nsc, slot, *cbytes = NULL;
 	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
-	uint64_t *lat = NULL, *ref = NULL, t0;
+	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
+	fabep_moe_timing_t tm;
+	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0;
+	char *mbuf = NULL;
 	int32_t *ids = NULL;
 	float *w = NULL;
 	uint16_t *x = NULL, *outb = NULL, *y = NULL;
@@ -158,16 +174,22 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	x = malloc(n * H * 4 + 4);
 	outb = malloc(n * H * 4 + 4);
 	lat = calloc((size_t)iters + 1, sizeof(*lat));
+	wire = calloc((size_t)iters + 1, sizeof(*wire));
+	loc = calloc((size_t)iters + 1, sizeof(*loc));
+	mcp = calloc((size_t)iters + 1, sizeof(*mcp));
 	ref = calloc((size_t)iters + 1, sizeof(*ref));
 	dbytes = calloc((size_t)size, sizeof(*dbytes));
 	seen = calloc((size_t)size, 1);
 	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	if (!cbytes || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen) {
+	if (!cbytes || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
+	    !wire || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
 	}
 	/* tokens, distinct experts per token, weights */
 	for (t = 0; t < n; t++) {
+		size_t nd = 0;
+
 		memset(seen, 0, (size_t)size);
 		for (j = 0; j < k; j++) {
 			int32_t ex;
@@ -181,11 +203,14 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			ids[t * k + j] = ex;
 			w[t * k + j] = (float)(rnd(&seed) % 1000) / 1000.0f + 0.01f;
 			d = ex / L;
-			if (d != rank && !seen[d]) {
+			if (!seen[d]) {
 				seen[d] = 1;
-				dbytes[d] += rec;
+				nd++;
+				if (d != rank)
+					dbytes[d] += rec;
 			}
 		}
+		recs_all += nd;  /* records packed, self included */
 		for (h = 0; h < H; h++) {
 			float v = (float)((int)(rnd(&seed) % 2001) - 1000) / 500.0f;
 
@@ -222,8 +247,12 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		ret = fabep_moe_dispatch(moe, x, NULL, n, ids, w, &rv);
 		if (ret)
 			goto fail_call;
-		if (do_d && it >= 0)
+		if (do_d && it >= 0) {
 			lat[it] = tool_now_ns() - t0;
+			fabep_moe_timing(moe, &tm);
+			wire[it] = tm.dispatch_put_ns + tm.dispatch_wait_ns;
+			loc[it] = tm.dispatch_pack_ns + tm.dispatch_build_ns;
+		}
 		/* toy expert: y = x, in the combine type */
 		free(y);
 		y = malloc(rv.rows * crow + 4);
@@ -232,20 +261,26 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			goto out;
 		}
 		if (cfg.token_type == FABEP_MOE_FP8) {
-			const uint8_t *q = rv.x;
+			for (size_t r = 0; r < rv.rows; r++) {
+				const uint8_t *q = (const uint8_t *)rv.x +
+					(size_t)rv.row_index[r] * rv.row_stride;
+				const float *sc = rv.scales +
+					(size_t)rv.row_index[r] * rv.scale_stride;
 
-			for (size_t r = 0; r < rv.rows; r++)
 				for (h = 0; h < H; h++) {
-					uint8_t c = q[r * H + h];
+					uint8_t c = q[h];
 					int ex = (c >> 3) & 15, mt = c & 7;
 					float v = ex ? ldexpf(1.0f + mt / 8.0f, ex - 7)
 						     : ldexpf((float)mt, -9);
 
-					v = (c & 0x80 ? -v : v) * rv.scales[r * nsc + h / 128];
+					v = (c & 0x80 ? -v : v) * sc[h / 128];
 					y[r * H + h] = f2bf(v);
 				}
+			}
 		} else {
-			memcpy(y, rv.x, rv.rows * crow);
+			for (size_t r = 0; r < rv.rows; r++)
+				memcpy((char *)y + r * crow, (const char *)rv.x +
+				       (size_t)rv.row_index[r] * rv.row_stride, crow);
 		}
 		if (it == -warmup) {
 			/* combine bytes: one row per distinct token of each peer */
@@ -267,6 +302,27 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			for (d = 0; d < size; d++)
 				if (d != rank)
 					cbytes[d] += 64;
+			for (size_t q = 0; q < (size_t)size * n; q++)
+				dtok_all += tk[q] ? 1 : 0;
+			/* tokens received from this rank itself */
+			for (size_t r = 0; r < rv.rows; r++)
+				if (rv.src_info[3 * r] == rank &&
+				    !tk[(size_t)rank * n + (size_t)rv.src_info[3 * r + 1]]) {
+					tk[(size_t)rank * n + (size_t)rv.src_info[3 * r + 1]] = 1;
+					dtok_all++;
+				}
+			/* local bytes moved (read + written) by the timed parts */
+			if (do_d) {
+				size_t in_row = H * (cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
+
+				lbytes += recs_all * (rec + in_row);
+				if (!(cfg.flags & FABEP_MOE_ZERO_COPY))
+					lbytes += 2 * rv.rows * (elt * H + 4 * nsc);
+			}
+			if (do_c)  /* reduce: rows in, a row per token out; sum:
+				    * the partials in, n rows out */
+				lbytes += (rv.rows + dtok_all + recs_all + n) * crow;
+			ptl = rv.rows;
 			free(tk);
 		}
 		ret = fabep_barrier(comm);
@@ -276,8 +332,16 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		ret = fabep_moe_combine(moe, y, H, 0, outb, H, NULL, NULL);
 		if (ret)
 			goto fail_call;
-		if (it >= 0)
+		if (it >= 0) {
 			lat[it] = (do_d ? lat[it] : 0) + (do_c ? tool_now_ns() - t0 : 0);
+			fabep_moe_timing(moe, &tm);
+			if (!do_d)
+				wire[it] = loc[it] = 0;
+			if (do_c) {
+				wire[it] += tm.combine_put_ns + tm.combine_wait_ns;
+				loc[it] += tm.combine_reduce_ns + tm.combine_sum_ns;
+			}
+		}
 		if (o->check && it == iters - 1) {
 			/* out[t] = sum_k w_k * x[t] within the format's error */
 			for (t = 0; t < n && ok; t++) {
@@ -333,6 +397,19 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		if (it >= 0)
 			ref[it] = tool_now_ns() - t0;
 	}
+	/* memcpy of half the local bytes (a memcpy reads and writes each) */
+	mbuf = malloc(lbytes + 128);
+	if (!mbuf) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	memset(mbuf, 1, lbytes + 128);
+	for (it = -warmup; it < iters; it++) {
+		t0 = tool_now_ns();
+		memcpy(mbuf + lbytes / 2 + 64, mbuf, lbytes / 2);
+		if (it >= 0)
+			mcp[it] = tool_now_ns() - t0;
+	}
 	for (d = 0; d < size; d++)
 		if (d != rank) {
 			if (do_d)
@@ -346,10 +423,17 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	if (!rank) {
 		const char *fmt = o->format ? o->format : "bf16";
 		const char *chk = !o->check ? "off" : all_ok ? "ok" : "failed";
-		double med, mn, rmed, gbps, rgbps;
+		const char *mode = cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
+		double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed;
 
 		qsort(lat, (size_t)iters, sizeof(*lat), cmp_u64);
 		qsort(ref, (size_t)iters, sizeof(*ref), cmp_u64);
+		qsort(wire, (size_t)iters, sizeof(*wire), cmp_u64);
+		qsort(loc, (size_t)iters, sizeof(*loc), cmp_u64);
+		qsort(mcp, (size_t)iters, sizeof(*mcp), cmp_u64);
+		wmed = (double)wire[iters / 2] / 1e3;
+		lmed = (double)loc[iters / 2] / 1e3;
+		mmed = (double)mcp[iters / 2] / 1e3;
 		med = (double)lat[iters / 2] / 1e3;
 		mn = (double)lat[0] / 1e3;
 		rmed = (double)ref[iters / 2] / 1e3;
@@ -359,9 +443,14 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
 				"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
 				"min_us: %.1f GBps: %.3f ref_GBps: %.3f ratio: %.3f "
-				"check: %s\n", o->op, fabep_comm_provider(comm), size, n,
-				H, k, cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
-				rgbps > 0 ? gbps / rgbps : 0, chk);
+				"mode: %s ref_us: %.1f wire_us: %.1f wire_ratio: %.3f "
+				"local_us: %.1f local_bytes: %zu memcpy_us: %.1f "
+				"local_vs_memcpy: %.3f rows: %zu check: %s\n", o->op,
+				fabep_comm_provider(comm), size, n, H, k,
+				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
+				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
+				wmed > 0 ? rmed / wmed : 0, lmed, lbytes, mmed,
+				lmed > 0 ? mmed / lmed : 0, ptl, chk);
 		else {
 			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 				"rank 0's figures; bytes = what rank 0 put to other "
@@ -376,6 +465,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, n, H, k,
 				cfg.num_experts, bytes, med, mn, gbps, rgbps,
 				rgbps > 0 ? gbps / rgbps : 0, chk);
+			fprintf(out, "# mode %s: wire (puts + waits) median %.1f us, "
+				"ratio to ref %.3f; local work median %.1f us for %zu "
+				"bytes moved, memcpy of half of them %.1f us (%.3f of "
+				"memcpy's rate)\n", mode, wmed, wmed > 0 ? rmed / wmed : 0,
+				lmed, lbytes, mmed, lmed > 0 ? mmed / lmed : 0);
 		}
 		fflush(out);
 		if (o->check && !all_ok)
@@ -393,6 +487,10 @@ out:
 	free(y);
 	free(lat);
 	free(ref);
+	free(wire);
+	free(loc);
+	free(mcp);
+	free(mbuf);
 	free(dbytes);
 	free(seen);
 	free(cbytes);

@@ -518,7 +518,10 @@ uint64_t tool_timeout_ns(void)
 		char *end;
 		long v = strtol(s, &end, 10);
 
-		if (!*end && v > 0)
+		/* what the library accepts (1 ms to 24 h); a larger value
+		 * would wrap the product below (found by
+		 * fuzz/fuzz_tool_opts.c) */
+		if (!*end && v > 0 && v <= 86400000)
 			ms = v;
 	}
 	return (uint64_t)ms * 1000000ull;

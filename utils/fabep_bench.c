@@ -41,6 +41,10 @@ struct bench_part {
 static int bench_write(fabep_comm_t *comm, const struct bench_opts *o,
 		       FILE *out);
 
+/* -o soak, and --soak SECONDS without -o (utils/bench_soak.c) */
+int bench_soak(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
+size_t bench_soak_heap_bytes(const struct bench_opts *o, int nranks);
+
 /*
  * The table of parts.  To add one: write
  *   int bench_<name>(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
@@ -61,6 +65,9 @@ static const struct bench_part parts[] = {
 	{ "allreduce", "sum allreduce", NULL, bench_coll, 2, bench_coll_heap_bytes },
 	{ "arnorm", "allreduce + RMSNorm + FP8", NULL, bench_coll, 2,
 	  bench_coll_heap_bytes },
+	{ "soak", "dispatch + combine + allreduce with fresh random routing "
+	  "every round, all checked, for --soak SECONDS (default 10)",
+	  NULL, bench_soak, 2, bench_soak_heap_bytes },
 };
 
 #define NPARTS ((int)(sizeof(parts) / sizeof(parts[0])))
@@ -75,7 +82,8 @@ static const struct tool_help bench_help[] = {
 	{ 'o', "PART",
 	  "what to measure: write (raw put bandwidth between 2 ranks, the "
 	  "reference rate), kernels (local compute kernels; default), "
-	  "dispatch, combine, moe, allreduce, arnorm (not available yet)" },
+	  "dispatch, combine, moe, allreduce, arnorm, soak (dispatch + combine "
+	  "+ allreduce, every result checked; the default with --soak)" },
 	{ 'I', NULL,
 	  "timed iterations (kernels: default 11, the median is shown; write: 1000 "
 	  "windows below 64k, 100 below 1M, 10 from 1M)" },
@@ -100,7 +108,11 @@ static const struct tool_help bench_help[] = {
 	{ TOOL_OPT_CHECK, NULL,
 	  "check results (write: the receiver compares the data after each size)" },
 	{ TOOL_OPT_SOAK, NULL,
-	  "repeat for SECONDS, checking every result, then report errors" },
+	  "without -o (or with -o soak): run dispatch + combine + allreduce "
+	  "with fresh random routing every round for SECONDS, checking every "
+	  "result, and report rounds, errors and resident memory after the "
+	  "warm-up and at the end (exit 1 on an error or a growth above 2 MiB); "
+	  "with -o write: repeat the write test for SECONDS, checking the data" },
 	{ 0, NULL, NULL },
 };
 
@@ -118,6 +130,12 @@ static const struct tool_desc bench_desc = {
 		"MB/sec usec/xfer Mxfers/sec), or with -m one line per size: op, mode,\n"
 		"provider, signal, bytes, iters, xfers, time_s, usec_per_xfer, MBps,\n"
 		"Mxfers_per_s.\n"
+		"\n"
+		"--soak (-o soak) prints rounds, errors and each rank's VmRSS after the\n"
+		"warm-up (a tenth of the run, at least 20 rounds) and at the end; with -m\n"
+		"one line: op, seconds, ranks, provider, rounds, errors, rss_kb_R\n"
+		"(start/end per rank), rss_growth_kb (the largest), growth_bound_kb,\n"
+		"result (ok or FAIL).\n"
 		"\n"
 		"Exit status: 0 success, 1 a run failed or a check found an error\n"
 		"(or the part is not available yet), 2 bad command line.\n",
@@ -276,14 +294,14 @@ int main(int argc, char **argv)
 
 	tool_parse(&bench_desc, argc, argv, o);
 	if (!o->op)
-		o->op = "kernels";
+		o->op = o->soak_s > 0 ? "soak" : "kernels";
 	for (int i = 0; i < NPARTS; i++)
 		if (!strcmp(o->op, parts[i].name))
 			part = &parts[i];
 	if (!part)
 		tool_usage_error(&bench_desc, "unknown part '%s' for -o: expected "
-				 "write, kernels, dispatch, combine, moe, allreduce "
-				 "or arnorm", o->op);
+				 "write, kernels, dispatch, combine, moe, allreduce, "
+				 "arnorm or soak", o->op);
 	if (o->format && strcmp(o->format, "bf16") && strcmp(o->format, "fp8") &&
 	    strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "unknown format '%s' for -f: expected "

@@ -78,10 +78,18 @@
 _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
 
 /*
- * The one-stage threshold.  Measured with fabep_bench -o arnorm (fused
- * FP8 output, no residual), 2 and 4 ranks on shm, cols 7168 bf16, the
- * path forced with FABEP_AR_ONESTAGE_MAX=0 / =1G: see
- * src/coll/THRESHOLD.md for the figures.
+ * The one-stage threshold (FEP_AR_ONESTAGE_DEFAULT, 32 KiB of input per
+ * rank).  Measured with fabep_bench -o arnorm -n 2 -p shm, cols 7168
+ * bf16, 1 thread per rank, the path forced with FABEP_AR_ONESTAGE_MAX=0
+ * (two-stage) and =1G (one-stage), median latency in us, 5 runs each, on
+ * a 2-core machine shared with other jobs (load 4-8, so noisy):
+ *     rows 1 (14 KiB):  two-stage 15-27,  one-stage 21-43
+ *     rows 2 (28 KiB):  two-stage 38-57,  one-stage 17-39
+ *     rows 4 (56 KiB):  two-stage 34-54,  one-stage 76-88
+ *     rows 16 (224 KiB): two-stage ~119,  one-stage ~254
+ * The crossover lies between 2 and 4 rows; more ranks move it lower (the
+ * one-stage path moves and sums ranks x the data).  Re-measure on a quiet
+ * machine and on real NICs; FABEP_AR_ONESTAGE_MAX overrides it.
  */
 int fep_ar_onestage_env(size_t *os_max)
 {
@@ -577,6 +585,14 @@ static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mi
 		hd = r == comm->rank ? mine :
 			(const struct fep_ar_hdr *)(slots + (size_t)r * h->lay.blk1);
 		if (hd->status) {
+			/* A peer's status comes off the wire: only a negative
+			 * code is an error to pass on (found by
+			 * fuzz/fuzz_coll_hdrs.c; the same bound as src/ep). */
+			if (hd->status > 0 || hd->status < -100000) {
+				fep_err("%s: rank %d sent status %d", name, r,
+					(int)hd->status);
+				return -FABEP_ERR_PROTOCOL;
+			}
 			if (r != comm->rank)
 				fep_err("%s: rank %d reported: %s", name, r,
 					fabep_strerror(hd->status));

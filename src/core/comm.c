@@ -244,8 +244,10 @@ int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 
 	ret = fep_fab_wait(fab, ctr, target, comm->timeout_ms);
 	if (ret != -ETIMEDOUT) {
-		if (ret)
+		if (ret) {
+			comm->failed = true;
 			fep_err("%s: %s", what, fabep_strerror(ret));
+		}
 		return ret;
 	}
 	names[0] = '\0';
@@ -268,6 +270,7 @@ int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 			}
 		}
 	}
+	comm->failed = true;
 	if (missing)
 		fep_err("%s: timed out after %d ms; rank%s %s never signalled",
 			what, comm->timeout_ms, missing > 1 ? "s" : "", names);
@@ -343,11 +346,18 @@ static int fep_boot_agree(fabep_comm_t *comm, int status, const char *what)
 	return ret;
 }
 
-static int fep_comm_check_hellos(fabep_comm_t *comm, const struct fep_hello *h)
+static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 {
 	const struct fep_hello *me = &h[comm->rank];
 	int r;
 
+	/* Peers' strings come off the wire: end each before comparing or
+	 * printing it (found by fuzz/fuzz_comm_hello.c). */
+	for (r = 0; r < comm->size; r++) {
+		h[r].host[sizeof(h[r].host) - 1] = '\0';
+		h[r].provider[sizeof(h[r].provider) - 1] = '\0';
+		h[r].domain[sizeof(h[r].domain) - 1] = '\0';
+	}
 	comm->all_local = true;
 	comm->local_rank = 0;
 	comm->local_size = 0;
@@ -517,9 +527,10 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 
 	if (!comm)
 		return 0;
-	/* Everyone stops writing into everyone's heap before it goes away;
-	 * where peers are gone, this returns after the timeout or sooner. */
-	if (!comm->fab->tx_error) {
+	/* Everyone stops writing into everyone's heap before it goes away.
+	 * After a failed wait or transfer, peers may be gone: do not wait for
+	 * them again. */
+	if (!comm->fab->tx_error && !comm->failed) {
 		int saved = comm->timeout_ms;
 
 		comm->timeout_ms = FEP_MIN(saved, 5000);

@@ -24,6 +24,7 @@ struct fabep_comm {
 	fep_boot_t *boot;
 	fep_fabric_t *fab;
 	struct fep_pool *pool;
+	bool failed;          /* a collective wait failed: peers may be gone */
 
 	/* barrier: a counter, one sequence slot per source (read only to
 	 * name missing peers on timeout), and a source word */

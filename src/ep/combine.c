@@ -96,6 +96,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	fep_fabric_t *fab = comm->fab;
 	struct fep_ep_set *s;
 	struct fep_put *puts;
+	uint64_t t0, t1, t2;
 	int b = 0, d, np = 0, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
@@ -109,9 +110,11 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("fabep_moe_combine_send: no received dispatch to combine");
 		return -EINVAL;
 	}
+	t0 = fep_now_ns();
 	ret = fep_fabric_quiet(fab);
 	if (ret)
 		return ret;
+	t1 = fep_now_ns();
 	if (!status && s->rows && !y) {
 		fep_err("fabep_moe_combine: NULL expert outputs for %zu rows", s->rows);
 		status = -EINVAL;
@@ -140,6 +143,11 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	for (d = 0; d < m->size; d++)
 		fep_ep_hdr_write(crun_base(m, b, d), s->seq, status,
 				 status ? 0 : s->rcount[d]);
+	t2 = fep_now_ns();
+	m->tm.c_reduce = t2 - t1;
+	m->tm.c_put = t1 - t0;
+	m->tm.c_bytes = 0;
+	m->tm.c_wait = m->tm.c_sum = 0;
 	if (m->size < 2)
 		return status;
 	puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
@@ -155,6 +163,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			       m->crow_bytes;
 		puts[np].sig = fep_ep_cctr(m, b);
 		puts[np].add = 1;
+		m->tm.c_bytes += puts[np].len;
 		np++;
 	}
 	ret = fep_fab_put_signal_many(fab, puts, (size_t)np);
@@ -163,6 +172,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("fabep_moe_combine_send: %s", fabep_strerror(ret));
 		return ret;
 	}
+	m->tm.c_put += fep_now_ns() - t2;
 	return status;
 }
 
@@ -180,6 +190,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 			fabep_moe_row_fn cb, void *cb_ctx)
 {
 	struct fep_ep_set *s;
+	uint64_t t0, t1;
 	int b = 0, ret;
 
 	if (!m->pending_crecv) {
@@ -190,6 +201,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (!s)
 		return -FABEP_ERR_PROTOCOL;
 	m->pending_crecv = 0;
+	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
 			  (uint64_t)(m->size - 1) * s->cuses, fep_ep_cslot(m, b, 0),
 			  m->cslot_bytes, s->seq);
@@ -197,6 +209,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 		ret = fep_ep_check_hdrs(m, "fabep_moe_combine", fep_ep_cslot(m, b, 0),
 					m->cslot_bytes, s->seq, s->sent, s->status,
 					s->rcount);
+	t1 = fep_now_ns();
 	if (!ret && s->n) {
 		fep_k_topk_args_t a;
 
@@ -215,6 +228,13 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 		a.cb_ctx = cb_ctx;
 		ret = fep_k_topk_sum_mt(m->comm->pool, &a, s->n);
 	}
+	m->tm.c_wait = t1 - t0;
+	m->tm.c_sum = fep_now_ns() - t1;
+	if (m->timing)
+		fep_dbg("fabep_moe_combine: call %llu: reduce %.1f put %.1f wait %.1f "
+			"sum %.1f us, %llu wire bytes", (unsigned long long)s->seq,
+			m->tm.c_reduce / 1e3, m->tm.c_put / 1e3, m->tm.c_wait / 1e3,
+			m->tm.c_sum / 1e3, (unsigned long long)m->tm.c_bytes);
 	s->state = FEP_EP_FREE;
 	return ret;
 }

@@ -9,9 +9,14 @@
  * its signal in one batch.  A rank whose input is bad still sends every
  * peer a header with its error and no records.
  *
+ * FP8 quantization writes straight into the records: each token is
+ * quantized once, into its first destination's record, and copied from
+ * there (cache-hot) into its other destinations' records.
+ *
  * Receive: wait for the set's counter, check every header (sequence,
  * status, count bounds), agree on the error of the lowest failing rank,
- * then build the expert-major result with the gather kernel.
+ * then build the expert-major result with the gather kernel, or with
+ * FABEP_MOE_ZERO_COPY only its index lists (the rows stay in the slots).
  */
 #include "config.h"
 
@@ -29,6 +34,7 @@ struct pack_ctx {
 	const float *w;
 	const uint8_t *rows;    /* source rows of row_bytes */
 	const float *scales;    /* FP8: [n, nscale] */
+	const void *x;          /* FP8: the caller's rows (input_type) */
 };
 
 static uint8_t *run_base(struct fabep_moe *m, int b, int d)
@@ -38,6 +44,68 @@ static uint8_t *run_base(struct fabep_moe *m, int b, int d)
 	if (d == m->rank)
 		return fep_heap_at(fab, fep_ep_dslot(m, b, m->rank));
 	return fep_heap_at(fab, fep_ep_dstage(m, d));
+}
+
+static inline uint8_t *rec_at(struct fabep_moe *m, int b, int d, uint32_t pos)
+{
+	return run_base(m, b, d) + (m->hdr_recs + (size_t)pos) * m->rec_bytes;
+}
+
+/* The metadata of token t's record for rank d. */
+static inline void put_meta(struct fabep_moe *m, const struct pack_ctx *c,
+			    uint8_t *rec, int32_t t, int d)
+{
+	int32_t *le = (int32_t *)(rec + 8);
+	float *wt = (float *)(rec + 8 + 4 * (size_t)m->k);
+	int j;
+
+	((int32_t *)rec)[0] = t;
+	((int32_t *)rec)[1] = 0;
+	for (j = 0; j < m->k; j++) {
+		int32_t e = c->ids[(size_t)t * (size_t)m->k + (size_t)j];
+
+		le[j] = (e >= 0 && e / m->L == d) ? e - d * m->L : -1;
+		wt[j] = c->w ? c->w[(size_t)t * (size_t)m->k + (size_t)j] : 1.0f;
+	}
+}
+
+/* FP8: tokens [t0, t1): quantize each once into its first destination's
+ * record, copy the row and scales to its other destinations' records. */
+static void pack_quant_range(void *arg, size_t t0, size_t t1)
+{
+	struct pack_ctx *c = arg;
+	struct fabep_moe *m = c->m;
+	size_t kk = (size_t)m->kk, t, q;
+	fep_k_fp8_args_t a;
+
+	memset(&a, 0, sizeof(a));
+	a.in_dt = m->cfg.input_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
+	a.ld_in = m->hidden;
+	a.ld_out = m->hidden;
+	a.ld_scales = m->nscale;
+	a.cols = m->hidden;
+	a.block = m->cfg.fp8_block;
+	for (t = t0; t < t1; t++) {
+		const int32_t *dt = m->dest + t * kk;
+		const uint32_t *pos = (const uint32_t *)m->pack_pos + t * kk;
+		uint8_t *first = NULL;
+
+		for (q = 0; q < kk && dt[q] >= 0; q++) {
+			uint8_t *rec = rec_at(m, c->b, dt[q], pos[q]);
+
+			put_meta(m, c, rec, (int32_t)t, dt[q]);
+			if (!first) {
+				a.in = (const char *)c->x + t * m->hidden * m->in_elt;
+				a.out = rec + m->pay_off;
+				a.scales = (float *)(rec + m->scale_off);
+				c->ops->fp8_quant(&a, 0, 1);
+				first = rec;
+			} else {
+				memcpy(rec + m->scale_off, first + m->scale_off,
+				       m->rec_bytes - m->scale_off);
+			}
+		}
+	}
 }
 
 /* Pack records [r0, r1) of the flattened list (destinations in order). */
@@ -61,18 +129,9 @@ static void pack_range(void *arg, size_t r0, size_t r1)
 		tok = m->pack_tok + m->pack_base[d];
 		for (i = i0; i < i1; i++) {
 			uint8_t *rec = recs + i * m->rec_bytes;
-			int32_t t = tok[i], *le = (int32_t *)(rec + 8);
-			float *wt = (float *)(rec + 8 + 4 * (size_t)m->k);
-			int j;
+			int32_t t = tok[i];
 
-			((int32_t *)rec)[0] = t;
-			((int32_t *)rec)[1] = 0;
-			for (j = 0; j < m->k; j++) {
-				int32_t e = c->ids[(size_t)t * (size_t)m->k + (size_t)j];
-
-				le[j] = (e >= 0 && e / m->L == d) ? e - d * m->L : -1;
-				wt[j] = c->w ? c->w[(size_t)t * (size_t)m->k + (size_t)j] : 1.0f;
-			}
+			put_meta(m, c, rec, t, d);
 			if (m->fp8)
 				memcpy(rec + m->scale_off, c->scales + (size_t)t * m->nscale,
 				       4 * m->nscale);
@@ -175,6 +234,7 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 			}
 			pos = cursor[dd]++;
 			m->pack_tok[m->pack_base[dd] + pos] = (int32_t)t;
+			m->pack_pos[t * (size_t)kk + (size_t)q] = (int32_t)pos;
 			s->ret_idx[t * (size_t)kk + (size_t)q] =
 				(int32_t)((size_t)dd * m->cslot_rows + m->chdr_rows + pos);
 		}
@@ -188,6 +248,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	fep_fabric_t *fab = comm->fab;
 	struct fep_ep_set *s;
 	struct fep_put *puts = NULL;
+	uint64_t t0, t1, t2;
 	int b, d, np = 0, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
@@ -203,10 +264,12 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			"not yet combined (combine the oldest first)", m->sets);
 		return -FABEP_ERR_BUSY;
 	}
-	/* the send runs of the previous call must have left */
+	/* the send runs of the previous call must have left (wire time) */
+	t0 = fep_now_ns();
 	ret = fep_fabric_quiet(fab);
 	if (ret)
 		return ret;
+	t1 = fep_now_ns();
 	if (!status)
 		status = check_input(m, x, scales, n, ids);
 	if (status)
@@ -235,31 +298,18 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 
 	if (!status) {
 		struct pack_ctx c = { m, fep_k_ops(), b, m->prev_ids, m->prev_w,
-				      x, NULL };
+				      x, NULL, x };
 
 		route(m, s, m->prev_ids, n);
-		if (m->cfg.token_type == FABEP_MOE_FP8 && n) {
-			fep_k_fp8_args_t q;
-
-			memset(&q, 0, sizeof(q));
-			q.in = x;
-			q.in_dt = m->cfg.input_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
-			q.ld_in = m->hidden;
-			q.out = m->q;
-			q.ld_out = m->hidden;
-			q.scales = m->qs;
-			q.ld_scales = m->nscale;
-			q.cols = m->hidden;
-			q.block = m->cfg.fp8_block;
-			ret = fep_k_fp8_quant_mt(comm->pool, &q, n);
-			if (ret)
-				return ret;
-			c.rows = m->q;
-			c.scales = m->qs;
-		} else if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT) {
-			c.scales = scales;
-		}
-		if (m->pack_base[m->size]) {
+		if (m->cfg.token_type == FABEP_MOE_FP8) {
+			if (m->pack_base[m->size]) {
+				ret = fep_pool_for(comm->pool, n, 1, pack_quant_range, &c);
+				if (ret)
+					return ret;
+			}
+		} else if (m->pack_base[m->size]) {
+			if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT)
+				c.scales = scales;
 			ret = fep_pool_for(comm->pool, m->pack_base[m->size], 1,
 					   pack_range, &c);
 			if (ret)
@@ -270,6 +320,11 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	}
 	for (d = 0; d < m->size; d++)
 		fep_ep_hdr_write(run_base(m, b, d), s->seq, status, s->sent[d]);
+	t2 = fep_now_ns();
+	m->tm.d_pack = t2 - t1;
+	m->tm.d_put = t1 - t0;
+	m->tm.d_bytes = 0;
+	m->tm.d_wait = m->tm.d_build = 0;
 	if (m->size > 1) {
 		puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
 		if (!puts)
@@ -283,6 +338,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			puts[np].len = (m->hdr_recs + s->sent[peer]) * m->rec_bytes;
 			puts[np].sig = fep_ep_dctr(m, b);
 			puts[np].add = 1;
+			m->tm.d_bytes += puts[np].len;
 			np++;
 		}
 		ret = fep_fab_put_signal_many(fab, puts, (size_t)np);
@@ -292,6 +348,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			return ret;
 		}
 	}
+	m->tm.d_put += fep_now_ns() - t2;
 	return status;
 }
 
@@ -396,6 +453,13 @@ static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		}
 	}
 	free(cur);
+	if (m->zcopy)
+		return 0;  /* the rows stay in the slots: gidx is row_index */
+	if (s->ident_rows < rows) {
+		for (i = s->ident_rows; i < rows; i++)
+			s->row_index[i] = (int32_t)i;
+		s->ident_rows = rows;
+	}
 	if (rows) {
 		fep_k_perm_args_t a;
 
@@ -423,6 +487,7 @@ static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 {
 	struct fep_ep_set *s;
+	uint64_t t0, t1;
 	int b, ret;
 
 	if (!m->pending_recv) {
@@ -432,6 +497,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
 	s = &m->set[b];
 	m->pending_recv = 0;
+	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
 			  (uint64_t)(m->size - 1) * s->uses, fep_ep_dslot(m, b, 0),
 			  m->dslot_bytes, s->seq);
@@ -439,21 +505,44 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		ret = fep_ep_check_hdrs(m, "fabep_moe_dispatch", fep_ep_dslot(m, b, 0),
 					m->dslot_bytes, s->seq, NULL, s->status,
 					s->rcount);
+	t1 = fep_now_ns();
 	if (!ret)
 		ret = build(m, b, s);
+	m->tm.d_wait = t1 - t0;
+	m->tm.d_build = fep_now_ns() - t1;
+	if (m->timing)
+		fep_dbg("fabep_moe_dispatch: call %llu: pack %.1f put %.1f wait %.1f "
+			"build %.1f us, %llu wire bytes, %zu rows%s",
+			(unsigned long long)s->seq, m->tm.d_pack / 1e3,
+			m->tm.d_put / 1e3, m->tm.d_wait / 1e3, m->tm.d_build / 1e3,
+			(unsigned long long)m->tm.d_bytes, s->rows,
+			m->zcopy ? " (zero-copy)" : "");
 	if (ret) {
 		s->state = FEP_EP_FREE;
 		return ret;
 	}
 	s->state = FEP_EP_RECEIVED;
 	if (out) {
+		const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
+
 		memset(out, 0, sizeof(*out));
 		out->rows = s->rows;
 		out->local_experts = m->L;
 		out->first_expert = m->rank * m->L;
-		out->x = s->x;
-		out->scales = m->fp8 ? s->scales : NULL;
 		out->scales_per_row = m->nscale;
+		if (m->zcopy) {
+			out->x = base + m->pay_off;
+			out->row_stride = m->rec_bytes;
+			out->scales = m->fp8 ? (const float *)(base + m->scale_off) : NULL;
+			out->scale_stride = m->fp8 ? m->rec_bytes / 4 : 0;
+			out->row_index = s->gidx;
+		} else {
+			out->x = s->x;
+			out->row_stride = m->row_bytes;
+			out->scales = m->fp8 ? s->scales : NULL;
+			out->scale_stride = m->fp8 ? m->nscale : 0;
+			out->row_index = s->row_index;
+		}
 		out->row_offsets = s->row_offsets;
 		out->expert_ids = s->expert_ids;
 		out->expert_counts = s->counts;

@@ -73,6 +73,15 @@ struct fep_ep_set {
 	uint32_t *row_offsets; /* [L + 1] */
 	uint32_t *counts;    /* [L] */
 	int32_t *expert_ids; /* [L] */
+	int32_t *row_index;  /* [cap_rows]: identity, or gidx (zero-copy) */
+	size_t ident_rows;   /* row_index holds the identity up to here */
+};
+
+/* Phase times of the last calls (fabep_moe_timing). */
+struct fep_ep_timing {
+	uint64_t d_pack, d_put, d_wait, d_build;
+	uint64_t c_reduce, c_put, c_wait, c_sum;
+	uint64_t d_bytes, c_bytes;
 };
 
 struct fabep_moe {
@@ -88,6 +97,7 @@ struct fabep_moe {
 	size_t row_bytes;    /* hidden * elt */
 	size_t nscale;       /* FP8: scales per row; else 0 */
 	int fp8;
+	int zcopy;           /* FABEP_MOE_ZERO_COPY */
 	fep_k_dtype_t cdt;   /* combine dtype */
 	size_t crow_bytes;
 
@@ -114,10 +124,12 @@ struct fabep_moe {
 	size_t prev_n;
 	int have_prev;
 
+	struct fep_ep_timing tm;
+	int timing;          /* log the phase times (FABEP_LOG=debug) */
+
 	/* scratch */
-	uint8_t *q;          /* FP8: quantized rows [max_tokens, hidden] */
-	float *qs;           /* FP8: their scales */
 	int32_t *pack_tok;   /* [max_tokens * size]: token of each packed record */
+	int32_t *pack_pos;   /* [max_tokens * kk]: record of (token, q) in its run */
 	uint32_t *pack_base; /* [size + 1] */
 	int32_t *dest;       /* [max_tokens * kk]: distinct ranks of a token */
 	uint32_t *cursor;    /* [size] */

@@ -64,6 +64,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		    "hidden size", c->fp8_block);
 	if (c->buffer_sets < 0 || c->buffer_sets > 16)
 		BAD("fabep_moe: buffer_sets %d not in [0, 16]", c->buffer_sets);
+	if (c->flags & ~FABEP_MOE_ZERO_COPY)
+		BAD("fabep_moe: unknown flags 0x%x", c->flags);
 	m->cfg = *c;
 	if (!m->cfg.buffer_sets)
 		m->cfg.buffer_sets = 2;
@@ -74,6 +76,7 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	m->kk = FEP_MIN(c->top_k, nranks);
 	m->hidden = c->hidden;
 	m->fp8 = c->token_type == FABEP_MOE_FP8 || c->token_type == FABEP_MOE_FP8_PREQUANT;
+	m->zcopy = !!(c->flags & FABEP_MOE_ZERO_COPY);
 	m->elt = type_size(c->token_type);
 	m->in_elt = c->token_type == FABEP_MOE_FP8 ? type_size(c->input_type) : m->elt;
 	m->row_bytes = m->hidden * m->elt;
@@ -138,7 +141,7 @@ FEP_EXPORT size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks
 struct ep_hello {
 	int32_t status;
 	int32_t token_type, input_type, combine_type;
-	int32_t num_experts, top_k, max_tokens, fp8_block, buffer_sets, pad;
+	int32_t num_experts, top_k, max_tokens, fp8_block, buffer_sets, flags;
 	uint64_t hidden;
 	uint64_t heap_used;
 };
@@ -159,6 +162,7 @@ static void ep_set_free(struct fep_ep_set *s)
 	free(s->row_offsets);
 	free(s->counts);
 	free(s->expert_ids);
+	free(s->row_index);
 }
 
 static void ep_free(struct fabep_moe *m)
@@ -171,8 +175,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->set);
 	free(m->prev_ids);
 	free(m->prev_w);
-	free(m->q);
-	free(m->qs);
+	free(m->pack_pos);
 	free(m->pack_tok);
 	free(m->pack_base);
 	free(m->dest);
@@ -192,16 +195,12 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->pack_tok = malloc(T1 * R * sizeof(int32_t));
 	m->pack_base = calloc(R + 1, sizeof(uint32_t));
 	m->dest = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
+	m->pack_pos = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
 	m->cursor = calloc(R, sizeof(uint32_t));
 	if (!m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
-	    !m->pack_base || !m->dest)
+	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
-	if (m->cfg.token_type == FABEP_MOE_FP8) {
-		m->q = malloc(T1 * m->hidden);
-		m->qs = malloc(T1 * m->nscale * sizeof(float));
-		if (!m->q || !m->qs)
-			return -ENOMEM;
-	}
+	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
 	for (b = 0; b < m->sets; b++) {
 		struct fep_ep_set *s = &m->set[b];
 
@@ -268,6 +267,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	me.max_tokens = cfg->max_tokens;
 	me.fp8_block = m->fp8 ? cfg->fp8_block : 0;
 	me.buffer_sets = cfg->buffer_sets ? cfg->buffer_sets : 2;
+	me.flags = (int32_t)cfg->flags;
 	me.hidden = cfg->hidden;
 	me.heap_used = fab->heap_used;
 	all = calloc((size_t)comm->size, sizeof(*all));
@@ -296,14 +296,14 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 		if (memcmp(&a, &b, sizeof(a))) {
 			fep_err("fabep_moe_create: configurations differ: rank 0 has "
 				"experts %d top_k %d hidden %llu max_tokens %d types "
-				"%d/%d/%d block %d sets %d; rank %d has %d %d %llu %d "
-				"%d/%d/%d %d %d", a.num_experts, a.top_k,
+				"%d/%d/%d block %d sets %d flags %d; rank %d has %d %d "
+				"%llu %d %d/%d/%d %d %d %d", a.num_experts, a.top_k,
 				(unsigned long long)a.hidden, a.max_tokens,
 				a.token_type, a.input_type, a.combine_type,
-				a.fp8_block, a.buffer_sets, r, b.num_experts, b.top_k,
-				(unsigned long long)b.hidden, b.max_tokens,
+				a.fp8_block, a.buffer_sets, a.flags, r, b.num_experts,
+				b.top_k, (unsigned long long)b.hidden, b.max_tokens,
 				b.token_type, b.input_type, b.combine_type,
-				b.fp8_block, b.buffer_sets);
+				b.fp8_block, b.buffer_sets, b.flags);
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
@@ -350,19 +350,24 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	size_t cap;
 	void *x = NULL;
 	float *sc = NULL, *w = NULL;
-	int32_t *g = NULL, *si = NULL;
+	int32_t *g = NULL, *si = NULL, *ri = NULL;
+	int copy = !m->zcopy;  /* zero-copy: the rows stay in the slots */
 
 	if (rows <= s->cap_rows)
 		return 0;
 	cap = FEP_MAX(rows, s->cap_rows + s->cap_rows / 2);
-	x = malloc(cap * m->row_bytes + 64);
+	if (copy) {
+		x = malloc(cap * m->row_bytes + 64);
+		ri = malloc(cap * sizeof(int32_t));
+	}
 	g = malloc(cap * sizeof(int32_t));
 	si = malloc(cap * 3 * sizeof(int32_t));
 	w = malloc(cap * sizeof(float));
-	if (m->fp8)
+	if (m->fp8 && copy)
 		sc = malloc(cap * m->nscale * sizeof(float));
-	if (!x || !g || !si || !w || (m->fp8 && !sc)) {
+	if ((copy && (!x || !ri)) || !g || !si || !w || (m->fp8 && copy && !sc)) {
 		free(x);
+		free(ri);
 		free(g);
 		free(si);
 		free(w);
@@ -371,11 +376,14 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 		return -ENOMEM;
 	}
 	free(s->x);
+	free(s->row_index);
 	free(s->gidx);
 	free(s->src_info);
 	free(s->weights);
 	free(s->scales);
 	s->x = x;
+	s->row_index = ri;
+	s->ident_rows = 0;
 	s->gidx = g;
 	s->src_info = si;
 	s->weights = w;
@@ -448,4 +456,24 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		fep_err("%s: rank %d rejected its input: %s", what, who,
 			fabep_strerror(agreed));
 	return agreed;
+}
+
+FEP_EXPORT int fabep_moe_timing(const fabep_moe_t *m, fabep_moe_timing_t *out)
+{
+	if (!m || !out) {
+		fep_err("fabep_moe_timing: NULL %s", !m ? "handle" : "output");
+		return -EINVAL;
+	}
+	memset(out, 0, sizeof(*out));
+	out->dispatch_pack_ns = m->tm.d_pack;
+	out->dispatch_put_ns = m->tm.d_put;
+	out->dispatch_wait_ns = m->tm.d_wait;
+	out->dispatch_build_ns = m->tm.d_build;
+	out->combine_reduce_ns = m->tm.c_reduce;
+	out->combine_put_ns = m->tm.c_put;
+	out->combine_wait_ns = m->tm.c_wait;
+	out->combine_sum_ns = m->tm.c_sum;
+	out->dispatch_wire_bytes = m->tm.d_bytes;
+	out->combine_wire_bytes = m->tm.c_bytes;
+	return 0;
 }

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <strings.h>
 #include <limits.h>
+#include <dirent.h>
+#include <unistd.h>
 
 #include "util/util.h"
 #include "fabric/fabric.h"
@@ -364,6 +366,37 @@ static int fep_ops_create(fep_fabric_t *fab)
 	return 0;
 }
 
+/*
+ * shm (1.17) names its region /dev/shm/<pid>:<domain>:<endpoint> and fails
+ * with -FI_EBUSY when that name exists.  A process killed before it closed
+ * its endpoint leaves its region behind, and a later process that gets the
+ * same pid then cannot open shm.  A region named after this process's own
+ * pid can only be such a leftover: remove it.
+ */
+static void fep_shm_remove_stale(void)
+{
+	char prefix[32], path[300];
+	struct dirent *e;
+	size_t n;
+	DIR *d;
+
+	n = (size_t)snprintf(prefix, sizeof(prefix), "%d:", (int)getpid());
+	d = opendir("/dev/shm");
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		const char *rest = e->d_name + n;
+
+		if (strncmp(e->d_name, prefix, n) || !strchr(rest, ':') ||
+		    strspn(rest, "0123456789:") != strlen(rest))
+			continue;
+		snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+		if (!unlink(path))
+			fep_info("removed %s, left by a dead process with this pid", path);
+	}
+	closedir(d);
+}
+
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 {
 	fep_fabric_t *fab;
@@ -438,6 +471,8 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 		 fep_signal_name(fab->signal), why, fab->mr_mode,
 		 fab->inject_size, fab->max_msg_size);
 
+	if (prov_is(info->fabric_attr->prov_name, "shm"))
+		fep_shm_remove_stale();
 	ret = fi_fabric(info->fabric_attr, &fab->fabric, NULL);
 	if (ret) {
 		fep_err("fi_fabric(%s): %s", info->fabric_attr->prov_name, fi_strerror(-ret));

@@ -254,6 +254,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t nb = nblocks(a->cols, a->block), r, b, i;
 	int nt = (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
+	uint32_t amax[64];
+	float invs[64];
 
 	for (r = r0; r < r1; r++) {
 		const char *in = (const char *)a->in +
@@ -264,12 +266,24 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 		for (b = 0; b < nb; b++) {
 			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
 			__m512 inv;
-			float s;
 
-			s = fep_fp8_scale(fep_u2f(amax512(in, dt, c0, c1)),
-					  a->scale_ub, a->pow2);
-			a->scales[r * a->ld_scales + b] = s;
-			inv = _mm512_set1_ps(1.0f / s);
+			/* scales of up to 64 blocks at a time: their divisions
+			 * overlap instead of stalling each block's encoding */
+			if (b % 64 == 0) {
+				size_t g = FEP_MIN(nb - b, (size_t)64), j;
+
+				for (j = 0; j < g; j++)
+					amax[j] = amax512(in, dt, (b + j) * bs,
+							  FEP_MIN((b + j + 1) * bs, a->cols));
+				for (j = 0; j < g; j++) {
+					float s = fep_fp8_scale(fep_u2f(amax[j]), a->scale_ub,
+								a->pow2);
+
+					a->scales[r * a->ld_scales + b + j] = s;
+					invs[j] = 1.0f / s;
+				}
+			}
+			inv = _mm512_set1_ps(invs[b % 64]);
 			for (i = c0; i + 64 <= c1; i += 64) {
 				__m512i q0 = fep512_e4m3_codes(_mm512_mul_ps(
 					fep512_load(in, dt, i, 0xffff), inv));
@@ -322,13 +336,20 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 			size_t c1 = FEP_MIN(c0 + bs, a->cols);
 			__m512 s = _mm512_set1_ps(*sc++);
 
-			for (i = c0; i < c1; i += 16) {
-				__mmask16 k = fep512_mask(c1 - i);
-				__m512 v = dec512(k == 0xffff
-					? _mm_loadu_si128((const __m128i *)(in + i))
-					: _mm_maskz_loadu_epi8(k, in + i));
+			/* 32 at a time: bf16 output leaves as whole lines */
+			for (i = c0; i + 32 <= c1; i += 32) {
+				__m256i q = _mm256_loadu_si256((const __m256i *)(in + i));
+				__m512 v0 = dec512(_mm256_castsi256_si128(q));
+				__m512 v1 = dec512(_mm256_extracti128_si256(q, 1));
 
-				fep512_store_nt(out, odt, i, _mm512_mul_ps(v, s), k, ntr);
+				fep512_store32(out, odt, i, _mm512_mul_ps(v0, s),
+					       _mm512_mul_ps(v1, s), ntr && !(c0 & 31));
+			}
+			for (; i < c1; i += 16) {
+				__mmask16 k = fep512_mask(c1 - i);
+				__m512 v = dec512(_mm_maskz_loadu_epi8(k, in + i));
+
+				fep512_store(out, odt, i, _mm512_mul_ps(v, s), k);
 			}
 		}
 	}

@@ -24,8 +24,14 @@
  *
  *  bf16: fp32 -> bf16 rounds to nearest even; NaN stays NaN (quietened:
  *    the top 16 bits with bit 6 set, sign and payload kept); subnormals
- *    are kept (no DAZ/FTZ: vcvtneps2bf16 is not used for that reason).
- *    bf16 -> fp32 is exact.
+ *    are kept (no DAZ/FTZ).  The AVX-512 level uses vcvtne[2]ps2bf16
+ *    where the CPU has AVX512_BF16 (same rounding and NaN rule) and the
+ *    integer path for vectors holding fp32 subnormals, which that
+ *    instruction flushes.  bf16 -> fp32 is exact.
+ *
+ *  Inputs may hold any bit pattern; the kernels do not depend on MXCSR
+ *  except that FTZ/DAZ, if a caller sets them, apply to the fp32
+ *  arithmetic (scale multiply, sums) at every level alike.
  *
  *  FP8 e4m3fn (OCP): bias 7, max 448 (0x7E/0xFE), NaN 0x7F/0xFF, no inf,
  *    subnormals m * 2^-9.  Encoding of a value v:
@@ -64,22 +70,31 @@
  *    they are compared with a tolerance, not bitwise.
  *
  *  Top-k sum: out[t] = sum_j w[t*k+j] * y[idx[t*k+j]] in fp32, j in
- *    order 0..k-1, rows with idx < 0 skipped (w may be NULL = all 1).
- *    Vector levels use FMA: within a few fp32 ulps of the reference.
+ *    order 0..k-1, rows with idx < 0 skipped (w may be NULL = all 1; a
+ *    token with nothing routed gets zeros).  With weights the vector
+ *    levels use FMA: within k fp32 ulps of the reference (w == NULL:
+ *    bitwise equal).  k > 64 needs fp32 output.
  *
  *  n-way sum: out = ((in[0] + in[1]) + in[2]) + ... in fp32, in that
  *    order at every level (no FMA, no reassociation), then rounded to the
  *    dtype: bitwise equal across levels and ranks.
  *
  *  Permutes: gather dst[r] = src[idx[r]], scatter dst[idx[r]] = src[r],
- *    rows with idx < 0 skipped (destination untouched).  Large calls
+ *    rows with idx < 0 skipped (destination untouched); row_bytes is any
+ *    size, strides and addresses need no alignment.  Large calls
  *    (>= FEP_K_NT_BYTES written and rows >= 256 bytes) use non-temporal
- *    stores on the vector levels.
+ *    stores on the vector levels.  Scatter indices must be distinct.
  *
- * Non-temporal stores: the element-wise kernels (conversions, n-way sum)
- * and the permutes stream their output past the caches when one call
- * writes at least FEP_K_NT_BYTES; smaller outputs are left in cache for
- * the next step.
+ * Non-temporal stores (AVX-512 level; AVX2 for conversions and permutes):
+ * when one call writes at least FEP_K_NT_BYTES, full vectors of output go
+ * past the caches (conversions, n-way sum, permutes, FP8 quantization,
+ * dequantization and RMSNorm rows whose start is 64-byte aligned); smaller
+ * outputs stay in cache for the next step.  Split over a pool, "one call"
+ * is one worker's share.
+ *
+ * Threads: fep_pool_t below.  Raw kernels may run concurrently on disjoint
+ * row ranges; they keep no state (the dispatch table is read-only once
+ * chosen).  The top-k callback runs on the worker thread that wrote the row.
  */
 #ifndef FEP_KERNELS_H
 #define FEP_KERNELS_H
@@ -489,6 +504,30 @@ static inline FEP_T_AVX512 void fep512_store_nt(void *p, fep_k_dtype_t dt,
 	fep512_store(p, dt, i, v, m);
 }
 
+/* Store 32 values (v0 then v1) at p + i, streaming when nt (p + i then
+ * 64-byte aligned): bf16 goes out as one full 64-byte line. */
+static inline FEP_T_AVX512 void fep512_store32(void *p, fep_k_dtype_t dt,
+					       size_t i, __m512 v0, __m512 v1,
+					       int nt)
+{
+	if (dt == FEP_K_F32) {
+		if (nt) {
+			_mm512_stream_ps((float *)p + i, v0);
+			_mm512_stream_ps((float *)p + i + 16, v1);
+		} else {
+			_mm512_storeu_ps((float *)p + i, v0);
+			_mm512_storeu_ps((float *)p + i + 16, v1);
+		}
+	} else {
+		__m512i b = fep512_f32x2_to_bf16(v0, v1);
+
+		if (nt)
+			_mm512_stream_si512((void *)((uint16_t *)p + i), b);
+		else
+			_mm512_storeu_si512((uint16_t *)p + i, b);
+	}
+}
+
 static inline FEP_T_AVX512 __mmask16 fep512_mask(size_t n)
 {
 	return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
@@ -594,14 +633,17 @@ static inline uint32_t fep_absbits_finite(float f)
 	return a < 0x7f800000u ? a : 0;
 }
 
-/* 16 scaled values -> 16 codes in int32 lanes.  Same arithmetic as
- * fep_e4m3_enc: |v| >= 448 is clamped to 448's bits first (saturation),
+/* 16 scaled values -> 16 codes in int32 lanes.  Same results as
+ * fep_e4m3_enc: |v| >= 448 is clamped to 448 first (saturation),
  * the subnormal path's a * 512 is exact so one FMA equals mul + add. */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_codes(__m512 v)
 {
 	__m512i u = _mm512_castps_si512(v);
 	__m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-	__m512i c = _mm512_min_epu32(a, _mm512_set1_epi32(0x43e00000));
+	/* min(448, |v|) keeps NaN (vminps returns its second operand when
+	 * either is NaN); a NaN then yields a code above 0x7f, cut to 0x7f */
+	__m512i c = _mm512_castps_si512(_mm512_min_ps(_mm512_set1_ps(448.0f),
+						      _mm512_castsi512_ps(a)));
 	__m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(
 		_mm512_add_epi32(c, _mm512_set1_epi32(0x7ffff - (960 << 20))),
 		_mm512_and_si512(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(1))),
@@ -611,9 +653,7 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_codes(__m512 v)
 	__m512i code = _mm512_mask_sub_epi32(nrm,
 		_mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x3c800000)),
 		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
-	code = _mm512_mask_mov_epi32(code,
-		_mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000)),
-		_mm512_set1_epi32(0x7f));
+	code = _mm512_min_epu32(code, _mm512_set1_epi32(0x7f));
 	/* code | ((u >> 24) & 0x80) */
 	return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24),
 					 _mm512_set1_epi32(0x80), 0xf8);

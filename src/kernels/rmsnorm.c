@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 
 #define ROW(p, dt, ld, r) ((char *)(p) + (r) * (ld) * fep_k_dtype_size(dt))
+#define RMS_YBUF 8192
 #define CROW(p, dt, ld, r) ((const char *)(p) + (r) * (ld) * fep_k_dtype_size(dt))
 
 /* ---- scalar reference ---- */
@@ -149,10 +150,19 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		const char *x = CROW(a->in, dt, a->ld_in, r);
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
-		__m512 acc = _mm512_setzero_ps(), vi;
+		__m512 acc = _mm512_setzero_ps(), acc1 = acc, vi;
 		float inv;
 
-		for (i = 0; i < n; i += 16) {
+		i = 0;
+		if (!res) /* two chains, full vectors */
+			for (; i + 32 <= n; i += 32) {
+				__m512 v0 = fep512_load(x, dt, i, 0xffff);
+				__m512 v1 = fep512_load(x, dt, i + 16, 0xffff);
+
+				acc = _mm512_fmadd_ps(v0, v0, acc);
+				acc1 = _mm512_fmadd_ps(v1, v1, acc1);
+			}
+		for (; i < n; i += 16) {
 			__mmask16 k = fep512_mask(n - i);
 			__m512 v = fep512_load(x, dt, i, k);
 
@@ -169,30 +179,68 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			}
 			acc = _mm512_fmadd_ps(v, v, acc);
 		}
-		inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + a->eps);
+		inv = 1.0f / sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(acc, acc1)) /
+				   (float)n + a->eps);
 		vi = _mm512_set1_ps(inv);
 		if (odt != FEP_K_FP8) {
 			char *out = ROW(a->out, odt, a->ld_out, r);
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
 
-			for (i = 0; i + 16 <= n; i += 16) {
-				__m512 g = _mm512_add_ps(_mm512_loadu_ps(gamma + i), wo);
-				fep512_store_nt(out, odt, i, _mm512_mul_ps(_mm512_mul_ps(
-					fep512_load(h, dt, i, 0xffff), vi), g), 0xffff, ntr);
+			for (i = 0; i + 32 <= n; i += 32) {
+				__m512 g0 = _mm512_add_ps(_mm512_loadu_ps(gamma + i), wo);
+				__m512 g1 = _mm512_add_ps(_mm512_loadu_ps(gamma + i + 16), wo);
+
+				fep512_store32(out, odt, i,
+					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, 0xffff),
+								    vi), g0),
+					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
+								    vi), g1), ntr);
 			}
-			if (i < n) {
+			for (; i < n; i += 16) {
 				__mmask16 k = fep512_mask(n - i);
 				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
 				fep512_store(out, odt, i, _mm512_mul_ps(_mm512_mul_ps(
 					fep512_load(h, dt, i, k), vi), g), k);
 			}
 		} else {
+			/* the normalized row, kept between the amax and the
+			 * encoding pass (32 KiB of stack; longer rows recompute) */
+			float ybuf[RMS_YBUF] __attribute__((aligned(64)));
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
 			__m512i m = _mm512_setzero_si512();
 			__m512 is;
 			float s;
 
+			if (n <= RMS_YBUF) { /* keep y for the encoding pass */
+				for (i = 0; i < n; i += 16) {
+					__mmask16 k = fep512_mask(n - i);
+					__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
+					__m512 y = _mm512_mul_ps(_mm512_mul_ps(
+						fep512_load(h, dt, i, k), vi), g);
+
+					_mm512_store_ps(ybuf + i, y);
+					m = _mm512_max_epu32(m, fep512_absbits(y));
+				}
+				s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(m)),
+						  a->scale_ub, a->pow2);
+				a->scales[r * a->ld_scales] = s;
+				is = _mm512_set1_ps(1.0f / s);
+#define YB(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), is))
+				for (i = 0; i + 64 <= n; i += 64) {
+					__m512i q = fep512_pack4(YB(0), YB(16), YB(32), YB(48));
+
+					if (ntr)
+						_mm512_stream_si512((void *)(out + i), q);
+					else
+						_mm512_storeu_si512(out + i, q);
+				}
+#undef YB
+				for (; i < n; i += 16)
+					_mm_mask_storeu_epi8(out + i, fep512_mask(n - i),
+						fep512_e4m3(_mm512_mul_ps(_mm512_load_ps(ybuf + i), is)));
+				continue;
+			}
 			for (i = 0; i < n; i += 16) {
 				__mmask16 k = fep512_mask(n - i);
 				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);

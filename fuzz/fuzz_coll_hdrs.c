@@ -1,0 +1,59 @@
+/*
+ * fuzz_coll_hdrs.c - the slot headers peers write in an allreduce
+ * (src/coll/allreduce.c: struct fep_ar_hdr: call number, rows, cols,
+ * status, op), as fep_ar_verdict turns them into the verdict every rank
+ * returns after phase 1.
+ *
+ * Input: world size, rank, slot stride, this rank's header, then the
+ * slots of all ranks.
+ */
+#include "../src/coll/allreduce.c"
+
+#include "fuzz.h"
+
+#define FUZZ_MAX_SIZE 8
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	fuzz_quiet();
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+{
+	struct fuzz_in in = { data, n };
+	struct fabep_allreduce h;
+	struct fabep_comm comm;
+	struct fep_ar_hdr mine;
+	uint8_t *slots;
+	const uint8_t *p;
+	size_t got, len;
+	int ret;
+
+	memset(&h, 0, sizeof(h));
+	memset(&comm, 0, sizeof(comm));
+	comm.size = 1 + fuzz_u8(&in) % FUZZ_MAX_SIZE;
+	comm.rank = fuzz_u8(&in) % comm.size;
+	h.comm = &comm;
+	h.lay.blk1 = FEP_AR_HDR + 64 * (fuzz_u8(&in) % 4);
+	memset(&mine, 0, sizeof(mine));
+	p = fuzz_bytes(&in, sizeof(mine), &got);
+	memcpy(&mine, p, got);
+	/* this rank's own status is its own, never a wire value */
+	if (mine.status > 0)
+		mine.status = -mine.status;
+	len = (size_t)comm.size * h.lay.blk1;
+	slots = malloc(len);
+	if (!slots)
+		abort();
+	memset(slots, 0, len);
+	p = fuzz_bytes(&in, len, &got);
+	memcpy(slots, p, got);
+
+	ret = fep_ar_verdict(&h, &mine, slots, "fuzz allreduce");
+	/* the verdict is what fabep_allreduce returns: 0 or an error */
+	FUZZ_CHECK(ret <= 0);
+	FUZZ_CHECK(ret != 0 || !h.broken);
+	free(slots);
+	return 0;
+}

@@ -1,0 +1,50 @@
+/*
+ * fuzz_comm_hello.c - what every rank sends at communicator creation
+ * (struct fep_hello: host, provider, domain, signal, heap size), as
+ * fep_comm_check_hellos (src/core/comm.c) compares and reports it.  The
+ * bytes come from the bootstrap, so from a peer: nothing in them (strings
+ * included) may be trusted.
+ *
+ * Input: world size, this rank, then the hellos back to back.
+ */
+#include "../src/core/comm.c"
+
+#include "fuzz.h"
+
+#define FUZZ_MAX_SIZE 8
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	fuzz_quiet();
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+{
+	struct fuzz_in in = { data, n };
+	struct fabep_comm comm;
+	struct fep_hello *h;
+	const uint8_t *p;
+	size_t got;
+	int ret;
+
+	memset(&comm, 0, sizeof(comm));
+	comm.size = 1 + fuzz_u8(&in) % FUZZ_MAX_SIZE;
+	comm.rank = fuzz_u8(&in) % comm.size;
+	/* exactly size hellos, so ASan sees any read past them */
+	h = malloc((size_t)comm.size * sizeof(*h));
+	if (!h)
+		abort();
+	memset(h, 0, (size_t)comm.size * sizeof(*h));
+	p = fuzz_bytes(&in, (size_t)comm.size * sizeof(*h), &got);
+	memcpy(h, p, got);
+	ret = fep_comm_check_hellos(&comm, h);
+	FUZZ_CHECK(ret == 0 || ret == -FABEP_ERR_MISMATCH);
+	if (!ret) {
+		FUZZ_CHECK(comm.local_size >= 1 && comm.local_size <= comm.size);
+		FUZZ_CHECK(comm.local_rank >= 0 &&
+			   comm.local_rank < comm.local_size);
+	}
+	free(h);
+	return 0;
+}

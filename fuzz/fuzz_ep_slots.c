@@ -1,0 +1,187 @@
+/*
+ * fuzz_ep_slots.c - what peers write into a rank's MoE receive slots
+ * (src/ep): the dispatch slot headers and token records (sequence, magic,
+ * status, count, token index, local expert ids, weights), checked by
+ * fep_ep_check_hdrs (layout.c) and build (dispatch.c) before anything is
+ * gathered; and the combine slot headers, whose counts must equal what
+ * this rank sent.
+ *
+ * The handle is made by the real fabep_moe_create on a fake communicator:
+ * a heap in plain memory, sized exactly (so ASan sees any access past
+ * it), and a bootstrap of one process that answers for every rank.
+ *
+ * Input: geometry bytes (ranks, rank, experts per rank, top_k, hidden,
+ * max_tokens, token type and flags), then per source rank a header mode byte (valid
+ * header with a fuzzed count / fully fuzzed header) and count, then the
+ * bytes of the records, then the combine counts.
+ */
+#include "../src/ep/dispatch.c"
+
+#include "fuzz.h"
+
+#define FUZZ_MAX_SIZE 4
+
+/* A bootstrap whose allgather copies this rank's block to every rank's:
+ * every rank agrees with this one. */
+static int fake_allgather(fep_boot_t *b, const void *in, void *out, size_t len)
+{
+	int r;
+
+	for (r = 0; r < b->size; r++)
+		memcpy((char *)out + (size_t)r * len, in, len);
+	return 0;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	fuzz_quiet();
+	return 0;
+}
+
+/* Every row build placed must point into the slots of set b. */
+static void fuzz_check_result(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	size_t r, rows = 0;
+	int e;
+
+	for (e = 0; e < m->L; e++) {
+		FUZZ_CHECK(s->row_offsets[e + 1] - s->row_offsets[e] == s->counts[e]);
+		rows += s->counts[e];
+	}
+	FUZZ_CHECK(rows == s->rows);
+	for (r = 0; r < s->rows; r++) {
+		int32_t src = s->src_info[3 * r], t = s->src_info[3 * r + 1];
+		int32_t j = s->src_info[3 * r + 2];
+
+		FUZZ_CHECK(src >= 0 && src < m->size);
+		FUZZ_CHECK(t >= 0 && t < m->cfg.max_tokens);
+		FUZZ_CHECK(j >= 0 && j < m->k);
+	}
+	(void)b;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
+{
+	struct fuzz_in in = { data, n };
+	fabep_moe_config_t cfg;
+	struct fabep_comm comm;
+	struct fep_fabric *fab;
+	fep_boot_t boot;
+	struct fabep_moe *m = NULL;
+	struct fep_ep_set *s;
+	uint8_t tt;
+	size_t need, got, i;
+	uint64_t seq = 7;
+	int size, rank, r, b = 0, ret;
+
+	memset(&comm, 0, sizeof(comm));
+	memset(&boot, 0, sizeof(boot));
+	size = 1 + fuzz_u8(&in) % FUZZ_MAX_SIZE;
+	rank = fuzz_u8(&in) % size;
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = size * (1 + fuzz_u8(&in) % 4);
+	cfg.top_k = 1 + fuzz_u8(&in) % 4;
+	cfg.hidden = 1 + fuzz_u8(&in) % 48;
+	cfg.max_tokens = fuzz_u8(&in) % 9;
+	tt = fuzz_u8(&in);
+	cfg.token_type = (fabep_moe_type_t)(tt % 4);
+	cfg.input_type = FABEP_MOE_BF16;
+	cfg.combine_type = (tt & 4) ? FABEP_MOE_FP32 : FABEP_MOE_BF16;
+	cfg.fp8_block = (tt & 8) && cfg.hidden >= 16 ? 16 : 0;
+	cfg.buffer_sets = 1 + (tt >> 4) % 2;
+#ifdef FABEP_MOE_ZERO_COPY
+	if (tt & 32)
+		cfg.flags |= FABEP_MOE_ZERO_COPY;
+#endif
+	need = fabep_moe_heap_bytes(&cfg, size);
+	if (!need)
+		return 0;
+
+	fab = calloc(1, sizeof(*fab));
+	if (!fab)
+		abort();
+	fab->heap_size = need;
+	fab->heap = malloc(need);
+	if (!fab->heap)
+		abort();
+	memset(fab->heap, 0, need);
+	fab->rank = rank;
+	fab->size = size;
+	boot.rank = rank;
+	boot.size = size;
+	boot.allgather = fake_allgather;
+	comm.rank = rank;
+	comm.size = size;
+	comm.boot = &boot;
+	comm.fab = fab;
+	comm.timeout_ms = 1000;
+	ret = fabep_moe_create(&comm, &cfg, &m);
+	FUZZ_CHECK(ret == 0);
+
+	/* The dispatch slots of set b, as peers would have left them. */
+	s = &m->set[b];
+	s->seq = seq;
+	for (r = 0; r < size; r++) {
+		uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
+		uint8_t mode = fuzz_u8(&in);
+		const uint8_t *p;
+
+		if (mode & 1) {
+			p = fuzz_bytes(&in, FEP_EP_HDR, &got);
+			memcpy(slot, p, got);
+		} else {
+			fep_ep_hdr_write(slot, seq, (mode & 2) ? -(int)fuzz_u8(&in) : 0,
+					 (mode & 4) ? fuzz_u32(&in) : fuzz_u8(&in) % 10);
+		}
+	}
+	for (r = 0; r < size; r++) {
+		uint8_t *recs = (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
+				m->hdr_recs * m->rec_bytes;
+		const uint8_t *p;
+
+		for (i = 0; i < (size_t)cfg.max_tokens && in.n; i++) {
+			/* the metadata of each record: token, pad, ids, weights */
+			p = fuzz_bytes(&in, m->meta_bytes, &got);
+			memcpy(recs + i * m->rec_bytes, p, got);
+		}
+	}
+
+	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dslot(m, b, 0),
+				m->dslot_bytes, seq, NULL, 0, s->rcount);
+	FUZZ_CHECK(ret <= 0);
+	if (!ret) {
+		for (r = 0; r < size; r++)
+			FUZZ_CHECK(s->rcount[r] <= (uint32_t)cfg.max_tokens);
+		ret = build(m, b, s);
+		FUZZ_CHECK(ret <= 0);
+		if (!ret)
+			fuzz_check_result(m, b, s);
+	}
+
+	/* The combine slots: counts must be what this rank sent. */
+	for (r = 0; r < size; r++) {
+		uint8_t *slot = fep_heap_at(fab, fep_ep_cslot(m, b, r));
+		uint8_t mode = fuzz_u8(&in);
+
+		s->sent[r] = fuzz_u8(&in) % (uint32_t)(cfg.max_tokens + 1);
+		if (mode & 1) {
+			const uint8_t *p = fuzz_bytes(&in, FEP_EP_HDR, &got);
+
+			memcpy(slot, p, got);
+		} else {
+			fep_ep_hdr_write(slot, seq, (mode & 2) ? -(int)fuzz_u8(&in) : 0,
+					 (mode & 4) ? fuzz_u32(&in) : s->sent[r]);
+		}
+	}
+	ret = fep_ep_check_hdrs(m, "fuzz combine", fep_ep_cslot(m, b, 0),
+				m->cslot_bytes, seq, s->sent, 0, s->rcount);
+	FUZZ_CHECK(ret <= 0);
+	if (!ret)
+		for (r = 0; r < size; r++)
+			FUZZ_CHECK(s->rcount[r] == s->sent[r]);
+
+	fabep_moe_destroy(m);
+	free(fab->heap);
+	free(fab);
+	return 0;
+}

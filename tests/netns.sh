@@ -1,0 +1,167 @@
+#!/bin/sh
+# netns.sh - several "hosts" on one machine: 3 network namespaces (each
+# with its own hostname, through unshare --uts) joined by veth pairs to a
+# bridge that lives in a fourth namespace, with private addresses
+# 10.231.0.1-3/24 that exist only inside these namespaces.  4 ranks over
+# the tcp provider (two in the first namespace, one in each other):
+#   1. fabep_bench -o moe --check (dispatch + combine, checked),
+#   2. fabep_bench --soak (dispatch + combine + allreduce, fresh random
+#      routing every round, every result checked, memory watched).
+# Everything it makes (namespaces, links, processes) is removed on every
+# exit path.  Needs root, ip(8) and unshare(1); exit 77 with the reason
+# where namespaces cannot be made.  Runs from the build directory.
+top_builddir=${top_builddir:-.}
+bench=$(cd "$top_builddir" && pwd)/utils/fabep_bench
+tag=fep$$
+hub=${tag}hub
+nns=3
+ranks=4
+net=10.231.0
+soak_s=${NETNS_SOAK_SECONDS:-4}
+tmp=${TMPDIR:-/tmp}/fabep-netns.$$
+pids=
+made=
+
+skip() {
+	echo "SKIP: $*"
+	exit 77
+}
+
+cleanup() {
+	trap - EXIT INT TERM HUP
+	for p in $pids; do
+		kill -KILL "$p" 2>/dev/null
+	done
+	for p in $pids; do
+		wait "$p" 2>/dev/null
+	done
+	# anything still running inside our namespaces
+	for n in $made; do
+		for p in $(ip netns pids "$n" 2>/dev/null); do
+			kill -KILL "$p" 2>/dev/null
+		done
+	done
+	for n in $made; do
+		ip netns del "$n" 2>/dev/null
+	done
+	rm -f "$tmp".*
+}
+
+[ -x "$bench" ] || { echo "FAIL: $bench not built"; exit 1; }
+[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces (uid $(id -u))"
+command -v ip >/dev/null 2>&1 || skip "no ip(8) command"
+command -v unshare >/dev/null 2>&1 || skip "no unshare(1) command"
+to=
+command -v timeout >/dev/null 2>&1 && to="timeout -s KILL"
+[ -n "$to" ] || skip "no timeout(1) command"
+
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+ip netns add "$hub" 2>"$tmp.err" ||
+	skip "cannot make a network namespace: $(cat "$tmp.err")"
+made="$hub"
+ip -n "$hub" link add br0 type bridge 2>"$tmp.err" ||
+	skip "cannot make a bridge in a namespace: $(cat "$tmp.err")"
+ip -n "$hub" link set br0 up || exit 1
+ip -n "$hub" link set lo up || exit 1
+i=1
+while [ $i -le $nns ]; do
+	n=${tag}h$i
+	ip netns add "$n" || { echo "FAIL: ip netns add $n"; exit 1; }
+	made="$made $n"
+	ip -n "$hub" link add "v$i" type veth peer name eth0 netns "$n" 2>"$tmp.err" ||
+		skip "cannot make a veth pair: $(cat "$tmp.err")"
+	ip -n "$hub" link set "v$i" master br0 up || exit 1
+	ip -n "$n" link set lo up || exit 1
+	ip -n "$n" addr add "$net.$i/24" dev eth0 || exit 1
+	ip -n "$n" link set eth0 up || exit 1
+	i=$((i + 1))
+done
+# the namespaces reach each other (the only traffic: inside them)
+if command -v ping >/dev/null 2>&1; then
+	ok=0
+	for try in 1 2 3 4 5 6 7 8 9 10; do
+		if ip netns exec "${tag}h1" ping -c 1 -W 1 "$net.$nns" >/dev/null 2>&1; then
+			ok=1
+			break
+		fi
+	done
+	[ $ok = 1 ] || { echo "FAIL: $net.1 cannot reach $net.$nns"; exit 1; }
+else
+	sleep 1
+fi
+
+# rank -> namespace: 0 and 1 share the first "host"
+ns_of() {
+	case $1 in
+	0 | 1) echo 1 ;;
+	*) echo $(($1 - 1)) ;;
+	esac
+}
+
+fails=0
+port=$((20000 + $$ % 20000))
+
+# run_ranks NAME TIMEOUT_S ARGS...: every rank in its namespace, waits
+run_ranks() {
+	name=$1
+	lim=$2
+	shift 2
+	port=$((port + 1))
+	pids=
+	r=0
+	while [ $r -lt $ranks ]; do
+		i=$(ns_of $r)
+		$to "$lim" ip netns exec "${tag}h$i" unshare --uts sh -c \
+			'hostname "$0"; exec "$@"' "fabep-host$i" \
+			env FABEP_RANK=$r FABEP_WORLD_SIZE=$ranks \
+			FABEP_ROOT="$net.1:$port" FABEP_PROVIDER=tcp \
+			FABEP_TIMEOUT_MS=20000 FABEP_HEAP_SIZE=256M FABEP_THREADS=1 \
+			"$bench" "$@" >"$tmp.$name.$r.out" 2>"$tmp.$name.$r.err" &
+		pids="$pids $!"
+		r=$((r + 1))
+	done
+	r=0
+	bad=0
+	for p in $pids; do
+		wait "$p"
+		rc=$?
+		if [ $rc -ne 0 ]; then
+			echo "FAIL: $name: rank $r exited $rc"
+			sed 's/^/    /' "$tmp.$name.$r.out" "$tmp.$name.$r.err" | tail -15
+			bad=1
+		fi
+		r=$((r + 1))
+	done
+	pids=
+	[ $bad = 0 ] || fails=$((fails + 1))
+	cat "$tmp.$name.0.out"
+	return $bad
+}
+
+# 1. dispatch + combine, checked (rank 0 prints "check: ok")
+if run_ranks moe 120 -o moe --check -m -t 32 -H 512 -k 4 -e 8 -I 5 -w 1; then
+	grep -q 'check: ok' "$tmp.moe.0.out" ||
+		{ echo "FAIL: moe: no 'check: ok'"; fails=$((fails + 1)); }
+	grep -q 'provider: tcp' "$tmp.moe.0.out" ||
+		{ echo "FAIL: moe: not on tcp"; fails=$((fails + 1)); }
+fi
+
+# 2. dispatch + combine + allreduce soak, every result checked
+if run_ranks soak $((soak_s + 120)) --soak "$soak_s" -m; then
+	line=$(grep '^op: soak ' "$tmp.soak.0.out" | tail -1)
+	echo "$line" | grep -q ' errors: 0 ' ||
+		{ echo "FAIL: soak: errors"; fails=$((fails + 1)); }
+	echo "$line" | grep -q ' result: ok' ||
+		{ echo "FAIL: soak: result"; fails=$((fails + 1)); }
+	echo "$line" | grep -q ' ranks: 4 ' ||
+		{ echo "FAIL: soak: not 4 ranks"; fails=$((fails + 1)); }
+fi
+
+if [ $fails -ne 0 ]; then
+	echo "netns: $fails failures"
+	exit 1
+fi
+echo "netns: $ranks ranks in $nns namespaces over tcp: moe checked, soak clean"
+exit 0

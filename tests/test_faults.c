@@ -1,0 +1,1069 @@
+/*
+ * test_faults.c - what survivors see when a rank dies or stalls, bad
+ * rendezvous peers, and bad arguments to every public call.
+ *
+ * Fault matrix (shm and tcp, 3 forked ranks, FABEP_TIMEOUT_MS=1000): rank
+ * 2 is killed with SIGKILL before, during and after a dispatch, a combine
+ * and an allreduce, or stopped with SIGSTOP during one.  Every survivor
+ * must return -ETIMEDOUT, -FABEP_ERR_PEER_LOST or -FABEP_ERR_PEER within
+ * the timeout (plus slack) of entering the failing call, log a message
+ * naming rank 2 (its stderr is captured into a file and searched), free
+ * its handles and destroy its communicator within a bound.  A stopped rank
+ * is resumed (SIGCONT) once the survivors are done and must itself fail
+ * cleanly.  Each case prints one table row ("FAULTROW | ...") to stderr:
+ * fault, operation, provider, the error, and the milliseconds from the
+ * fault to the error (collected into notes/faults.md).
+ *
+ * "During" is between the send and receive halves for dispatch and
+ * combine; for allreduce (no halves) the victim's input pages are
+ * PROT_NONE, and the SIGSEGV handler kills or stops it at the library's
+ * first read of the input, inside the call.  "After" is once the call returned
+ * on the victim: the survivors fail in the next call.
+ */
+#include "config.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include "fabep.h"
+#include "harness.h"
+
+/* With --enable-sanitizers, survivors check for leaks after they freed
+ * everything (the ranks leave with _exit, which skips LeakSanitizer's own
+ * check at exit). */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#define LEAK_CHECK() __lsan_do_recoverable_leak_check()
+/* the harness's own bookkeeping, inherited from the parent at fork */
+const char *__lsan_default_suppressions(void);
+__attribute__((visibility("default"), used))
+const char *__lsan_default_suppressions(void)
+{
+	return "leak:harness_run\n";
+}
+#else
+#define LEAK_CHECK() 0
+#endif
+
+#define TIMEOUT_MS 1000
+/* slack over the timeout for a loaded 2-core machine */
+#define SLACK_MS 1500
+#define NRANKS 3
+#define VICTIM (NRANKS - 1)
+#define FAULT_ROUND 3
+#define ROUNDS (FAULT_ROUND + 2)
+
+enum { OP_DISPATCH, OP_COMBINE, OP_AR, OP_N };
+enum { F_KILL_BEFORE, F_KILL_DURING, F_KILL_AFTER, F_STOP, F_N };
+
+static const char *op_names[] = { "dispatch", "combine", "allreduce" };
+static const char *fault_names[] = { "SIGKILL before", "SIGKILL during",
+				     "SIGKILL after", "SIGSTOP during" };
+
+struct rank_res {
+	int err;          /* the first error a survivor saw */
+	int failed_op;    /* in which operation */
+	int round;        /* of which round */
+	int64_t call_ms;  /* from entering that call to its return */
+	int64_t fault_ms; /* from the fault to that return */
+	int64_t destroy_ms;
+	int destroy_ret;
+	int named;        /* its log names the victim */
+	int leaked;       /* LeakSanitizer found leaks after destroy */
+	int done;
+};
+
+struct shared {
+	pid_t pid[NRANKS];
+	int64_t t_fault_ns;  /* set by the victim just before it dies/stops */
+	int survivors_done;
+	struct rank_res res[NRANKS];
+};
+
+static struct shared *g_sh;
+
+struct fcase {
+	const char *prov;
+	int op, fault;
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void sleep_us(long us)
+{
+	struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+
+	nanosleep(&ts, NULL);
+}
+
+static void shared_init(void)
+{
+	if (!g_sh) {
+		g_sh = mmap(NULL, sizeof(*g_sh), PROT_READ | PROT_WRITE,
+			    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		ck_assert(g_sh != MAP_FAILED);
+	}
+	memset(g_sh, 0, sizeof(*g_sh));
+}
+
+/* ---- stderr capture ---- */
+
+struct capture {
+	FILE *f;
+	int saved;
+};
+
+static void capture_begin(struct capture *c)
+{
+	fflush(stderr);
+	c->f = tmpfile();
+	c->saved = -1;
+	if (!c->f)
+		return;
+	c->saved = dup(2);
+	dup2(fileno(c->f), 2);
+}
+
+/* Restore stderr; returns the captured text (malloc'd, "" on failure). */
+static char *capture_end(struct capture *c)
+{
+	char *buf;
+	long n;
+
+	fflush(stderr);
+	if (!c->f)
+		return strdup("");
+	dup2(c->saved, 2);
+	close(c->saved);
+	fseek(c->f, 0, SEEK_END);
+	n = ftell(c->f);
+	if (n < 0)
+		n = 0;
+	buf = calloc(1, (size_t)n + 1);
+	fseek(c->f, 0, SEEK_SET);
+	if (buf && n && fread(buf, 1, (size_t)n, c->f) != (size_t)n)
+		buf[0] = '\0';
+	fclose(c->f);
+	return buf ? buf : strdup("");
+}
+
+/* Whether a log line names rank `r` as the culprit ("rank 2", "ranks 0, 2"). */
+static int log_names(const char *log, int r)
+{
+	char pat[3][32];
+	int i;
+
+	snprintf(pat[0], sizeof(pat[0]), "rank %d ", r);
+	snprintf(pat[1], sizeof(pat[1]), "ranks %d", r);
+	snprintf(pat[2], sizeof(pat[2]), ", %d never", r);
+	for (i = 0; i < 3; i++)
+		if (strstr(log, pat[i]))
+			return 1;
+	snprintf(pat[0], sizeof(pat[0]), "rank %d:", r);
+	snprintf(pat[1], sizeof(pat[1]), "rank %d)", r);
+	snprintf(pat[2], sizeof(pat[2]), "rank %d\n", r);
+	for (i = 0; i < 3; i++)
+		if (strstr(log, pat[i]))
+			return 1;
+	return 0;
+}
+
+/* ---- the victim ---- */
+
+static void fault_now(int sig)
+{
+	__atomic_store_n(&g_sh->t_fault_ns, now_ns(), __ATOMIC_SEQ_CST);
+	kill(getpid(), sig);
+}
+
+/*
+ * "During" an allreduce: the victim passes an input whose pages are
+ * PROT_NONE, so the library's first read of it faults inside the call;
+ * the handler then kills the process (or stops it, after making the pages
+ * readable, so that it resumes where it was).
+ */
+static void *g_trap;
+static size_t g_trap_len;
+static int g_trap_sig;
+
+static void trap_handler(int sig, siginfo_t *si, void *uc)
+{
+	char *a = si->si_addr;
+
+	(void)sig;
+	(void)uc;
+	if (!g_trap || a < (char *)g_trap || a >= (char *)g_trap + g_trap_len) {
+		signal(SIGSEGV, SIG_DFL);
+		return; /* a real crash: fault again, default action */
+	}
+	mprotect(g_trap, g_trap_len, PROT_READ | PROT_WRITE);
+	fault_now(g_trap_sig);
+}
+
+static float *trap_input(const float *src, size_t n, int sig)
+{
+	struct sigaction sa;
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+
+	g_trap_len = (n * sizeof(float) + pg - 1) / pg * pg;
+	g_trap = mmap(NULL, g_trap_len, PROT_READ | PROT_WRITE,
+		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (g_trap == MAP_FAILED)
+		return NULL;
+	memcpy(g_trap, src, n * sizeof(float));
+	g_trap_sig = sig;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = trap_handler;
+	sa.sa_flags = SA_SIGINFO;
+	sigaction(SIGSEGV, &sa, NULL);
+	mprotect(g_trap, g_trap_len, PROT_NONE);
+	return g_trap;
+}
+
+/* ---- one rank of a fault case ---- */
+
+#define E_EXPERTS 6
+#define E_TOPK 2
+#define E_HIDDEN 64
+#define E_TOKENS 16
+#define AR_ROWS 64
+#define AR_COLS 1024
+
+struct world {
+	fabep_comm_t *comm;
+	fabep_moe_t *moe;
+	fabep_allreduce_t *ar;
+	int32_t ids[E_TOKENS * E_TOPK];
+	float w[E_TOKENS * E_TOPK];
+	uint16_t x[E_TOKENS * E_HIDDEN];
+	uint16_t *y;
+	uint16_t out[E_TOKENS * E_HIDDEN];
+	float *arin, *arout;
+};
+
+static int world_open(struct world *wd, int rank, int size)
+{
+	fabep_moe_config_t cfg;
+	fabep_comm_attr_t a;
+	uint64_t s = 77 + (uint64_t)rank;
+	size_t i;
+	int ret;
+
+	memset(wd, 0, sizeof(*wd));
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = E_EXPERTS;
+	cfg.top_k = E_TOPK;
+	cfg.hidden = E_HIDDEN;
+	cfg.max_tokens = E_TOKENS;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = TIMEOUT_MS;
+	a.heap_size = fabep_moe_heap_bytes(&cfg, size) +
+		      fabep_allreduce_heap_bytes(AR_ROWS, AR_COLS, FABEP_AR_F32, size) +
+		      (2u << 20);
+	ret = fabep_comm_create(&a, &wd->comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank, fabep_strerror(ret));
+		return ret;
+	}
+	ret = fabep_moe_create(wd->comm, &cfg, &wd->moe);
+	if (!ret)
+		ret = fabep_allreduce_create(wd->comm, AR_ROWS, AR_COLS, FABEP_AR_F32,
+					     &wd->ar);
+	if (ret) {
+		fprintf(stderr, "rank %d: handles: %s\n", rank, fabep_strerror(ret));
+		return ret;
+	}
+	for (i = 0; i < E_TOKENS * E_TOPK; i++) {
+		wd->ids[i] = (int32_t)(fep_test_rand(&s) % E_EXPERTS);
+		wd->w[i] = 0.5f;
+	}
+	for (i = 0; i < E_TOKENS * E_HIDDEN; i++)
+		wd->x[i] = 0x3f80; /* 1.0 */
+	wd->y = calloc((size_t)E_TOKENS * E_TOPK * NRANKS * E_HIDDEN, 2);
+	wd->arin = calloc(AR_ROWS * AR_COLS, 4);
+	wd->arout = calloc(AR_ROWS * AR_COLS, 4);
+	if (!wd->y || !wd->arin || !wd->arout)
+		return -ENOMEM;
+	for (i = 0; i < AR_ROWS * AR_COLS; i++)
+		wd->arin[i] = (float)rank + 1;
+	return 0;
+}
+
+/* Free the handles (not collective), then destroy the communicator. */
+static int world_close(struct world *wd, int64_t *ms)
+{
+	int64_t t0;
+	int ret;
+
+	fabep_moe_destroy(wd->moe);
+	fabep_allreduce_destroy(wd->ar);
+	t0 = now_ns();
+	ret = fabep_comm_destroy(wd->comm);
+	if (ms)
+		*ms = (now_ns() - t0) / 1000000;
+	free(wd->y);
+	free(wd->arin);
+	free(wd->arout);
+	return ret;
+}
+
+static int fault_rank(int rank, int size, void *arg)
+{
+	const struct fcase *fc = arg;
+	struct rank_res *res = &g_sh->res[rank];
+	int victim = rank == VICTIM, sig = fc->fault == F_STOP ? SIGSTOP : SIGKILL;
+	int during = fc->fault == F_KILL_DURING || fc->fault == F_STOP;
+	struct capture cap;
+	struct world wd;
+	fabep_moe_recv_t rv;
+	int round, op = 0, ret = 0, rc = 0;
+	int64_t t_call = 0, tf;
+	char *log;
+
+	g_sh->pid[rank] = getpid();
+	capture_begin(&cap);
+	ret = world_open(&wd, rank, size);
+	if (ret) {
+		/* creation itself can time out on a loaded machine: the
+		 * caller tries again */
+		log = capture_end(&cap);
+		fprintf(stderr, "%s", log);
+		free(log);
+		if (wd.comm) {
+			fabep_moe_destroy(wd.moe);
+			fabep_allreduce_destroy(wd.ar);
+			fabep_comm_destroy(wd.comm);
+		}
+		return 77;
+	}
+	for (round = 1; round <= ROUNDS && !ret; round++) {
+		int hit = victim && round == FAULT_ROUND;
+
+		/* dispatch */
+		op = OP_DISPATCH;
+		if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_BEFORE)
+			fault_now(sig);
+		t_call = now_ns();
+		ret = fabep_moe_dispatch_send(wd.moe, wd.x, NULL, E_TOKENS, wd.ids, wd.w);
+		if (ret)
+			break;
+		if (hit && fc->op == OP_DISPATCH && during)
+			fault_now(sig);
+		ret = fabep_moe_dispatch_recv(wd.moe, &rv);
+		if (ret)
+			break;
+		if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_AFTER)
+			fault_now(sig);
+		memcpy(wd.y, rv.x, rv.rows * E_HIDDEN * 2);
+
+		/* combine */
+		op = OP_COMBINE;
+		if (hit && fc->op == OP_COMBINE && fc->fault == F_KILL_BEFORE)
+			fault_now(sig);
+		t_call = now_ns();
+		ret = fabep_moe_combine_send(wd.moe, wd.y, E_HIDDEN, 0);
+		if (ret)
+			break;
+		if (hit && fc->op == OP_COMBINE && during)
+			fault_now(sig);
+		ret = fabep_moe_combine_recv(wd.moe, wd.out, E_HIDDEN, NULL, NULL);
+		if (ret)
+			break;
+		if (hit && fc->op == OP_COMBINE && fc->fault == F_KILL_AFTER)
+			fault_now(sig);
+
+		/* allreduce */
+		op = OP_AR;
+		if (hit && fc->op == OP_AR && fc->fault == F_KILL_BEFORE)
+			fault_now(sig);
+		{
+			const float *in = wd.arin;
+
+			if (hit && fc->op == OP_AR && during) {
+				in = trap_input(wd.arin, AR_ROWS * AR_COLS, sig);
+				if (!in) {
+					rc = 4;
+					break;
+				}
+			}
+			t_call = now_ns();
+			ret = fabep_allreduce(wd.ar, in, wd.arout, AR_ROWS, AR_COLS);
+			if (ret)
+				break;
+		}
+		if (hit && fc->op == OP_AR && fc->fault == F_KILL_AFTER)
+			fault_now(sig);
+		if (!victim && wd.arout[0] != (float)(size * (size + 1) / 2)) {
+			fprintf(stderr, "rank %d: allreduce gave %g\n", rank,
+				(double)wd.arout[0]);
+			rc = 3;
+			break;
+		}
+	}
+	tf = __atomic_load_n(&g_sh->t_fault_ns, __ATOMIC_SEQ_CST);
+	res->err = ret;
+	res->failed_op = op;
+	res->round = round;
+	res->call_ms = ret ? (now_ns() - t_call) / 1000000 : -1;
+	res->fault_ms = ret && tf ? (now_ns() - tf) / 1000000 : -1;
+	res->destroy_ret = world_close(&wd, &res->destroy_ms);
+	res->leaked = LEAK_CHECK();
+	log = capture_end(&cap);
+	res->named = log_names(log, VICTIM);
+	if (victim) {
+		/* only a stopped victim gets here: resumed after the others */
+		free(log);
+		return rc;
+	}
+	__atomic_store_n(&res->done, 1, __ATOMIC_SEQ_CST);
+	if (!ret || !res->named || rc || res->leaked)
+		fprintf(stderr, "---- rank %d log ----\n%s---- end ----\n", rank, log);
+	free(log);
+	__atomic_add_fetch(&g_sh->survivors_done, 1, __ATOMIC_SEQ_CST);
+	if (rank == 0 && fc->fault == F_STOP) {
+		int64_t dl_ns = now_ns() + 20000000000ll;
+
+		while (__atomic_load_n(&g_sh->survivors_done, __ATOMIC_SEQ_CST) <
+		       NRANKS - 1 && now_ns() < dl_ns)
+			sleep_us(1000);
+		kill(g_sh->pid[VICTIM], SIGCONT);
+	}
+	return rc;
+}
+
+static void run_fault(const char *prov, int op, int fault)
+{
+	struct fcase fc = { prov, op, fault };
+	int status[NRANKS], r;
+	char row[512];
+	size_t l = 0;
+
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	for (r = 0; r < 3; r++) {
+		int again = 0, q;
+
+		shared_init();
+		fep_test_run_ranks_status(NRANKS, 60, fault_rank, &fc, status);
+		for (q = 0; q < NRANKS; q++)
+			again |= status[q] == 77;
+		if (!again)
+			break;
+		fprintf(stderr, "%s %s %s: setting up the ranks failed (a loaded "
+			"machine?); trying again\n", prov, op_names[op],
+			fault_names[fault]);
+	}
+	if (fault == F_STOP)
+		ck_assert_msg(status[VICTIM] < 128, "%s %s %s: the resumed rank died "
+			      "of signal %d", prov, op_names[op], fault_names[fault],
+			      status[VICTIM] - 128);
+	else
+		ck_assert_msg(status[VICTIM] == 128 + SIGKILL, "victim status %d",
+			      status[VICTIM]);
+	l += (size_t)snprintf(row + l, sizeof(row) - l, "FAULTROW | %s | %s | %s |",
+			      fault_names[fault], op_names[op], prov);
+	for (r = 0; r < VICTIM; r++) {
+		struct rank_res *x = &g_sh->res[r];
+
+		l += (size_t)snprintf(row + l, sizeof(row) - l,
+				      " r%d: %s in %s %d, %lld ms after fault (call %lld ms), "
+				      "destroy %lld ms%s%s |", r, fabep_strerror(x->err),
+				      op_names[x->failed_op], x->round, (long long)x->fault_ms,
+				      (long long)x->call_ms, (long long)x->destroy_ms,
+				      x->named ? "" : ", NOT NAMED",
+				      x->leaked ? ", LEAKED" : "");
+	}
+	fprintf(stderr, "%s\n", row);
+	for (r = 0; r < VICTIM; r++) {
+		struct rank_res *x = &g_sh->res[r];
+
+		ck_assert_msg(status[r] == 0, "%s %s %s: survivor %d exited %d", prov,
+			      op_names[op], fault_names[fault], r, status[r]);
+		ck_assert_msg(x->done, "survivor %d did not finish", r);
+		ck_assert_msg(x->err == -ETIMEDOUT || x->err == -FABEP_ERR_PEER_LOST ||
+			      x->err == -FABEP_ERR_PEER,
+			      "%s %s %s: survivor %d got %d (%s)", prov, op_names[op],
+			      fault_names[fault], r, x->err, fabep_strerror(x->err));
+		ck_assert_msg(x->call_ms <= TIMEOUT_MS + SLACK_MS,
+			      "%s %s %s: survivor %d returned after %lld ms", prov,
+			      op_names[op], fault_names[fault], r, (long long)x->call_ms);
+		ck_assert_msg(x->fault_ms >= 0 && x->fault_ms <= 2 * TIMEOUT_MS + SLACK_MS,
+			      "%s %s %s: survivor %d detected %lld ms after the fault",
+			      prov, op_names[op], fault_names[fault], r,
+			      (long long)x->fault_ms);
+		ck_assert_msg(!x->leaked, "%s %s %s: survivor %d leaked memory "
+			      "(LeakSanitizer)", prov, op_names[op], fault_names[fault], r);
+		ck_assert_msg(x->named, "%s %s %s: survivor %d's log does not name "
+			      "rank %d", prov, op_names[op], fault_names[fault], r,
+			      VICTIM);
+		/* destroy's barrier is bounded by min(timeout, 5 s) */
+		ck_assert_msg(x->destroy_ms <= TIMEOUT_MS + SLACK_MS,
+			      "%s: survivor %d's destroy took %lld ms", prov, r,
+			      (long long)x->destroy_ms);
+	}
+}
+
+#define FAULT_TEST(name, prov, op, fault) \
+	START_TEST(name) { setenv("FABEP_TIMEOUT_MS", "1000", 1); run_fault(prov, op, fault); } END_TEST
+
+FAULT_TEST(shm_kill_before_dispatch, "shm", OP_DISPATCH, F_KILL_BEFORE)
+FAULT_TEST(shm_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
+FAULT_TEST(shm_kill_after_dispatch, "shm", OP_DISPATCH, F_KILL_AFTER)
+FAULT_TEST(shm_stop_dispatch, "shm", OP_DISPATCH, F_STOP)
+FAULT_TEST(shm_kill_before_combine, "shm", OP_COMBINE, F_KILL_BEFORE)
+FAULT_TEST(shm_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
+FAULT_TEST(shm_kill_after_combine, "shm", OP_COMBINE, F_KILL_AFTER)
+FAULT_TEST(shm_stop_combine, "shm", OP_COMBINE, F_STOP)
+FAULT_TEST(shm_kill_before_ar, "shm", OP_AR, F_KILL_BEFORE)
+FAULT_TEST(shm_kill_during_ar, "shm", OP_AR, F_KILL_DURING)
+FAULT_TEST(shm_kill_after_ar, "shm", OP_AR, F_KILL_AFTER)
+FAULT_TEST(shm_stop_ar, "shm", OP_AR, F_STOP)
+FAULT_TEST(tcp_kill_before_dispatch, "tcp", OP_DISPATCH, F_KILL_BEFORE)
+FAULT_TEST(tcp_kill_during_dispatch, "tcp", OP_DISPATCH, F_KILL_DURING)
+FAULT_TEST(tcp_kill_after_dispatch, "tcp", OP_DISPATCH, F_KILL_AFTER)
+FAULT_TEST(tcp_stop_dispatch, "tcp", OP_DISPATCH, F_STOP)
+FAULT_TEST(tcp_kill_before_combine, "tcp", OP_COMBINE, F_KILL_BEFORE)
+FAULT_TEST(tcp_kill_during_combine, "tcp", OP_COMBINE, F_KILL_DURING)
+FAULT_TEST(tcp_kill_after_combine, "tcp", OP_COMBINE, F_KILL_AFTER)
+FAULT_TEST(tcp_stop_combine, "tcp", OP_COMBINE, F_STOP)
+FAULT_TEST(tcp_kill_before_ar, "tcp", OP_AR, F_KILL_BEFORE)
+FAULT_TEST(tcp_kill_during_ar, "tcp", OP_AR, F_KILL_DURING)
+FAULT_TEST(tcp_kill_after_ar, "tcp", OP_AR, F_KILL_AFTER)
+FAULT_TEST(tcp_stop_ar, "tcp", OP_AR, F_STOP)
+
+/* ---- rendezvous: FABEP_ROOT names the wrong port ---- */
+
+enum { RDV_NOTHING, RDV_SILENT, RDV_GARBAGE, RDV_CLOSE, RDV_N };
+static const char *rdv_names[] = {
+	"nothing listens", "a silent server", "a server sending garbage",
+	"a server closing at once"
+};
+
+struct rdv {
+	int mode, port, lfd;
+};
+
+struct rdv_res {
+	int ret;
+	int64_t ms;
+	char log[400];
+};
+
+static struct rdv_res *g_rdv;
+
+/* Rank 0 plays the stranger at the port; rank 1 is a fabep rank whose
+ * FABEP_ROOT names it. */
+static int rdv_rank(int rank, int size, void *arg)
+{
+	const struct rdv *rv = arg;
+	static const char junk[] = "SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"
+		"\x00\x00\x05\xdc\x07\x14garbage garbage garbage garbage garbage";
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	struct capture cap;
+	char buf[64], *log;
+	int64_t t0;
+
+	if (rank == 0) {
+		int64_t end = now_ns() + 6000000000ll;
+		int fds[16], nfd = 0, i;
+
+		if (rv->lfd < 0)
+			return 0;
+		while (now_ns() < end && !__atomic_load_n(&g_rdv->ms, __ATOMIC_SEQ_CST)) {
+			struct pollfd p = { rv->lfd, POLLIN, 0 };
+			int fd;
+
+			if (poll(&p, 1, 20) <= 0)
+				continue;
+			fd = accept(rv->lfd, NULL, NULL);
+			if (fd < 0)
+				continue;
+			if (rv->mode == RDV_CLOSE) {
+				close(fd);
+				continue;
+			}
+			if (rv->mode == RDV_GARBAGE &&
+			    send(fd, junk, sizeof(junk), MSG_NOSIGNAL) < 0) {
+				close(fd);
+				continue;
+			}
+			if (nfd < 16)
+				fds[nfd++] = fd;
+			else
+				close(fd);
+		}
+		for (i = 0; i < nfd; i++)
+			close(fds[i]);
+		return 0;
+	}
+	if (rv->lfd >= 0)
+		close(rv->lfd);
+	snprintf(buf, sizeof(buf), "127.0.0.1:%d", rv->port);
+	setenv("FABEP_ROOT", buf, 1);
+	fabep_comm_attr_init(&a);
+	a.timeout_ms = TIMEOUT_MS;
+	a.threads = 1;
+	capture_begin(&cap);
+	t0 = now_ns();
+	g_rdv->ret = fabep_comm_create(&a, &comm);
+	__atomic_store_n(&g_rdv->ms, (now_ns() - t0) / 1000000 + 1, __ATOMIC_SEQ_CST);
+	log = capture_end(&cap);
+	snprintf(g_rdv->log, sizeof(g_rdv->log), "%s", log);
+	free(log);
+	if (!g_rdv->ret)
+		fabep_comm_destroy(comm);
+	return 0;
+}
+
+static void run_rdv(const char *prov, int mode)
+{
+	struct rdv rv = { mode, fep_test_free_port(), -1 };
+	int status[2], one = 1;
+	char *nl;
+
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	if (!g_rdv) {
+		g_rdv = mmap(NULL, sizeof(*g_rdv), PROT_READ | PROT_WRITE,
+			     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		ck_assert(g_rdv != MAP_FAILED);
+	}
+	memset(g_rdv, 0, sizeof(*g_rdv));
+	ck_assert_int_gt(rv.port, 0);
+	if (mode != RDV_NOTHING) {
+		struct sockaddr_in sa;
+
+		rv.lfd = socket(AF_INET, SOCK_STREAM, 0);
+		ck_assert_int_ge(rv.lfd, 0);
+		setsockopt(rv.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		memset(&sa, 0, sizeof(sa));
+		sa.sin_family = AF_INET;
+		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		sa.sin_port = htons((uint16_t)rv.port);
+		ck_assert_int_eq(bind(rv.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		ck_assert_int_eq(listen(rv.lfd, 16), 0);
+	}
+	fep_test_run_ranks_status(2, 30, rdv_rank, &rv, status);
+	if (rv.lfd >= 0)
+		close(rv.lfd);
+	nl = strchr(g_rdv->log, '\n');
+	if (nl)
+		*nl = '\0';
+	fprintf(stderr, "RDVROW | %s | %s | %s | %lld ms | %s |\n", rdv_names[mode],
+		prov, fabep_strerror(g_rdv->ret), (long long)g_rdv->ms - 1,
+		g_rdv->log);
+	ck_assert_msg(status[0] == 0 && status[1] == 0, "statuses %d %d", status[0],
+		      status[1]);
+	ck_assert_msg(g_rdv->ret < 0, "%s: fabep_comm_create gave %d",
+		      rdv_names[mode], g_rdv->ret);
+	ck_assert_msg(g_rdv->ms - 1 <= TIMEOUT_MS + SLACK_MS, "%s: took %lld ms",
+		      rdv_names[mode], (long long)g_rdv->ms - 1);
+	ck_assert_msg(g_rdv->log[0], "%s: nothing logged", rdv_names[mode]);
+	if (mode == RDV_NOTHING || mode == RDV_SILENT)
+		ck_assert_msg(g_rdv->ret == -ETIMEDOUT, "%s: %s", rdv_names[mode],
+			      fabep_strerror(g_rdv->ret));
+}
+
+START_TEST(rdv_nothing) { run_rdv("tcp", RDV_NOTHING); } END_TEST
+START_TEST(rdv_silent) { run_rdv("tcp", RDV_SILENT); } END_TEST
+START_TEST(rdv_garbage) { run_rdv("tcp", RDV_GARBAGE); } END_TEST
+START_TEST(rdv_close) { run_rdv("tcp", RDV_CLOSE); } END_TEST
+
+/* ---- bad arguments to every public call ---- */
+
+#define EXPECT(call, want)                                                  \
+	do {                                                                \
+		long got_ = (long)(call);                                   \
+		if (got_ != (long)(want)) {                                 \
+			fprintf(stderr, "rank %d: line %d: %s gave %ld (%s), " \
+				"want %ld\n", rank, __LINE__, #call, got_,  \
+				fabep_strerror((int)got_), (long)(want));   \
+			return __LINE__ % 200 + 1;                          \
+		}                                                           \
+	} while (0)
+
+#define A_ROWS 8
+#define A_COLS 32
+
+/* A correct dispatch + combine round; the output checked. */
+static int good_moe_round(fabep_moe_t *moe, int rank, int size)
+{
+	int32_t ids[E_TOKENS * E_TOPK];
+	float w[E_TOKENS * E_TOPK];
+	uint16_t x[E_TOKENS * E_HIDDEN], out[E_TOKENS * E_HIDDEN];
+	static uint16_t y[E_TOKENS * E_TOPK * NRANKS * E_HIDDEN];
+	fabep_moe_recv_t rv;
+	int i, ret;
+
+	for (i = 0; i < E_TOKENS * E_TOPK; i++) {
+		ids[i] = (i % E_TOPK) ? -1 : (int32_t)((i / E_TOPK) % E_EXPERTS);
+		w[i] = 1.0f;
+	}
+	for (i = 0; i < E_TOKENS * E_HIDDEN; i++)
+		x[i] = 0x4000; /* 2.0 */
+	ret = fabep_moe_dispatch(moe, x, NULL, E_TOKENS, ids, w, &rv);
+	if (ret)
+		return ret;
+	memcpy(y, rv.x, rv.rows * E_HIDDEN * 2);
+	ret = fabep_moe_combine(moe, y, E_HIDDEN, 0, out, E_HIDDEN, NULL, NULL);
+	if (ret)
+		return ret;
+	for (i = 0; i < E_TOKENS * E_HIDDEN; i++)
+		if (out[i] != 0x4000)
+			return -EIO;
+	(void)rank;
+	(void)size;
+	return 0;
+}
+
+static int good_ar(fabep_allreduce_t *ar, int size)
+{
+	float in[A_ROWS * A_COLS], out[A_ROWS * A_COLS];
+	int i, ret;
+
+	for (i = 0; i < A_ROWS * A_COLS; i++)
+		in[i] = 1.0f;
+	ret = fabep_allreduce(ar, in, out, A_ROWS, A_COLS);
+	if (ret)
+		return ret;
+	for (i = 0; i < A_ROWS * A_COLS; i++)
+		if (out[i] != (float)size)
+			return -EIO;
+	return 0;
+}
+
+static int args_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_config_t cfg, bad;
+	fabep_moe_t *moe = NULL, *m2 = (fabep_moe_t *)&cfg;
+	fabep_allreduce_t *ar = NULL, *a2 = (fabep_allreduce_t *)&cfg;
+	fabep_moe_recv_t rv;
+	fabep_rmsnorm_params_t p;
+	fabep_provider_desc_t desc[2];
+	fabep_signal_t sig;
+	fabep_off_t off = 0, ctr = 0;
+	int32_t ids[E_TOKENS * E_TOPK];
+	float in[A_ROWS * A_COLS], out[A_ROWS * A_COLS], sc[A_ROWS], gamma[A_COLS];
+	uint16_t x[E_TOKENS * E_HIDDEN], y[E_TOKENS * E_HIDDEN];
+	int n, i;
+
+	(void)arg;
+	/* before a communicator exists */
+	EXPECT(fabep_comm_create(NULL, NULL), -EINVAL);
+	fabep_comm_attr_init(NULL);
+	EXPECT(fabep_comm_destroy(NULL), 0);
+	EXPECT(fabep_comm_rank(NULL), -EINVAL);
+	EXPECT(fabep_comm_size(NULL), -EINVAL);
+	EXPECT(fabep_comm_threads(NULL), -EINVAL);
+	EXPECT(fabep_comm_numa_node(NULL), -EINVAL);
+	EXPECT(fabep_comm_provider(NULL), NULL);
+	EXPECT(fabep_comm_domain(NULL), NULL);
+	EXPECT(fabep_heap_size(NULL), 0);
+	EXPECT(fabep_heap_ptr(NULL, 0), NULL);
+	EXPECT(fabep_signal_parse(NULL, &sig), -EINVAL);
+	EXPECT(fabep_signal_parse("ordered", NULL), -EINVAL);
+	EXPECT(fabep_signal_parse("", &sig), -EINVAL);
+	EXPECT(fabep_provider_list(NULL, desc, 2, NULL), -EINVAL);
+	EXPECT(fabep_provider_list(NULL, desc, -1, &n), -EINVAL);
+	EXPECT(fabep_provider_list(NULL, NULL, 2, &n), -EINVAL);
+	EXPECT(fabep_strerror(-123456) != NULL, 1);
+	EXPECT(fabep_strerror(INT32_MIN) != NULL, 1);
+	fabep_comm_attr_init(&a);
+	a.signal = (fabep_signal_t)99;
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	fabep_moe_config_init(NULL);
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = E_EXPERTS;
+	cfg.top_k = E_TOPK;
+	cfg.hidden = E_HIDDEN;
+	cfg.max_tokens = E_TOKENS;
+	EXPECT(fabep_moe_heap_bytes(NULL, size), 0);
+	EXPECT(fabep_moe_heap_bytes(&cfg, 0), 0);
+	EXPECT(fabep_moe_heap_bytes(&cfg, -3), 0);
+	EXPECT(fabep_allreduce_heap_bytes(0, A_COLS, FABEP_AR_F32, size), 0);
+	EXPECT(fabep_allreduce_heap_bytes(A_ROWS, 0, FABEP_AR_F32, size), 0);
+	EXPECT(fabep_allreduce_heap_bytes(A_ROWS, A_COLS, (fabep_ar_dtype_t)7, size), 0);
+	EXPECT(fabep_allreduce_heap_bytes(A_ROWS, A_COLS, FABEP_AR_F32, 0), 0);
+	EXPECT(fabep_allreduce_heap_bytes(SIZE_MAX / 2, SIZE_MAX / 2, FABEP_AR_F32, size), 0);
+
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 10000;
+	a.heap_size = fabep_moe_heap_bytes(&cfg, size) +
+		      fabep_allreduce_heap_bytes(A_ROWS, A_COLS, FABEP_AR_F32, size) +
+		      (1u << 20);
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+
+	/* one-sided */
+	EXPECT(fabep_heap_alloc(NULL, 8, 8, &off), -EINVAL);
+	EXPECT(fabep_heap_alloc(comm, 8, 8, NULL), -EINVAL);
+	EXPECT(fabep_heap_alloc(comm, 8, 3, &off), -EINVAL);
+	EXPECT(fabep_heap_alloc(comm, SIZE_MAX, 8, &off), -FABEP_ERR_HEAP_FULL);
+	EXPECT(fabep_heap_alloc(comm, 64, 64, &off), 0);
+	EXPECT(fabep_heap_alloc(comm, 8, 8, &ctr), 0);
+	EXPECT(fabep_heap_ptr(comm, fabep_heap_size(comm)), NULL);
+	EXPECT(fabep_heap_ptr(comm, UINT64_MAX), NULL);
+	EXPECT(fabep_put(NULL, 0, off, off, 8), -EINVAL);
+	EXPECT(fabep_put(comm, -1, off, off, 8), -EINVAL);
+	EXPECT(fabep_put(comm, size, off, off, 8), -EINVAL);
+	EXPECT(fabep_put(comm, 0, fabep_heap_size(comm) - 4, off, 8), -ERANGE);
+	EXPECT(fabep_put(comm, 0, off, fabep_heap_size(comm) - 4, 8), -ERANGE);
+	EXPECT(fabep_put(comm, 0, off, off, SIZE_MAX), -ERANGE);
+	EXPECT(fabep_put(comm, 0, UINT64_MAX - 2, off, 8), -ERANGE);
+	EXPECT(fabep_put_signal(NULL, 0, off, off, 8, ctr, 1), -EINVAL);
+	EXPECT(fabep_put_signal(comm, 0, off, off, 8, ctr, 0), -EINVAL);
+	EXPECT(fabep_put_signal(comm, 0, off, off, 8, ctr + 4, 1), -EINVAL);
+	EXPECT(fabep_put_signal(comm, 0, off, off, 8, UINT64_MAX - 7, 1), -EINVAL);
+	EXPECT(fabep_put_signal(comm, -5, off, off, 8, ctr, 1), -EINVAL);
+	EXPECT(fabep_flush(NULL), -EINVAL);
+	EXPECT(fabep_progress(NULL), -EINVAL);
+	EXPECT(fabep_wait(NULL, ctr, 0), -EINVAL);
+	EXPECT(fabep_wait(comm, ctr + 1, 0), -EINVAL);
+	EXPECT(fabep_wait(comm, UINT64_MAX - 7, 0), -EINVAL);
+	EXPECT(fabep_counter_read(NULL, ctr), 0);
+	EXPECT(fabep_counter_read(comm, UINT64_MAX - 7), 0);
+	EXPECT(fabep_barrier(NULL), -EINVAL);
+	/* still usable: a put + signal round trip and a barrier */
+	EXPECT(fabep_put_signal(comm, (rank + 1) % size, off, off, 8, ctr, 1), 0);
+	EXPECT(fabep_wait(comm, ctr, 1), 0);
+	EXPECT(fabep_flush(comm), 0);
+	EXPECT(fabep_barrier(comm), 0);
+
+	/* MoE: creation (every rank passes the same, so all fail alike) */
+	EXPECT(fabep_moe_create(NULL, &cfg, &moe), -EINVAL);
+	EXPECT(fabep_moe_create(comm, NULL, &moe), -EINVAL);
+	EXPECT(fabep_moe_create(comm, &cfg, NULL), -EINVAL);
+	bad = cfg; bad.top_k = 0;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.top_k = FABEP_MOE_MAX_TOPK + 1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.top_k = -1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.num_experts = size * 2 + 1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.num_experts = -size;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.hidden = 0;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.max_tokens = -1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.token_type = (fabep_moe_type_t)9;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.combine_type = FABEP_MOE_FP8;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.token_type = FABEP_MOE_FP8; bad.fp8_block = 10;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.buffer_sets = -1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.hidden = SIZE_MAX / 4; bad.max_tokens = INT32_MAX;
+	EXPECT(fabep_moe_create(comm, &bad, &moe) < 0, 1);
+	/* mismatched: rank 1 asks for another top_k */
+	bad = cfg; if (rank == 1) bad.top_k = 1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -FABEP_ERR_MISMATCH);
+	EXPECT(fabep_moe_create(comm, &cfg, &moe), 0);
+
+	/* MoE: calls out of order are refused locally, nothing sent */
+	EXPECT(fabep_moe_dispatch(NULL, x, NULL, 1, ids, NULL, &rv), -EINVAL);
+	EXPECT(fabep_moe_dispatch_send(NULL, x, NULL, 1, ids, NULL), -EINVAL);
+	EXPECT(fabep_moe_dispatch_recv(NULL, &rv), -EINVAL);
+	EXPECT(fabep_moe_dispatch_recv(moe, NULL), -EINVAL);
+	EXPECT(fabep_moe_dispatch_recv(moe, &rv), -EINVAL);
+	EXPECT(fabep_moe_combine(NULL, y, E_HIDDEN, 0, y, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_combine_send(NULL, y, E_HIDDEN, 0), -EINVAL);
+	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), -EINVAL);
+	EXPECT(fabep_moe_combine_recv(NULL, y, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_combine_recv(moe, y, E_HIDDEN, NULL, NULL), -EINVAL);
+	/* MoE: bad input is agreed on: every rank gets the same code */
+	for (i = 0; i < E_TOKENS * E_TOPK; i++)
+		ids[i] = i % E_EXPERTS;
+	memset(x, 0, sizeof(x));
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, E_TOKENS + 1, ids, NULL, &rv), -EMSGSIZE);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, (size_t)-1, ids, NULL, &rv), -EMSGSIZE);
+	EXPECT(fabep_moe_dispatch(moe, NULL, NULL, 2, ids, NULL, &rv), -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, NULL), -EINVAL);
+	ids[1] = E_EXPERTS;
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -ERANGE);
+	ids[1] = -2;
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -ERANGE);
+	/* one rank's bad input: every rank returns its code */
+	ids[1] = rank == 1 ? INT32_MAX : 0;
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -ERANGE);
+	EXPECT(good_moe_round(moe, rank, size), 0);
+	/* bad combine arguments (after a good dispatch), then a good round */
+	ids[1] = 0;
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
+	EXPECT(fabep_moe_combine(moe, NULL, E_HIDDEN, 0, y, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN - 1, 0, y, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0x80, y, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, NULL, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, y, E_HIDDEN - 1, NULL, NULL), -EINVAL);
+	EXPECT(good_moe_round(moe, rank, size), 0);
+	EXPECT(fabep_moe_destroy(NULL), 0);
+
+	/* allreduce */
+	EXPECT(fabep_allreduce_create(NULL, A_ROWS, A_COLS, FABEP_AR_F32, &ar), -EINVAL);
+	EXPECT(fabep_allreduce_create(comm, A_ROWS, A_COLS, FABEP_AR_F32, NULL), -EINVAL);
+	EXPECT(fabep_allreduce_create(comm, 0, A_COLS, FABEP_AR_F32, &ar), -EINVAL);
+	EXPECT(fabep_allreduce_create(comm, A_ROWS, 0, FABEP_AR_F32, &ar), -EINVAL);
+	EXPECT(fabep_allreduce_create(comm, A_ROWS, A_COLS, (fabep_ar_dtype_t)-1, &ar), -EINVAL);
+	EXPECT(fabep_allreduce_create(comm, SIZE_MAX / 2, SIZE_MAX / 2, FABEP_AR_F32, &ar) < 0, 1);
+	EXPECT(fabep_allreduce_create(comm, A_ROWS + rank, A_COLS, FABEP_AR_F32, &ar),
+	       -FABEP_ERR_MISMATCH);
+	EXPECT(fabep_allreduce_create(comm, A_ROWS, A_COLS, FABEP_AR_F32, &ar), 0);
+	EXPECT(fabep_allreduce_onestage_max(NULL), 0);
+	for (i = 0; i < A_ROWS * A_COLS; i++)
+		in[i] = 1.0f;
+	for (i = 0; i < A_COLS; i++)
+		gamma[i] = 1.0f;
+	EXPECT(fabep_allreduce(NULL, in, out, A_ROWS, A_COLS), -EINVAL);
+	EXPECT(fabep_allreduce(ar, in, out, A_ROWS + 1, A_COLS), -EINVAL);
+	EXPECT(fabep_allreduce(ar, in, out, (size_t)-1, A_COLS), -EINVAL);
+	EXPECT(fabep_allreduce(ar, in, out, A_ROWS, A_COLS + 1), -EINVAL);
+	EXPECT(fabep_allreduce(ar, in, out, A_ROWS, 0), -EINVAL);
+	EXPECT(fabep_allreduce(ar, NULL, out, A_ROWS, A_COLS), -EINVAL);
+	EXPECT(fabep_allreduce(ar, in, NULL, A_ROWS, A_COLS), -EINVAL);
+	EXPECT(fabep_allreduce(ar, in, out, A_ROWS - rank, A_COLS), -FABEP_ERR_MISMATCH);
+	EXPECT(fabep_allreduce(ar, rank == 1 ? NULL : in, out, A_ROWS, A_COLS), -EINVAL);
+	EXPECT(good_ar(ar, size), 0);
+	memset(&p, 0, sizeof(p));
+	p.gamma = gamma;
+	p.eps = 1e-6f;
+	p.scale_ub = 1000.0f;
+	EXPECT(fabep_allreduce_rmsnorm(NULL, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, NULL, out), -EINVAL);
+	p.gamma = NULL;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	p.gamma = gamma;
+	p.eps = -1.0f;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	p.eps = NAN;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	p.eps = 1e-6f;
+	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, &p, NULL, sc), -EINVAL);
+	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, &p, (uint8_t *)out, NULL),
+	       -EINVAL);
+	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, NULL, (uint8_t *)out, sc),
+	       -EINVAL);
+	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, &p, (uint8_t *)out, sc), 0);
+	EXPECT(good_ar(ar, size), 0);
+	EXPECT(fabep_allreduce_destroy(NULL), 0);
+
+	/* and everything still works together */
+	EXPECT(good_moe_round(moe, rank, size), 0);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_moe_destroy(moe), 0);
+	EXPECT(fabep_allreduce_destroy(ar), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	(void)m2;
+	(void)a2;
+	return 0;
+}
+
+static void run_args(const char *prov)
+{
+	if (!fep_test_have_provider(prov))
+		return;
+	fep_test_use_provider(prov);
+	setenv("FABEP_LOG", "error", 1);
+	ck_assert_int_eq(fep_test_run_ranks(2, 60, args_rank, NULL), 0);
+}
+
+START_TEST(args_shm) { run_args("shm"); } END_TEST
+START_TEST(args_tcp) { run_args("tcp"); } END_TEST
+
+/* FEP_FAULTS_ONLY=substring runs only the tests whose names contain it. */
+#define ADD(tc, t)                                                     \
+	do {                                                           \
+		const char *only_ = getenv("FEP_FAULTS_ONLY");         \
+		if (!only_ || strstr(#t, only_))                       \
+			tcase_add_test(tc, t);                       \
+	} while (0)
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("faults");
+	TCase *tc;
+
+	tc = tcase_create("matrix");
+	tcase_set_timeout(tc, 90);
+	ADD(tc, shm_kill_before_dispatch);
+	ADD(tc, shm_kill_during_dispatch);
+	ADD(tc, shm_kill_after_dispatch);
+	ADD(tc, shm_stop_dispatch);
+	ADD(tc, shm_kill_before_combine);
+	ADD(tc, shm_kill_during_combine);
+	ADD(tc, shm_kill_after_combine);
+	ADD(tc, shm_stop_combine);
+	ADD(tc, shm_kill_before_ar);
+	ADD(tc, shm_kill_during_ar);
+	ADD(tc, shm_kill_after_ar);
+	ADD(tc, shm_stop_ar);
+	ADD(tc, tcp_kill_before_dispatch);
+	ADD(tc, tcp_kill_during_dispatch);
+	ADD(tc, tcp_kill_after_dispatch);
+	ADD(tc, tcp_stop_dispatch);
+	ADD(tc, tcp_kill_before_combine);
+	ADD(tc, tcp_kill_during_combine);
+	ADD(tc, tcp_kill_after_combine);
+	ADD(tc, tcp_stop_combine);
+	ADD(tc, tcp_kill_before_ar);
+	ADD(tc, tcp_kill_during_ar);
+	ADD(tc, tcp_kill_after_ar);
+	ADD(tc, tcp_stop_ar);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("rendezvous");
+	tcase_set_timeout(tc, 40);
+	ADD(tc, rdv_nothing);
+	ADD(tc, rdv_silent);
+	ADD(tc, rdv_garbage);
+	ADD(tc, rdv_close);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("arguments");
+	tcase_set_timeout(tc, 90);
+	ADD(tc, args_shm);
+	ADD(tc, args_tcp);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

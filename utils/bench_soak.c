@@ -1,0 +1,550 @@
+/*
+ * bench_soak.c - fabep_bench --soak SECONDS (-o soak): dispatch, combine
+ * and allreduce over and over with fresh random routing and data every
+ * round, every result checked, for as long as asked; then the rounds done,
+ * the errors found (must be 0) and the resident memory (VmRSS) of every
+ * rank after the warm-up and at the end (must not grow past a small
+ * bound).
+ *
+ * Every rank generates every rank's input of a round from (round, source
+ * rank), so it knows on its own what dispatch must deliver to it (rows in
+ * expert-major order, then by source rank, token and k; weights; bf16 or
+ * fp32 rows passed through exactly) and what its combine must return (the
+ * toy expert e multiplies a row by 1 + (e % 4) / 4).  The allreduce sums
+ * small integers in fp32 (exact), with a random shape per round.  A small
+ * control allreduce per round carries rank 0's "stop" and "warm-up done"
+ * and, at the end, every rank's error count and memory.
+ *
+ * Uses only the public API.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "utils/common.h"
+#include "utils/bench.h"
+
+/* Allowed growth of VmRSS between the warm-up and the end, per rank. */
+#define SOAK_GROWTH_KB 2048
+
+struct soak_cfg {
+	fabep_moe_config_t moe;
+	size_t ar_rows, ar_cols;
+};
+
+static void soak_config(const struct bench_opts *o, int nranks,
+			struct soak_cfg *c)
+{
+	fabep_moe_config_init(&c->moe);
+	c->moe.num_experts = o->experts > 0 ? o->experts : 4 * (nranks > 0 ? nranks : 1);
+	c->moe.top_k = o->topk > 0 ? o->topk : 3;
+	if (c->moe.top_k > c->moe.num_experts)
+		c->moe.top_k = c->moe.num_experts;
+	c->moe.hidden = o->hidden > 0 ? (size_t)o->hidden : 256;
+	c->moe.max_tokens = o->tokens > 0 ? o->tokens : 64;
+	if (o->format && !strcmp(o->format, "fp32")) {
+		c->moe.token_type = FABEP_MOE_FP32;
+		c->moe.input_type = FABEP_MOE_FP32;
+		c->moe.combine_type = FABEP_MOE_FP32;
+	}
+	c->ar_rows = o->rows > 0 ? (size_t)o->rows : 48;
+	c->ar_cols = o->cols > 0 ? (size_t)o->cols : 1024;
+}
+
+static size_t ctl_cols(int nranks)
+{
+	return 4 + 2 * (size_t)nranks;
+}
+
+size_t bench_soak_heap_bytes(const struct bench_opts *o, int nranks)
+{
+	struct soak_cfg c;
+
+	soak_config(o, nranks, &c);
+	return fabep_moe_heap_bytes(&c.moe, nranks) +
+	       fabep_allreduce_heap_bytes(c.ar_rows, c.ar_cols, FABEP_AR_F32, nranks) +
+	       fabep_allreduce_heap_bytes(1, ctl_cols(nranks), FABEP_AR_F32, nranks) +
+	       (2u << 20);
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+	uint64_t x = *s;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*s = x;
+	return x * 0x2545F4914F6CDD1Dull;
+}
+
+static uint16_t f2bf(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* VmRSS of this process in KiB (0 if unknown). */
+static long rss_kb(void)
+{
+	char line[256];
+	long kb = 0;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "VmRSS:", 6)) {
+			kb = strtol(line + 6, NULL, 10);
+			break;
+		}
+	fclose(f);
+	return kb;
+}
+
+/* One source rank's input of a round. */
+struct src_in {
+	size_t n;
+	int32_t *ids;   /* [max_tokens, k] */
+	float *w;
+	void *x;        /* [max_tokens, H] of the token type */
+	float *xf;      /* the same values, fp32 */
+};
+
+struct soak {
+	struct soak_cfg c;
+	int rank, size, fp32;
+	size_t H, k;
+	struct src_in *in;  /* [size] */
+	void *y, *out;
+	float *arin, *arout;
+	uint64_t errors;
+	int reported;
+};
+
+static void gen(struct soak *S, int src, uint64_t round)
+{
+	struct src_in *in = &S->in[src];
+	uint64_t s = 0x50a4ull ^ (round * 0x9e3779b97f4a7c15ull) ^
+		     ((uint64_t)src * 0xbf58476d1ce4e5b9ull);
+	int E = S->c.moe.num_experts;
+	size_t t, j, h;
+
+	rnd(&s);
+	rnd(&s);
+	in->n = (size_t)(rnd(&s) % (uint64_t)(S->c.moe.max_tokens + 1));
+	for (t = 0; t < in->n; t++) {
+		for (j = 0; j < S->k; j++) {
+			/* one in five slots not routed */
+			int32_t e = (int32_t)(rnd(&s) % (uint64_t)(E + E / 4 + 1));
+
+			in->ids[t * S->k + j] = e >= E ? -1 : e;
+			in->w[t * S->k + j] = (float)(rnd(&s) % 1000 + 1) / 1000.0f;
+		}
+		for (h = 0; h < S->H; h++) {
+			float v = (float)((int)(rnd(&s) % 2001) - 1000) / 256.0f;
+
+			if (S->fp32) {
+				((float *)in->x)[t * S->H + h] = v;
+				in->xf[t * S->H + h] = v;
+			} else {
+				uint16_t b = f2bf(v);
+
+				((uint16_t *)in->x)[t * S->H + h] = b;
+				in->xf[t * S->H + h] = bf2f(b);
+			}
+		}
+	}
+}
+
+static float expert_scale(int e)
+{
+	return 1.0f + (float)(e % 4) / 4.0f;
+}
+
+static void soak_error(struct soak *S, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static void soak_error(struct soak *S, const char *fmt, ...)
+{
+	va_list ap;
+
+	S->errors++;
+	if (S->reported++ >= 10)
+		return;
+	fprintf(stderr, "%s: soak: rank %d: ", tool_name, S->rank);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+/* What dispatch delivered, against the inputs; then the toy experts. */
+static int check_recv(struct soak *S, uint64_t round, const fabep_moe_recv_t *rv)
+{
+	int L = S->c.moe.num_experts / S->size, e, s;
+	size_t r = 0, t, j, h, H = S->H, k = S->k;
+	size_t es = S->fp32 ? 4 : 2;
+
+	if (rv->local_experts != L || rv->first_expert != S->rank * L) {
+		soak_error(S, "round %llu: local experts %d first %d",
+			   (unsigned long long)round, rv->local_experts, rv->first_expert);
+		return -1;
+	}
+	for (e = 0; e < L; e++) {
+		int ge = S->rank * L + e;
+
+		if (rv->row_offsets[e] != r || rv->expert_ids[e] != ge) {
+			soak_error(S, "round %llu: expert %d offset %u (want %zu) id %d",
+				   (unsigned long long)round, e, rv->row_offsets[e], r,
+				   rv->expert_ids[e]);
+			return -1;
+		}
+		for (s = 0; s < S->size; s++) {
+			const struct src_in *in = &S->in[s];
+
+			for (t = 0; t < in->n; t++)
+				for (j = 0; j < k; j++) {
+					if (in->ids[t * k + j] != ge)
+						continue;
+					if (r >= rv->rows) {
+						soak_error(S, "round %llu: only %zu rows",
+							   (unsigned long long)round, rv->rows);
+						return -1;
+					}
+					if (rv->src_info[3 * r] != s ||
+					    rv->src_info[3 * r + 1] != (int32_t)t ||
+					    rv->src_info[3 * r + 2] != (int32_t)j ||
+					    rv->weights[r] != in->w[t * k + j] ||
+					    memcmp((const char *)rv->x + r * H * es,
+						   (const char *)in->x + t * H * es, H * es)) {
+						soak_error(S, "round %llu: row %zu (source %d "
+							   "token %zu k %zu) differs",
+							   (unsigned long long)round, r, s, t, j);
+						return -1;
+					}
+					for (h = 0; h < H; h++) {
+						float v = in->xf[t * H + h] * expert_scale(ge);
+
+						if (S->fp32)
+							((float *)S->y)[r * H + h] = v;
+						else
+							((uint16_t *)S->y)[r * H + h] = f2bf(v);
+					}
+					r++;
+				}
+		}
+		if (rv->expert_counts[e] != r - rv->row_offsets[e]) {
+			soak_error(S, "round %llu: expert %d count %u",
+				   (unsigned long long)round, e, rv->expert_counts[e]);
+			return -1;
+		}
+	}
+	if (rv->row_offsets[L] != r || rv->rows != r) {
+		soak_error(S, "round %llu: %zu rows, want %zu",
+			   (unsigned long long)round, rv->rows, r);
+		return -1;
+	}
+	return 0;
+}
+
+static void check_out(struct soak *S, uint64_t round)
+{
+	const struct src_in *in = &S->in[S->rank];
+	size_t t, j, h, H = S->H, k = S->k;
+	double rel = S->fp32 ? 1e-5 : 4.0 / 256;
+
+	for (t = 0; t < in->n; t++)
+		for (h = 0; h < H; h++) {
+			double want = 0, mag = 0, v;
+
+			for (j = 0; j < k; j++) {
+				int32_t e = in->ids[t * k + j];
+				double c;
+
+				if (e < 0)
+					continue;
+				c = in->w[t * k + j] * expert_scale(e);
+				want += c * in->xf[t * H + h];
+				mag += fabs(c * in->xf[t * H + h]);
+			}
+			v = S->fp32 ? ((const float *)S->out)[t * H + h]
+				    : bf2f(((const uint16_t *)S->out)[t * H + h]);
+			if (!(fabs(v - want) <= rel * mag + 1e-6)) {
+				soak_error(S, "round %llu: combine token %zu col %zu: "
+					   "%g, want %g", (unsigned long long)round, t,
+					   h, v, want);
+				return;
+			}
+		}
+}
+
+/* Input of rank r for the allreduce of a round: small integers. */
+static float ar_val(uint64_t round, int r, size_t i)
+{
+	uint64_t x = (round * 1000003u + (uint64_t)r * 7919u + i * 31u) * 0x9e3779b97f4a7c15ull;
+
+	return (float)((int)((x >> 40) % 17) - 8);
+}
+
+int bench_soak(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
+{
+	struct soak S;
+	fabep_moe_t *moe = NULL;
+	fabep_allreduce_t *ar = NULL, *ctl = NULL;
+	fabep_moe_recv_t rv;
+	float *cin = NULL, *cout = NULL;
+	size_t es, nctl, i;
+	uint64_t round = 0, t_start, t_end, t_warm, errors_all = 0;
+	long rss0 = 0, rss1 = 0, growth_max = 0;
+	int ret = 0, r, warm_done = 0, ok;
+	double secs = o->soak_s > 0 ? o->soak_s : 10;
+
+	memset(&S, 0, sizeof(S));
+	S.rank = fabep_comm_rank(comm);
+	S.size = fabep_comm_size(comm);
+	soak_config(o, S.size, &S.c);
+	if (S.c.moe.num_experts % S.size) {
+		fprintf(stderr, "%s: soak: -e %d experts is not a multiple of %d ranks\n",
+			tool_name, S.c.moe.num_experts, S.size);
+		return -EINVAL;
+	}
+	S.fp32 = S.c.moe.token_type == FABEP_MOE_FP32;
+	S.H = S.c.moe.hidden;
+	S.k = (size_t)S.c.moe.top_k;
+	es = S.fp32 ? 4 : 2;
+	nctl = ctl_cols(S.size);
+
+	ret = fabep_moe_create(comm, &S.c.moe, &moe);
+	if (ret) {
+		if (ret == -FABEP_ERR_HEAP_FULL && !S.rank)
+			fprintf(stderr, "%s: soak: set FABEP_HEAP_SIZE=%zu\n", tool_name,
+				bench_soak_heap_bytes(o, S.size));
+		return tool_fail("fabep_moe_create", ret);
+	}
+	ret = fabep_allreduce_create(comm, S.c.ar_rows, S.c.ar_cols, FABEP_AR_F32, &ar);
+	if (!ret)
+		ret = fabep_allreduce_create(comm, 1, nctl, FABEP_AR_F32, &ctl);
+	if (ret) {
+		if (ret == -FABEP_ERR_HEAP_FULL && !S.rank)
+			fprintf(stderr, "%s: soak: set FABEP_HEAP_SIZE=%zu\n", tool_name,
+				bench_soak_heap_bytes(o, S.size));
+		tool_fail("fabep_allreduce_create", ret);
+		goto out;
+	}
+
+	/* every buffer at its largest, once: the loop allocates nothing */
+	S.in = calloc((size_t)S.size, sizeof(*S.in));
+	if (!S.in) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (r = 0; r < S.size; r++) {
+		size_t mt = (size_t)S.c.moe.max_tokens + 1;
+
+		S.in[r].ids = calloc(mt * S.k, sizeof(int32_t));
+		S.in[r].w = calloc(mt * S.k, sizeof(float));
+		S.in[r].x = calloc(mt * S.H, es);
+		S.in[r].xf = calloc(mt * S.H, sizeof(float));
+		if (!S.in[r].ids || !S.in[r].w || !S.in[r].x || !S.in[r].xf) {
+			ret = -ENOMEM;
+			goto out;
+		}
+	}
+	/* at most max_tokens * k rows from each rank */
+	S.y = calloc(((size_t)S.c.moe.max_tokens * S.k * (size_t)S.size + 1) * S.H, es);
+	S.out = calloc(((size_t)S.c.moe.max_tokens + 1) * S.H, es);
+	S.arin = calloc(S.c.ar_rows * S.c.ar_cols, sizeof(float));
+	S.arout = calloc(S.c.ar_rows * S.c.ar_cols, sizeof(float));
+	cin = calloc(nctl, sizeof(float));
+	cout = calloc(nctl, sizeof(float));
+	if (!S.y || !S.out || !S.arin || !S.arout || !cin || !cout) {
+		ret = -ENOMEM;
+		goto out;
+	}
+
+	if (S.rank == 0 && !o->machine) {
+		fprintf(out, "# %s --soak %g: %d ranks, provider %s, signal %s; moe %d "
+			"experts top-%d hidden %zu up to %d tokens (%s); allreduce up "
+			"to %zu x %zu fp32\n", tool_name, secs, S.size,
+			fabep_comm_provider(comm), fabep_signal_name(fabep_comm_signal(comm)),
+			S.c.moe.num_experts, S.c.moe.top_k, S.H, S.c.moe.max_tokens,
+			S.fp32 ? "fp32" : "bf16", S.c.ar_rows, S.c.ar_cols);
+		fflush(out);
+	}
+	t_start = tool_now_ns();
+	t_end = t_start + (uint64_t)(secs * 1e9);
+	/* memory is measured from a tenth of the run (at least 20 rounds) */
+	t_warm = t_start + (uint64_t)(secs * 1e8);
+
+	for (;;) {
+		size_t rows, cols, n;
+		int split;
+
+		round++;
+		for (r = 0; r < S.size; r++)
+			gen(&S, r, round);
+		split = round % 2 == 0;
+		if (split) {
+			ret = fabep_moe_dispatch_send(moe, S.in[S.rank].x, NULL,
+						      S.in[S.rank].n, S.in[S.rank].ids,
+						      S.in[S.rank].w);
+			if (!ret)
+				ret = fabep_moe_dispatch_recv(moe, &rv);
+		} else {
+			ret = fabep_moe_dispatch(moe, S.in[S.rank].x, NULL, S.in[S.rank].n,
+						 S.in[S.rank].ids, S.in[S.rank].w, &rv);
+		}
+		if (ret) {
+			tool_fail("fabep_moe_dispatch", ret);
+			goto out;
+		}
+		ok = !check_recv(&S, round, &rv);
+		if (!ok) /* still combine, so every rank stays in step */
+			memset(S.y, 0, rv.rows * S.H * es);
+		if (split) {
+			ret = fabep_moe_combine_send(moe, S.y, S.H, 0);
+			if (!ret)
+				ret = fabep_moe_combine_recv(moe, S.out, S.H, NULL, NULL);
+		} else {
+			ret = fabep_moe_combine(moe, S.y, S.H, 0, S.out, S.H, NULL, NULL);
+		}
+		if (ret) {
+			tool_fail("fabep_moe_combine", ret);
+			goto out;
+		}
+		check_out(&S, round);
+
+		/* the allreduce: a fresh shape every round, the same on all ranks */
+		{
+			uint64_t s = round * 0x2545F4914F6CDD1Dull + 1;
+
+			rnd(&s);
+			rows = (size_t)(rnd(&s) % (S.c.ar_rows + 1));
+			cols = 1 + (size_t)(rnd(&s) % S.c.ar_cols);
+		}
+		n = rows * cols;
+		for (i = 0; i < n; i++)
+			S.arin[i] = ar_val(round, S.rank, i);
+		ret = fabep_allreduce(ar, S.arin, S.arout, rows, cols);
+		if (ret) {
+			tool_fail("fabep_allreduce", ret);
+			goto out;
+		}
+		for (i = 0; i < n; i++) {
+			float want = 0;
+
+			for (r = 0; r < S.size; r++)
+				want += ar_val(round, r, i);
+			if (S.arout[i] != want) {
+				soak_error(&S, "round %llu: allreduce %zu x %zu element "
+					   "%zu: %g, want %g", (unsigned long long)round,
+					   rows, cols, i, (double)S.arout[i], (double)want);
+				break;
+			}
+		}
+
+		/* rank 0 says when the warm-up is over and when to stop */
+		memset(cin, 0, nctl * sizeof(float));
+		if (S.rank == 0) {
+			uint64_t now = tool_now_ns();
+
+			cin[0] = now >= t_end && warm_done;
+			cin[1] = now >= t_warm && round >= 20;
+		}
+		ret = fabep_allreduce(ctl, cin, cout, 1, nctl);
+		if (ret) {
+			tool_fail("fabep_allreduce (control)", ret);
+			goto out;
+		}
+		if (cout[1] != 0 && !warm_done) {
+			warm_done = 1;
+			rss0 = rss_kb();
+		}
+		if (cout[0] != 0)
+			break;
+	}
+	rss1 = rss_kb();
+
+	/* the summary: every rank's errors and memory */
+	memset(cin, 0, nctl * sizeof(float));
+	cin[2] = (float)S.errors;
+	cin[4 + 2 * S.rank] = (float)rss0;
+	cin[5 + 2 * S.rank] = (float)rss1;
+	ret = fabep_allreduce(ctl, cin, cout, 1, nctl);
+	if (ret) {
+		tool_fail("fabep_allreduce (summary)", ret);
+		goto out;
+	}
+	errors_all = (uint64_t)cout[2];
+	for (r = 0; r < S.size; r++) {
+		long g = (long)cout[5 + 2 * r] - (long)cout[4 + 2 * r];
+
+		if (r == 0 || g > growth_max)
+			growth_max = g;
+	}
+	ok = errors_all == 0 && growth_max <= SOAK_GROWTH_KB;
+	if (S.rank == 0) {
+		double el = (double)(tool_now_ns() - t_start) / 1e9;
+
+		if (o->machine) {
+			fprintf(out, "op: soak seconds: %.1f ranks: %d provider: %s "
+				"rounds: %llu errors: %llu", el, S.size,
+				fabep_comm_provider(comm), (unsigned long long)round,
+				(unsigned long long)errors_all);
+			for (r = 0; r < S.size; r++)
+				fprintf(out, " rss_kb_%d: %.0f/%.0f", r,
+					(double)cout[4 + 2 * r], (double)cout[5 + 2 * r]);
+			fprintf(out, " rss_growth_kb: %ld growth_bound_kb: %d result: %s\n",
+				growth_max, SOAK_GROWTH_KB, ok ? "ok" : "FAIL");
+		} else {
+			fprintf(out, "soak: %.1f s, %llu rounds (each: dispatch + combine "
+				"+ allreduce, all checked), %llu errors\n", el,
+				(unsigned long long)round, (unsigned long long)errors_all);
+			for (r = 0; r < S.size; r++)
+				fprintf(out, "soak: rank %d VmRSS %.0f kB after warm-up, "
+					"%.0f kB at the end\n", r, (double)cout[4 + 2 * r],
+					(double)cout[5 + 2 * r]);
+			fprintf(out, "soak: largest growth %ld kB (bound %d kB): %s\n",
+				growth_max, SOAK_GROWTH_KB, ok ? "ok" : "FAILED");
+		}
+		fflush(out);
+	}
+	if (!ok)
+		ret = errors_all ? -EIO : -ENOMEM;
+out:
+	if (S.in)
+		for (r = 0; r < S.size; r++) {
+			free(S.in[r].ids);
+			free(S.in[r].w);
+			free(S.in[r].x);
+			free(S.in[r].xf);
+		}
+	free(S.in);
+	free(S.y);
+	free(S.out);
+	free(S.arin);
+	free(S.arout);
+	free(cin);
+	free(cout);
+	fabep_moe_destroy(moe);
+	fabep_allreduce_destroy(ar);
+	fabep_allreduce_destroy(ctl);
+	return ret;
+}
