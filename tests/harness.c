@@ -27,6 +27,19 @@
 
 #include "harness.h"
 
+/* Sanitizer builds (configure --enable-sanitizers): ranks end with _exit,
+ * which skips LeakSanitizer's check at exit, so they run it themselves. */
+#if defined(__SANITIZE_ADDRESS__)
+#define HARNESS_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HARNESS_LSAN 1
+#endif
+#endif
+#ifdef HARNESS_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 /* A rank killed by a signal leaves libfabric shm's region
  * /dev/shm/<pid>:<n>:<n> behind: remove it. */
 static void harness_shm_cleanup(pid_t pid)
@@ -143,6 +156,13 @@ static void harness_child(int rank, int size, int port, fep_test_rank_fn fn,
 			size, rc);
 		rc = rc < 0 ? (rc < -255 ? 255 : -rc) : (rc > 255 ? 255 : rc);
 	}
+#ifdef HARNESS_LSAN
+	if (__lsan_do_recoverable_leak_check() && !rc) {
+		fprintf(stderr, "harness: rank %d of %d leaked memory\n", rank,
+			size);
+		rc = 1;
+	}
+#endif
 	fflush(stdout);
 	fflush(stderr);
 	_exit(rc);

@@ -1,6 +1,7 @@
 /* error.c - fabep_strerror, fabep_version. */
 #include "config.h"
 
+#include <limits.h>
 #include <string.h>
 #include <rdma/fi_errno.h>
 
@@ -10,6 +11,8 @@ FEP_EXPORT const char *fabep_strerror(int err)
 {
 	static __thread char buf[128];
 
+	if (err == INT_MIN)
+		return "unknown error"; /* -INT_MIN overflows */
 	if (err < 0)
 		err = -err;
 	switch (err) {
