@@ -204,8 +204,10 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 				kill(pids[r], SIGKILL);
 			break;
 		}
-		if (pids[r] == 0)
+		if (pids[r] == 0) {
+			free(pids); /* the parent's: not the rank's to leak */
 			harness_child(r, size, port, fn, arg, parent);
+		}
 	}
 
 	deadline = harness_now_ms() + (uint64_t)timeout_s * 1000;

@@ -163,18 +163,26 @@ int fep_env_size(const char *name, size_t min, size_t max, size_t *out)
 
 void fep_backoff_step(struct fep_backoff *b)
 {
+	uint64_t now;
+
 	if (b->spins < 64) {
 		b->spins++;
 		__builtin_ia32_pause();
 		return;
 	}
-	if (b->spins < 64 + 256) {
+	/* Then yield for up to 2 ms: sched_yield returns at once when no
+	 * other thread wants this core, and lets other ranks run when there
+	 * are more ranks than cores.  A sleep costs its timer slack (50 us
+	 * by default) on top, so it only comes after that. */
+	now = fep_now_ns();
+	if (b->spins == 64) {
 		b->spins++;
+		b->t0 = now;
+	}
+	if (now - b->t0 < 2000000ull) {
 		sched_yield();
 		return;
 	}
-	/* Long waits: yield the core for real, so more ranks than cores
-	 * still make progress. */
 	{
 		struct timespec ts = { 0, 20000 };
 		nanosleep(&ts, NULL);

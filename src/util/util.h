@@ -70,6 +70,7 @@ static inline uint64_t fep_now_ns(void)
 /* Spin-then-yield backoff for waits: call once per failed poll. */
 struct fep_backoff {
 	unsigned spins;
+	uint64_t t0;   /* when the yield phase began */
 };
 void fep_backoff_step(struct fep_backoff *b);
 
