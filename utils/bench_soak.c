@@ -28,6 +28,7 @@
 
 #include "utils/common.h"
 #include "utils/bench.h"
+#include "utils/tool_data.h"
 
 /* Allowed growth of VmRSS between the warm-up and the end, per rank.
  * tcp;ofi_rxm grows its buffer pools for a while under load (2.5 MB seen
@@ -73,34 +74,6 @@ size_t bench_soak_heap_bytes(const struct bench_opts *o, int nranks)
 	       fabep_allreduce_heap_bytes(c.ar_rows, c.ar_cols, FABEP_AR_F32, nranks) +
 	       fabep_allreduce_heap_bytes(1, ctl_cols(nranks), FABEP_AR_F32, nranks) +
 	       (2u << 20);
-}
-
-static uint64_t rnd(uint64_t *s)
-{
-	uint64_t x = *s;
-
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	*s = x;
-	return x * 0x2545F4914F6CDD1Dull;
-}
-
-static uint16_t f2bf(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, 4);
-	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-
-	memcpy(&f, &u, 4);
-	return f;
 }
 
 /* VmRSS of this process in KiB (0 if unknown). */

@@ -1,0 +1,40 @@
+/*
+ * tool_data.h - the test data helpers the tools share (header only, so
+ * tools that do not link common.c can use them): a xorshift64* generator
+ * and bf16 conversion (round to nearest even; inputs here are finite).
+ */
+#ifndef FEP_UTILS_TOOL_DATA_H
+#define FEP_UTILS_TOOL_DATA_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline uint64_t rnd(uint64_t *s)
+{
+	uint64_t x = *s;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*s = x;
+	return x * 0x2545F4914F6CDD1Dull;
+}
+
+static inline uint16_t f2bf(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float bf2f(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+#endif
