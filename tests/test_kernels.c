@@ -921,13 +921,14 @@ END_TEST
 /* permutes                                                         */
 /* ---------------------------------------------------------------- */
 
-static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pad)
+static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pad,
+		       int nt)
 {
 	size_t stride = row_bytes + pad, r;
 	uint8_t *src = xmalloc(rows * stride + 64), *d1 = xmalloc(rows * stride + 64);
 	uint8_t *d2 = xmalloc(rows * stride + 64);
 	int32_t *idx = xmalloc(rows * 4), *perm = xmalloc(rows * 4);
-	fep_k_perm_args_t a = { src + 1, stride, d1 + 3, stride, row_bytes, idx };
+	fep_k_perm_args_t a = { src + 1, stride, d1 + 3, stride, row_bytes, idx, nt };
 
 	for (r = 0; r < rows * stride + 64; r++)
 		src[r] = (uint8_t)rnd32();
@@ -969,12 +970,16 @@ static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pa
 START_TEST(test_permute)
 {
 	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
-		check_perm(isa, 50, 1, 0);
-		check_perm(isa, 50, 200, 8);
-		check_perm(isa, 33, 14336, 64);
+		for (int nt = -1; nt <= 1; nt++) { /* never, auto, forced */
+			check_perm(isa, 50, 1, 0, nt);
+			check_perm(isa, 50, 200, 8, nt);
+			check_perm(isa, 33, 14336, 64, nt);
+			check_perm(isa, 7, 257, 3, nt);
+		}
 		/* large: non-temporal path, odd sizes and alignment */
-		check_perm(isa, 4000, 1111, 5);
-		check_perm(isa, 600, 7168 * 2, 0);
+		check_perm(isa, 4000, 1111, 5, 0);
+		check_perm(isa, 600, 7168 * 2, 0, 0);
+		check_perm(isa, 600, 7168 * 2, 0, -1);
 	}
 }
 END_TEST
@@ -1201,7 +1206,7 @@ START_TEST(test_mt_wrappers)
 		ck_assert_int_eq(fep_k_topk_sum_mt(p, &a, rows), -EINVAL);
 	}
 	{
-		fep_k_perm_args_t a = { in, cols * 4, o1, cols * 4, cols * 4, idx };
+		fep_k_perm_args_t a = { in, cols * 4, o1, cols * 4, cols * 4, idx, 0 };
 
 		ck_assert_int_eq(fep_k_gather_mt(p, &a, rows), 0);
 		for (i = 0; i < rows; i++)

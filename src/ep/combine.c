@@ -45,6 +45,9 @@ struct red_ctx {
 	const void *y;
 	size_t ld_y;
 	int weighted;
+	size_t skip0, skip;   /* tokens [skip0, skip0 + skip) not in this pass */
+	fep_fabric_t *fab;
+	int idle_err;
 };
 
 static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
@@ -56,10 +59,32 @@ static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
 	return fep_heap_at(fab, fep_ep_cstage(m, src));
 }
 
-/* Reduce received tokens [t0, t1) (flattened over sources). */
+static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1);
+
+/* Tokens [t0, t1) of this pass: the flat list without [skip0, skip0 + skip). */
 static void reduce_range(void *arg, size_t t0, size_t t1)
 {
 	struct red_ctx *c = arg;
+
+	if (t0 < c->skip0) {
+		reduce_flat(c, t0, FEP_MIN(t1, c->skip0));
+		t0 = c->skip0;
+	}
+	if (t1 > t0)
+		reduce_flat(c, t0 + c->skip, t1 + c->skip);
+}
+
+static void reduce_idle(void *arg)
+{
+	struct red_ctx *c = arg;
+
+	if (!c->idle_err)
+		c->idle_err = fep_fabric_progress(c->fab);
+}
+
+/* Reduce received tokens [t0, t1) (flattened over sources). */
+static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
+{
 	struct fabep_moe *m = c->m;
 	struct fep_ep_set *s = c->s;
 	size_t k = (size_t)m->k;
@@ -96,7 +121,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	fep_fabric_t *fab = comm->fab;
 	struct fep_ep_set *s;
 	struct fep_put *puts;
-	uint64_t t0, t1, t2;
+	struct red_ctx c;
+	uint64_t t0, t1, t2, t3;
 	int b = 0, d, np = 0, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
@@ -131,12 +157,20 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	s->cuses++;
 	s->status = status;
 	m->pending_crecv = 1;
-	if (!status && s->rtokens) {
-		struct red_ctx c = { m, s, fep_k_ops(), b, y ? y : (const void *)s,
-				     y ? ld_y : m->hidden,
-				     !(flags & FABEP_MOE_UNWEIGHTED) };
-
-		ret = fep_pool_for(comm->pool, s->rtokens, 1, reduce_range, &c);
+	memset(&c, 0, sizeof(c));
+	c.m = m;
+	c.s = s;
+	c.ops = fep_k_ops();
+	c.b = b;
+	c.y = y ? y : (const void *)s;
+	c.ld_y = y ? ld_y : m->hidden;
+	c.weighted = !(flags & FABEP_MOE_UNWEIGHTED);
+	c.fab = fab;
+	/* first the rows for other ranks; this rank's own after the puts */
+	c.skip0 = s->tbase[m->rank];
+	c.skip = s->rcount[m->rank];
+	if (!status && s->rtokens > c.skip) {
+		ret = fep_pool_for(comm->pool, s->rtokens - c.skip, 1, reduce_range, &c);
 		if (ret)
 			return ret;
 	}
@@ -149,7 +183,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	m->tm.c_bytes = 0;
 	m->tm.c_wait = m->tm.c_sum = 0;
 	if (m->size < 2)
-		return status;
+		goto own;
 	puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
 	if (!puts)
 		return -ENOMEM;
@@ -172,7 +206,24 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("fabep_moe_combine_send: %s", fabep_strerror(ret));
 		return ret;
 	}
-	m->tm.c_put += fep_now_ns() - t2;
+	t3 = fep_now_ns();
+	m->tm.c_put += t3 - t2;
+own:
+	/* this rank's own tokens, while the caller drives the fabric */
+	if (!status && s->rcount[m->rank]) {
+		t3 = fep_now_ns();
+		c.skip0 = 0;
+		c.skip = s->tbase[m->rank];
+		ret = fep_pool_for_idle(comm->pool, s->rcount[m->rank], 1,
+					reduce_range, &c, reduce_idle, &c);
+		if (!ret && c.idle_err) {
+			fep_err("fabep_moe_combine_send: %s", fabep_strerror(c.idle_err));
+			ret = c.idle_err;
+		}
+		if (ret)
+			return ret;
+		m->tm.c_reduce += fep_now_ns() - t3;
+	}
 	return status;
 }
 

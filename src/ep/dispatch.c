@@ -35,6 +35,11 @@ struct pack_ctx {
 	const uint8_t *rows;    /* source rows of row_bytes */
 	const float *scales;    /* FP8: [n, nscale] */
 	const void *x;          /* FP8: the caller's rows (input_type) */
+	int pass;               /* 0: remote runs, 1: this rank's own run */
+	size_t skip0, skip;     /* pack_range: records [skip0, skip0 + skip)
+				 * of the flat list are not in this pass */
+	fep_fabric_t *fab;      /* idle: progress while the workers pack */
+	int idle_err;
 };
 
 static uint8_t *run_base(struct fabep_moe *m, int b, int d)
@@ -69,11 +74,12 @@ static inline void put_meta(struct fabep_moe *m, const struct pack_ctx *c,
 	}
 }
 
-/* FP8: tokens [t0, t1): quantize each once into its first destination's
- * record, copy the row and scales to its other destinations' records. */
-static void pack_quant_range(void *arg, size_t t0, size_t t1)
+/* FP8, pass 0 (remote destinations): tokens [t0, t1): quantize each once
+ * into its first remote destination's record, copy the row and scales to
+ * its other remote destinations' records.  Pass 1 (this rank's own run):
+ * copy from a remote record if the token has one, else quantize. */
+static void pack_quant_pass(struct pack_ctx *c, size_t t0, size_t t1)
 {
-	struct pack_ctx *c = arg;
 	struct fabep_moe *m = c->m;
 	size_t kk = (size_t)m->kk, t, q;
 	fep_k_fp8_args_t a;
@@ -88,30 +94,67 @@ static void pack_quant_range(void *arg, size_t t0, size_t t1)
 	for (t = t0; t < t1; t++) {
 		const int32_t *dt = m->dest + t * kk;
 		const uint32_t *pos = (const uint32_t *)m->pack_pos + t * kk;
-		uint8_t *first = NULL;
+		uint8_t *first = NULL, *self = NULL;
 
 		for (q = 0; q < kk && dt[q] >= 0; q++) {
 			uint8_t *rec = rec_at(m, c->b, dt[q], pos[q]);
 
-			put_meta(m, c, rec, (int32_t)t, dt[q]);
-			if (!first) {
+			if (dt[q] == m->rank) {
+				self = rec;
+				continue;
+			}
+			if (c->pass == 0)
+				put_meta(m, c, rec, (int32_t)t, dt[q]);
+			if (!first && c->pass == 0) {
 				a.in = (const char *)c->x + t * m->hidden * m->in_elt;
 				a.out = rec + m->pay_off;
 				a.scales = (float *)(rec + m->scale_off);
 				c->ops->fp8_quant(&a, 0, 1);
-				first = rec;
-			} else {
+			} else if (c->pass == 0) {
 				memcpy(rec + m->scale_off, first + m->scale_off,
 				       m->rec_bytes - m->scale_off);
 			}
+			if (!first)
+				first = rec;
+		}
+		if (c->pass == 0 || !self)
+			continue;
+		put_meta(m, c, self, (int32_t)t, m->rank);
+		if (first) {
+			memcpy(self + m->scale_off, first + m->scale_off,
+			       m->rec_bytes - m->scale_off);
+		} else {
+			a.in = (const char *)c->x + t * m->hidden * m->in_elt;
+			a.out = self + m->pay_off;
+			a.scales = (float *)(self + m->scale_off);
+			c->ops->fp8_quant(&a, 0, 1);
 		}
 	}
 }
 
+static void pack_quant_range(void *arg, size_t t0, size_t t1)
+{
+	pack_quant_pass(arg, t0, t1);
+}
+
 /* Pack records [r0, r1) of the flattened list (destinations in order). */
+static void pack_flat(struct pack_ctx *c, size_t r0, size_t r1);
+
+/* Records [r0, r1) of this pass: the flat list without [skip0, skip0 + skip). */
 static void pack_range(void *arg, size_t r0, size_t r1)
 {
 	struct pack_ctx *c = arg;
+
+	if (r0 < c->skip0) {
+		pack_flat(c, r0, FEP_MIN(r1, c->skip0));
+		r0 = c->skip0;
+	}
+	if (r1 > r0)
+		pack_flat(c, r0 + c->skip, r1 + c->skip);
+}
+
+static void pack_flat(struct pack_ctx *c, size_t r0, size_t r1)
+{
 	struct fabep_moe *m = c->m;
 	int d = 0;
 
@@ -143,6 +186,7 @@ static void pack_range(void *arg, size_t r0, size_t r1)
 		a.dst_stride = m->rec_bytes;
 		a.row_bytes = m->row_bytes;
 		a.idx = tok;
+		a.nt = -1;  /* the fabric reads the run next: keep it in cache */
 		c->ops->gather(&a, i0, i1);
 		r0 = m->pack_base[d] + i1;
 	}
@@ -241,6 +285,34 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 	}
 }
 
+static void pack_idle(void *arg)
+{
+	struct pack_ctx *c = arg;
+
+	if (!c->idle_err)
+		c->idle_err = fep_fabric_progress(c->fab);
+}
+
+/* Pack one pass.  Pass 0 runs on every pool thread; pass 1 on the workers
+ * while the caller progresses the fabric. */
+static int pack_pass(struct fabep_moe *m, struct pack_ctx *c, size_t n,
+		     size_t nrec, int pass)
+{
+	c->pass = pass;
+	if (m->cfg.token_type == FABEP_MOE_FP8) {
+		if (!nrec)
+			return 0;
+		return pass ? fep_pool_for_idle(m->comm->pool, n, 1, pack_quant_range,
+						c, pack_idle, c)
+			    : fep_pool_for(m->comm->pool, n, 1, pack_quant_range, c);
+	}
+	if (!nrec)
+		return 0;
+	return pass ? fep_pool_for_idle(m->comm->pool, nrec, 1, pack_range, c,
+					pack_idle, c)
+		    : fep_pool_for(m->comm->pool, nrec, 1, pack_range, c);
+}
+
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
 			 size_t n, const int32_t *ids, const float *w, int status)
 {
@@ -248,7 +320,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	fep_fabric_t *fab = comm->fab;
 	struct fep_ep_set *s;
 	struct fep_put *puts = NULL;
-	uint64_t t0, t1, t2;
+	struct pack_ctx c;
+	uint64_t t0, t1, t2, t3;
 	int b, d, np = 0, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
@@ -296,25 +369,25 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	s->n = n;
 	m->pending_recv = 1;
 
+	memset(&c, 0, sizeof(c));
+	c.m = m;
+	c.ops = fep_k_ops();
+	c.b = b;
+	c.ids = m->prev_ids;
+	c.w = m->prev_w;
+	c.rows = x;
+	c.x = x;
+	c.fab = fab;
+	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT)
+		c.scales = scales;
 	if (!status) {
-		struct pack_ctx c = { m, fep_k_ops(), b, m->prev_ids, m->prev_w,
-				      x, NULL, x };
-
 		route(m, s, m->prev_ids, n);
-		if (m->cfg.token_type == FABEP_MOE_FP8) {
-			if (m->pack_base[m->size]) {
-				ret = fep_pool_for(comm->pool, n, 1, pack_quant_range, &c);
-				if (ret)
-					return ret;
-			}
-		} else if (m->pack_base[m->size]) {
-			if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT)
-				c.scales = scales;
-			ret = fep_pool_for(comm->pool, m->pack_base[m->size], 1,
-					   pack_range, &c);
-			if (ret)
-				return ret;
-		}
+		/* pass 0: the runs to other ranks */
+		c.skip0 = m->pack_base[m->rank];
+		c.skip = s->sent[m->rank];
+		ret = pack_pass(m, &c, n, m->pack_base[m->size] - c.skip, 0);
+		if (ret)
+			return ret;
 	} else {
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
 	}
@@ -348,7 +421,22 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			return ret;
 		}
 	}
-	m->tm.d_put += fep_now_ns() - t2;
+	t3 = fep_now_ns();
+	m->tm.d_put += t3 - t2;
+	/* pass 1: this rank's own run, while the caller drives the fabric
+	 * (the peers' runs arrive meanwhile) */
+	if (!status && s->sent[m->rank]) {
+		c.skip0 = 0;
+		c.skip = m->pack_base[m->rank];
+		ret = pack_pass(m, &c, n, s->sent[m->rank], 1);
+		if (ret)
+			return ret;
+		if (c.idle_err) {
+			fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(c.idle_err));
+			return c.idle_err;
+		}
+	}
+	m->tm.d_pack += fep_now_ns() - t3;
 	return status;
 }
 

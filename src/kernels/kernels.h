@@ -217,6 +217,9 @@ typedef struct fep_k_perm_args {
 	size_t dst_stride;     /* bytes */
 	size_t row_bytes;
 	const int32_t *idx;    /* gather: src row of dst row r; scatter: dst row of src row r */
+	int nt;                /* 0: stream when this range writes FEP_K_NT_BYTES;
+				* 1: stream; -1: never (the _mt wrappers decide
+				* by the whole call, not each thread's share) */
 } fep_k_perm_args_t;
 
 /* ------------------------------------------------------------------ */
@@ -316,6 +319,12 @@ int fep_pool_run(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
 typedef void (*fep_pool_range_fn)(void *ctx, size_t r0, size_t r1);
 int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
 		 fep_pool_range_fn fn, void *ctx);
+/* fep_pool_for over the workers only, while the caller calls idle(ictx)
+ * in a loop until they finish (it drives the fabric meanwhile).  With one
+ * thread the caller runs fn over [0, n), then idle once. */
+int fep_pool_for_idle(fep_pool_t *pool, size_t n, size_t grain,
+		      fep_pool_range_fn fn, void *ctx,
+		      void (*idle)(void *), void *ictx);
 /* The range worker tid gets from fep_pool_for. */
 void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
 		    size_t *r0, size_t *r1);

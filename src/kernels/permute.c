@@ -14,8 +14,11 @@
 
 static inline int perm_nt(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	return a->row_bytes >= PERM_NT_MIN_ROW &&
-	       (r1 - r0) * a->row_bytes >= FEP_K_NT_BYTES;
+	if (a->row_bytes < PERM_NT_MIN_ROW)
+		return 0;
+	if (a->nt)
+		return a->nt > 0;
+	return (r1 - r0) * a->row_bytes >= FEP_K_NT_BYTES;
 }
 
 /* ---- scalar reference ---- */
@@ -196,13 +199,25 @@ static void perm_range(void *arg, size_t r0, size_t r1)
 		c->ops->gather(c->a, r0, r1);
 }
 
+/* Whether the whole call streams (one decision for all threads' shares). */
+static fep_k_perm_args_t perm_whole(const fep_k_perm_args_t *a, size_t rows)
+{
+	fep_k_perm_args_t b = *a;
+
+	if (!b.nt)
+		b.nt = rows * b.row_bytes >= FEP_K_NT_BYTES ? 1 : -1;
+	return b;
+}
+
 int fep_k_gather_mt(fep_pool_t *pool, const fep_k_perm_args_t *a, size_t rows)
 {
-	struct p_ctx c = { a, fep_k_ops(), 0 };
+	fep_k_perm_args_t b;
+	struct p_ctx c = { &b, fep_k_ops(), 0 };
 	int ret = fep_k_perm_check(a);
 
 	if (ret)
 		return ret;
+	b = perm_whole(a, rows);
 	return fep_pool_for(pool, rows, 1, perm_range, &c);
 }
 
@@ -210,10 +225,12 @@ int fep_k_gather_mt(fep_pool_t *pool, const fep_k_perm_args_t *a, size_t rows)
  * which copy lands is unspecified). */
 int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a, size_t rows)
 {
-	struct p_ctx c = { a, fep_k_ops(), 1 };
+	fep_k_perm_args_t b;
+	struct p_ctx c = { &b, fep_k_ops(), 1 };
 	int ret = fep_k_perm_check(a);
 
 	if (ret)
 		return ret;
+	b = perm_whole(a, rows);
 	return fep_pool_for(pool, rows, 1, perm_range, &c);
 }

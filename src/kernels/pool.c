@@ -308,6 +308,26 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 	return 0;
 }
 
+/* Like fep_pool_run, but the caller takes no share: it calls idle(ictx)
+ * until the workers are done (no futex sleep: idle is the caller's work,
+ * e.g. driving the fabric's progress). */
+static int pool_run_idle(struct fep_pool *p, fep_pool_fn fn, void *ctx,
+			 void (*idle)(void *), void *ictx)
+{
+	p->fn = fn;
+	p->ctx = ctx;
+	atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
+	atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn, ctx */
+	if (atomic_load(&p->sleepers) > 0)
+		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+	fn(ctx, 0, p->nthreads);      /* tid 0's share is empty by contract */
+	while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
+		idle(ictx);
+		__builtin_ia32_pause();
+	}
+	return 0;
+}
+
 void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
 		    size_t *r0, size_t *r1)
 {
@@ -359,6 +379,37 @@ int fep_pool_for(fep_pool_t *p, size_t n, size_t grain,
 		return 0;
 	}
 	return fep_pool_run(p, pool_for_body, &c);
+}
+
+static void pool_for_workers_body(void *arg, int tid, int nthreads)
+{
+	struct pool_for_ctx *c = arg;
+	size_t r0, r1;
+
+	if (tid == 0)
+		return;  /* the caller drives idle() */
+	fep_pool_split(c->n, c->grain, tid - 1, nthreads - 1, &r0, &r1);
+	if (r1 > r0)
+		c->fn(c->ctx, r0, r1);
+}
+
+int fep_pool_for_idle(fep_pool_t *p, size_t n, size_t grain,
+		      fep_pool_range_fn fn, void *ctx,
+		      void (*idle)(void *), void *ictx)
+{
+	struct pool_for_ctx c = { n, grain ? grain : 1, fn, ctx };
+
+	if (!fn || !idle) {
+		fep_err("pool: NULL function");
+		return -EINVAL;
+	}
+	if (!p || p->nthreads == 1 || n == 0) {
+		if (n)
+			fn(ctx, 0, n);
+		idle(ictx);
+		return 0;
+	}
+	return pool_run_idle(p, pool_for_workers_body, &c, idle, ictx);
 }
 
 void *fep_numa_alloc(size_t size, int node)
