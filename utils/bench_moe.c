@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "utils/common.h"
 #include "utils/bench.h"
@@ -111,6 +112,9 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	size_t bytes = 0, nsc, slot, *cbytes = NULL;
 	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
 	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
+	uint64_t *cref = NULL;
+	char *evict = NULL;
+	size_t evsz = 0;
 	fabep_moe_timing_t tm;
 	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0;
 	char *mbuf = NULL;
@@ -151,10 +155,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	loc = calloc((size_t)iters + 1, sizeof(*loc));
 	mcp = calloc((size_t)iters + 1, sizeof(*mcp));
 	ref = calloc((size_t)iters + 1, sizeof(*ref));
+	cref = calloc((size_t)iters + 1, sizeof(*cref));
 	dbytes = calloc((size_t)size, sizeof(*dbytes));
 	seen = calloc((size_t)size, 1);
 	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	if (!cbytes || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
+	if (!cbytes || !cref || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
 	    !wire || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
@@ -370,6 +375,41 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		if (it >= 0)
 			ref[it] = tool_now_ns() - t0;
 	}
+	/* the same reference with cold caches: every rank first writes a
+	 * buffer of twice the last-level cache (at least 64 MiB), as the
+	 * phases find their inputs after the rest of a layer's traffic */
+	{
+		long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+		size_t ev = l3 > 0 ? 2 * (size_t)l3 : 0;
+
+		evsz = ev > ((size_t)64 << 20) ? ev : ((size_t)64 << 20);
+	}
+	evict = malloc(evsz);
+	if (!evict) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (it = -warmup; it < iters; it++) {
+		memset(evict, (int)(it & 0x7f), evsz);
+		ret = fabep_barrier(comm);
+		if (ret)
+			goto fail_call;
+		t0 = tool_now_ns();
+		for (e = 1; e < size; e++) {
+			int peer = (rank + e) % size;
+			size_t len = (do_d ? dbytes[peer] : 0) + (do_c ? cbytes[peer] : 0);
+
+			ret = fabep_put(comm, peer, rdst + (uint64_t)rank * slot, rsrc,
+					len);
+			if (ret)
+				goto fail_call;
+		}
+		ret = fabep_flush(comm);
+		if (ret)
+			goto fail_call;
+		if (it >= 0)
+			cref[it] = tool_now_ns() - t0;
+	}
 	/* memcpy of half the local bytes (a memcpy reads and writes each) */
 	mbuf = malloc(lbytes + 128);
 	if (!mbuf) {
@@ -397,10 +437,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		const char *fmt = o->format ? o->format : "bf16";
 		const char *chk = !o->check ? "off" : all_ok ? "ok" : "failed";
 		const char *mode = cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
-		double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed;
+		double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
 
 		qsort(lat, (size_t)iters, sizeof(*lat), cmp_u64);
 		qsort(ref, (size_t)iters, sizeof(*ref), cmp_u64);
+		qsort(cref, (size_t)iters, sizeof(*cref), cmp_u64);
 		qsort(wire, (size_t)iters, sizeof(*wire), cmp_u64);
 		qsort(loc, (size_t)iters, sizeof(*loc), cmp_u64);
 		qsort(mcp, (size_t)iters, sizeof(*mcp), cmp_u64);
@@ -412,18 +453,22 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		rmed = (double)ref[iters / 2] / 1e3;
 		gbps = med > 0 ? (double)bytes / (med * 1e3) : 0;
 		rgbps = rmed > 0 ? (double)bytes / (rmed * 1e3) : 0;
+		cmed = (double)cref[iters / 2] / 1e3;
+		cgbps = cmed > 0 ? (double)bytes / (cmed * 1e3) : 0;
 		if (o->machine)
 			fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
 				"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
 				"min_us: %.1f GBps: %.3f ref_GBps: %.3f ratio: %.3f "
 				"mode: %s ref_us: %.1f wire_us: %.1f wire_ratio: %.3f "
 				"local_us: %.1f local_bytes: %zu memcpy_us: %.1f "
-				"local_vs_memcpy: %.3f rows: %zu check: %s\n", o->op,
+				"local_vs_memcpy: %.3f rows: %zu ref_cold_us: %.1f "
+				"ref_cold_GBps: %.3f ratio_cold: %.3f check: %s\n", o->op,
 				fabep_comm_provider(comm), size, n, H, k,
 				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
 				wmed > 0 ? rmed / wmed : 0, lmed, lbytes, mmed,
-				lmed > 0 ? mmed / lmed : 0, ptl, chk);
+				lmed > 0 ? mmed / lmed : 0, ptl, cmed, cgbps,
+				cgbps > 0 ? gbps / cgbps : 0, chk);
 		else {
 			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 				"rank 0's figures; bytes = what rank 0 put to other "
@@ -443,6 +488,9 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"bytes moved, memcpy of half of them %.1f us (%.3f of "
 				"memcpy's rate)\n", mode, wmed, wmed > 0 ? rmed / wmed : 0,
 				lmed, lbytes, mmed, lmed > 0 ? mmed / lmed : 0);
+			fprintf(out, "# cold-cache reference (caches flushed before each "
+				"put): %.1f us, %.3f GB/s, ratio %.3f\n", cmed, cgbps,
+				cgbps > 0 ? gbps / cgbps : 0);
 		}
 		fflush(out);
 		if (o->check && !all_ok)
@@ -460,6 +508,8 @@ out:
 	free(y);
 	free(lat);
 	free(ref);
+	free(cref);
+	free(evict);
 	free(wire);
 	free(loc);
 	free(mcp);

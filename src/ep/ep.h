@@ -80,6 +80,7 @@ struct fep_ep_set {
 /* Phase times of the last calls (fabep_moe_timing). */
 struct fep_ep_timing {
 	uint64_t d_pack, d_put, d_wait, d_build;
+	uint64_t d_own, c_own;   /* of d_pack, c_reduce: the own run (overlapped) */
 	uint64_t c_reduce, c_put, c_wait, c_sum;
 	uint64_t d_bytes, c_bytes;
 };
