@@ -38,6 +38,7 @@ struct params {
 	int heap_small;
 	int threads;
 	int zcopy;        /* FABEP_MOE_ZERO_COPY */
+	const char *chunk; /* FABEP_MOE_CHUNK (mismatch 2: only rank 1's) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -389,7 +390,9 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank, fabep_strerror(ret));
 		return ret == -ETIMEDOUT ? 77 : 1;
 	}
-	if (p->mismatch && rank == 1)
+	if (p->chunk && (p->mismatch != 2 || rank == 1))
+		setenv("FABEP_MOE_CHUNK", p->chunk, 1);
+	if (p->mismatch == 1 && rank == 1)
 		cfg->hidden++;
 	ret = fabep_moe_create(*comm, cfg, moe);
 	if (p->mismatch || p->heap_small) {
@@ -657,6 +660,16 @@ EP_TEST(shm2_big_7168, "shm", 2, .rounds = 3, .hidden = 7168, .topk = 8,
 EP_TEST(shm3_split_backward, "shm", 3, .rounds = 40, .experts = 6, .split = 1, .backward = 1,
 	.routing = R_NEG)
 EP_TEST(shm2_outstanding, "shm", 2, .rounds = 30, .outstanding = 1)
+/* pipelined runs: many chunks per run, later ones empty (FABEP_MOE_CHUNK) */
+EP_TEST(shm3_chunks, "shm", 3, .rounds = 60, .hidden = 300, .topk = 4,
+	.experts = 12, .max_tokens = 40, .routing = R_NEG, .chunk = "1", .threads = 2)
+EP_TEST(shm4_chunks_fp8, "shm", 4, .rounds = 30, .tt = FABEP_MOE_FP8, .block = 128,
+	.hidden = 1000, .topk = 6, .experts = 16, .max_tokens = 33, .chunk = "5000",
+	.split = 1, .backward = 1)
+EP_TEST(shm2_chunks_zero, "shm", 2, .rounds = 40, .routing = R_ZERO, .topk = 2,
+	.max_tokens = 50, .chunk = "700", .zcopy = 1, .outstanding = 1)
+EP_TEST(tcp3_chunks, "tcp", 3, .rounds = 10, .experts = 9, .routing = R_NEG,
+	.topk = 4, .hidden = 128, .max_tokens = 30, .chunk = "1000")
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -681,6 +694,7 @@ EP_TEST(bad_range, "shm", 3, .rounds = 3, .experts = 12, .bad = B_RANGE, .bad_ra
 EP_TEST(bad_too_many, "shm", 4, .rounds = 3, .bad = B_TOO_MANY, .bad_rank = 3)
 EP_TEST(bad_null, "shm", 2, .rounds = 3, .bad = B_NULL_X, .bad_rank = 0)
 EP_TEST(mismatch, "shm", 3, .mismatch = 1, .experts = 3)
+EP_TEST(mismatch_chunk, "shm", 3, .mismatch = 2, .experts = 3, .chunk = "4096")
 EP_TEST(heap_full, "shm", 2, .heap_small = 1, .max_tokens = 4096, .hidden = 7168)
 /* other providers */
 EP_TEST(tcp3_random, "tcp", 3, .rounds = 30, .experts = 9, .routing = R_NEG, .topk = 4)
@@ -729,6 +743,10 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, shm2_big_7168);
 	tcase_add_test(tc, shm3_split_backward);
 	tcase_add_test(tc, shm2_outstanding);
+	tcase_add_test(tc, shm3_chunks);
+	tcase_add_test(tc, shm4_chunks_fp8);
+	tcase_add_test(tc, shm2_chunks_zero);
+	tcase_add_test(tc, tcp3_chunks);
 	tcase_add_test(tc, bad_flags);
 	tcase_add_test(tc, zc_one_rank);
 	tcase_add_test(tc, zc_shm2_bf16);
@@ -743,6 +761,7 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, bad_too_many);
 	tcase_add_test(tc, bad_null);
 	tcase_add_test(tc, mismatch);
+	tcase_add_test(tc, mismatch_chunk);
 	tcase_add_test(tc, heap_full);
 	tcase_add_test(tc, tcp3_random);
 	tcase_add_test(tc, tcp2_fp8);

@@ -46,6 +46,7 @@ struct red_ctx {
 	size_t ld_y;
 	int weighted;
 	size_t skip0, skip;   /* tokens [skip0, skip0 + skip) not in this pass */
+	size_t p0;            /* first token (of this pass) of the block */
 	fep_fabric_t *fab;
 	int idle_err;
 };
@@ -72,6 +73,13 @@ static void reduce_range(void *arg, size_t t0, size_t t1)
 	}
 	if (t1 > t0)
 		reduce_flat(c, t0 + c->skip, t1 + c->skip);
+}
+
+static void reduce_block(void *arg, size_t r0, size_t r1)
+{
+	struct red_ctx *c = arg;
+
+	reduce_range(c, c->p0 + r0, c->p0 + r1);
 }
 
 static void reduce_idle(void *arg)
@@ -120,10 +128,10 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	fabep_comm_t *comm = m->comm;
 	fep_fabric_t *fab = comm->fab;
 	struct fep_ep_set *s;
-	struct fep_put *puts;
 	struct red_ctx c;
 	uint64_t t0, t1, t2, t3;
-	int b = 0, d, np = 0, ret;
+	size_t np_all, pb, pe;
+	int b = 0, d, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
 		fep_err("fabep_moe_combine_send: the previous %s_send awaits its "
@@ -166,66 +174,81 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	c.ld_y = y ? ld_y : m->hidden;
 	c.weighted = !(flags & FABEP_MOE_UNWEIGHTED);
 	c.fab = fab;
-	/* first the rows for other ranks; this rank's own after the puts */
-	c.skip0 = s->tbase[m->rank];
-	c.skip = s->rcount[m->rank];
-	if (!status && s->rtokens > c.skip) {
-		ret = fep_pool_for(comm->pool, s->rtokens - c.skip, 1, reduce_range, &c);
-		if (ret)
-			return ret;
-	}
 	for (d = 0; d < m->size; d++)
 		fep_ep_hdr_write(crun_base(m, b, d), s->seq, status,
 				 status ? 0 : s->rcount[d]);
-	t2 = fep_now_ns();
-	m->tm.c_reduce = t2 - t1;
 	m->tm.c_put = t1 - t0;
 	m->tm.c_bytes = 0;
-	m->tm.c_wait = m->tm.c_sum = m->tm.c_own = 0;
-	if (m->size < 2)
-		goto own;
-	puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
-	if (!puts)
-		return -ENOMEM;
-	for (d = 1; d < m->size; d++) {
-		int peer = (m->rank + d) % m->size;
+	m->tm.c_reduce = m->tm.c_wait = m->tm.c_sum = m->tm.c_own = 0;
 
-		puts[np].peer = peer;
-		puts[np].dst = fep_ep_cslot(m, b, m->rank);
-		puts[np].src = fep_ep_cstage(m, peer);
-		puts[np].len = (m->chdr_rows + (status ? 0 : s->rcount[peer])) *
-			       m->crow_bytes;
-		puts[np].sig = fep_ep_cctr(m, b);
-		puts[np].add = 1;
-		m->tm.c_bytes += puts[np].len;
-		np++;
+	/* pass 0, pipelined: reduce the other ranks' tokens a block at a time
+	 * (on the workers, the caller driving the fabric), posting each chunk
+	 * of a run as soon as it is complete */
+	c.skip0 = s->tbase[m->rank];
+	c.skip = s->rcount[m->rank];
+	np_all = status ? 0 : s->rtokens - c.skip;
+	for (d = 0; d < m->size; d++)
+		m->posted[d] = 0;
+	for (pb = 0; m->size > 1; pb = pe) {
+		size_t np = 0, i;
+
+		pe = FEP_MIN(np_all, pb + m->cchunk_rows);
+		t2 = fep_now_ns();
+		if (pe > pb) {
+			c.p0 = pb;
+			ret = fep_pool_for_idle(comm->pool, pe - pb, 1, reduce_block, &c,
+						reduce_idle, &c);
+			if (!ret)
+				ret = c.idle_err;
+			if (ret)
+				goto fail;
+		}
+		t3 = fep_now_ns();
+		m->tm.c_reduce += t3 - t2;
+		for (d = 1; d < m->size; d++) {
+			int peer = (m->rank + d) % m->size;
+			size_t first = peer < m->rank ? s->tbase[peer]
+						      : s->tbase[peer] - c.skip;
+			size_t cnt = status ? 0 : s->rcount[peer];
+			size_t done = pe > first ? FEP_MIN(pe - first, cnt) : 0;
+
+			np += fep_ep_ready_chunks(m->puts + np, peer,
+						  fep_ep_cslot(m, b, m->rank),
+						  fep_ep_cstage(m, peer), m->crow_bytes,
+						  m->chdr_rows, cnt, done, m->cchunk_rows,
+						  m->cchunks, fep_ep_cctr(m, b),
+						  &m->posted[peer]);
+		}
+		for (i = 0; i < np; i++)
+			m->tm.c_bytes += m->puts[i].len;
+		if (np) {
+			ret = fep_fab_put_signal_many(fab, m->puts, np);
+			if (ret)
+				goto fail;
+		}
+		m->tm.c_put += fep_now_ns() - t3;
+		if (pe == np_all)
+			break;
 	}
-	ret = fep_fab_put_signal_many(fab, puts, (size_t)np);
-	free(puts);
-	if (ret) {
-		fep_err("fabep_moe_combine_send: %s", fabep_strerror(ret));
-		return ret;
-	}
-	t3 = fep_now_ns();
-	m->tm.c_put += t3 - t2;
-own:
 	/* this rank's own tokens, while the caller drives the fabric */
 	if (!status && s->rcount[m->rank]) {
 		t3 = fep_now_ns();
 		c.skip0 = 0;
 		c.skip = s->tbase[m->rank];
+		c.p0 = 0;
 		ret = fep_pool_for_idle(comm->pool, s->rcount[m->rank], 1,
-					reduce_range, &c, reduce_idle, &c);
-		if (!ret && c.idle_err) {
-			fep_err("fabep_moe_combine_send: %s", fabep_strerror(c.idle_err));
+					reduce_block, &c, reduce_idle, &c);
+		if (!ret)
 			ret = c.idle_err;
-		}
 		if (ret)
-			return ret;
+			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;
 		m->tm.c_reduce += m->tm.c_own;
 	}
 	return status;
+fail:
+	fep_err("fabep_moe_combine_send: %s", fabep_strerror(ret));
+	return ret;
 }
 
 FEP_EXPORT int fabep_moe_combine_send(fabep_moe_t *m, const void *y,
@@ -255,7 +278,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	m->pending_crecv = 0;
 	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
-			  (uint64_t)(m->size - 1) * s->cuses, fep_ep_cslot(m, b, 0),
+			  (uint64_t)(m->size - 1) * m->cchunks * s->cuses, fep_ep_cslot(m, b, 0),
 			  m->cslot_bytes, s->seq);
 	if (!ret)
 		ret = fep_ep_check_hdrs(m, "fabep_moe_combine", fep_ep_cslot(m, b, 0),

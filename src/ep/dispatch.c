@@ -32,12 +32,10 @@ struct pack_ctx {
 	int b;
 	const int32_t *ids;
 	const float *w;
-	const uint8_t *rows;    /* source rows of row_bytes */
-	const float *scales;    /* FP8: [n, nscale] */
-	const void *x;          /* FP8: the caller's rows (input_type) */
-	int pass;               /* 0: remote runs, 1: this rank's own run */
-	size_t skip0, skip;     /* pack_range: records [skip0, skip0 + skip)
-				 * of the flat list are not in this pass */
+	const uint8_t *x;       /* the caller's rows (in_elt values) */
+	const float *scales;    /* FP8_PREQUANT: [n, nscale] */
+	int pass;               /* 0: runs to other ranks, 1: the own run */
+	size_t t0;              /* first token of the block being packed */
 	fep_fabric_t *fab;      /* idle: progress while the workers pack */
 	int idle_err;
 };
@@ -74,23 +72,47 @@ static inline void put_meta(struct fabep_moe *m, const struct pack_ctx *c,
 	}
 }
 
-/* FP8, pass 0 (remote destinations): tokens [t0, t1): quantize each once
- * into its first remote destination's record, copy the row and scales to
- * its other remote destinations' records.  Pass 1 (this rank's own run):
- * copy from a remote record if the token has one, else quantize. */
-static void pack_quant_pass(struct pack_ctx *c, size_t t0, size_t t1)
+/* Scales and payload of token t's record: FP8 is quantized once per token
+ * (into `first`'s record, then copied from there), other formats copied
+ * from the caller's row. */
+static inline void put_payload(struct fabep_moe *m, const struct pack_ctx *c,
+			       uint8_t *rec, size_t t, const uint8_t *first)
 {
+	if (m->cfg.token_type == FABEP_MOE_FP8) {
+		fep_k_fp8_args_t a;
+
+		if (first) {
+			memcpy(rec + m->scale_off, first + m->scale_off,
+			       m->rec_bytes - m->scale_off);
+			return;
+		}
+		memset(&a, 0, sizeof(a));
+		a.in_dt = m->cfg.input_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
+		a.ld_in = m->hidden;
+		a.ld_out = m->hidden;
+		a.ld_scales = m->nscale;
+		a.cols = m->hidden;
+		a.block = m->cfg.fp8_block;
+		a.in = c->x + t * m->hidden * m->in_elt;
+		a.out = rec + m->pay_off;
+		a.scales = (float *)(rec + m->scale_off);
+		c->ops->fp8_quant(&a, 0, 1);
+		return;
+	}
+	if (c->scales)
+		memcpy(rec + m->scale_off, c->scales + t * m->nscale, 4 * m->nscale);
+	memcpy(rec + m->pay_off, c->x + t * m->row_bytes, m->row_bytes);
+}
+
+/* Tokens [t0, t1), in token order (so each run fills front to back, chunk
+ * after chunk).  Pass 0 writes the records of the other ranks' runs; pass 1
+ * the own run's, copying FP8 rows from the token's first remote record. */
+static void pack_tokens(void *arg, size_t t0, size_t t1)
+{
+	struct pack_ctx *c = arg;
 	struct fabep_moe *m = c->m;
 	size_t kk = (size_t)m->kk, t, q;
-	fep_k_fp8_args_t a;
 
-	memset(&a, 0, sizeof(a));
-	a.in_dt = m->cfg.input_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
-	a.ld_in = m->hidden;
-	a.ld_out = m->hidden;
-	a.ld_scales = m->nscale;
-	a.cols = m->hidden;
-	a.block = m->cfg.fp8_block;
 	for (t = t0; t < t1; t++) {
 		const int32_t *dt = m->dest + t * kk;
 		const uint32_t *pos = (const uint32_t *)m->pack_pos + t * kk;
@@ -103,93 +125,35 @@ static void pack_quant_pass(struct pack_ctx *c, size_t t0, size_t t1)
 				self = rec;
 				continue;
 			}
-			if (c->pass == 0)
+			if (c->pass == 0) {
 				put_meta(m, c, rec, (int32_t)t, dt[q]);
-			if (!first && c->pass == 0) {
-				a.in = (const char *)c->x + t * m->hidden * m->in_elt;
-				a.out = rec + m->pay_off;
-				a.scales = (float *)(rec + m->scale_off);
-				c->ops->fp8_quant(&a, 0, 1);
-			} else if (c->pass == 0) {
-				memcpy(rec + m->scale_off, first + m->scale_off,
-				       m->rec_bytes - m->scale_off);
+				put_payload(m, c, rec, t, first);
 			}
 			if (!first)
 				first = rec;
 		}
-		if (c->pass == 0 || !self)
-			continue;
-		put_meta(m, c, self, (int32_t)t, m->rank);
-		if (first) {
-			memcpy(self + m->scale_off, first + m->scale_off,
-			       m->rec_bytes - m->scale_off);
-		} else {
-			a.in = (const char *)c->x + t * m->hidden * m->in_elt;
-			a.out = self + m->pay_off;
-			a.scales = (float *)(self + m->scale_off);
-			c->ops->fp8_quant(&a, 0, 1);
+		if (c->pass == 1 && self) {
+			put_meta(m, c, self, (int32_t)t, m->rank);
+			put_payload(m, c, self, t,
+				    m->cfg.token_type == FABEP_MOE_FP8 ? first : NULL);
 		}
 	}
 }
 
-static void pack_quant_range(void *arg, size_t t0, size_t t1)
-{
-	pack_quant_pass(arg, t0, t1);
-}
-
-/* Pack records [r0, r1) of the flattened list (destinations in order). */
-static void pack_flat(struct pack_ctx *c, size_t r0, size_t r1);
-
-/* Records [r0, r1) of this pass: the flat list without [skip0, skip0 + skip). */
-static void pack_range(void *arg, size_t r0, size_t r1)
+/* pool range [r0, r1) of the block that starts at token c->t0 */
+static void pack_block(void *arg, size_t r0, size_t r1)
 {
 	struct pack_ctx *c = arg;
 
-	if (r0 < c->skip0) {
-		pack_flat(c, r0, FEP_MIN(r1, c->skip0));
-		r0 = c->skip0;
-	}
-	if (r1 > r0)
-		pack_flat(c, r0 + c->skip, r1 + c->skip);
+	pack_tokens(c, c->t0 + r0, c->t0 + r1);
 }
 
-static void pack_flat(struct pack_ctx *c, size_t r0, size_t r1)
+static void pack_idle(void *arg)
 {
-	struct fabep_moe *m = c->m;
-	int d = 0;
+	struct pack_ctx *c = arg;
 
-	while (r0 < r1) {
-		size_t i0, i1, i;
-		uint8_t *recs;
-		const int32_t *tok;
-		fep_k_perm_args_t a;
-
-		while (m->pack_base[d + 1] <= r0)
-			d++;
-		i0 = r0 - m->pack_base[d];
-		i1 = FEP_MIN(r1, (size_t)m->pack_base[d + 1]) - m->pack_base[d];
-		recs = run_base(m, c->b, d) + m->hdr_recs * m->rec_bytes;
-		tok = m->pack_tok + m->pack_base[d];
-		for (i = i0; i < i1; i++) {
-			uint8_t *rec = recs + i * m->rec_bytes;
-			int32_t t = tok[i];
-
-			put_meta(m, c, rec, t, d);
-			if (m->fp8)
-				memcpy(rec + m->scale_off, c->scales + (size_t)t * m->nscale,
-				       4 * m->nscale);
-		}
-		memset(&a, 0, sizeof(a));
-		a.src = c->rows;
-		a.src_stride = m->row_bytes;
-		a.dst = recs + m->pay_off;
-		a.dst_stride = m->rec_bytes;
-		a.row_bytes = m->row_bytes;
-		a.idx = tok;
-		a.nt = -1;  /* the fabric reads the run next: keep it in cache */
-		c->ops->gather(&a, i0, i1);
-		r0 = m->pack_base[d] + i1;
-	}
+	if (!c->idle_err)
+		c->idle_err = fep_fabric_progress(c->fab);
 }
 
 /* Local checks of dispatch_send's input: 0 or a negative code (logged). */
@@ -285,44 +249,16 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 	}
 }
 
-static void pack_idle(void *arg)
-{
-	struct pack_ctx *c = arg;
-
-	if (!c->idle_err)
-		c->idle_err = fep_fabric_progress(c->fab);
-}
-
-/* Pack one pass.  Pass 0 runs on every pool thread; pass 1 on the workers
- * while the caller progresses the fabric. */
-static int pack_pass(struct fabep_moe *m, struct pack_ctx *c, size_t n,
-		     size_t nrec, int pass)
-{
-	c->pass = pass;
-	if (m->cfg.token_type == FABEP_MOE_FP8) {
-		if (!nrec)
-			return 0;
-		return pass ? fep_pool_for_idle(m->comm->pool, n, 1, pack_quant_range,
-						c, pack_idle, c)
-			    : fep_pool_for(m->comm->pool, n, 1, pack_quant_range, c);
-	}
-	if (!nrec)
-		return 0;
-	return pass ? fep_pool_for_idle(m->comm->pool, nrec, 1, pack_range, c,
-					pack_idle, c)
-		    : fep_pool_for(m->comm->pool, nrec, 1, pack_range, c);
-}
-
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
 			 size_t n, const int32_t *ids, const float *w, int status)
 {
 	fabep_comm_t *comm = m->comm;
 	fep_fabric_t *fab = comm->fab;
 	struct fep_ep_set *s;
-	struct fep_put *puts = NULL;
 	struct pack_ctx c;
-	uint64_t t0, t1, t2, t3;
-	int b, d, np = 0, ret;
+	uint64_t t0, t1, t2, t3, tp;
+	size_t tb, te;
+	int b, d, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
 		fep_err("fabep_moe_dispatch_send: the previous %s_send awaits its "
@@ -375,70 +311,88 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	c.b = b;
 	c.ids = m->prev_ids;
 	c.w = m->prev_w;
-	c.rows = x;
 	c.x = x;
 	c.fab = fab;
 	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT)
 		c.scales = scales;
-	if (!status) {
+	if (!status)
 		route(m, s, m->prev_ids, n);
-		/* pass 0: the runs to other ranks */
-		c.skip0 = m->pack_base[m->rank];
-		c.skip = s->sent[m->rank];
-		ret = pack_pass(m, &c, n, m->pack_base[m->size] - c.skip, 0);
-		if (ret)
-			return ret;
-	} else {
+	else
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
-	}
 	for (d = 0; d < m->size; d++)
 		fep_ep_hdr_write(run_base(m, b, d), s->seq, status, s->sent[d]);
-	t2 = fep_now_ns();
-	m->tm.d_pack = t2 - t1;
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;
 	m->tm.d_wait = m->tm.d_build = m->tm.d_own = 0;
-	if (m->size > 1) {
-		puts = calloc((size_t)(unsigned)m->size, sizeof(*puts));
-		if (!puts)
-			return -ENOMEM;
+
+	/* pass 0, pipelined: pack the other ranks' runs a block of tokens at a
+	 * time (on the workers, the caller driving the fabric), and post each
+	 * chunk of a run as soon as it is complete */
+	memset(m->cursor, 0, (size_t)m->size * sizeof(uint32_t)); /* records done */
+	for (d = 0; d < m->size; d++)
+		m->posted[d] = 0;
+	tp = 0;
+	for (tb = 0;; tb = te) {
+		size_t np = 0, i;
+
+		te = FEP_MIN(n, tb + m->dchunk_recs);
+		t2 = fep_now_ns();
+		if (te > tb && m->size > 1) {
+			c.pass = 0;
+			c.t0 = tb;
+			ret = fep_pool_for_idle(comm->pool, te - tb, 1, pack_block, &c,
+						pack_idle, &c);
+			if (!ret)
+				ret = c.idle_err;
+			if (ret)
+				goto fail;
+			for (i = tb * (size_t)m->kk; i < te * (size_t)m->kk; i++)
+				if (m->dest[i] >= 0)
+					m->cursor[m->dest[i]]++;
+		}
+		t3 = fep_now_ns();
+		tp += t3 - t2;
 		for (d = 1; d < m->size; d++) {
 			int peer = (m->rank + d) % m->size;
 
-			puts[np].peer = peer;
-			puts[np].dst = fep_ep_dslot(m, b, m->rank);
-			puts[np].src = fep_ep_dstage(m, peer);
-			puts[np].len = (m->hdr_recs + s->sent[peer]) * m->rec_bytes;
-			puts[np].sig = fep_ep_dctr(m, b);
-			puts[np].add = 1;
-			m->tm.d_bytes += puts[np].len;
-			np++;
+			np += fep_ep_ready_chunks(m->puts + np, peer,
+						  fep_ep_dslot(m, b, m->rank),
+						  fep_ep_dstage(m, peer), m->rec_bytes,
+						  m->hdr_recs, s->sent[peer],
+						  te == n ? s->sent[peer] : m->cursor[peer],
+						  m->dchunk_recs, m->dchunks,
+						  fep_ep_dctr(m, b), &m->posted[peer]);
 		}
-		ret = fep_fab_put_signal_many(fab, puts, (size_t)np);
-		free(puts);
-		if (ret) {
-			fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(ret));
-			return ret;
+		for (i = 0; i < np; i++)
+			m->tm.d_bytes += m->puts[i].len;
+		if (np) {
+			ret = fep_fab_put_signal_many(fab, m->puts, np);
+			if (ret)
+				goto fail;
 		}
+		m->tm.d_put += fep_now_ns() - t3;
+		if (te == n)
+			break;
 	}
-	t3 = fep_now_ns();
-	m->tm.d_put += t3 - t2;
+	m->tm.d_pack = tp;
 	/* pass 1: this rank's own run, while the caller drives the fabric
 	 * (the peers' runs arrive meanwhile) */
+	t3 = fep_now_ns();
 	if (!status && s->sent[m->rank]) {
-		c.skip0 = 0;
-		c.skip = m->pack_base[m->rank];
-		ret = pack_pass(m, &c, n, s->sent[m->rank], 1);
+		c.pass = 1;
+		c.t0 = 0;
+		ret = fep_pool_for_idle(comm->pool, n, 1, pack_block, &c, pack_idle, &c);
+		if (!ret)
+			ret = c.idle_err;
 		if (ret)
-			return ret;
-		if (c.idle_err) {
-			fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(c.idle_err));
-			return c.idle_err;
-		}
+			goto fail;
 	}
 	m->tm.d_own = fep_now_ns() - t3;
 	m->tm.d_pack += m->tm.d_own;
 	return status;
+fail:
+	fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(ret));
+	return ret;
 }
 
 FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
@@ -588,7 +542,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	m->pending_recv = 0;
 	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
-			  (uint64_t)(m->size - 1) * s->uses, fep_ep_dslot(m, b, 0),
+			  (uint64_t)(m->size - 1) * m->dchunks * s->uses, fep_ep_dslot(m, b, 0),
 			  m->dslot_bytes, s->seq);
 	if (!ret)
 		ret = fep_ep_check_hdrs(m, "fabep_moe_dispatch", fep_ep_dslot(m, b, 0),

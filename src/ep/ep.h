@@ -37,6 +37,8 @@ struct fep_ep_hdr {
 };
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
+/* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run */
+#define FEP_MOE_CHUNK_DEFAULT ((size_t)2 << 20)
 
 enum fep_ep_state {
 	FEP_EP_FREE = 0,
@@ -107,6 +109,14 @@ struct fabep_moe {
 	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
 	size_t chdr_rows, cslot_rows, cslot_bytes;
+	/* pipelining: every run goes as dchunks (cchunks) writes of up to
+	 * dchunk_recs records (cchunk_rows rows), each with its own signal, so
+	 * the first leave while the rest are packed.  The counts are fixed by
+	 * the configuration (a run's later chunks may be empty), so a wait's
+	 * target is (size - 1) * chunks * uses. */
+	size_t chunk_bytes;  /* FABEP_MOE_CHUNK; 0: one write per run */
+	size_t dchunk_recs, dchunks, cchunk_rows, cchunks;
+	struct fep_put *puts; /* [(size - 1) * max(dchunks, cchunks)] */
 
 	/* heap offsets */
 	uint64_t ctrs;       /* dctr[sets], cctr[sets] */
@@ -134,6 +144,7 @@ struct fabep_moe {
 	uint32_t *pack_base; /* [size + 1] */
 	int32_t *dest;       /* [max_tokens * kk]: distinct ranks of a token */
 	uint32_t *cursor;    /* [size] */
+	size_t *posted;      /* [size]: chunks of each run posted this call */
 };
 
 static inline uint64_t fep_ep_dctr(const struct fabep_moe *m, int b)
@@ -179,5 +190,13 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
+/* Append to out the chunks of a run to `peer` that are complete and not yet
+ * posted: the run holds hdr + count units of `unit` bytes, of which the
+ * first hdr + done are written; *posted chunks of `per` units (of
+ * `chunks`) have left.  Every chunk adds 1 to sig.  Returns how many. */
+size_t fep_ep_ready_chunks(struct fep_put *out, int peer, uint64_t dst,
+			   uint64_t src, size_t unit, size_t hdr, size_t count,
+			   size_t done, size_t per, size_t chunks, uint64_t sig,
+			   size_t *posted);
 
 #endif

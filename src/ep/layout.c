@@ -104,6 +104,24 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		hdr += m->crow_bytes;
 	}
 	m->cslot_bytes = hdr;
+	{
+		size_t v = FEP_MOE_CHUNK_DEFAULT;
+
+		if (fep_env_size("FABEP_MOE_CHUNK", 0, (size_t)1 << 40, &v) < 0) {
+			if (!quiet)
+				fep_err("fabep_moe: FABEP_MOE_CHUNK is not a size");
+			return -EINVAL;
+		}
+		m->chunk_bytes = v;
+	}
+	m->dchunk_recs = m->chunk_bytes ?
+		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) : m->dslot_recs;
+	m->dchunks = (m->hdr_recs + (size_t)c->max_tokens + m->dchunk_recs - 1) /
+		     m->dchunk_recs;
+	m->cchunk_rows = m->chunk_bytes ?
+		FEP_MAX((size_t)1, m->chunk_bytes / m->crow_bytes) : m->cslot_rows;
+	m->cchunks = (m->chdr_rows + (size_t)c->max_tokens + m->cchunk_rows - 1) /
+		     m->cchunk_rows;
 	if ((double)m->sets * nranks * (double)m->dslot_recs >= 2147483647.0 ||
 	    (double)nranks * (double)m->cslot_rows >= 2147483647.0)
 		BAD("fabep_moe: max_tokens %d too large for %d ranks", c->max_tokens,
@@ -143,6 +161,7 @@ struct ep_hello {
 	int32_t token_type, input_type, combine_type;
 	int32_t num_experts, top_k, max_tokens, fp8_block, buffer_sets, flags;
 	uint64_t hidden;
+	uint64_t chunk_bytes;
 	uint64_t heap_used;
 };
 
@@ -180,6 +199,8 @@ static void ep_free(struct fabep_moe *m)
 	free(m->pack_base);
 	free(m->dest);
 	free(m->cursor);
+	free(m->puts);
+	free(m->posted);
 	free(m);
 }
 
@@ -197,7 +218,9 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->dest = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
 	m->pack_pos = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
 	m->cursor = calloc(R, sizeof(uint32_t));
-	if (!m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	m->puts = calloc(R * FEP_MAX(m->dchunks, m->cchunks) + 1, sizeof(*m->puts));
+	m->posted = calloc(R, sizeof(size_t));
+	if (!m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
 	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
@@ -269,6 +292,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	me.buffer_sets = cfg->buffer_sets ? cfg->buffer_sets : 2;
 	me.flags = (int32_t)cfg->flags;
 	me.hidden = cfg->hidden;
+	me.chunk_bytes = m->chunk_bytes;
 	me.heap_used = fab->heap_used;
 	all = calloc((size_t)comm->size, sizeof(*all));
 	if (!all) {
@@ -293,6 +317,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 		struct ep_hello a = all[0], b = all[r];
 
 		a.heap_used = b.heap_used = 0;
+		a.chunk_bytes = b.chunk_bytes = 0;
 		if (memcmp(&a, &b, sizeof(a))) {
 			fep_err("fabep_moe_create: configurations differ: rank 0 has "
 				"experts %d top_k %d hidden %llu max_tokens %d types "
@@ -304,6 +329,13 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 				b.top_k, (unsigned long long)b.hidden, b.max_tokens,
 				b.token_type, b.input_type, b.combine_type,
 				b.fp8_block, b.buffer_sets, b.flags);
+			ret = -FABEP_ERR_MISMATCH;
+			goto err;
+		}
+		if (all[r].chunk_bytes != all[0].chunk_bytes) {
+			fep_err("fabep_moe_create: FABEP_MOE_CHUNK differs (rank 0 %llu, "
+				"rank %d %llu)", (unsigned long long)all[0].chunk_bytes, r,
+				(unsigned long long)all[r].chunk_bytes);
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
@@ -402,6 +434,30 @@ void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
 	h.count = count;
 	h.magic = FEP_EP_MAGIC;
 	memcpy(p, &h, sizeof(h));
+}
+
+size_t fep_ep_ready_chunks(struct fep_put *out, int peer, uint64_t dst,
+			   uint64_t src, size_t unit, size_t hdr, size_t count,
+			   size_t done, size_t per, size_t chunks, uint64_t sig,
+			   size_t *posted)
+{
+	size_t total = hdr + count, ready = hdr + done, n = 0;
+
+	while (*posted < chunks) {
+		size_t r0 = *posted * per, r1 = FEP_MIN(r0 + per, total);
+
+		if (r1 > ready)
+			break;
+		out[n].peer = peer;
+		out[n].dst = dst + r0 * unit;
+		out[n].src = src + r0 * unit;
+		out[n].len = r1 > r0 ? (r1 - r0) * unit : 0;
+		out[n].sig = sig;
+		out[n].add = 1;
+		n++;
+		(*posted)++;
+	}
+	return n;
 }
 
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
