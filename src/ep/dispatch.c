@@ -38,6 +38,8 @@ struct pack_ctx {
 	size_t t0;              /* first token of the block being packed */
 	fep_fabric_t *fab;      /* idle: progress while the workers pack */
 	int idle_err;
+	const uint8_t *base;    /* set b's first slot (record index 0) */
+	int32_t *self_pay;      /* the set's self_pay */
 };
 
 static uint8_t *run_base(struct fabep_moe *m, int b, int d)
@@ -46,7 +48,7 @@ static uint8_t *run_base(struct fabep_moe *m, int b, int d)
 
 	if (d == m->rank)
 		return fep_heap_at(fab, fep_ep_dslot(m, b, m->rank));
-	return fep_heap_at(fab, fep_ep_dstage(m, d));
+	return fep_heap_at(fab, fep_ep_dstage(m, b, d));
 }
 
 static inline uint8_t *rec_at(struct fabep_moe *m, int b, int d, uint32_t pos)
@@ -117,12 +119,14 @@ static void pack_tokens(void *arg, size_t t0, size_t t1)
 		const int32_t *dt = m->dest + t * kk;
 		const uint32_t *pos = (const uint32_t *)m->pack_pos + t * kk;
 		uint8_t *first = NULL, *self = NULL;
+		size_t qs = 0;
 
 		for (q = 0; q < kk && dt[q] >= 0; q++) {
 			uint8_t *rec = rec_at(m, c->b, dt[q], pos[q]);
 
 			if (dt[q] == m->rank) {
 				self = rec;
+				qs = q;
 				continue;
 			}
 			if (c->pass == 0) {
@@ -133,9 +137,15 @@ static void pack_tokens(void *arg, size_t t0, size_t t1)
 				first = rec;
 		}
 		if (c->pass == 1 && self) {
+			/* the payload stays in the first remote run's record
+			 * (same set, same index space) when there is one */
+			const uint8_t *pay = first ? first : self;
+
 			put_meta(m, c, self, (int32_t)t, m->rank);
-			put_payload(m, c, self, t,
-				    m->cfg.token_type == FABEP_MOE_FP8 ? first : NULL);
+			if (!first)
+				put_payload(m, c, self, t, NULL);
+			c->self_pay[pos[qs]] = (int32_t)((size_t)(pay - c->base) /
+							 m->rec_bytes);
 		}
 	}
 }
@@ -313,8 +323,11 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	c.w = m->prev_w;
 	c.x = x;
 	c.fab = fab;
+	c.base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
+	c.self_pay = s->self_pay;
 	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT)
 		c.scales = scales;
+	s->self_n = 0;
 	if (!status)
 		route(m, s, m->prev_ids, n);
 	else
@@ -357,7 +370,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 
 			np += fep_ep_ready_chunks(m->puts + np, peer,
 						  fep_ep_dslot(m, b, m->rank),
-						  fep_ep_dstage(m, peer), m->rec_bytes,
+						  fep_ep_dstage(m, b, peer), m->rec_bytes,
 						  m->hdr_recs, s->sent[peer],
 						  te == n ? s->sent[peer] : m->cursor[peer],
 						  m->dchunk_recs, m->dchunks,
@@ -386,6 +399,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			ret = c.idle_err;
 		if (ret)
 			goto fail;
+		s->self_n = s->sent[m->rank];
 	}
 	m->tm.d_own = fep_now_ns() - t3;
 	m->tm.d_pack += m->tm.d_own;
@@ -484,8 +498,10 @@ static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
 				}
 				memcpy(&w, rec + 8 + 4 * k + 4 * (size_t)j, 4);
 				r = cur[le]++;
-				s->gidx[r] = (int32_t)((size_t)src * m->dslot_recs +
-						       m->hdr_recs + i);
+				s->gidx[r] = src == m->rank && i < s->self_n ?
+					s->self_pay[i] :
+					(int32_t)((size_t)src * m->dslot_recs +
+						  m->hdr_recs + i);
 				s->src_info[3 * (size_t)r] = src;
 				s->src_info[3 * (size_t)r + 1] = t;
 				s->src_info[3 * (size_t)r + 2] = j;

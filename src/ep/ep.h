@@ -6,11 +6,14 @@
  *
  *   counters  dctr[set], cctr[set]: uint64, every source adds 1 per call
  *             into the set; never reset; a wait is ctr >= (size-1) * uses.
- *   drecv     [set][source] dispatch slots: a header (hdr_recs records)
- *             then max_tokens records of rec_bytes:
+ *   drecv     [set][2 * size - 1] dispatch slots: [source] slots, then
+ *             the set's send runs to the other ranks (staging).  A slot: a
+ *             header (hdr_recs records) then max_tokens records of
+ *             rec_bytes:
  *               int32 token, int32 pad, int32 local_expert[k] (-1 = none),
  *               float weight[k], float scales[nscale], payload (row_bytes)
- *   dstage    [size-1] send runs (one per other destination), same layout
+ *             The own slot's records of tokens that also went to another
+ *             rank carry no payload: self_pay points at the staged copy.
  *   crecv     [set][expert rank] combine slots: a header (chdr_rows rows)
  *             then max_tokens rows of crow_bytes (combine_type)
  *   cstage    [size-1] combine send runs
@@ -38,7 +41,7 @@ struct fep_ep_hdr {
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
 /* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run */
-#define FEP_MOE_CHUNK_DEFAULT ((size_t)2 << 20)
+#define FEP_MOE_CHUNK_DEFAULT ((size_t)1 << 20)
 
 enum fep_ep_state {
 	FEP_EP_FREE = 0,
@@ -62,6 +65,9 @@ struct fep_ep_set {
 
 	/* expert side: what this rank received */
 	uint32_t *rcount;    /* [size] tokens received from each source */
+	int32_t *self_pay;   /* [max_tokens]: record (set index space) holding
+			      * the payload of own record i */
+	size_t self_n;       /* own records this set's send packed */
 	uint32_t *tbase;     /* [size + 1] prefix of rcount */
 	size_t rtokens;      /* sum of rcount */
 	int32_t *cidx;       /* [rtokens * k]: output row of each (token, k), -1 */
@@ -120,7 +126,7 @@ struct fabep_moe {
 
 	/* heap offsets */
 	uint64_t ctrs;       /* dctr[sets], cctr[sets] */
-	uint64_t drecv, dstage, crecv, cstage;
+	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size - 1] slots */
 
 	/* calls */
 	uint64_t ndisp;      /* dispatch calls begun (set = ndisp % sets) */
@@ -155,20 +161,34 @@ static inline uint64_t fep_ep_cctr(const struct fabep_moe *m, int b)
 {
 	return m->ctrs + 8 * (uint64_t)(m->sets + b);
 }
+/* Set b holds 2 * size - 1 dispatch slots: one per source (what arrives),
+ * then the send runs to the other ranks (staging).  One index space of
+ * records spans a set, so received rows may point into the set's staging
+ * (this rank's own tokens that also went to another rank are not copied
+ * again into its own slot). */
+static inline uint64_t fep_ep_dset_slots(const struct fabep_moe *m)
+{
+	return 2 * (uint64_t)m->size - 1;
+}
 /* Dispatch slot of source s in set b. */
 static inline uint64_t fep_ep_dslot(const struct fabep_moe *m, int b, int s)
 {
-	return m->drecv + ((uint64_t)b * (uint64_t)m->size + (uint64_t)s) * m->dslot_bytes;
+	return m->drecv + ((uint64_t)b * fep_ep_dset_slots(m) + (uint64_t)s) *
+			  m->dslot_bytes;
+}
+/* Index (in set b's record space) of the first slot of the staging of the
+ * run to rank d (d != rank). */
+static inline uint64_t fep_ep_dstage_slot(const struct fabep_moe *m, int d)
+{
+	return (uint64_t)m->size + (uint64_t)((d - m->rank - 1 + m->size) % m->size);
+}
+static inline uint64_t fep_ep_dstage(const struct fabep_moe *m, int b, int d)
+{
+	return fep_ep_dslot(m, b, (int)fep_ep_dstage_slot(m, d));
 }
 static inline uint64_t fep_ep_cslot(const struct fabep_moe *m, int b, int d)
 {
 	return m->crecv + ((uint64_t)b * (uint64_t)m->size + (uint64_t)d) * m->cslot_bytes;
-}
-/* Staging of a run to rank d (d != rank). */
-static inline uint64_t fep_ep_dstage(const struct fabep_moe *m, int d)
-{
-	int i = (d - m->rank - 1 + m->size) % m->size;
-	return m->dstage + (uint64_t)i * m->dslot_bytes;
 }
 static inline uint64_t fep_ep_cstage(const struct fabep_moe *m, int d)
 {

@@ -122,7 +122,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		FEP_MAX((size_t)1, m->chunk_bytes / m->crow_bytes) : m->cslot_rows;
 	m->cchunks = (m->chdr_rows + (size_t)c->max_tokens + m->cchunk_rows - 1) /
 		     m->cchunk_rows;
-	if ((double)m->sets * nranks * (double)m->dslot_recs >= 2147483647.0 ||
+	if ((double)(2 * nranks - 1) * (double)m->dslot_recs >= 2147483647.0 ||
+	    (double)m->sets * (2 * nranks - 1) * (double)m->dslot_bytes >= 1e18 ||
 	    (double)nranks * (double)m->cslot_rows >= 2147483647.0)
 		BAD("fabep_moe: max_tokens %d too large for %d ranks", c->max_tokens,
 		    nranks);
@@ -136,8 +137,7 @@ static size_t ep_heap_need(const struct fabep_moe *m)
 	size_t n = 0, R = (size_t)m->size, S = (size_t)m->sets;
 
 	n += FEP_ALIGN_UP(16 * S, 64);                     /* counters */
-	n += FEP_ALIGN_UP(S * R * m->dslot_bytes, 64);     /* drecv */
-	n += FEP_ALIGN_UP((R - 1) * m->dslot_bytes + 1, 64); /* dstage */
+	n += FEP_ALIGN_UP(S * (2 * R - 1) * m->dslot_bytes, 64); /* drecv */
 	n += FEP_ALIGN_UP(S * R * m->cslot_bytes, 64);     /* crecv */
 	n += FEP_ALIGN_UP((R - 1) * m->cslot_bytes + 1, 64); /* cstage */
 	return n + 64;
@@ -170,6 +170,7 @@ static void ep_set_free(struct fep_ep_set *s)
 	free(s->sent);
 	free(s->ret_idx);
 	free(s->rcount);
+	free(s->self_pay);
 	free(s->tbase);
 	free(s->cidx);
 	free(s->cw);
@@ -230,13 +231,14 @@ static int ep_alloc_host(struct fabep_moe *m)
 		s->sent = calloc(R, sizeof(uint32_t));
 		s->ret_idx = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
 		s->rcount = calloc(R, sizeof(uint32_t));
+		s->self_pay = malloc(T1 * sizeof(int32_t));
 		s->tbase = calloc(R + 1, sizeof(uint32_t));
 		s->cidx = malloc(R * T1 * (size_t)m->k * sizeof(int32_t));
 		s->cw = malloc(R * T1 * (size_t)m->k * sizeof(float));
 		s->row_offsets = calloc(L + 1, sizeof(uint32_t));
 		s->counts = calloc(L, sizeof(uint32_t));
 		s->expert_ids = calloc(L, sizeof(int32_t));
-		if (!s->sent || !s->ret_idx || !s->rcount || !s->tbase ||
+		if (!s->sent || !s->ret_idx || !s->rcount || !s->self_pay || !s->tbase ||
 		    !s->cidx || !s->cw || !s->row_offsets || !s->counts ||
 		    !s->expert_ids)
 			return -ENOMEM;
@@ -352,10 +354,8 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	all = NULL;
 
 	if ((ret = fep_heap_alloc_(fab, 16 * (size_t)m->sets, 64, &m->ctrs)) ||
-	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
+	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (2 * (size_t)m->size - 1) *
 				   m->dslot_bytes, 64, &m->drecv)) ||
-	    (ret = fep_heap_alloc_(fab, ((size_t)m->size - 1) * m->dslot_bytes + 1,
-				   64, &m->dstage)) ||
 	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
 				   m->cslot_bytes, 64, &m->crecv)) ||
 	    (ret = fep_heap_alloc_(fab, ((size_t)m->size - 1) * m->cslot_bytes + 1,
