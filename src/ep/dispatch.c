@@ -3,15 +3,18 @@
  *
  * Send: check the input (nothing leaves before the checks pass), count
  * tokens per destination rank (a token goes to a rank once however many
- * of its experts live there), quantize to FP8 once per token if asked,
- * pack each destination's records (metadata, scales, payload) into one
- * contiguous run with the pool's gather kernel, and write every run with
- * its signal in one batch.  A rank whose input is bad still sends every
- * peer a header with its error and no records.
- *
- * FP8 quantization writes straight into the records: each token is
- * quantized once, into its first destination's record, and copied from
- * there (cache-hot) into its other destinations' records.
+ * of its experts live there), then write each token's record (metadata
+ * with global expert ids, scales, payload) once, into the set's input
+ * slot: quantized to FP8 there if asked, copied from the caller's rows
+ * unless the caller wrote them there itself (fabep_moe_send_buffer).
+ * Every run to another rank leaves as chunks (FABEP_MOE_CHUNK) of
+ * consecutive run records, each one write with its signal: straight from
+ * the input slot when the chunk's tokens are consecutive, else from a
+ * staged copy.  Tokens are packed a block at a time on the pool's
+ * workers while the caller posts the finished chunks and drives the
+ * fabric.  The own slot gets the metadata of the tokens routed here; their
+ * rows stay in the input slot (self_pay).  A rank whose input is bad
+ * still sends every peer a header with its error and no records.
  *
  * Receive: wait for the set's counter, check every header (sequence,
  * status, count bounds), agree on the error of the lowest failing rank,
@@ -33,13 +36,17 @@ struct pack_ctx {
 	const int32_t *ids;
 	const float *w;
 	const uint8_t *x;       /* the caller's rows (in_elt values) */
-	const float *scales;    /* FP8_PREQUANT: [n, nscale] */
-	int pass;               /* 0: runs to other ranks, 1: the own run */
+	size_t ld_x;            /* bytes between them */
+	int x_inplace;          /* x is the input slot's payload: no copy */
+	const float *scales;    /* FP8_PREQUANT: the caller's scales */
+	size_t ld_scales;       /* floats between rows */
+	int sc_inplace;
 	size_t t0;              /* first token of the block being packed */
+	uint8_t *base;          /* set b's first slot (record index 0) */
+	uint8_t *input;         /* set b's input slot records */
+	int32_t *self_pay;      /* the set's self_pay */
 	fep_fabric_t *fab;      /* idle: progress while the workers pack */
 	int idle_err;
-	const uint8_t *base;    /* set b's first slot (record index 0) */
-	int32_t *self_pay;      /* the set's self_pay */
 };
 
 static uint8_t *run_base(struct fabep_moe *m, int b, int d)
@@ -56,38 +63,24 @@ static inline uint8_t *rec_at(struct fabep_moe *m, int b, int d, uint32_t pos)
 	return run_base(m, b, d) + (m->hdr_recs + (size_t)pos) * m->rec_bytes;
 }
 
-/* The metadata of token t's record for rank d. */
+/* The metadata of token t: token index, global expert ids, weights. */
 static inline void put_meta(struct fabep_moe *m, const struct pack_ctx *c,
-			    uint8_t *rec, int32_t t, int d)
+			    uint8_t *rec, int32_t t)
 {
-	int32_t *le = (int32_t *)(rec + 8);
-	float *wt = (float *)(rec + 8 + 4 * (size_t)m->k);
-	int j;
-
 	((int32_t *)rec)[0] = t;
 	((int32_t *)rec)[1] = 0;
-	for (j = 0; j < m->k; j++) {
-		int32_t e = c->ids[(size_t)t * (size_t)m->k + (size_t)j];
-
-		le[j] = (e >= 0 && e / m->L == d) ? e - d * m->L : -1;
-		wt[j] = c->w ? c->w[(size_t)t * (size_t)m->k + (size_t)j] : 1.0f;
-	}
+	memcpy(rec + 8, c->ids + (size_t)t * (size_t)m->k, 4 * (size_t)m->k);
+	memcpy(rec + 8 + 4 * (size_t)m->k, c->w + (size_t)t * (size_t)m->k,
+	       4 * (size_t)m->k);
 }
 
-/* Scales and payload of token t's record: FP8 is quantized once per token
- * (into `first`'s record, then copied from there), other formats copied
- * from the caller's row. */
+/* Scales and payload of token t's input record. */
 static inline void put_payload(struct fabep_moe *m, const struct pack_ctx *c,
-			       uint8_t *rec, size_t t, const uint8_t *first)
+			       uint8_t *rec, size_t t)
 {
 	if (m->cfg.token_type == FABEP_MOE_FP8) {
 		fep_k_fp8_args_t a;
 
-		if (first) {
-			memcpy(rec + m->scale_off, first + m->scale_off,
-			       m->rec_bytes - m->scale_off);
-			return;
-		}
 		memset(&a, 0, sizeof(a));
 		a.in_dt = m->cfg.input_type == FABEP_MOE_FP32 ? FEP_K_F32 : FEP_K_BF16;
 		a.ld_in = m->hidden;
@@ -95,20 +88,27 @@ static inline void put_payload(struct fabep_moe *m, const struct pack_ctx *c,
 		a.ld_scales = m->nscale;
 		a.cols = m->hidden;
 		a.block = m->cfg.fp8_block;
-		a.in = c->x + t * m->hidden * m->in_elt;
+		a.in = c->x + t * c->ld_x;
 		a.out = rec + m->pay_off;
 		a.scales = (float *)(rec + m->scale_off);
 		c->ops->fp8_quant(&a, 0, 1);
 		return;
 	}
-	if (c->scales)
-		memcpy(rec + m->scale_off, c->scales + t * m->nscale, 4 * m->nscale);
-	memcpy(rec + m->pay_off, c->x + t * m->row_bytes, m->row_bytes);
+	if (c->scales && !c->sc_inplace)
+		memcpy(rec + m->scale_off, c->scales + t * c->ld_scales, 4 * m->nscale);
+	if (!c->x_inplace)
+		memcpy(rec + m->pay_off, c->x + t * c->ld_x, m->row_bytes);
 }
 
-/* Tokens [t0, t1), in token order (so each run fills front to back, chunk
- * after chunk).  Pass 0 writes the records of the other ranks' runs; pass 1
- * the own run's, copying FP8 rows from the token's first remote record. */
+/* Whether chunk j (>= 1) of the run to d goes straight from the input slot. */
+static inline int chunk_direct(const struct fabep_moe *m, int d, size_t j)
+{
+	return m->chunk_direct[(size_t)d * m->dchunks + j];
+}
+
+/* Tokens [t0, t1): the input record, the own slot's metadata if routed
+ * here, and a staged copy of the record for each other destination whose
+ * chunk is not consecutive in the input slot. */
 static void pack_tokens(void *arg, size_t t0, size_t t1)
 {
 	struct pack_ctx *c = arg;
@@ -118,34 +118,22 @@ static void pack_tokens(void *arg, size_t t0, size_t t1)
 	for (t = t0; t < t1; t++) {
 		const int32_t *dt = m->dest + t * kk;
 		const uint32_t *pos = (const uint32_t *)m->pack_pos + t * kk;
-		uint8_t *first = NULL, *self = NULL;
-		size_t qs = 0;
+		uint8_t *in = c->input + t * m->rec_bytes;
 
+		if (kk && dt[0] < 0)
+			continue;  /* routed nowhere */
+		put_meta(m, c, in, (int32_t)t);
+		put_payload(m, c, in, t);
 		for (q = 0; q < kk && dt[q] >= 0; q++) {
 			uint8_t *rec = rec_at(m, c->b, dt[q], pos[q]);
 
 			if (dt[q] == m->rank) {
-				self = rec;
-				qs = q;
-				continue;
+				put_meta(m, c, rec, (int32_t)t);
+				c->self_pay[pos[q]] = (int32_t)((size_t)(in - c->base) /
+								m->rec_bytes);
+			} else if (!chunk_direct(m, dt[q], 1 + pos[q] / m->dchunk_recs)) {
+				memcpy(rec, in, m->rec_bytes);
 			}
-			if (c->pass == 0) {
-				put_meta(m, c, rec, (int32_t)t, dt[q]);
-				put_payload(m, c, rec, t, first);
-			}
-			if (!first)
-				first = rec;
-		}
-		if (c->pass == 1 && self) {
-			/* the payload stays in the first remote run's record
-			 * (same set, same index space) when there is one */
-			const uint8_t *pay = first ? first : self;
-
-			put_meta(m, c, self, (int32_t)t, m->rank);
-			if (!first)
-				put_payload(m, c, self, t, NULL);
-			c->self_pay[pos[qs]] = (int32_t)((size_t)(pay - c->base) /
-							 m->rec_bytes);
 		}
 	}
 }
@@ -257,6 +245,65 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 				(int32_t)((size_t)dd * m->cslot_rows + m->chdr_rows + pos);
 		}
 	}
+	/* a chunk goes straight from the input slot when its tokens are
+	 * consecutive there (pack_tok rises within a destination) */
+	for (d = 0; d < R; d++) {
+		const int32_t *tok = m->pack_tok + m->pack_base[d];
+		size_t j;
+
+		for (j = 1; j < m->dchunks; j++) {
+			size_t r0 = (j - 1) * m->dchunk_recs;
+			size_t r1 = FEP_MIN(r0 + m->dchunk_recs, (size_t)s->sent[d]);
+
+			m->chunk_direct[(size_t)d * m->dchunks + j] = r1 <= r0 ||
+				(size_t)(tok[r1 - 1] - tok[r0]) == r1 - r0 - 1;
+		}
+	}
+}
+
+/* Append to m->puts (from index at) the chunks of the run to `peer` that
+ * are complete and not yet posted: chunk 0 is the header, chunk j >= 1
+ * the run's records [(j - 1) * dchunk_recs, j * dchunk_recs) (empty past
+ * the run's end: a signal only). */
+static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
+			   const struct fep_ep_set *s, int peer, size_t at)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	struct fep_put *out = m->puts + at;
+	uint64_t dst = fep_ep_dslot(m, c->b, m->rank);
+	uint64_t stage = fep_ep_dstage(m, c->b, peer);
+	uint64_t input = fep_ep_dinput(m, c->b);
+	size_t sent = s->sent[peer], done = m->cursor[peer], np = 0;
+	const int32_t *tok = m->pack_tok + m->pack_base[peer];
+
+	while (m->posted[peer] < m->dchunks) {
+		size_t j = m->posted[peer], r0, r1;
+
+		out[np].peer = peer;
+		out[np].sig = fep_ep_dctr(m, c->b);
+		out[np].add = 1;
+		if (j == 0) {
+			out[np].dst = dst;
+			out[np].src = stage;
+			out[np].len = FEP_EP_HDR;
+		} else {
+			r0 = (j - 1) * m->dchunk_recs;
+			r1 = FEP_MIN(r0 + m->dchunk_recs, sent);
+			if (r1 > r0 && r1 > done)
+				break;
+			out[np].dst = dst + (m->hdr_recs + r0) * m->rec_bytes;
+			out[np].len = r1 > r0 ? (r1 - r0) * m->rec_bytes : 0;
+			if (r1 > r0 && chunk_direct(m, peer, j))
+				out[np].src = input + (m->hdr_recs + (size_t)tok[r0]) *
+						      m->rec_bytes;
+			else
+				out[np].src = stage + (m->hdr_recs + r0) * m->rec_bytes;
+		}
+		np++;
+		m->posted[peer]++;
+	}
+	(void)fab;
+	return np;
 }
 
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
@@ -321,12 +368,24 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	c.b = b;
 	c.ids = m->prev_ids;
 	c.w = m->prev_w;
-	c.x = x;
 	c.fab = fab;
 	c.base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
+	c.input = fep_heap_at(fab, fep_ep_dinput(m, b)) + m->hdr_recs * m->rec_bytes;
 	c.self_pay = s->self_pay;
-	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT)
+	c.x = x;
+	c.ld_x = m->hidden * m->in_elt;
+	if (m->cfg.token_type != FABEP_MOE_FP8 && x == c.input + m->pay_off) {
+		c.x_inplace = 1;  /* the caller wrote its rows into the input slot */
+		c.ld_x = m->rec_bytes;
+	}
+	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT) {
 		c.scales = scales;
+		c.ld_scales = m->nscale;
+		if ((const void *)scales == c.input + m->scale_off) {
+			c.sc_inplace = 1;
+			c.ld_scales = m->rec_bytes / 4;
+		}
+	}
 	s->self_n = 0;
 	if (!status)
 		route(m, s, m->prev_ids, n);
@@ -336,11 +395,10 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		fep_ep_hdr_write(run_base(m, b, d), s->seq, status, s->sent[d]);
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;
-	m->tm.d_wait = m->tm.d_build = m->tm.d_own = 0;
+	m->tm.d_wait = m->tm.d_build = 0;
 
-	/* pass 0, pipelined: pack the other ranks' runs a block of tokens at a
-	 * time (on the workers, the caller driving the fabric), and post each
-	 * chunk of a run as soon as it is complete */
+	/* pack a block of tokens at a time on the workers (the caller drives
+	 * the fabric meanwhile), then post every chunk that is complete */
 	memset(m->cursor, 0, (size_t)m->size * sizeof(uint32_t)); /* records done */
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
@@ -350,8 +408,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 
 		te = FEP_MIN(n, tb + m->dchunk_recs);
 		t2 = fep_now_ns();
-		if (te > tb && m->size > 1) {
-			c.pass = 0;
+		if (te > tb) {
 			c.t0 = tb;
 			ret = fep_pool_for_idle(comm->pool, te - tb, 1, pack_block, &c,
 						pack_idle, &c);
@@ -365,17 +422,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		}
 		t3 = fep_now_ns();
 		tp += t3 - t2;
-		for (d = 1; d < m->size; d++) {
-			int peer = (m->rank + d) % m->size;
-
-			np += fep_ep_ready_chunks(m->puts + np, peer,
-						  fep_ep_dslot(m, b, m->rank),
-						  fep_ep_dstage(m, b, peer), m->rec_bytes,
-						  m->hdr_recs, s->sent[peer],
-						  te == n ? s->sent[peer] : m->cursor[peer],
-						  m->dchunk_recs, m->dchunks,
-						  fep_ep_dctr(m, b), &m->posted[peer]);
-		}
+		for (d = 1; d < m->size; d++)
+			np += ready_chunks(m, &c, s, (m->rank + d) % m->size, np);
 		for (i = 0; i < np; i++)
 			m->tm.d_bytes += m->puts[i].len;
 		if (np) {
@@ -388,21 +436,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			break;
 	}
 	m->tm.d_pack = tp;
-	/* pass 1: this rank's own run, while the caller drives the fabric
-	 * (the peers' runs arrive meanwhile) */
-	t3 = fep_now_ns();
-	if (!status && s->sent[m->rank]) {
-		c.pass = 1;
-		c.t0 = 0;
-		ret = fep_pool_for_idle(comm->pool, n, 1, pack_block, &c, pack_idle, &c);
-		if (!ret)
-			ret = c.idle_err;
-		if (ret)
-			goto fail;
+	if (!status)
 		s->self_n = s->sent[m->rank];
-	}
-	m->tm.d_own = fep_now_ns() - t3;
-	m->tm.d_pack += m->tm.d_own;
 	return status;
 fail:
 	fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(ret));
@@ -454,11 +489,14 @@ static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
 				memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
 				if (le == -1)
 					continue;
-				if (le < 0 || le >= m->L) {
-					fep_err("fabep_moe_dispatch: rank %d sent local "
-						"expert %d", src, le);
+				if (le < 0 || le >= m->cfg.num_experts) {
+					fep_err("fabep_moe_dispatch: rank %d sent expert "
+						"%d", src, le);
 					return -FABEP_ERR_PROTOCOL;
 				}
+				le -= m->rank * m->L;
+				if (le < 0 || le >= m->L)
+					continue;  /* another rank's expert */
 				s->counts[le]++;
 				rows++;
 			}
@@ -491,7 +529,8 @@ static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
 				uint32_t r;
 
 				memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
-				if (le == -1) {
+				le -= m->rank * m->L;  /* checked in pass 1 */
+				if (le < 0 || le >= m->L) {
 					s->cidx[tok * k + (size_t)j] = -1;
 					s->cw[tok * k + (size_t)j] = 0;
 					continue;
@@ -570,9 +609,9 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	m->tm.d_wait = t1 - t0;
 	m->tm.d_build = fep_now_ns() - t1;
 	if (m->timing)
-		fep_dbg("fabep_moe_dispatch: call %llu: pack %.1f (own run %.1f) put "
-			"%.1f wait %.1f build %.1f us, %llu wire bytes, %zu rows%s",
-			(unsigned long long)s->seq, m->tm.d_pack / 1e3, m->tm.d_own / 1e3,
+		fep_dbg("fabep_moe_dispatch: call %llu: pack %.1f put %.1f wait %.1f "
+			"build %.1f us, %llu wire bytes, %zu rows%s",
+			(unsigned long long)s->seq, m->tm.d_pack / 1e3,
 			m->tm.d_put / 1e3, m->tm.d_wait / 1e3, m->tm.d_build / 1e3,
 			(unsigned long long)m->tm.d_bytes, s->rows,
 			m->zcopy ? " (zero-copy)" : "");

@@ -6,14 +6,14 @@
  *
  *   counters  dctr[set], cctr[set]: uint64, every source adds 1 per call
  *             into the set; never reset; a wait is ctr >= (size-1) * uses.
- *   drecv     [set][2 * size - 1] dispatch slots: [source] slots, then
- *             the set's send runs to the other ranks (staging).  A slot: a
+ *   drecv     [set][2 * size] dispatch slots: [source] slots, the set's
+ *             staged runs to the other ranks, the input slot.  A slot: a
  *             header (hdr_recs records) then max_tokens records of
  *             rec_bytes:
- *               int32 token, int32 pad, int32 local_expert[k] (-1 = none),
+ *               int32 token, int32 pad, int32 expert[k] (global, -1 = none),
  *               float weight[k], float scales[nscale], payload (row_bytes)
- *             The own slot's records of tokens that also went to another
- *             rank carry no payload: self_pay points at the staged copy.
+ *             The own slot's records carry no payload: self_pay points at
+ *             the token's record in the input slot.
  *   crecv     [set][expert rank] combine slots: a header (chdr_rows rows)
  *             then max_tokens rows of crow_bytes (combine_type)
  *   cstage    [size-1] combine send runs
@@ -88,7 +88,7 @@ struct fep_ep_set {
 /* Phase times of the last calls (fabep_moe_timing). */
 struct fep_ep_timing {
 	uint64_t d_pack, d_put, d_wait, d_build;
-	uint64_t d_own, c_own;   /* of d_pack, c_reduce: the own run (overlapped) */
+	uint64_t c_own;          /* of c_reduce: the own run (overlapped) */
 	uint64_t c_reduce, c_put, c_wait, c_sum;
 	uint64_t d_bytes, c_bytes;
 };
@@ -123,10 +123,11 @@ struct fabep_moe {
 	size_t chunk_bytes;  /* FABEP_MOE_CHUNK; 0: one write per run */
 	size_t dchunk_recs, dchunks, cchunk_rows, cchunks;
 	struct fep_put *puts; /* [(size - 1) * max(dchunks, cchunks)] */
+	uint8_t *chunk_direct; /* [size][dchunks]: chunk leaves from the input slot */
 
 	/* heap offsets */
 	uint64_t ctrs;       /* dctr[sets], cctr[sets] */
-	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size - 1] slots */
+	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size] slots */
 
 	/* calls */
 	uint64_t ndisp;      /* dispatch calls begun (set = ndisp % sets) */
@@ -161,14 +162,14 @@ static inline uint64_t fep_ep_cctr(const struct fabep_moe *m, int b)
 {
 	return m->ctrs + 8 * (uint64_t)(m->sets + b);
 }
-/* Set b holds 2 * size - 1 dispatch slots: one per source (what arrives),
- * then the send runs to the other ranks (staging).  One index space of
- * records spans a set, so received rows may point into the set's staging
- * (this rank's own tokens that also went to another rank are not copied
- * again into its own slot). */
+/* Set b holds 2 * size dispatch slots: one per source (what arrives), the
+ * staged runs to the other ranks, then the input slot (every token's
+ * record, written once; fabep_moe_send_buffer hands out its payloads).
+ * One index space of records spans a set, so received rows may point
+ * into the input slot (this rank's own tokens are not copied again). */
 static inline uint64_t fep_ep_dset_slots(const struct fabep_moe *m)
 {
-	return 2 * (uint64_t)m->size - 1;
+	return 2 * (uint64_t)m->size;
 }
 /* Dispatch slot of source s in set b. */
 static inline uint64_t fep_ep_dslot(const struct fabep_moe *m, int b, int s)
@@ -176,15 +177,15 @@ static inline uint64_t fep_ep_dslot(const struct fabep_moe *m, int b, int s)
 	return m->drecv + ((uint64_t)b * fep_ep_dset_slots(m) + (uint64_t)s) *
 			  m->dslot_bytes;
 }
-/* Index (in set b's record space) of the first slot of the staging of the
- * run to rank d (d != rank). */
-static inline uint64_t fep_ep_dstage_slot(const struct fabep_moe *m, int d)
-{
-	return (uint64_t)m->size + (uint64_t)((d - m->rank - 1 + m->size) % m->size);
-}
+/* Staging of the run to rank d (d != rank) in set b. */
 static inline uint64_t fep_ep_dstage(const struct fabep_moe *m, int b, int d)
 {
-	return fep_ep_dslot(m, b, (int)fep_ep_dstage_slot(m, d));
+	return fep_ep_dslot(m, b, m->size + (d - m->rank - 1 + m->size) % m->size);
+}
+/* The input slot of set b. */
+static inline uint64_t fep_ep_dinput(const struct fabep_moe *m, int b)
+{
+	return fep_ep_dslot(m, b, 2 * m->size - 1);
 }
 static inline uint64_t fep_ep_cslot(const struct fabep_moe *m, int b, int d)
 {

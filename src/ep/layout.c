@@ -114,16 +114,17 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		}
 		m->chunk_bytes = v;
 	}
+	/* dispatch: chunk 0 is the header, then the records */
 	m->dchunk_recs = m->chunk_bytes ?
-		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) : m->dslot_recs;
-	m->dchunks = (m->hdr_recs + (size_t)c->max_tokens + m->dchunk_recs - 1) /
-		     m->dchunk_recs;
+		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) :
+		FEP_MAX((size_t)1, (size_t)c->max_tokens);
+	m->dchunks = 1 + ((size_t)c->max_tokens + m->dchunk_recs - 1) / m->dchunk_recs;
 	m->cchunk_rows = m->chunk_bytes ?
 		FEP_MAX((size_t)1, m->chunk_bytes / m->crow_bytes) : m->cslot_rows;
 	m->cchunks = (m->chdr_rows + (size_t)c->max_tokens + m->cchunk_rows - 1) /
 		     m->cchunk_rows;
-	if ((double)(2 * nranks - 1) * (double)m->dslot_recs >= 2147483647.0 ||
-	    (double)m->sets * (2 * nranks - 1) * (double)m->dslot_bytes >= 1e18 ||
+	if ((double)(2 * nranks) * (double)m->dslot_recs >= 2147483647.0 ||
+	    (double)m->sets * (2 * nranks) * (double)m->dslot_bytes >= 1e18 ||
 	    (double)nranks * (double)m->cslot_rows >= 2147483647.0)
 		BAD("fabep_moe: max_tokens %d too large for %d ranks", c->max_tokens,
 		    nranks);
@@ -137,7 +138,7 @@ static size_t ep_heap_need(const struct fabep_moe *m)
 	size_t n = 0, R = (size_t)m->size, S = (size_t)m->sets;
 
 	n += FEP_ALIGN_UP(16 * S, 64);                     /* counters */
-	n += FEP_ALIGN_UP(S * (2 * R - 1) * m->dslot_bytes, 64); /* drecv */
+	n += FEP_ALIGN_UP(S * 2 * R * m->dslot_bytes, 64); /* drecv */
 	n += FEP_ALIGN_UP(S * R * m->cslot_bytes, 64);     /* crecv */
 	n += FEP_ALIGN_UP((R - 1) * m->cslot_bytes + 1, 64); /* cstage */
 	return n + 64;
@@ -202,6 +203,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->cursor);
 	free(m->puts);
 	free(m->posted);
+	free(m->chunk_direct);
 	free(m);
 }
 
@@ -221,7 +223,8 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->cursor = calloc(R, sizeof(uint32_t));
 	m->puts = calloc(R * FEP_MAX(m->dchunks, m->cchunks) + 1, sizeof(*m->puts));
 	m->posted = calloc(R, sizeof(size_t));
-	if (!m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	m->chunk_direct = calloc(R * m->dchunks, 1);
+	if (!m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
 	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
@@ -354,7 +357,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	all = NULL;
 
 	if ((ret = fep_heap_alloc_(fab, 16 * (size_t)m->sets, 64, &m->ctrs)) ||
-	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (2 * (size_t)m->size - 1) *
+	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * 2 * (size_t)m->size *
 				   m->dslot_bytes, 64, &m->drecv)) ||
 	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
 				   m->cslot_bytes, 64, &m->crecv)) ||
