@@ -358,20 +358,36 @@ typedef struct fabep_moe_recv {
 } fabep_moe_recv_t;
 
 /*
- * Send half of dispatch: check the input, pack each destination's tokens
- * into one contiguous run and write it with a signal.  x: [n, hidden] of
- * input_type (FP8) or token_type; scales: FP8_PREQUANT only, [n,
- * scales_per_row]; topk_ids: [n, top_k], -1 = not routed; topk_weights:
- * [n, top_k] or NULL (all 1).  topk_ids == NULL reuses the previous
- * dispatch's routing and weights (n must match): the backward of combine.
- * 0 <= n <= max_tokens; x may be NULL when n == 0.
- * -FABEP_ERR_BUSY (nothing sent, on every rank) when buffer_sets
- * dispatches are already outstanding without their combine.
+ * Send half of dispatch: check the input, write each token's record once,
+ * and write each destination's tokens as one run of records (in chunks of
+ * FABEP_MOE_CHUNK bytes, each with its signal, so the first leave while
+ * the rest are packed).  x: [n, hidden] of input_type (FP8) or token_type,
+ * or the x of fabep_moe_send_buffer() (rows at its stride, no copy);
+ * scales: FP8_PREQUANT only, [n, scales_per_row] or the send buffer's;
+ * topk_ids: [n, top_k], -1 = not routed; topk_weights: [n, top_k] or NULL
+ * (all 1).  topk_ids == NULL reuses the previous dispatch's routing and
+ * weights (n must match): the backward of combine.  0 <= n <= max_tokens;
+ * x may be NULL when n == 0.  x and scales may be reused as soon as this
+ * returns.  -FABEP_ERR_BUSY (nothing sent, on every rank) when
+ * buffer_sets dispatches are already outstanding without their combine.
  */
 FABEP_API int fabep_moe_dispatch_send(fabep_moe_t *moe, const void *x,
 				      const float *scales, size_t n,
 				      const int32_t *topk_ids,
 				      const float *topk_weights);
+/*
+ * Where the next dispatch_send can find its tokens without copying them:
+ * the caller writes token t's row at *x + t * *stride bytes (and, for
+ * FP8_PREQUANT, its scales at *scales + t * *scale_stride floats), then
+ * passes *x (and *scales) to dispatch_send.  The buffer is registered
+ * memory of the next dispatch's buffer set, valid for that one call; it
+ * stays the library's afterwards (received rows may point into it).  Any
+ * output may be NULL.  -ENOTSUP for token_type FP8 (quantized during
+ * dispatch: the rows are the caller's); -FABEP_ERR_BUSY when the next
+ * buffer set still holds a dispatch not yet combined.
+ */
+FABEP_API int fabep_moe_send_buffer(fabep_moe_t *moe, void **x, size_t *stride,
+				    float **scales, size_t *scale_stride);
 /* Receive half: wait for every peer's run, build *out.  Output written
  * only on success. */
 FABEP_API int fabep_moe_dispatch_recv(fabep_moe_t *moe, fabep_moe_recv_t *out);

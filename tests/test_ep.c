@@ -39,6 +39,7 @@ struct params {
 	int threads;
 	int zcopy;        /* FABEP_MOE_ZERO_COPY */
 	const char *chunk; /* FABEP_MOE_CHUNK (mismatch 2: only rank 1's) */
+	int sendbuf;      /* tokens go through fabep_moe_send_buffer */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -412,6 +413,48 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	return 0;
 }
 
+/* The rows dispatch takes: me's own, or (p->sendbuf) a copy of them in
+ * the send buffer.  0 or 1 (logged). */
+static int send_input(const struct params *p, fabep_moe_t *moe, int rank,
+		      const struct input *me, const void **x, const float **xs)
+{
+	void *bx;
+	float *bs;
+	size_t st, sst, t, eb;
+	int ret;
+
+	*x = me->x;
+	*xs = me->xs;
+	if (!p->sendbuf)
+		return 0;
+	ret = fabep_moe_send_buffer(moe, &bx, &st, &bs, &sst);
+	if (p->tt == FABEP_MOE_FP8) {
+		if (ret != -ENOTSUP) {
+			fprintf(stderr, "rank %d: send_buffer for FP8 gave %d\n", rank, ret);
+			return 1;
+		}
+		return 0;
+	}
+	if (ret) {
+		fprintf(stderr, "rank %d: send_buffer: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	eb = p->tt == FABEP_MOE_FP32 ? 4 : p->tt == FABEP_MOE_BF16 ? 2 : 1;
+	for (t = 0; t < me->n; t++) {
+		memcpy((char *)bx + t * st, (const char *)me->x + t * (size_t)p->hidden * eb,
+		       (size_t)p->hidden * eb);
+		if (p->tt == FABEP_MOE_FP8_PREQUANT) {
+			size_t ns = p->block ? ((size_t)p->hidden + (size_t)p->block - 1) /
+					       (size_t)p->block : 1;
+
+			memcpy(bs + t * sst, me->xs + t * ns, ns * 4);
+		}
+	}
+	*x = bx;
+	*xs = p->tt == FABEP_MOE_FP8_PREQUANT ? bs : NULL;
+	return 0;
+}
+
 /* One full round: dispatch, check, experts, combine, check. */
 static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		      int size, int round, int backward)
@@ -422,19 +465,23 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 	long rows_seen = 0;
 	int s, ret, rc = 1, weighted = !backward;
 	struct input *me;
+	const void *sx;
+	const float *sxs;
 
 	for (s = 0; s < size; s++)
 		gen(p, size, s, backward ? round - 1 : round, &all[s]);
 	me = &all[rank];
+	if (send_input(p, moe, rank, me, &sx, &sxs))
+		goto out;
 	if (p->split) {
-		ret = fabep_moe_dispatch_send(moe, me->x, me->xs, me->n,
+		ret = fabep_moe_dispatch_send(moe, sx, sxs, me->n,
 					      backward ? NULL : me->ids,
 					      backward ? NULL : me->w);
 		busy_work(20000);
 		if (!ret)
 			ret = fabep_moe_dispatch_recv(moe, &rv);
 	} else {
-		ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n,
+		ret = fabep_moe_dispatch(moe, sx, sxs, me->n,
 					 backward ? NULL : me->ids,
 					 backward ? NULL : me->w, &rv);
 	}
@@ -533,9 +580,12 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 			gen(p, size, s, round + i, &all[i][s]);
 	for (i = 0; i < 2; i++) {
 		struct input *me = &all[i][rank];
+		const void *sx;
+		const float *sxs;
 
-		ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n, me->ids, me->w,
-					 &rv[i]);
+		if (send_input(p, moe, rank, me, &sx, &sxs))
+			goto out;
+		ret = fabep_moe_dispatch(moe, sx, sxs, me->n, me->ids, me->w, &rv[i]);
 		if (ret) {
 			fprintf(stderr, "rank %d: outstanding dispatch %d: %s\n", rank,
 				i, fabep_strerror(ret));
@@ -547,6 +597,11 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 				 &extra);
 	if (ret != -FABEP_ERR_BUSY) {
 		fprintf(stderr, "rank %d: third dispatch gave %d, want BUSY\n", rank, ret);
+		goto out;
+	}
+	if (p->sendbuf && p->tt != FABEP_MOE_FP8 &&
+	    (ret = fabep_moe_send_buffer(moe, NULL, NULL, NULL, NULL)) != -FABEP_ERR_BUSY) {
+		fprintf(stderr, "rank %d: send_buffer gave %d, want BUSY\n", rank, ret);
 		goto out;
 	}
 	/* both results are still intact */
@@ -668,6 +723,17 @@ EP_TEST(shm4_chunks_fp8, "shm", 4, .rounds = 30, .tt = FABEP_MOE_FP8, .block = 1
 	.split = 1, .backward = 1)
 EP_TEST(shm2_chunks_zero, "shm", 2, .rounds = 40, .routing = R_ZERO, .topk = 2,
 	.max_tokens = 50, .chunk = "700", .zcopy = 1, .outstanding = 1)
+/* tokens put in the send buffer (no copy in dispatch) */
+EP_TEST(sb_shm3_bf16, "shm", 3, .rounds = 60, .topk = 4, .experts = 12,
+	.routing = R_NEG, .sendbuf = 1, .chunk = "3000", .split = 1, .backward = 1)
+EP_TEST(sb_shm2_fp32_zc, "shm", 2, .rounds = 40, .tt = FABEP_MOE_FP32,
+	.ct = FABEP_MOE_FP32, .sendbuf = 1, .zcopy = 1, .outstanding = 1)
+EP_TEST(sb_shm4_pre, "shm", 4, .rounds = 30, .tt = FABEP_MOE_FP8_PREQUANT,
+	.block = 16, .ct = FABEP_MOE_FP32, .topk = 3, .sendbuf = 1, .outstanding = 1)
+EP_TEST(sb_shm2_fp8, "shm", 2, .rounds = 10, .tt = FABEP_MOE_FP8, .block = 128,
+	.hidden = 256, .sendbuf = 1)
+EP_TEST(sb_shm2_big, "shm", 2, .rounds = 3, .hidden = 7168, .topk = 8,
+	.experts = 16, .max_tokens = 24, .threads = 2, .sendbuf = 1)
 EP_TEST(tcp3_chunks, "tcp", 3, .rounds = 10, .experts = 9, .routing = R_NEG,
 	.topk = 4, .hidden = 128, .max_tokens = 30, .chunk = "1000")
 /* zero-copy receive: the same reference, rows read in place */
@@ -747,6 +813,11 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, shm4_chunks_fp8);
 	tcase_add_test(tc, shm2_chunks_zero);
 	tcase_add_test(tc, tcp3_chunks);
+	tcase_add_test(tc, sb_shm3_bf16);
+	tcase_add_test(tc, sb_shm2_fp32_zc);
+	tcase_add_test(tc, sb_shm4_pre);
+	tcase_add_test(tc, sb_shm2_fp8);
+	tcase_add_test(tc, sb_shm2_big);
 	tcase_add_test(tc, bad_flags);
 	tcase_add_test(tc, zc_one_rank);
 	tcase_add_test(tc, zc_shm2_bf16);
