@@ -444,6 +444,40 @@ fail:
 	return ret;
 }
 
+FEP_EXPORT int fabep_moe_send_buffer(fabep_moe_t *m, void **x, size_t *stride,
+				     float **scales, size_t *scale_stride)
+{
+	uint8_t *in;
+	int b;
+
+	if (!m) {
+		fep_err("fabep_moe_send_buffer: NULL handle");
+		return -EINVAL;
+	}
+	if (m->cfg.token_type == FABEP_MOE_FP8) {
+		fep_err("fabep_moe_send_buffer: token_type FP8 quantizes the "
+			"caller's rows during dispatch: there is no send buffer");
+		return -ENOTSUP;
+	}
+	b = (int)(m->ndisp % (uint64_t)m->sets);
+	if (m->set[b].state != FEP_EP_FREE) {
+		fep_err("fabep_moe_send_buffer: all %d buffer sets hold dispatches "
+			"not yet combined", m->sets);
+		return -FABEP_ERR_BUSY;
+	}
+	in = (uint8_t *)fep_heap_at(m->comm->fab, fep_ep_dinput(m, b)) +
+	     m->hdr_recs * m->rec_bytes;
+	if (x)
+		*x = in + m->pay_off;
+	if (stride)
+		*stride = m->rec_bytes;
+	if (scales)
+		*scales = m->nscale ? (float *)(in + m->scale_off) : NULL;
+	if (scale_stride)
+		*scale_stride = m->nscale ? m->rec_bytes / 4 : 0;
+	return 0;
+}
+
 FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
 				       const float *scales, size_t n,
 				       const int32_t *topk_ids,
