@@ -16,6 +16,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1014,6 +1015,22 @@ static void for_fn(void *ctx, size_t r0, size_t r1)
 		atomic_fetch_add(&f->seen[i], 1);
 }
 
+/* idle: counts its calls; a worker thread never runs it */
+struct idle_rec {
+	_Atomic int calls;
+	pthread_t caller;
+	_Atomic int wrong_thread;
+};
+
+static void idle_fn(void *ctx)
+{
+	struct idle_rec *r = ctx;
+
+	atomic_fetch_add(&r->calls, 1);
+	if (!pthread_equal(pthread_self(), r->caller))
+		atomic_store(&r->wrong_thread, 1);
+}
+
 START_TEST(test_pool_basic)
 {
 	static const int counts[] = { 1, 2, 3, 5 };
@@ -1046,6 +1063,26 @@ START_TEST(test_pool_basic)
 					ck_assert_int_eq(seen[i], i < n);
 			}
 		}
+		/* workers only, the caller idling: every index exactly once;
+		 * idle only in the caller, never with one thread */
+		for (n = 0; n < 300; n += 1 + n / 3) {
+			_Atomic uint8_t seen[300];
+			struct for_rec f = { seen };
+			struct idle_rec ir;
+
+			memset(seen, 0, sizeof(seen));
+			memset(&ir, 0, sizeof(ir));
+			ir.caller = pthread_self();
+			ck_assert_int_eq(fep_pool_for_idle(p, n, 1 + n % 7, for_fn, &f,
+							   idle_fn, &ir), 0);
+			for (i = 0; i < 300; i++)
+				ck_assert_int_eq(seen[i], i < n);
+			ck_assert_int_eq(ir.wrong_thread, 0);
+			if (counts[c] == 1 || n == 0)
+				ck_assert_int_eq(ir.calls, 0);
+		}
+		ck_assert_int_eq(fep_pool_for_idle(p, 5, 1, NULL, NULL, idle_fn, NULL),
+				 -EINVAL);
 		ck_assert_int_eq(fep_pool_run(p, NULL, NULL), -EINVAL);
 		fep_pool_destroy(p);
 	}

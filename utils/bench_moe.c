@@ -113,6 +113,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
 	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
 	uint64_t *cref = NULL;
+	const void *din;
+	int sbuf;
 	char *evict = NULL;
 	size_t evsz = 0;
 	fabep_moe_timing_t tm;
@@ -126,6 +128,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	char *seen = NULL;
 
 	bench_cfg(o, &cfg);
+	{
+		const char *e = getenv("FABEP_BENCH_SEND_BUFFER");
+
+		sbuf = e && *e && strcmp(e, "0") && cfg.token_type != FABEP_MOE_FP8;
+	}
 	n = (size_t)cfg.max_tokens;
 	H = cfg.hidden;
 	k = (size_t)cfg.top_k;
@@ -218,11 +225,24 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	for (it = -warmup; it < iters; it++) {
 		size_t crow = H * (cfg.combine_type == FABEP_MOE_FP32 ? 4 : 2);
 
+		din = x;
+		if (sbuf) {
+			/* the caller makes its tokens in the send buffer (untimed) */
+			void *bx;
+			size_t st, rb = H * elt;
+
+			ret = fabep_moe_send_buffer(moe, &bx, &st, NULL, NULL);
+			if (ret)
+				goto fail_call;
+			for (t = 0; t < n; t++)
+				memcpy((char *)bx + t * st, (const char *)x + t * rb, rb);
+			din = bx;
+		}
 		ret = fabep_barrier(comm);
 		if (ret)
 			goto fail_call;
 		t0 = tool_now_ns();
-		ret = fabep_moe_dispatch(moe, x, NULL, n, ids, w, &rv);
+		ret = fabep_moe_dispatch(moe, din, NULL, n, ids, w, &rv);
 		if (ret)
 			goto fail_call;
 		if (do_d && it >= 0) {
@@ -466,13 +486,14 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"min_us: %.1f GBps: %.3f ref_GBps: %.3f ratio: %.3f "
 				"mode: %s ref_us: %.1f wire_us: %.1f wire_ratio: %.3f "
 				"local_us: %.1f local_bytes: %zu memcpy_us: %.1f "
-				"local_vs_memcpy: %.3f rows: %zu ref_cold_us: %.1f "
+				"local_vs_memcpy: %.3f rows: %zu input: %s ref_cold_us: %.1f "
 				"ref_cold_GBps: %.3f ratio_cold: %.3f check: %s\n", o->op,
 				fabep_comm_provider(comm), size, n, H, k,
 				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
 				wmed > 0 ? rmed / wmed : 0, lmed, lbytes, mmed,
-				lmed > 0 ? mmed / lmed : 0, ptl, cmed, cgbps,
+				lmed > 0 ? mmed / lmed : 0, ptl,
+				sbuf ? "send_buffer" : "caller", cmed, cgbps,
 				cgbps > 0 ? gbps / cgbps : 0, chk);
 		else {
 			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "

@@ -226,6 +226,9 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			if (ret)
 				goto fail;
 		}
+		ret = fep_fabric_progress(fab);
+		if (ret)
+			goto fail;
 		m->tm.c_put += fep_now_ns() - t3;
 		if (pe == np_all)
 			break;

@@ -431,6 +431,10 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			if (ret)
 				goto fail;
 		}
+		/* move what peers posted (shm copies at the target) */
+		ret = fep_fabric_progress(fab);
+		if (ret)
+			goto fail;
 		m->tm.d_put += fep_now_ns() - t3;
 		if (te == n)
 			break;

@@ -321,7 +321,7 @@ int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
 		 fep_pool_range_fn fn, void *ctx);
 /* fep_pool_for over the workers only, while the caller calls idle(ictx)
  * in a loop until they finish (it drives the fabric meanwhile).  With one
- * thread the caller runs fn over [0, n), then idle once. */
+ * thread the caller runs fn over [0, n) itself and idle is not called. */
 int fep_pool_for_idle(fep_pool_t *pool, size_t n, size_t grain,
 		      fep_pool_range_fn fn, void *ctx,
 		      void (*idle)(void *), void *ictx);

@@ -405,8 +405,7 @@ int fep_pool_for_idle(fep_pool_t *p, size_t n, size_t grain,
 	}
 	if (!p || p->nthreads == 1 || n == 0) {
 		if (n)
-			fn(ctx, 0, n);
-		idle(ictx);
+			fn(ctx, 0, n);  /* no idle: the caller was busy all along */
 		return 0;
 	}
 	return pool_run_idle(p, pool_for_workers_body, &c, idle, ictx);
