@@ -196,8 +196,10 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		t2 = fep_now_ns();
 		if (pe > pb) {
 			c.p0 = pb;
-			ret = fep_pool_for_idle(comm->pool, pe - pb, 1, reduce_block, &c,
-						reduce_idle, &c);
+			ret = pe - pb == np_all ?
+				fep_pool_for(comm->pool, np_all, 1, reduce_block, &c) :
+				fep_pool_for_idle(comm->pool, pe - pb, 1, reduce_block,
+						  &c, reduce_idle, &c);
 			if (!ret)
 				ret = c.idle_err;
 			if (ret)

@@ -410,8 +410,12 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		t2 = fep_now_ns();
 		if (te > tb) {
 			c.t0 = tb;
-			ret = fep_pool_for_idle(comm->pool, te - tb, 1, pack_block, &c,
-						pack_idle, &c);
+			/* one block: every thread packs; several: the caller
+			 * drives the fabric meanwhile (the peers' chunks move) */
+			ret = te - tb == n ?
+				fep_pool_for(comm->pool, n, 1, pack_block, &c) :
+				fep_pool_for_idle(comm->pool, te - tb, 1, pack_block, &c,
+						  pack_idle, &c);
 			if (!ret)
 				ret = c.idle_err;
 			if (ret)

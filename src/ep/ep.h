@@ -40,8 +40,9 @@ struct fep_ep_hdr {
 };
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
-/* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run */
-#define FEP_MOE_CHUNK_DEFAULT ((size_t)1 << 20)
+/* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run (0: one
+ * write per run; pipelining did not pay on shm, see notes/ep_bench.md) */
+#define FEP_MOE_CHUNK_DEFAULT ((size_t)0)
 
 enum fep_ep_state {
 	FEP_EP_FREE = 0,
