@@ -42,6 +42,7 @@ struct pack_ctx {
 	size_t ld_scales;       /* floats between rows */
 	int sc_inplace;
 	size_t t0;              /* first token of the block being packed */
+	size_t te;              /* tokens [0, te) are packed */
 	uint8_t *base;          /* set b's first slot (record index 0) */
 	uint8_t *input;         /* set b's input slot records */
 	int32_t *self_pay;      /* the set's self_pay */
@@ -120,9 +121,10 @@ static void pack_tokens(void *arg, size_t t0, size_t t1)
 		const uint32_t *pos = (const uint32_t *)m->pack_pos + t * kk;
 		uint8_t *in = c->input + t * m->rec_bytes;
 
-		if (kk && dt[0] < 0)
-			continue;  /* routed nowhere */
+		/* metadata always: a whole-range run may carry this record */
 		put_meta(m, c, in, (int32_t)t);
+		if (kk && dt[0] < 0)
+			continue;  /* routed nowhere: no payload */
 		put_payload(m, c, in, t);
 		for (q = 0; q < kk && dt[q] >= 0; q++) {
 			uint8_t *rec = rec_at(m, c->b, dt[q], pos[q]);
@@ -223,9 +225,39 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 		for (; nd < kk; nd++)
 			dt[nd] = -1;
 	}
+	/* A run to another rank that holds nearly every token of its range
+	 * [first, last] (at most 1/16 more records) is that whole range of
+	 * the input slot: it leaves in place, and the receiver skips the
+	 * records without an expert of its own. */
+	for (d = 0; d < R; d++) {
+		m->run_first[d] = -1;
+		cursor[d] = 0;           /* here: last token + 1 */
+	}
+	for (t = 0; t < n * (size_t)kk; t++) {
+		d = m->dest[t];
+		if (d < 0)
+			continue;
+		if (m->run_first[d] < 0)
+			m->run_first[d] = (int32_t)(t / (size_t)kk);
+		cursor[d] = (uint32_t)(t / (size_t)kk) + 1;
+	}
+	for (d = 0; d < R; d++) {
+		uint32_t span = cursor[d] - (uint32_t)m->run_first[d];
+
+		if (d == m->rank || m->run_first[d] < 0 ||
+		    span - s->sent[d] > s->sent[d] / 16) {
+			m->run_first[d] = -1;
+			continue;
+		}
+		s->sent[d] = span;
+	}
 	m->pack_base[0] = 0;
 	for (d = 0; d < R; d++)
 		m->pack_base[d + 1] = m->pack_base[d] + s->sent[d];
+	for (d = 0; d < R; d++)
+		if (m->run_first[d] >= 0)
+			for (t = 0; t < s->sent[d]; t++)
+				m->pack_tok[m->pack_base[d] + t] = m->run_first[d] + (int32_t)t;
 	memset(cursor, 0, (size_t)R * sizeof(uint32_t));
 	for (t = 0; t < n; t++) {
 		int q;
@@ -238,8 +270,13 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 				s->ret_idx[t * (size_t)kk + (size_t)q] = -1;
 				continue;
 			}
-			pos = cursor[dd]++;
-			m->pack_tok[m->pack_base[dd] + pos] = (int32_t)t;
+			if (m->run_first[dd] >= 0) {
+				pos = (uint32_t)((int32_t)t - m->run_first[dd]);
+				cursor[dd]++;
+			} else {
+				pos = cursor[dd]++;
+				m->pack_tok[m->pack_base[dd] + pos] = (int32_t)t;
+			}
 			m->pack_pos[t * (size_t)kk + (size_t)q] = (int32_t)pos;
 			s->ret_idx[t * (size_t)kk + (size_t)q] =
 				(int32_t)((size_t)dd * m->cslot_rows + m->chdr_rows + pos);
@@ -274,6 +311,10 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	uint64_t stage = fep_ep_dstage(m, c->b, peer);
 	uint64_t input = fep_ep_dinput(m, c->b);
 	size_t sent = s->sent[peer], done = m->cursor[peer], np = 0;
+
+	if (m->run_first[peer] >= 0)  /* a whole range: done up to te */
+		done = c->te > (size_t)m->run_first[peer] ?
+			FEP_MIN(c->te - (size_t)m->run_first[peer], sent) : 0;
 	const int32_t *tok = m->pack_tok + m->pack_base[peer];
 
 	while (m->posted[peer] < m->dchunks) {
@@ -389,8 +430,11 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	s->self_n = 0;
 	if (!status)
 		route(m, s, m->prev_ids, n);
-	else
+	else {
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
+		for (d = 0; d < m->size; d++)
+			m->run_first[d] = -1;
+	}
 	for (d = 0; d < m->size; d++)
 		fep_ep_hdr_write(run_base(m, b, d), s->seq, status, s->sent[d]);
 	m->tm.d_put = t1 - t0;
@@ -426,6 +470,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		}
 		t3 = fep_now_ns();
 		tp += t3 - t2;
+		c.te = te;
 		for (d = 1; d < m->size; d++)
 			np += ready_chunks(m, &c, s, (m->rank + d) % m->size, np);
 		for (i = 0; i < np; i++)

@@ -153,6 +153,7 @@ struct fabep_moe {
 	int32_t *dest;       /* [max_tokens * kk]: distinct ranks of a token */
 	uint32_t *cursor;    /* [size] */
 	size_t *posted;      /* [size]: chunks of each run posted this call */
+	int32_t *run_first;  /* [size]: first token of a whole-range run, or -1 */
 };
 
 static inline uint64_t fep_ep_dctr(const struct fabep_moe *m, int b)

@@ -204,6 +204,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->puts);
 	free(m->posted);
 	free(m->chunk_direct);
+	free(m->run_first);
 	free(m);
 }
 
@@ -224,7 +225,8 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->puts = calloc(R * FEP_MAX(m->dchunks, m->cchunks) + 1, sizeof(*m->puts));
 	m->posted = calloc(R, sizeof(size_t));
 	m->chunk_direct = calloc(R * m->dchunks, 1);
-	if (!m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	m->run_first = malloc(R * sizeof(int32_t));
+	if (!m->run_first || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
 	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
