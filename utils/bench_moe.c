@@ -99,6 +99,40 @@ static int gather_flags(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
 	return 0;
 }
 
+/* iters timed rounds (after warmup) of fabep_put of len[peer] bytes to
+ * every peer and a flush; evict (evsz bytes), if given, is written before
+ * each round.  Times in ns go to t. */
+static int ref_puts(fabep_comm_t *comm, fabep_off_t dst, fabep_off_t src,
+		    const size_t *len, long warmup, long iters, char *evict,
+		    size_t evsz, uint64_t *t)
+{
+	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), e, ret;
+	uint64_t t0;
+	long it;
+
+	for (it = -warmup; it < iters; it++) {
+		if (evict)
+			memset(evict, (int)(it & 0x7f), evsz);
+		ret = fabep_barrier(comm);
+		if (ret)
+			return ret;
+		t0 = tool_now_ns();
+		for (e = 1; e < size; e++) {
+			int peer = (rank + e) % size;
+
+			ret = fabep_put(comm, peer, dst, src, len[peer]);
+			if (ret)
+				return ret;
+		}
+		ret = fabep_flush(comm);
+		if (ret)
+			return ret;
+		if (it >= 0)
+			t[it] = tool_now_ns() - t0;
+	}
+	return 0;
+}
+
 int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 {
 	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm);
@@ -113,6 +147,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
 	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
 	uint64_t *cref = NULL;
+	size_t *plen = NULL;
 	const void *din;
 	int sbuf;
 	char *evict = NULL;
@@ -163,10 +198,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	mcp = calloc((size_t)iters + 1, sizeof(*mcp));
 	ref = calloc((size_t)iters + 1, sizeof(*ref));
 	cref = calloc((size_t)iters + 1, sizeof(*cref));
+	plen = calloc((size_t)size, sizeof(*plen));
 	dbytes = calloc((size_t)size, sizeof(*dbytes));
 	seen = calloc((size_t)size, 1);
 	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	if (!cbytes || !cref || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
+	if (!cbytes || !cref || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
 	    !wire || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
@@ -372,34 +408,15 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			}
 		}
 	}
-	/* the reference: the same bytes to each peer with fabep_put */
-	for (it = -warmup; it < iters; it++) {
-		ret = fabep_barrier(comm);
-		if (ret)
-			goto fail_call;
-		t0 = tool_now_ns();
-		for (e = 1; e < size; e++) {
-			int peer = (rank + e) % size;
-			size_t len = 0;
+	/* the reference: the same bytes to each peer with fabep_put, with
+	 * warm caches, then with cold ones: every rank first writes a buffer
+	 * of twice the last-level cache (64 to 256 MiB), as the phases find
+	 * their inputs after the rest of a layer's traffic */
+	for (e = 1; e < size; e++) {
+		int peer = (rank + e) % size;
 
-			if (do_d)
-				len += dbytes[peer];
-			if (do_c)
-				len += cbytes[peer];
-			ret = fabep_put(comm, peer, rdst + (uint64_t)rank * slot, rsrc,
-					len);
-			if (ret)
-				goto fail_call;
-		}
-		ret = fabep_flush(comm);
-		if (ret)
-			goto fail_call;
-		if (it >= 0)
-			ref[it] = tool_now_ns() - t0;
+		plen[peer] = (do_d ? dbytes[peer] : 0) + (do_c ? cbytes[peer] : 0);
 	}
-	/* the same reference with cold caches: every rank first writes a
-	 * buffer of twice the last-level cache (at least 64 MiB), as the
-	 * phases find their inputs after the rest of a layer's traffic */
 	{
 		long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
 		size_t ev = l3 > 0 ? 2 * (size_t)l3 : 0;
@@ -414,27 +431,13 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		ret = -ENOMEM;
 		goto out;
 	}
-	for (it = -warmup; it < citers; it++) {
-		memset(evict, (int)(it & 0x7f), evsz);
-		ret = fabep_barrier(comm);
-		if (ret)
-			goto fail_call;
-		t0 = tool_now_ns();
-		for (e = 1; e < size; e++) {
-			int peer = (rank + e) % size;
-			size_t len = (do_d ? dbytes[peer] : 0) + (do_c ? cbytes[peer] : 0);
-
-			ret = fabep_put(comm, peer, rdst + (uint64_t)rank * slot, rsrc,
-					len);
-			if (ret)
-				goto fail_call;
-		}
-		ret = fabep_flush(comm);
-		if (ret)
-			goto fail_call;
-		if (it >= 0)
-			cref[it] = tool_now_ns() - t0;
-	}
+	ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
+		       iters, NULL, 0, ref);
+	if (!ret)
+		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
+			       citers, evict, evsz, cref);
+	if (ret)
+		goto fail_call;
 	/* memcpy of half the local bytes (a memcpy reads and writes each) */
 	mbuf = malloc(lbytes + 128);
 	if (!mbuf) {
@@ -535,6 +538,7 @@ out:
 	free(lat);
 	free(ref);
 	free(cref);
+	free(plen);
 	free(evict);
 	free(wire);
 	free(loc);

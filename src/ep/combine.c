@@ -47,8 +47,7 @@ struct red_ctx {
 	int weighted;
 	size_t skip0, skip;   /* tokens [skip0, skip0 + skip) not in this pass */
 	size_t p0;            /* first token (of this pass) of the block */
-	fep_fabric_t *fab;
-	int idle_err;
+	struct fep_ep_idle idle;
 };
 
 static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
@@ -80,14 +79,6 @@ static void reduce_block(void *arg, size_t r0, size_t r1)
 	struct red_ctx *c = arg;
 
 	reduce_range(c, c->p0 + r0, c->p0 + r1);
-}
-
-static void reduce_idle(void *arg)
-{
-	struct red_ctx *c = arg;
-
-	if (!c->idle_err)
-		c->idle_err = fep_fabric_progress(c->fab);
 }
 
 /* Reduce received tokens [t0, t1) (flattened over sources). */
@@ -173,7 +164,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	c.y = y ? y : (const void *)s;
 	c.ld_y = y ? ld_y : m->hidden;
 	c.weighted = !(flags & FABEP_MOE_UNWEIGHTED);
-	c.fab = fab;
+	c.idle.fab = fab;
 	for (d = 0; d < m->size; d++)
 		fep_ep_hdr_write(crun_base(m, b, d), s->seq, status,
 				 status ? 0 : s->rcount[d]);
@@ -199,9 +190,9 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			ret = pe - pb == np_all ?
 				fep_pool_for(comm->pool, np_all, 1, reduce_block, &c) :
 				fep_pool_for_idle(comm->pool, pe - pb, 1, reduce_block,
-						  &c, reduce_idle, &c);
+						  &c, fep_ep_idle, &c.idle);
 			if (!ret)
-				ret = c.idle_err;
+				ret = c.idle.err;
 			if (ret)
 				goto fail;
 		}
@@ -242,9 +233,9 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.skip = s->tbase[m->rank];
 		c.p0 = 0;
 		ret = fep_pool_for_idle(comm->pool, s->rcount[m->rank], 1,
-					reduce_block, &c, reduce_idle, &c);
+					reduce_block, &c, fep_ep_idle, &c.idle);
 		if (!ret)
-			ret = c.idle_err;
+			ret = c.idle.err;
 		if (ret)
 			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;

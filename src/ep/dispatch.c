@@ -46,8 +46,7 @@ struct pack_ctx {
 	uint8_t *base;          /* set b's first slot (record index 0) */
 	uint8_t *input;         /* set b's input slot records */
 	int32_t *self_pay;      /* the set's self_pay */
-	fep_fabric_t *fab;      /* idle: progress while the workers pack */
-	int idle_err;
+	struct fep_ep_idle idle; /* drives the fabric while the workers pack */
 };
 
 static uint8_t *run_base(struct fabep_moe *m, int b, int d)
@@ -146,14 +145,6 @@ static void pack_block(void *arg, size_t r0, size_t r1)
 	struct pack_ctx *c = arg;
 
 	pack_tokens(c, c->t0 + r0, c->t0 + r1);
-}
-
-static void pack_idle(void *arg)
-{
-	struct pack_ctx *c = arg;
-
-	if (!c->idle_err)
-		c->idle_err = fep_fabric_progress(c->fab);
 }
 
 /* Local checks of dispatch_send's input: 0 or a negative code (logged). */
@@ -409,7 +400,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	c.b = b;
 	c.ids = m->prev_ids;
 	c.w = m->prev_w;
-	c.fab = fab;
+	c.idle.fab = fab;
 	c.base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
 	c.input = fep_heap_at(fab, fep_ep_dinput(m, b)) + m->hdr_recs * m->rec_bytes;
 	c.self_pay = s->self_pay;
@@ -459,9 +450,9 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			ret = te - tb == n ?
 				fep_pool_for(comm->pool, n, 1, pack_block, &c) :
 				fep_pool_for_idle(comm->pool, te - tb, 1, pack_block, &c,
-						  pack_idle, &c);
+						  fep_ep_idle, &c.idle);
 			if (!ret)
-				ret = c.idle_err;
+				ret = c.idle.err;
 			if (ret)
 				goto fail;
 			for (i = tb * (size_t)m->kk; i < te * (size_t)m->kk; i++)

@@ -199,6 +199,14 @@ static inline uint64_t fep_ep_cstage(const struct fabep_moe *m, int d)
 	return m->cstage + (uint64_t)i * m->cslot_bytes;
 }
 
+/* Drives the fabric while pool workers pack (fep_pool_for_idle); the
+ * first error stays in err. */
+struct fep_ep_idle {
+	fep_fabric_t *fab;
+	int err;
+};
+void fep_ep_idle(void *arg);
+
 /* layout.c */
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);
 /* Check the headers of set b's slots (base: first slot, stride between

@@ -429,6 +429,14 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	return 0;
 }
 
+void fep_ep_idle(void *arg)
+{
+	struct fep_ep_idle *i = arg;
+
+	if (!i->err)
+		i->err = fep_fabric_progress(i->fab);
+}
+
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
 {
 	struct fep_ep_hdr h;

@@ -276,6 +276,17 @@ int fep_pool_node(const fep_pool_t *p)
 	return p ? p->node : -1;
 }
 
+/* Hand fn to the workers and wake the sleeping ones. */
+static void pool_start(struct fep_pool *p, fep_pool_fn fn, void *ctx)
+{
+	p->fn = fn;
+	p->ctx = ctx;
+	atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
+	atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn, ctx */
+	if (atomic_load(&p->sleepers) > 0)
+		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+}
+
 int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 {
 	uint32_t left;
@@ -289,12 +300,7 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 		fn(ctx, 0, 1);
 		return 0;
 	}
-	p->fn = fn;
-	p->ctx = ctx;
-	atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
-	atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn, ctx */
-	if (atomic_load(&p->sleepers) > 0)
-		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+	pool_start(p, fn, ctx);
 	fn(ctx, 0, p->nthreads);
 	for (i = 0; i < POOL_SPINS; i++) {
 		if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
@@ -314,12 +320,7 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 static int pool_run_idle(struct fep_pool *p, fep_pool_fn fn, void *ctx,
 			 void (*idle)(void *), void *ictx)
 {
-	p->fn = fn;
-	p->ctx = ctx;
-	atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
-	atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn, ctx */
-	if (atomic_load(&p->sleepers) > 0)
-		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+	pool_start(p, fn, ctx);
 	fn(ctx, 0, p->nthreads);      /* tid 0's share is empty by contract */
 	while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
 		idle(ictx);
