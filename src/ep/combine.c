@@ -181,7 +181,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
 	for (pb = 0; m->size > 1; pb = pe) {
-		size_t np = 0, i;
+		size_t np = 0;
 
 		pe = FEP_MIN(np_all, pb + m->cchunk_rows);
 		t2 = fep_now_ns();
@@ -212,14 +212,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 						  m->cchunks, fep_ep_cctr(m, b),
 						  &m->posted[peer]);
 		}
-		for (i = 0; i < np; i++)
-			m->tm.c_bytes += m->puts[i].len;
-		if (np) {
-			ret = fep_fab_put_signal_many(fab, m->puts, np);
-			if (ret)
-				goto fail;
-		}
-		ret = fep_fabric_progress(fab);
+		ret = fep_ep_post(m, np, &m->tm.c_bytes);
 		if (ret)
 			goto fail;
 		m->tm.c_put += fep_now_ns() - t3;

@@ -464,15 +464,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		c.te = te;
 		for (d = 1; d < m->size; d++)
 			np += ready_chunks(m, &c, s, (m->rank + d) % m->size, np);
-		for (i = 0; i < np; i++)
-			m->tm.d_bytes += m->puts[i].len;
-		if (np) {
-			ret = fep_fab_put_signal_many(fab, m->puts, np);
-			if (ret)
-				goto fail;
-		}
-		/* move what peers posted (shm copies at the target) */
-		ret = fep_fabric_progress(fab);
+		ret = fep_ep_post(m, np, &m->tm.d_bytes);
 		if (ret)
 			goto fail;
 		m->tm.d_put += fep_now_ns() - t3;

@@ -206,6 +206,9 @@ struct fep_ep_idle {
 	int err;
 };
 void fep_ep_idle(void *arg);
+/* Post m->puts[0, np) (adding their lengths to *bytes), then progress the
+ * fabric once. */
+int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes);
 
 /* layout.c */
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);
