@@ -8,7 +8,6 @@
  */
 #include "config.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +24,7 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
 
+#include "fabric/fabric.h"
 #include "harness.h"
 
 /* Sanitizer builds (configure --enable-sanitizers): ranks end with _exit,
@@ -39,28 +39,6 @@
 #ifdef HARNESS_LSAN
 #include <sanitizer/lsan_interface.h>
 #endif
-
-/* A rank killed by a signal leaves libfabric shm's region
- * /dev/shm/<pid>:<n>:<n> behind: remove it. */
-static void harness_shm_cleanup(pid_t pid)
-{
-	char prefix[32], path[300];
-	struct dirent *e;
-	size_t n;
-	DIR *d = opendir("/dev/shm");
-
-	if (!d)
-		return;
-	n = (size_t)snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
-	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, prefix, n))
-			continue;
-		snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-		unlink(path);
-	}
-	closedir(d);
-}
-
 
 static uint64_t harness_now_ms(void)
 {
@@ -232,7 +210,7 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 			else
 				continue;
 			if (p > 0 && WIFSIGNALED(st))
-				harness_shm_cleanup(p);
+				fep_shm_remove_regions(p);
 			pids[r] = 0;
 			left--;
 		}
@@ -262,7 +240,7 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 				       errno == EINTR)
 					;
 				status[r] = 128 + SIGKILL;
-				harness_shm_cleanup(pids[r]);
+				fep_shm_remove_regions(pids[r]);
 				pids[r] = 0;
 			}
 			ret = -1;

@@ -371,16 +371,17 @@ static int fep_ops_create(fep_fabric_t *fab)
  * with -FI_EBUSY when that name exists.  A process killed before it closed
  * its endpoint leaves its region behind, and a later process that gets the
  * same pid then cannot open shm.  A region named after this process's own
- * pid can only be such a leftover: remove it.
+ * pid can only be such a leftover: fep_fabric_open removes it (and the
+ * test harness those of the ranks it killed).
  */
-static void fep_shm_remove_stale(void)
+void fep_shm_remove_regions(pid_t pid)
 {
 	char prefix[32], path[300];
 	struct dirent *e;
 	size_t n;
 	DIR *d;
 
-	n = (size_t)snprintf(prefix, sizeof(prefix), "%d:", (int)getpid());
+	n = (size_t)snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
 	d = opendir("/dev/shm");
 	if (!d)
 		return;
@@ -392,7 +393,7 @@ static void fep_shm_remove_stale(void)
 			continue;
 		snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
 		if (!unlink(path))
-			fep_info("removed %s, left by a dead process with this pid", path);
+			fep_info("removed %s, left by a dead process", path);
 	}
 	closedir(d);
 }
@@ -472,7 +473,7 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 		 fab->inject_size, fab->max_msg_size);
 
 	if (prov_is(info->fabric_attr->prov_name, "shm"))
-		fep_shm_remove_stale();
+		fep_shm_remove_regions(getpid());
 	ret = fi_fabric(info->fabric_attr, &fab->fabric, NULL);
 	if (ret) {
 		fep_err("fi_fabric(%s): %s", info->fabric_attr->prov_name, fi_strerror(-ret));
@@ -785,24 +786,34 @@ int fep_fabric_progress(fep_fabric_t *fab)
 	return fab->tx_error;
 }
 
+int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
+{
+	uint64_t now;
+	int ret = fep_fabric_progress(fab);
+
+	if (ret)
+		return ret;
+	now = fep_now_ns();
+	if (!st->deadline)
+		st->deadline = now + (uint64_t)fab->timeout_ms * 1000000ull;
+	else if (now > st->deadline)
+		return -ETIMEDOUT;
+	fep_backoff_step(&st->bo);
+	return 0;
+}
+
 int fep_fabric_quiet(fep_fabric_t *fab)
 {
-	struct fep_backoff bo = { 0 };
-	uint64_t deadline = fep_now_ns() + (uint64_t)fab->timeout_ms * 1000000ull;
+	struct fep_stall st = { { 0, 0 }, 0 };
 	int ret;
 
 	while (fab->outstanding) {
-		ret = fep_fabric_progress(fab);
-		if (ret)
-			return ret;
-		if (!fab->outstanding)
-			break;
-		if (fep_now_ns() > deadline) {
+		ret = fep_fabric_stall(fab, &st);
+		if (ret == -ETIMEDOUT)
 			fep_err("%zu transfers still incomplete after %d ms",
 				fab->outstanding, fab->timeout_ms);
-			return -ETIMEDOUT;
-		}
-		fep_backoff_step(&bo);
+		if (ret)
+			return ret;
 	}
 	return fab->tx_error;
 }

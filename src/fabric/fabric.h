@@ -7,6 +7,7 @@
 #define FEP_FABRIC_H
 
 #include <stddef.h>
+#include <sys/types.h>
 #include <stdint.h>
 #include <stdbool.h>
 
@@ -19,6 +20,7 @@
 #include <rdma/fi_errno.h>
 
 #include "fabep.h"
+#include "util/util.h"
 
 #define FEP_FI_VERSION FI_VERSION(1, 17)
 #define FEP_RAW_KEY_MAX 32
@@ -117,8 +119,19 @@ void fep_fabric_close(fep_fabric_t *fab);
 int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *blob);
 /* Insert every rank's address, record bases and keys.  blobs: size entries. */
 int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
+/* Remove libfabric shm's regions /dev/shm/<pid>:<n>:<n> of process pid
+ * (dead: its own leftovers block a new process with the same pid). */
+void fep_shm_remove_regions(pid_t pid);
 /* Read both CQs once.  Returns 0 or the first error seen. */
 int fep_fabric_progress(fep_fabric_t *fab);
+/* One round of waiting on the fabric: progress both CQs, then back off
+ * (spin, yield, sleep); -ETIMEDOUT once the rounds of this wait took the
+ * communicator's timeout; 0: look again.  st starts zeroed. */
+struct fep_stall {
+	struct fep_backoff bo;
+	uint64_t deadline;
+};
+int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st);
 /* Wait until no operation is outstanding (timeout -> -ETIMEDOUT). */
 int fep_fabric_quiet(fep_fabric_t *fab);
 /* Describe a fi_info (opens fabric + domain briefly to query atomics). */

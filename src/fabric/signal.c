@@ -121,24 +121,16 @@ FEP_EXPORT int fabep_signal_parse(const char *name, fabep_signal_t *sig)
 static int fep_op_get(fep_fabric_t *fab, int peer, int kind,
 		      struct fep_op **out)
 {
-	struct fep_backoff bo = { 0 };
-	uint64_t deadline = 0;
+	struct fep_stall st = { { 0, 0 }, 0 };
 	int ret;
 
 	while (!fab->free_ops) {
-		ret = fep_fabric_progress(fab);
-		if (ret)
-			return ret;
-		if (fab->free_ops)
-			break;
-		if (!deadline)
-			deadline = fep_now_ns() + (uint64_t)fab->timeout_ms * 1000000ull;
-		else if (fep_now_ns() > deadline) {
+		ret = fep_fabric_stall(fab, &st);
+		if (ret == -ETIMEDOUT)
 			fep_err("no operation context freed within %d ms (%zu outstanding)",
 				fab->timeout_ms, fab->outstanding);
-			return -ETIMEDOUT;
-		}
-		fep_backoff_step(&bo);
+		if (ret)
+			return ret;
 	}
 	*out = fab->free_ops;
 	fab->free_ops = (*out)->next;
@@ -158,26 +150,18 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
 /* Retry a post while it says EAGAIN, progressing both CQs. */
 #define FEP_POST(fab, peer, what, call)                                          \
 	({                                                                       \
-		struct fep_backoff bo_ = { 0 };                                  \
-		uint64_t dl_ = 0;                                                \
+		struct fep_stall st_ = { { 0, 0 }, 0 };                          \
 		ssize_t r_;                                                      \
 		for (;;) {                                                       \
 			r_ = (call);                                             \
 			if (r_ != -FI_EAGAIN)                                    \
 				break;                                           \
-			r_ = fep_fabric_progress(fab);                           \
-			if (r_)                                                  \
-				break;                                           \
-			if (!dl_)                                                \
-				dl_ = fep_now_ns() +                             \
-				      (uint64_t)(fab)->timeout_ms * 1000000ull;  \
-			else if (fep_now_ns() > dl_) {                           \
+			r_ = fep_fabric_stall(fab, &st_);                        \
+			if (r_ == -ETIMEDOUT)                                    \
 				fep_err("%s to rank %d: no progress for %d ms",  \
 					what, peer, (fab)->timeout_ms);          \
-				r_ = -ETIMEDOUT;                                 \
+			if (r_)                                                  \
 				break;                                           \
-			}                                                        \
-			fep_backoff_step(&bo_);                                  \
 		}                                                                \
 		if (r_ && r_ != -ETIMEDOUT)                                      \
 			fep_err("%s to rank %d: %s", what, peer,                 \
