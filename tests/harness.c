@@ -403,3 +403,14 @@ void fep_test_use_provider(const char *prov)
 	if (!strcmp(prov, "sockets"))
 		setenv("FI_SOCKETS_PE_WAITTIME", "0", 1);
 }
+
+int fep_test_run_suite(Suite *s)
+{
+	SRunner *sr = srunner_create(s);
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

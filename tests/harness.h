@@ -8,6 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <check.h>
+
+#include "util/rand.h"
+
 /* A rank's body: return 0 on success, anything else is a failure. */
 typedef int (*fep_test_rank_fn)(int rank, int size, void *arg);
 
@@ -42,15 +46,10 @@ int fep_test_have_provider(const char *prov);
  * FI_SOCKETS_PE_WAITTIME=0 for sockets) in this process's environment. */
 void fep_test_use_provider(const char *prov);
 
-/* Deterministic per-rank random numbers (xorshift64*). */
-static inline uint64_t fep_test_rand(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	*s = x;
-	return x * 0x2545F4914F6CDD1Dull;
-}
+/* Deterministic per-rank random numbers. */
+#define fep_test_rand fep_xorshift
+
+/* Run every test of s, free it; 0 when all passed, else 1 (main's status). */
+int fep_test_run_suite(Suite *s);
 
 #endif

@@ -998,14 +998,7 @@ static Suite *bootstrap_suite(void)
 
 int main(void)
 {
-	SRunner *sr;
-	int failed;
-
 	/* The tests read the log; make sure it is on. */
 	setenv("FABEP_LOG", "warn", 1);
-	sr = srunner_create(bootstrap_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return fep_test_run_suite(bootstrap_suite());
 }

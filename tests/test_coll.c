@@ -630,11 +630,5 @@ static Suite *coll_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(coll_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return fep_test_run_suite(coll_suite());
 }

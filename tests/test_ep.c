@@ -844,11 +844,5 @@ static Suite *ep_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(ep_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return fep_test_run_suite(ep_suite());
 }

@@ -169,21 +169,16 @@ static char *capture_end(struct capture *c)
 /* Whether a log line names rank `r` as the culprit ("rank 2", "ranks 0, 2"). */
 static int log_names(const char *log, int r)
 {
-	char pat[3][32];
-	int i;
+	static const char *const fmt[] = { "rank %d ", "ranks %d", ", %d never",
+					   "rank %d:", "rank %d)", "rank %d\n" };
+	char pat[32];
+	unsigned i;
 
-	snprintf(pat[0], sizeof(pat[0]), "rank %d ", r);
-	snprintf(pat[1], sizeof(pat[1]), "ranks %d", r);
-	snprintf(pat[2], sizeof(pat[2]), ", %d never", r);
-	for (i = 0; i < 3; i++)
-		if (strstr(log, pat[i]))
+	for (i = 0; i < sizeof(fmt) / sizeof(fmt[0]); i++) {
+		snprintf(pat, sizeof(pat), fmt[i], r);
+		if (strstr(log, pat))
 			return 1;
-	snprintf(pat[0], sizeof(pat[0]), "rank %d:", r);
-	snprintf(pat[1], sizeof(pat[1]), "rank %d)", r);
-	snprintf(pat[2], sizeof(pat[2]), "rank %d\n", r);
-	for (i = 0; i < 3; i++)
-		if (strstr(log, pat[i]))
-			return 1;
+	}
 	return 0;
 }
 
@@ -1059,11 +1054,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return fep_test_run_suite(suite());
 }

@@ -9,15 +9,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "util/rand.h"
+
 static inline uint64_t rnd(uint64_t *s)
 {
-	uint64_t x = *s;
-
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	*s = x;
-	return x * 0x2545F4914F6CDD1Dull;
+	return fep_xorshift(s);
 }
 
 static inline uint16_t f2bf(float f)

@@ -205,12 +205,15 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			size_t cnt = status ? 0 : s->rcount[peer];
 			size_t done = pe > first ? FEP_MIN(pe - first, cnt) : 0;
 
-			np += fep_ep_ready_chunks(m->puts + np, peer,
-						  fep_ep_cslot(m, b, m->rank),
-						  fep_ep_cstage(m, peer), m->crow_bytes,
-						  m->chdr_rows, cnt, done, m->cchunk_rows,
-						  m->cchunks, fep_ep_cctr(m, b),
-						  &m->posted[peer]);
+			struct fep_ep_run r = {
+				.peer = peer, .dst = fep_ep_cslot(m, b, m->rank),
+				.stage = fep_ep_cstage(m, peer), .unit = m->crow_bytes,
+				.hdr = m->chdr_rows, .count = cnt, .done = done,
+				.per = m->cchunk_rows, .chunks = m->cchunks,
+				.sig = fep_ep_cctr(m, b),
+			};
+
+			np += fep_ep_ready_chunks(m->puts + np, &r, &m->posted[peer]);
 		}
 		ret = fep_ep_post(m, np, &m->tm.c_bytes);
 		if (ret)

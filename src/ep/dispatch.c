@@ -289,53 +289,29 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 	}
 }
 
-/* Append to m->puts (from index at) the chunks of the run to `peer` that
- * are complete and not yet posted: chunk 0 is the header, chunk j >= 1
- * the run's records [(j - 1) * dchunk_recs, j * dchunk_recs) (empty past
- * the run's end: a signal only). */
+/* Append to m->puts (from index at) the finished chunks of the run to peer. */
 static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 			   const struct fep_ep_set *s, int peer, size_t at)
 {
-	fep_fabric_t *fab = m->comm->fab;
-	struct fep_put *out = m->puts + at;
-	uint64_t dst = fep_ep_dslot(m, c->b, m->rank);
-	uint64_t stage = fep_ep_dstage(m, c->b, peer);
-	uint64_t input = fep_ep_dinput(m, c->b);
-	size_t sent = s->sent[peer], done = m->cursor[peer], np = 0;
+	struct fep_ep_run r;
 
+	r.peer = peer;
+	r.dst = fep_ep_dslot(m, c->b, m->rank);
+	r.stage = fep_ep_dstage(m, c->b, peer);
+	r.unit = m->rec_bytes;
+	r.hdr = m->hdr_recs;
+	r.count = s->sent[peer];
+	r.done = m->cursor[peer];
 	if (m->run_first[peer] >= 0)  /* a whole range: done up to te */
-		done = c->te > (size_t)m->run_first[peer] ?
-			FEP_MIN(c->te - (size_t)m->run_first[peer], sent) : 0;
-	const int32_t *tok = m->pack_tok + m->pack_base[peer];
-
-	while (m->posted[peer] < m->dchunks) {
-		size_t j = m->posted[peer], r0, r1;
-
-		out[np].peer = peer;
-		out[np].sig = fep_ep_dctr(m, c->b);
-		out[np].add = 1;
-		if (j == 0) {
-			out[np].dst = dst;
-			out[np].src = stage;
-			out[np].len = FEP_EP_HDR;
-		} else {
-			r0 = (j - 1) * m->dchunk_recs;
-			r1 = FEP_MIN(r0 + m->dchunk_recs, sent);
-			if (r1 > r0 && r1 > done)
-				break;
-			out[np].dst = dst + (m->hdr_recs + r0) * m->rec_bytes;
-			out[np].len = r1 > r0 ? (r1 - r0) * m->rec_bytes : 0;
-			if (r1 > r0 && chunk_direct(m, peer, j))
-				out[np].src = input + (m->hdr_recs + (size_t)tok[r0]) *
-						      m->rec_bytes;
-			else
-				out[np].src = stage + (m->hdr_recs + r0) * m->rec_bytes;
-		}
-		np++;
-		m->posted[peer]++;
-	}
-	(void)fab;
-	return np;
+		r.done = c->te > (size_t)m->run_first[peer] ?
+			FEP_MIN(c->te - (size_t)m->run_first[peer], r.count) : 0;
+	r.per = m->dchunk_recs;
+	r.chunks = m->dchunks;
+	r.sig = fep_ep_dctr(m, c->b);
+	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
+	r.tok = m->pack_tok + m->pack_base[peer];
+	r.input = fep_ep_dinput(m, c->b);
+	return fep_ep_ready_chunks(m->puts + at, &r, &m->posted[peer]);
 }
 
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,

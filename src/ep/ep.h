@@ -116,9 +116,9 @@ struct fabep_moe {
 	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
 	size_t chdr_rows, cslot_rows, cslot_bytes;
-	/* pipelining: every run goes as dchunks (cchunks) writes of up to
-	 * dchunk_recs records (cchunk_rows rows), each with its own signal, so
-	 * the first leave while the rest are packed.  The counts are fixed by
+	/* pipelining: every run goes as dchunks (cchunks) writes, the header
+	 * then up to dchunk_recs records (cchunk_rows rows) each, each with its
+	 * own signal, so the first leave while the rest are packed.  The counts are fixed by
 	 * the configuration (a run's later chunks may be empty), so a wait's
 	 * target is (size - 1) * chunks * uses. */
 	size_t chunk_bytes;  /* FABEP_MOE_CHUNK; 0: one write per run */
@@ -224,13 +224,24 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
-/* Append to out the chunks of a run to `peer` that are complete and not yet
- * posted: the run holds hdr + count units of `unit` bytes, of which the
- * first hdr + done are written; *posted chunks of `per` units (of
- * `chunks`) have left.  Every chunk adds 1 to sig.  Returns how many. */
-size_t fep_ep_ready_chunks(struct fep_put *out, int peer, uint64_t dst,
-			   uint64_t src, size_t unit, size_t hdr, size_t count,
-			   size_t done, size_t per, size_t chunks, uint64_t sig,
+/* A run to one peer, as fep_ep_ready_chunks posts it: chunk 0 is the
+ * header (FEP_EP_HDR bytes), chunk j >= 1 the units [(j - 1) * per,
+ * j * per) of the run (empty past its end: a signal only). */
+struct fep_ep_run {
+	int peer;
+	uint64_t dst;          /* the receiver's slot for this rank */
+	uint64_t stage;        /* this rank's staged run */
+	size_t unit, hdr;      /* bytes per record (row); units of the header */
+	size_t count, done;    /* units in the run; units written so far */
+	size_t per, chunks;
+	uint64_t sig;
+	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
+	const int32_t *tok;    /* run position -> input record (direct chunks) */
+	uint64_t input;        /* the input slot */
+};
+/* Append to out the chunks of r that are complete and not yet posted
+ * (*posted of them are); each adds 1 to r->sig.  Returns how many. */
+size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			   size_t *posted);
 
 #endif

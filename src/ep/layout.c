@@ -114,15 +114,15 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		}
 		m->chunk_bytes = v;
 	}
-	/* dispatch: chunk 0 is the header, then the records */
+	/* chunk 0 of a run is its header, then the records (rows) */
 	m->dchunk_recs = m->chunk_bytes ?
 		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) :
 		FEP_MAX((size_t)1, (size_t)c->max_tokens);
 	m->dchunks = 1 + ((size_t)c->max_tokens + m->dchunk_recs - 1) / m->dchunk_recs;
 	m->cchunk_rows = m->chunk_bytes ?
-		FEP_MAX((size_t)1, m->chunk_bytes / m->crow_bytes) : m->cslot_rows;
-	m->cchunks = (m->chdr_rows + (size_t)c->max_tokens + m->cchunk_rows - 1) /
-		     m->cchunk_rows;
+		FEP_MAX((size_t)1, m->chunk_bytes / m->crow_bytes) :
+		FEP_MAX((size_t)1, (size_t)c->max_tokens);
+	m->cchunks = 1 + ((size_t)c->max_tokens + m->cchunk_rows - 1) / m->cchunk_rows;
 	if ((double)(2 * nranks) * (double)m->dslot_recs >= 2147483647.0 ||
 	    (double)m->sets * (2 * nranks) * (double)m->dslot_bytes >= 1e18 ||
 	    (double)nranks * (double)m->cslot_rows >= 2147483647.0)
@@ -466,24 +466,34 @@ void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
 	memcpy(p, &h, sizeof(h));
 }
 
-size_t fep_ep_ready_chunks(struct fep_put *out, int peer, uint64_t dst,
-			   uint64_t src, size_t unit, size_t hdr, size_t count,
-			   size_t done, size_t per, size_t chunks, uint64_t sig,
+size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			   size_t *posted)
 {
-	size_t total = hdr + count, ready = hdr + done, n = 0;
+	size_t n = 0;
 
-	while (*posted < chunks) {
-		size_t r0 = *posted * per, r1 = FEP_MIN(r0 + per, total);
+	while (*posted < r->chunks) {
+		size_t j = *posted, r0 = 0, r1 = 0;
 
-		if (r1 > ready)
-			break;
-		out[n].peer = peer;
-		out[n].dst = dst + r0 * unit;
-		out[n].src = src + r0 * unit;
-		out[n].len = r1 > r0 ? (r1 - r0) * unit : 0;
-		out[n].sig = sig;
+		out[n].peer = r->peer;
+		out[n].sig = r->sig;
 		out[n].add = 1;
+		if (j == 0) {  /* the header */
+			out[n].dst = r->dst;
+			out[n].src = r->stage;
+			out[n].len = FEP_EP_HDR;
+		} else {
+			r0 = (j - 1) * r->per;
+			r1 = FEP_MIN(r0 + r->per, r->count);
+			if (r1 > r0 && r1 > r->done)
+				break;
+			out[n].dst = r->dst + (r->hdr + r0) * r->unit;
+			out[n].len = r1 > r0 ? (r1 - r0) * r->unit : 0;
+			if (r1 > r0 && r->direct && r->direct[j])
+				out[n].src = r->input +
+					     (r->hdr + (size_t)r->tok[r0]) * r->unit;
+			else
+				out[n].src = r->stage + (r->hdr + r0) * r->unit;
+		}
 		n++;
 		(*posted)++;
 	}
