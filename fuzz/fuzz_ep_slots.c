@@ -11,9 +11,10 @@
  * it), and a bootstrap of one process that answers for every rank.
  *
  * Input: geometry bytes (ranks, rank, experts per rank, top_k, hidden,
- * max_tokens, token type and flags), then per source rank a header mode byte (valid
- * header with a fuzzed count / fully fuzzed header) and count, then the
- * bytes of the records, then the combine counts.
+ * max_tokens, token type and flags), then per source rank a header mode
+ * byte (valid header with a fuzzed count / fully fuzzed header; rows per
+ * expert fuzzed, or counted from the records) and count, then the bytes
+ * of the records, then the combine counts.
  */
 #include "../src/ep/dispatch.c"
 
@@ -72,6 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	uint8_t tt;
 	size_t need, got, i;
 	uint64_t seq = 7;
+	uint8_t modes[FUZZ_MAX_SIZE];
 	int size, rank, r, b = 0, ret;
 
 	memset(&comm, 0, sizeof(comm));
@@ -123,15 +125,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	s->seq = seq;
 	for (r = 0; r < size; r++) {
 		uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
-		uint8_t mode = fuzz_u8(&in);
 		const uint8_t *p;
 
-		if (mode & 1) {
+		modes[r] = fuzz_u8(&in);
+		if (modes[r] & 1) {
 			p = fuzz_bytes(&in, FEP_EP_HDR, &got);
 			memcpy(slot, p, got);
 		} else {
-			fep_ep_hdr_write(slot, seq, (mode & 2) ? -(int)fuzz_u8(&in) : 0,
-					 (mode & 4) ? fuzz_u32(&in) : fuzz_u8(&in) % 10);
+			fep_ep_hdr_write(slot, seq, (modes[r] & 2) ? -(int)fuzz_u8(&in) : 0,
+					 (modes[r] & 4) ? fuzz_u32(&in) : fuzz_u8(&in) % 10);
+		}
+		if (!(modes[r] & 8)) {  /* rows per expert: fuzzed */
+			p = fuzz_bytes(&in, 4 * (size_t)m->L, &got);
+			memcpy(slot + FEP_EP_HDR, p, got);
 		}
 	}
 	for (r = 0; r < size; r++) {
@@ -145,6 +151,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			memcpy(recs + i * m->rec_bytes, p, got);
 		}
 	}
+	for (r = 0; r < size; r++) {  /* rows per expert: what the records hold */
+		uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
+		uint32_t cnt[4 * FUZZ_MAX_SIZE], hc;
+		int32_t e;
+		int j;
+
+		if (!(modes[r] & 8))
+			continue;
+		memset(cnt, 0, sizeof(cnt));
+		memcpy(&hc, slot + offsetof(struct fep_ep_hdr, count), 4);
+		for (i = 0; i < (size_t)cfg.max_tokens && i < hc; i++)
+			for (j = 0; j < m->k; j++) {
+				memcpy(&e, slot + (m->hdr_recs + i) * m->rec_bytes + 8 +
+				       4 * (size_t)j, 4);
+				e -= rank * m->L;
+				if (e >= 0 && e < m->L)
+					cnt[e]++;
+			}
+		memcpy(slot + FEP_EP_HDR, cnt, 4 * (size_t)m->L);
+	}
 
 	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dslot(m, b, 0),
 				m->dslot_bytes, seq, NULL, 0, s->rcount);
@@ -152,7 +178,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	if (!ret) {
 		for (r = 0; r < size; r++)
 			FUZZ_CHECK(s->rcount[r] <= (uint32_t)cfg.max_tokens);
-		ret = build(m, b, s);
+		ret = build_begin(m, b, s);
+		if (!ret)
+			ret = build_end(m, b, s);
 		FUZZ_CHECK(ret <= 0);
 		if (!ret)
 			fuzz_check_result(m, b, s);

@@ -120,10 +120,14 @@ put("fuzz_tool_opts", "timeout", args(0x80, "5000"))
 # ---- fuzz_ep_slots ----
 # geometry: ranks-1, rank, experts per rank-1, top_k-1, hidden-1,
 # max_tokens, type byte (token type | combine fp32 4 | fp8 block 8 | sets 16)
-def ep(size, rank, epr, k, hidden, T, tt, counts, recs, ccounts):
+def ep(size, rank, epr, k, hidden, T, tt, counts, recs, ccounts, ecounts=None):
     d = bytes([size - 1, rank, epr - 1, k - 1, hidden - 1, T, tt])
-    for c in counts:
-        d += bytes([0, c])           # valid header, count c
+    for r, c in enumerate(counts):
+        if ecounts is None:
+            d += bytes([8, c])       # valid header, count c, rows per
+                                     # expert counted from the records
+        else:                        # rows per expert given
+            d += bytes([0, c]) + struct.pack("<%dI" % epr, *ecounts[r])
     meta = 8 + 8 * k
     for r in range(size):
         for i in range(T):
@@ -144,6 +148,9 @@ put("fuzz_ep_slots", "bf16", ep(2, 0, 2, 2, 16, 4, 1, [2, 1],
 put("fuzz_ep_slots", "fp8", ep(3, 1, 1, 3, 32, 2, 2 | 8 | 16, [1, 2, 0],
     {(0, 0): ([0, -1, -1], [1, 0, 0]), (1, 0): ([0, 0, -1], [0.5, 0.5, 0]),
      (1, 1): ([-1, -1, 0], [0, 0, 1])}, [1, 0, 2]))
+put("fuzz_ep_slots", "bad-ecounts", ep(2, 1, 2, 2, 16, 4, 1, [2, 1],
+    {(0, 0): ([2, 3], [0.5, 0.5]), (0, 1): ([3, -1], [1.0, 0.0]),
+     (1, 0): ([2, 2], [0.25, 0.75])}, [2, 1], ecounts=[[1, 1], [1, 0]]))
 put("fuzz_ep_slots", "fp32", ep(1, 0, 4, 4, 8, 3, 0 | 4, [3],
     {(0, 0): ([0, 1, 2, 3], [.25] * 4), (0, 1): ([3, 2, -1, -1], [.5, .5, 0, 0]),
      (0, 2): ([1, -1, -1, -1], [1, 0, 0, 0])}, [3]))

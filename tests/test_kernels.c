@@ -1259,6 +1259,79 @@ START_TEST(test_mt_wrappers)
 }
 END_TEST
 
+/* fep_k_gather_blocks_mt: random disjoint (some adjacent, some empty)
+ * destination blocks, with and without idle, against a scalar loop; rows
+ * outside the blocks stay untouched. */
+START_TEST(test_gather_blocks)
+{
+	enum { ROWS = 300, SRC = 97 };
+	static const int counts[] = { 1, 2, 3 };
+	size_t cols[] = { 1, 13, 1100 };  /* 1100 * 4 bytes: vector rows */
+	int c, ci, it;
+
+	for (c = 0; c < 3; c++) {
+		fep_pool_t *p = NULL;
+
+		ck_assert_int_eq(fep_pool_create(counts[c], -1, 1, &p), 0);
+		for (ci = 0; ci < 3; ci++)
+			for (it = 0; it < 40; it++) {
+				size_t rb = cols[ci] * 4, nb = 0, r, i;
+				float *src = malloc(SRC * rb), *dst = malloc(ROWS * rb);
+				float *want = malloc(ROWS * rb);
+				int32_t idx[ROWS];
+				uint32_t start[ROWS], pre[ROWS + 1];
+				fep_k_perm_args_t a = { src, rb, dst, rb, rb, idx, 0 };
+				struct idle_rec ir;
+
+				ck_assert(src && dst && want);
+				for (i = 0; i < SRC * cols[ci]; i++)
+					src[i] = (float)rnd32();
+				for (i = 0; i < ROWS * cols[ci]; i++)
+					dst[i] = want[i] = -1.0f;
+				for (r = 0; r < ROWS; r++)
+					idx[r] = (int32_t)(rnd32() % SRC);
+				/* blocks: runs of random length, each kept with
+				 * probability 1/2 (empty ones too) */
+				pre[0] = 0;
+				for (r = 0; r < ROWS;) {
+					size_t len = rnd32() % 40;
+
+					len = FEP_MIN(len, ROWS - r);
+					if (rnd32() & 1) {
+						start[nb] = (uint32_t)r;
+						pre[nb + 1] = pre[nb] + (uint32_t)len;
+						for (i = r; i < r + len; i++)
+							memcpy(want + i * cols[ci],
+							       src + (size_t)idx[i] * cols[ci], rb);
+						nb++;
+					}
+					r += len ? len : 1;
+				}
+				a.nt = it % 3 - 1;
+				memset(&ir, 0, sizeof(ir));
+				ir.caller = pthread_self();
+				ck_assert_int_eq(fep_k_gather_blocks_mt(p, &a, start, pre, nb,
+					it & 1 ? idle_fn : NULL, &ir), 0);
+				ck_assert_int_eq(ir.wrong_thread, 0);
+				ck_assert_msg(!memcmp(dst, want, ROWS * rb),
+					      "threads %d cols %zu iteration %d", counts[c],
+					      cols[ci], it);
+				free(src);
+				free(dst);
+				free(want);
+			}
+		{
+			fep_k_perm_args_t bad = { NULL, 4, NULL, 4, 4, NULL, 0 };
+			uint32_t st = 0, pr[2] = { 0, 1 };
+
+			ck_assert_int_eq(fep_k_gather_blocks_mt(p, &bad, &st, pr, 1,
+								NULL, NULL), -EINVAL);
+		}
+		fep_pool_destroy(p);
+	}
+}
+END_TEST
+
 static Suite *kernels_suite(int forked)
 {
 	Suite *s = suite_create("kernels");
@@ -1309,6 +1382,7 @@ static Suite *kernels_suite(int forked)
 	tcase_add_test(tc, test_pool_basic);
 	tcase_add_test(tc, test_pool_config);
 	tcase_add_test(tc, test_mt_wrappers);
+	tcase_add_test(tc, test_gather_blocks);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 	return s;

@@ -16,10 +16,17 @@
  * rows stay in the input slot (self_pay).  A rank whose input is bad
  * still sends every peer a header with its error and no records.
  *
- * Receive: wait for the set's counter, check every header (sequence,
- * status, count bounds), agree on the error of the lowest failing rank,
- * then build the expert-major result with the gather kernel, or with
- * FABEP_MOE_ZERO_COPY only its index lists (the rows stay in the slots).
+ * The headers (count, and rows per expert of the receiver) leave before
+ * any record is packed, on a counter of their own.
+ *
+ * Receive: wait for the headers, check them (sequence, status, count
+ * bounds), agree on the error of the lowest failing rank, lay out the
+ * expert-major result from the announced rows per expert, and place and
+ * copy this rank's own rows (here already) on the workers while the
+ * caller drives the fabric; then wait for the records and place and copy
+ * the peers' rows (gather kernel), each source's records checked against
+ * its header.  With FABEP_MOE_ZERO_COPY only the index lists are built
+ * (the rows stay in the slots).
  */
 #include "config.h"
 
@@ -216,6 +223,13 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 		for (; nd < kk; nd++)
 			dt[nd] = -1;
 	}
+	/* rows per expert (destination d's local expert le is e = d * L + le):
+	 * the headers announce them, so receivers place rows before the
+	 * records arrive */
+	memset(m->ecnt, 0, (size_t)m->cfg.num_experts * sizeof(uint32_t));
+	for (t = 0; t < n * (size_t)k; t++)
+		if (ids[t] >= 0)
+			m->ecnt[ids[t]]++;
 	/* A run to another rank that holds nearly every token of its range
 	 * [first, last] (at most 1/16 more records) is that whole range of
 	 * the input slot: it leaves in place, and the receiver skips the
@@ -308,6 +322,8 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	r.per = m->dchunk_recs;
 	r.chunks = m->dchunks;
 	r.sig = fep_ep_dctr(m, c->b);
+	r.hlen = m->dhdr_bytes;
+	r.hsig = fep_ep_hctr(m, c->b);
 	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
 	r.tok = m->pack_tok + m->pack_base[peer];
 	r.input = fep_ep_dinput(m, c->b);
@@ -399,20 +415,38 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		route(m, s, m->prev_ids, n);
 	else {
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
+		memset(m->ecnt, 0, (size_t)m->cfg.num_experts * sizeof(uint32_t));
 		for (d = 0; d < m->size; d++)
 			m->run_first[d] = -1;
 	}
-	for (d = 0; d < m->size; d++)
-		fep_ep_hdr_write(run_base(m, b, d), s->seq, status, s->sent[d]);
+	for (d = 0; d < m->size; d++) {
+		uint8_t *h = run_base(m, b, d);
+
+		fep_ep_hdr_write(h, s->seq, status, s->sent[d]);
+		memcpy(h + FEP_EP_HDR, m->ecnt + (size_t)d * (size_t)m->L,
+		       4 * (size_t)m->L);
+	}
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;
 	m->tm.d_wait = m->tm.d_build = 0;
 
-	/* pack a block of tokens at a time on the workers (the caller drives
-	 * the fabric meanwhile), then post every chunk that is complete */
+	/* the headers leave first: receivers lay out their rows (and copy
+	 * their own) while the records are packed and move */
 	memset(m->cursor, 0, (size_t)m->size * sizeof(uint32_t)); /* records done */
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
+	{
+		size_t np = 0;
+
+		c.te = 0;
+		for (d = 1; d < m->size; d++)
+			np += ready_chunks(m, &c, s, (m->rank + d) % m->size, np);
+		ret = fep_ep_post(m, np, &m->tm.d_bytes);
+		if (ret)
+			goto fail;
+	}
+	/* pack a block of tokens at a time on the workers (the caller drives
+	 * the fabric meanwhile), then post every chunk that is complete */
 	tp = 0;
 	for (tb = 0;; tb = te) {
 		size_t np = 0, i;
@@ -502,137 +536,228 @@ FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
 	return dispatch_send(m, x, scales, n, topk_ids, topk_weights, 0);
 }
 
-/* Build the expert-major result of set s from its slots. */
-static int build(struct fabep_moe *m, int b, struct fep_ep_set *s)
+/* The records of source src: check each (token index, expert ids), give
+ * every (token, k) with an expert of this rank its row (the next of its
+ * (source, expert) block), and check the rows of each expert against
+ * what the source's header announced. */
+static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
+		 int src)
+{
+	const uint8_t *recs = base + (size_t)src * m->dslot_bytes +
+			      m->hdr_recs * m->rec_bytes;
+	uint32_t *cur = m->rcur + (size_t)src * (size_t)m->L;
+	const uint32_t *end = m->rend + (size_t)src * (size_t)m->L;
+	size_t k = (size_t)m->k, i;
+	int e, j;
+
+	for (i = 0; i < s->rcount[src]; i++) {
+		const uint8_t *rec = recs + i * m->rec_bytes;
+		size_t tok = s->tbase[src] + i;
+		int32_t t, le;
+		float w;
+
+		memcpy(&t, rec, 4);
+		if (t < 0 || t >= m->cfg.max_tokens) {
+			fep_err("fabep_moe_dispatch: rank %d sent token index %d", src, t);
+			return -FABEP_ERR_PROTOCOL;
+		}
+		for (j = 0; j < m->k; j++) {
+			uint32_t r;
+
+			memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
+			if (le < -1 || le >= m->cfg.num_experts) {
+				fep_err("fabep_moe_dispatch: rank %d sent expert %d", src, le);
+				return -FABEP_ERR_PROTOCOL;
+			}
+			le -= m->rank * m->L;
+			if (le < 0 || le >= m->L) {  /* none, or another rank's */
+				s->cidx[tok * k + (size_t)j] = -1;
+				s->cw[tok * k + (size_t)j] = 0;
+				continue;
+			}
+			if (cur[le] == end[le]) {
+				fep_err("fabep_moe_dispatch: rank %d sent more rows for "
+					"expert %d than its header announced", src,
+					m->rank * m->L + le);
+				return -FABEP_ERR_PROTOCOL;
+			}
+			memcpy(&w, rec + 8 + 4 * k + 4 * (size_t)j, 4);
+			r = cur[le]++;
+			s->gidx[r] = src == m->rank && i < s->self_n ? s->self_pay[i] :
+				(int32_t)((size_t)src * m->dslot_recs + m->hdr_recs + i);
+			s->src_info[3 * (size_t)r] = src;
+			s->src_info[3 * (size_t)r + 1] = t;
+			s->src_info[3 * (size_t)r + 2] = j;
+			s->weights[r] = w;
+			s->cidx[tok * k + (size_t)j] = (int32_t)r;
+			s->cw[tok * k + (size_t)j] = w;
+		}
+	}
+	for (e = 0; e < m->L; e++)
+		if (cur[e] != end[e]) {
+			fep_err("fabep_moe_dispatch: rank %d sent %u rows fewer for "
+				"expert %d than its header announced", src,
+				end[e] - cur[e], m->rank * m->L + e);
+			return -FABEP_ERR_PROTOCOL;
+		}
+	return 0;
+}
+
+/* Copy the rows of the nb blocks in m->blk_start / m->blk_pre into the
+ * expert-major result (rows and FP8 scales); idle: drive the fabric on
+ * the caller meanwhile. */
+static int gather_blocks(struct fabep_moe *m, struct fep_ep_set *s,
+			 const uint8_t *base, size_t nb, struct fep_ep_idle *idle)
+{
+	fep_k_perm_args_t a;
+	int ret;
+
+	if (!nb)
+		return 0;  /* no rows (s->x may not exist) */
+	memset(&a, 0, sizeof(a));
+	a.src = base + m->pay_off;
+	a.src_stride = m->rec_bytes;
+	a.dst = s->x;
+	a.dst_stride = m->row_bytes;
+	a.row_bytes = m->row_bytes;
+	a.idx = s->gidx;
+	/* one streaming decision for the whole result */
+	a.nt = s->rows * m->row_bytes >= FEP_K_NT_BYTES ? 1 : -1;
+	ret = fep_k_gather_blocks_mt(m->comm->pool, &a, m->blk_start, m->blk_pre,
+				     nb, idle ? fep_ep_idle : NULL, idle);
+	if (!ret && m->fp8) {
+		a.src = base + m->scale_off;
+		a.dst = s->scales;
+		a.dst_stride = 4 * m->nscale;
+		a.row_bytes = 4 * m->nscale;
+		a.nt = -1;
+		ret = fep_k_gather_blocks_mt(m->comm->pool, &a, m->blk_start,
+					     m->blk_pre, nb, NULL, NULL);
+	}
+	if (!ret && idle)
+		ret = idle->err;
+	return ret;
+}
+
+/* Append the rows [r0, r1) to the block list (merged with the last). */
+static void add_block(struct fabep_moe *m, size_t *nb, uint32_t r0, uint32_t r1)
+{
+	if (r1 <= r0)
+		return;
+	if (*nb && m->blk_start[*nb - 1] + (m->blk_pre[*nb] - m->blk_pre[*nb - 1]) == r0) {
+		m->blk_pre[*nb] += r1 - r0;
+		return;
+	}
+	m->blk_start[*nb] = r0;
+	m->blk_pre[*nb + 1] = m->blk_pre[*nb] + (r1 - r0);
+	(*nb)++;
+}
+
+/* First row of this rank's own block of local expert e. */
+static inline uint32_t own_first(const struct fabep_moe *m,
+				 const struct fep_ep_set *s, int e)
+{
+	return m->rank ? m->rend[(size_t)(m->rank - 1) * (size_t)m->L + (size_t)e]
+		       : s->row_offsets[e];
+}
+
+/* After the headers: lay out the expert-major result from the rows each
+ * source announced per expert (ordered by expert, then source, then
+ * token), then place and copy this rank's own rows, which are here
+ * already, while the caller drives the fabric (the peers' records move). */
+static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	const uint8_t *base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
-	size_t k = (size_t)m->k, rows = 0, i;
-	uint32_t *cur = s->counts;
-	int src, e, j, ret;
+	size_t L = (size_t)m->L, rows = 0, nb = 0;
+	struct fep_ep_idle idle = { fab, 0 };
+	int src, e, ret;
 
 	s->tbase[0] = 0;
 	for (src = 0; src < m->size; src++)
 		s->tbase[src + 1] = s->tbase[src] + s->rcount[src];
 	s->rtokens = s->tbase[m->size];
-	memset(s->counts, 0, (size_t)m->L * sizeof(uint32_t));
-	/* pass 1: validate the metadata, count rows per local expert */
+	memset(s->counts, 0, L * sizeof(uint32_t));
 	for (src = 0; src < m->size; src++) {
-		const uint8_t *recs = base + (size_t)src * m->dslot_bytes +
-				      m->hdr_recs * m->rec_bytes;
+		const uint8_t *h = base + (size_t)src * m->dslot_bytes + FEP_EP_HDR;
+		uint32_t *cnt = m->rend + (size_t)src * L;
+		uint64_t sum = 0;
 
-		for (i = 0; i < s->rcount[src]; i++) {
-			const uint8_t *rec = recs + i * m->rec_bytes;
-			int32_t t, le;
-
-			memcpy(&t, rec, 4);
-			if (t < 0 || t >= m->cfg.max_tokens) {
-				fep_err("fabep_moe_dispatch: rank %d sent token index %d",
-					src, t);
-				return -FABEP_ERR_PROTOCOL;
-			}
-			for (j = 0; j < m->k; j++) {
-				memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
-				if (le == -1)
-					continue;
-				if (le < 0 || le >= m->cfg.num_experts) {
-					fep_err("fabep_moe_dispatch: rank %d sent expert "
-						"%d", src, le);
-					return -FABEP_ERR_PROTOCOL;
-				}
-				le -= m->rank * m->L;
-				if (le < 0 || le >= m->L)
-					continue;  /* another rank's expert */
-				s->counts[le]++;
-				rows++;
-			}
+		memcpy(cnt, h, 4 * L);
+		for (e = 0; e < m->L; e++)
+			sum += cnt[e];
+		if (sum > (uint64_t)s->rcount[src] * (uint64_t)m->k) {
+			fep_err("fabep_moe_dispatch: rank %d announced %llu rows for "
+				"%u tokens of top-%d", src, (unsigned long long)sum,
+				s->rcount[src], m->k);
+			return -FABEP_ERR_PROTOCOL;
 		}
+		for (e = 0; e < m->L; e++)
+			s->counts[e] += cnt[e];
+		rows += sum;
+	}
+	if (rows > INT32_MAX) {
+		fep_err("fabep_moe_dispatch: %zu rows received", rows);
+		return -FABEP_ERR_PROTOCOL;
 	}
 	ret = fep_ep_set_reserve(m, s, rows);
 	if (ret)
 		return ret;
 	s->rows = rows;
 	s->row_offsets[0] = 0;
+	for (e = 0; e < m->L; e++) {
+		uint32_t pos = s->row_offsets[e];
+
+		s->row_offsets[e + 1] = pos + s->counts[e];
+		for (src = 0; src < m->size; src++) {
+			size_t i = (size_t)src * L + (size_t)e;
+
+			m->rcur[i] = pos;
+			pos += m->rend[i];
+			m->rend[i] = pos;
+		}
+	}
+	ret = place(m, s, base, m->rank);
+	if (ret || m->zcopy)
+		return ret;  /* zero-copy: the rows stay in the slots */
+	m->blk_pre[0] = 0;
 	for (e = 0; e < m->L; e++)
-		s->row_offsets[e + 1] = s->row_offsets[e] + s->counts[e];
-	/* pass 2: place every (token, k) row; cursors start at the offsets */
-	cur = malloc((size_t)m->L * sizeof(uint32_t));
-	if (!cur)
-		return -ENOMEM;
-	memcpy(cur, s->row_offsets, (size_t)m->L * sizeof(uint32_t));
-	for (src = 0; src < m->size; src++) {
-		const uint8_t *recs = base + (size_t)src * m->dslot_bytes +
-				      m->hdr_recs * m->rec_bytes;
+		add_block(m, &nb, own_first(m, s, e),
+			  m->rend[(size_t)m->rank * L + (size_t)e]);
+	return gather_blocks(m, s, base, nb, &idle);
+}
 
-		for (i = 0; i < s->rcount[src]; i++) {
-			const uint8_t *rec = recs + i * m->rec_bytes;
-			size_t tok = s->tbase[src] + i;
-			int32_t t, le;
-			float w;
+/* After the records: place the peers' rows, then copy them. */
+static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
+	size_t L = (size_t)m->L, nb = 0, i;
+	int src, e, ret;
 
-			memcpy(&t, rec, 4);
-			for (j = 0; j < m->k; j++) {
-				uint32_t r;
-
-				memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
-				le -= m->rank * m->L;  /* checked in pass 1 */
-				if (le < 0 || le >= m->L) {
-					s->cidx[tok * k + (size_t)j] = -1;
-					s->cw[tok * k + (size_t)j] = 0;
-					continue;
-				}
-				memcpy(&w, rec + 8 + 4 * k + 4 * (size_t)j, 4);
-				r = cur[le]++;
-				s->gidx[r] = src == m->rank && i < s->self_n ?
-					s->self_pay[i] :
-					(int32_t)((size_t)src * m->dslot_recs +
-						  m->hdr_recs + i);
-				s->src_info[3 * (size_t)r] = src;
-				s->src_info[3 * (size_t)r + 1] = t;
-				s->src_info[3 * (size_t)r + 2] = j;
-				s->weights[r] = w;
-				s->cidx[tok * k + (size_t)j] = (int32_t)r;
-				s->cw[tok * k + (size_t)j] = w;
-			}
-		}
-	}
-	free(cur);
-	if (m->zcopy)
-		return 0;  /* the rows stay in the slots: gidx is row_index */
-	if (s->ident_rows < rows) {
-		for (i = s->ident_rows; i < rows; i++)
-			s->row_index[i] = (int32_t)i;
-		s->ident_rows = rows;
-	}
-	if (rows) {
-		fep_k_perm_args_t a;
-
-		memset(&a, 0, sizeof(a));
-		a.src = base + m->pay_off;
-		a.src_stride = m->rec_bytes;
-		a.dst = s->x;
-		a.dst_stride = m->row_bytes;
-		a.row_bytes = m->row_bytes;
-		a.idx = s->gidx;
-		ret = fep_k_gather_mt(m->comm->pool, &a, rows);
-		if (!ret && m->fp8) {
-			a.src = base + m->scale_off;
-			a.dst = s->scales;
-			a.dst_stride = 4 * m->nscale;
-			a.row_bytes = 4 * m->nscale;
-			ret = fep_k_gather_mt(m->comm->pool, &a, rows);
-		}
-		if (ret)
+	for (src = 0; src < m->size; src++)
+		if (src != m->rank && (ret = place(m, s, base, src)))
 			return ret;
+	if (m->zcopy)
+		return 0;  /* gidx is row_index */
+	if (s->ident_rows < s->rows) {
+		for (i = s->ident_rows; i < s->rows; i++)
+			s->row_index[i] = (int32_t)i;
+		s->ident_rows = s->rows;
 	}
-	return 0;
+	m->blk_pre[0] = 0;
+	for (e = 0; e < m->L; e++) {
+		add_block(m, &nb, s->row_offsets[e], own_first(m, s, e));
+		add_block(m, &nb, m->rend[(size_t)m->rank * L + (size_t)e],
+			  s->row_offsets[e + 1]);
+	}
+	return gather_blocks(m, s, base, nb, NULL);
 }
 
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 {
 	struct fep_ep_set *s;
-	uint64_t t0, t1;
-	int b, ret;
+	uint64_t t0, t1, t2, t3;
+	int b, ret, hret;
 
 	if (!m->pending_recv) {
 		fep_err("fabep_moe_dispatch_recv: no dispatch_send to complete");
@@ -641,19 +766,31 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
 	s = &m->set[b];
 	m->pending_recv = 0;
+	/* the headers, then this rank's own rows, then the records */
 	t0 = fep_now_ns();
-	ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
-			  (uint64_t)(m->size - 1) * m->dchunks * s->uses, fep_ep_dslot(m, b, 0),
-			  m->dslot_bytes, s->seq);
+	hret = ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_hctr(m, b),
+				 (uint64_t)(m->size - 1) * s->uses,
+				 fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
 	if (!ret)
 		ret = fep_ep_check_hdrs(m, "fabep_moe_dispatch", fep_ep_dslot(m, b, 0),
 					m->dslot_bytes, s->seq, NULL, s->status,
 					s->rcount);
 	t1 = fep_now_ns();
 	if (!ret)
-		ret = build(m, b, s);
-	m->tm.d_wait = t1 - t0;
-	m->tm.d_build = fep_now_ns() - t1;
+		ret = build_begin(m, b, s);
+	t2 = fep_now_ns();
+	if (!hret) {  /* wait for the records even after an error: drained */
+		int dret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
+				       (uint64_t)(m->size - 1) * (m->dchunks - 1) *
+				       s->uses, UINT64_MAX, 0, s->seq);
+		if (!ret)
+			ret = dret;
+	}
+	t3 = fep_now_ns();
+	if (!ret)
+		ret = build_end(m, b, s);
+	m->tm.d_wait = (t1 - t0) + (t3 - t2);
+	m->tm.d_build = (t2 - t1) + (fep_now_ns() - t3);
 	if (m->timing)
 		fep_dbg("fabep_moe_dispatch: call %llu: pack %.1f put %.1f wait %.1f "
 			"build %.1f us, %llu wire bytes, %zu rows%s",

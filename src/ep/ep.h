@@ -4,12 +4,15 @@
  *
  * Heap objects of a handle (same offsets on every rank):
  *
- *   counters  dctr[set], cctr[set]: uint64, every source adds 1 per call
- *             into the set; never reset; a wait is ctr >= (size-1) * uses.
+ *   counters  dctr[set], cctr[set], hctr[set]: uint64, every source adds
+ *             1 per chunk into the set; never reset; a wait is
+ *             ctr >= (size-1) * chunks * uses.  hctr counts dispatch
+ *             headers (chunk 0), dctr the dispatch records that follow.
  *   drecv     [set][2 * size] dispatch slots: [source] slots, the set's
  *             staged runs to the other ranks, the input slot.  A slot: a
- *             header (hdr_recs records) then max_tokens records of
- *             rec_bytes:
+ *             header (hdr_recs records: struct fep_ep_hdr, then uint32
+ *             rows per local expert of the receiver) then max_tokens
+ *             records of rec_bytes:
  *               int32 token, int32 pad, int32 expert[k] (global, -1 = none),
  *               float weight[k], float scales[nscale], payload (row_bytes)
  *             The own slot's records carry no payload: self_pay points at
@@ -115,6 +118,7 @@ struct fabep_moe {
 	size_t meta_bytes, scale_off, pay_off, rec_bytes, hdr_recs;
 	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
+	size_t dhdr_bytes;   /* FEP_EP_HDR + 4 * L, to 64: what chunk 0 writes */
 	size_t chdr_rows, cslot_rows, cslot_bytes;
 	/* pipelining: every run goes as dchunks (cchunks) writes, the header
 	 * then up to dchunk_recs records (cchunk_rows rows) each, each with its
@@ -154,6 +158,9 @@ struct fabep_moe {
 	uint32_t *cursor;    /* [size] */
 	size_t *posted;      /* [size]: chunks of each run posted this call */
 	int32_t *run_first;  /* [size]: first token of a whole-range run, or -1 */
+	uint32_t *ecnt;      /* [size * L]: rows for each destination's experts */
+	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
+	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */
 };
 
 static inline uint64_t fep_ep_dctr(const struct fabep_moe *m, int b)
@@ -163,6 +170,10 @@ static inline uint64_t fep_ep_dctr(const struct fabep_moe *m, int b)
 static inline uint64_t fep_ep_cctr(const struct fabep_moe *m, int b)
 {
 	return m->ctrs + 8 * (uint64_t)(m->sets + b);
+}
+static inline uint64_t fep_ep_hctr(const struct fabep_moe *m, int b)
+{
+	return m->ctrs + 8 * (uint64_t)(2 * m->sets + b);
 }
 /* Set b holds 2 * size dispatch slots: one per source (what arrives), the
  * staged runs to the other ranks, then the input slot (every token's
@@ -225,8 +236,9 @@ int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
 /* A run to one peer, as fep_ep_ready_chunks posts it: chunk 0 is the
- * header (FEP_EP_HDR bytes), chunk j >= 1 the units [(j - 1) * per,
- * j * per) of the run (empty past its end: a signal only). */
+ * header (hlen bytes, signalled on hsig), chunk j >= 1 the units
+ * [(j - 1) * per, j * per) of the run (empty past its end: a signal
+ * only) on sig. */
 struct fep_ep_run {
 	int peer;
 	uint64_t dst;          /* the receiver's slot for this rank */
@@ -235,12 +247,14 @@ struct fep_ep_run {
 	size_t count, done;    /* units in the run; units written so far */
 	size_t per, chunks;
 	uint64_t sig;
+	size_t hlen;
+	uint64_t hsig;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */
 	uint64_t input;        /* the input slot */
 };
 /* Append to out the chunks of r that are complete and not yet posted
- * (*posted of them are); each adds 1 to r->sig.  Returns how many. */
+ * (*posted of them are); each adds 1 to its counter.  Returns how many. */
 size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			   size_t *posted);
 

@@ -89,7 +89,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	m->scale_off = m->meta_bytes;
 	m->pay_off = FEP_ALIGN_UP(m->scale_off + 4 * m->nscale, 16);
 	m->rec_bytes = FEP_ALIGN_UP(m->pay_off + m->row_bytes, 16);
-	m->hdr_recs = (FEP_EP_HDR + m->rec_bytes - 1) / m->rec_bytes;
+	m->dhdr_bytes = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L, 64);
+	m->hdr_recs = (m->dhdr_bytes + m->rec_bytes - 1) / m->rec_bytes;
 	/* the slot stride must be whole records (one gather index space) */
 	m->dslot_recs = m->hdr_recs + (size_t)c->max_tokens;
 	while ((m->dslot_recs * m->rec_bytes) % 64)
@@ -137,7 +138,7 @@ static size_t ep_heap_need(const struct fabep_moe *m)
 {
 	size_t n = 0, R = (size_t)m->size, S = (size_t)m->sets;
 
-	n += FEP_ALIGN_UP(16 * S, 64);                     /* counters */
+	n += FEP_ALIGN_UP(24 * S, 64);                     /* counters */
 	n += FEP_ALIGN_UP(S * 2 * R * m->dslot_bytes, 64); /* drecv */
 	n += FEP_ALIGN_UP(S * R * m->cslot_bytes, 64);     /* crecv */
 	n += FEP_ALIGN_UP((R - 1) * m->cslot_bytes + 1, 64); /* cstage */
@@ -205,6 +206,11 @@ static void ep_free(struct fabep_moe *m)
 	free(m->posted);
 	free(m->chunk_direct);
 	free(m->run_first);
+	free(m->ecnt);
+	free(m->rcur);
+	free(m->rend);
+	free(m->blk_start);
+	free(m->blk_pre);
 	free(m);
 }
 
@@ -226,7 +232,13 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->posted = calloc(R, sizeof(size_t));
 	m->chunk_direct = calloc(R * m->dchunks, 1);
 	m->run_first = malloc(R * sizeof(int32_t));
-	if (!m->run_first || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	m->ecnt = calloc(R * L, sizeof(uint32_t));
+	m->rcur = calloc(R * L, sizeof(uint32_t));
+	m->rend = calloc(R * L, sizeof(uint32_t));
+	m->blk_start = calloc(2 * L + 1, sizeof(uint32_t));
+	m->blk_pre = calloc(2 * L + 2, sizeof(uint32_t));
+	if (!m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
+	    !m->run_first || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
 	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
@@ -358,7 +370,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	free(all);
 	all = NULL;
 
-	if ((ret = fep_heap_alloc_(fab, 16 * (size_t)m->sets, 64, &m->ctrs)) ||
+	if ((ret = fep_heap_alloc_(fab, 24 * (size_t)m->sets, 64, &m->ctrs)) ||
 	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * 2 * (size_t)m->size *
 				   m->dslot_bytes, 64, &m->drecv)) ||
 	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
@@ -475,12 +487,12 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 		size_t j = *posted, r0 = 0, r1 = 0;
 
 		out[n].peer = r->peer;
-		out[n].sig = r->sig;
+		out[n].sig = j ? r->sig : r->hsig;
 		out[n].add = 1;
 		if (j == 0) {  /* the header */
 			out[n].dst = r->dst;
 			out[n].src = r->stage;
-			out[n].len = FEP_EP_HDR;
+			out[n].len = r->hlen;
 		} else {
 			r0 = (j - 1) * r->per;
 			r1 = FEP_MIN(r0 + r->per, r->count);

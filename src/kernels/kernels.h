@@ -360,6 +360,14 @@ int fep_k_gather_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 		    size_t rows);
 int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 		     size_t rows);
+/* Gather the destination rows of nb blocks: block i is the rows
+ * [start[i], start[i] + pre[i + 1] - pre[i]) (pre: prefix sums of the
+ * block lengths, pre[0] = 0).  The rows are split evenly over the pool;
+ * with idle, over its workers only while the caller calls idle(ictx) (as
+ * fep_pool_for_idle). */
+int fep_k_gather_blocks_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
+			   const uint32_t *start, const uint32_t *pre, size_t nb,
+			   void (*idle)(void *), void *ictx);
 
 
 /* ------------------------------------------------------------------ */

@@ -234,3 +234,52 @@ int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a, size_t rows)
 	b = perm_whole(a, rows);
 	return fep_pool_for(pool, rows, 1, perm_range, &c);
 }
+
+struct pb_ctx {
+	const fep_k_perm_args_t *a;
+	const struct fep_k_ops *ops;
+	const uint32_t *start, *pre;
+	size_t nb;
+};
+
+/* Rows [o0, o1) of the blocks taken end to end. */
+static void blocks_range(void *arg, size_t o0, size_t o1)
+{
+	const struct pb_ctx *c = arg;
+	size_t lo = 0, hi = c->nb;
+
+	while (hi - lo > 1) {  /* the last block with pre <= o0 */
+		size_t mid = (lo + hi) / 2;
+
+		if (c->pre[mid] <= o0)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	for (; o0 < o1 && lo < c->nb; lo++) {
+		size_t e = FEP_MIN(o1, (size_t)c->pre[lo + 1]);
+
+		if (e > o0)
+			c->ops->gather(c->a, c->start[lo] + (o0 - c->pre[lo]),
+				       c->start[lo] + (e - c->pre[lo]));
+		o0 = FEP_MAX(o0, e);
+	}
+}
+
+int fep_k_gather_blocks_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
+			   const uint32_t *start, const uint32_t *pre, size_t nb,
+			   void (*idle)(void *), void *ictx)
+{
+	fep_k_perm_args_t b;
+	struct pb_ctx c = { &b, fep_k_ops(), start, pre, nb };
+	size_t rows = nb ? pre[nb] : 0;
+	int ret = fep_k_perm_check(a);
+
+	if (ret)
+		return ret;
+	if (!rows)
+		return 0;
+	b = perm_whole(a, rows);
+	return idle ? fep_pool_for_idle(pool, rows, 1, blocks_range, &c, idle, ictx)
+		    : fep_pool_for(pool, rows, 1, blocks_range, &c);
+}
