@@ -165,9 +165,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			for (j = 0; j < m->k; j++) {
 				memcpy(&e, slot + (m->hdr_recs + i) * m->rec_bytes + 8 +
 				       4 * (size_t)j, 4);
-				e -= rank * m->L;
-				if (e >= 0 && e < m->L)
-					cnt[e]++;
+				if (e >= rank * m->L && e < (rank + 1) * m->L)
+					cnt[e - rank * m->L]++;
 			}
 		memcpy(slot + FEP_EP_HDR, cnt, 4 * (size_t)m->L);
 	}
