@@ -732,6 +732,13 @@ EP_TEST(sb_shm4_pre, "shm", 4, .rounds = 30, .tt = FABEP_MOE_FP8_PREQUANT,
 	.block = 16, .ct = FABEP_MOE_FP32, .topk = 3, .sendbuf = 1, .outstanding = 1)
 EP_TEST(sb_shm2_fp8, "shm", 2, .rounds = 10, .tt = FABEP_MOE_FP8, .block = 128,
 	.hidden = 256, .sendbuf = 1)
+/* headers posted before packing (runs of 64 KiB and more), copy and
+ * zero-copy, with ranks holding no tokens and -1 ids */
+EP_TEST(shm3_early_copy, "shm", 3, .rounds = 6, .hidden = 4096, .topk = 4,
+	.experts = 12, .max_tokens = 40, .routing = R_NEG, .threads = 2)
+EP_TEST(zc_shm4_early, "shm", 4, .rounds = 4, .hidden = 2048, .topk = 8,
+	.experts = 16, .max_tokens = 64, .zcopy = 1, .tt = FABEP_MOE_FP32,
+	.ct = FABEP_MOE_FP32)
 EP_TEST(sb_shm2_big, "shm", 2, .rounds = 3, .hidden = 7168, .topk = 8,
 	.experts = 16, .max_tokens = 24, .threads = 2, .sendbuf = 1)
 EP_TEST(tcp3_chunks, "tcp", 3, .rounds = 10, .experts = 9, .routing = R_NEG,
@@ -818,6 +825,8 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, sb_shm4_pre);
 	tcase_add_test(tc, sb_shm2_fp8);
 	tcase_add_test(tc, sb_shm2_big);
+	tcase_add_test(tc, shm3_early_copy);
+	tcase_add_test(tc, zc_shm4_early);
 	tcase_add_test(tc, bad_flags);
 	tcase_add_test(tc, zc_one_rank);
 	tcase_add_test(tc, zc_shm2_bf16);

@@ -430,12 +430,13 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	m->tm.d_bytes = 0;
 	m->tm.d_wait = m->tm.d_build = 0;
 
-	/* the headers leave first: receivers lay out their rows (and copy
-	 * their own) while the records are packed and move */
+	/* the headers leave first when there is packing to overlap:
+	 * receivers lay out their rows (and copy their own) while the
+	 * records are packed and move; else with the records, one batch */
 	memset(m->cursor, 0, (size_t)m->size * sizeof(uint32_t)); /* records done */
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
-	{
+	if (n * m->rec_bytes >= FEP_EP_EARLY_BYTES) {
 		size_t np = 0;
 
 		c.te = 0;

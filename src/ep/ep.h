@@ -47,6 +47,10 @@ struct fep_ep_hdr {
  * write per run; pipelining did not pay on shm, see notes/ep_bench.md) */
 #define FEP_MOE_CHUNK_DEFAULT ((size_t)0)
 
+/* Dispatch posts its headers before packing when it packs at least this
+ * many bytes of records (below, an extra post only adds latency). */
+#define FEP_EP_EARLY_BYTES ((size_t)64 << 10)
+
 enum fep_ep_state {
 	FEP_EP_FREE = 0,
 	FEP_EP_SENT,      /* dispatch_send done, dispatch_recv pending */
