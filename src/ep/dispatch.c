@@ -16,8 +16,9 @@
  * rows stay in the input slot (self_pay).  A rank whose input is bad
  * still sends every peer a header with its error and no records.
  *
- * The headers (count, and rows per expert of the receiver) leave before
- * any record is packed, on a counter of their own.
+ * The headers (count, and rows per expert of the receiver) go on a
+ * counter of their own, before any record is packed when the records
+ * come to FEP_EP_EARLY_BYTES or more (else in one batch with them).
  *
  * Receive: wait for the headers, check them (sequence, status, count
  * bounds), agree on the error of the lowest failing rank, lay out the
