@@ -59,6 +59,8 @@ expect 2 "$pp" host1 host2
 expect 2 "$info" extra
 expect 2 "$bench" -o nope
 expect 2 "$bench" -f int4
+expect 2 "$bench" -o allreduce -f fp8pre && grep -q 'fp8pre is for' "$tmp.err" ||
+	fail "-o allreduce -f fp8pre: no message"
 expect 2 "$bench" --soak -1
 
 # --- fabep_info ---
@@ -118,6 +120,12 @@ fi
 expect 0 "$bench" -p shm -o write -S 4k,64k -I 5 --check -m &&
 	[ "$(grep -c '^op: write ' "$tmp.out")" -eq 2 ] ||
 	fail "fabep_bench -o write: want 2 rows"
+
+# fabep_bench -o moe with caller-quantized FP8 from the send buffer, checked
+expect 0 env FABEP_BENCH_SEND_BUFFER=1 "$bench" -p shm -o moe -n 2 -t 16 \
+	-H 256 -f fp8pre -I 3 --check -m &&
+	grep -q '^op: moe .*format: fp8pre .*input: send_buffer .*check: ok' \
+		"$tmp.out" || fail "fabep_bench -o moe -f fp8pre: not checked ok"
 
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"

@@ -37,6 +37,17 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* e4m3fn code -> value (NaN codes 0x7f, 0xff not used) */
+static void e4m3_lut(float lut[256])
+{
+	for (int c = 0; c < 256; c++) {
+		int ex = (c >> 3) & 15, mt = c & 7;
+		float v = ex ? ldexpf(1.0f + mt / 8.0f, ex - 7) : ldexpf((float)mt, -9);
+
+		lut[c] = c & 0x80 ? -v : v;
+	}
+}
+
 static void bench_cfg(const struct bench_opts *o, fabep_moe_config_t *cfg)
 {
 	fabep_moe_config_init(cfg);
@@ -53,6 +64,11 @@ static void bench_cfg(const struct bench_opts *o, fabep_moe_config_t *cfg)
 	if (o->format && !strcmp(o->format, "fp8")) {
 		cfg->token_type = FABEP_MOE_FP8;
 		cfg->input_type = FABEP_MOE_BF16;
+		cfg->fp8_block = 128;
+	} else if (o->format && !strcmp(o->format, "fp8pre")) {
+		/* FP8 the caller quantized (as a fused norm + quantize kernel
+		 * would produce), scales per 128 values */
+		cfg->token_type = FABEP_MOE_FP8_PREQUANT;
 		cfg->fp8_block = 128;
 	} else if (o->format && !strcmp(o->format, "fp32")) {
 		cfg->token_type = FABEP_MOE_FP32;
@@ -149,7 +165,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	uint64_t *cref = NULL;
 	size_t *plen = NULL;
 	const void *din;
-	int sbuf;
+	int sbuf, pre, fp8;
+	uint8_t *xq = NULL;   /* fp8pre: the tokens' codes [n, H] */
+	float *xs = NULL;     /* fp8pre: their scales [n, nsc] */
+	float lut[256];
 	char *evict = NULL;
 	size_t evsz = 0;
 	fabep_moe_timing_t tm;
@@ -184,13 +203,18 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				bench_moe_heap_bytes(o, size));
 		return tool_fail("fabep_moe_create", ret);
 	}
-	nsc = cfg.token_type == FABEP_MOE_FP8 ? (H + 127) / 128 : 0;
+	pre = cfg.token_type == FABEP_MOE_FP8_PREQUANT;
+	fp8 = cfg.token_type == FABEP_MOE_FP8 || pre;
+	nsc = fp8 ? (H + 127) / 128 : 0;
 	elt = cfg.token_type == FABEP_MOE_FP32 ? 4 : cfg.token_type == FABEP_MOE_BF16 ? 2 : 1;
 	rec = (8 + 8 * k + 4 * nsc + 15) / 16 * 16 + elt * H;
 
 	ids = malloc(n * k * sizeof(*ids) + 1);
 	w = malloc(n * k * sizeof(*w) + 1);
 	x = malloc(n * H * 4 + 4);
+	xq = malloc(n * H + 1);
+	xs = malloc(n * ((H + 127) / 128) * sizeof(float) + 4);
+	e4m3_lut(lut);
 	outb = malloc(n * H * 4 + 4);
 	lat = calloc((size_t)iters + 1, sizeof(*lat));
 	wire = calloc((size_t)iters + 1, sizeof(*wire));
@@ -202,7 +226,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	dbytes = calloc((size_t)size, sizeof(*dbytes));
 	seen = calloc((size_t)size, 1);
 	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	if (!cbytes || !cref || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
+	if (!xq || !xs || !cbytes || !cref || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
 	    !wire || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
@@ -235,6 +259,15 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		for (h = 0; h < H; h++) {
 			float v = (float)((int)(rnd(&seed) % 2001) - 1000) / 500.0f;
 
+			if (pre) {  /* a code and its value (exact in bf16) */
+				int c = (int)(rnd(&seed) % 254);
+
+				c += c >= 0x7f;
+				xq[t * H + h] = (uint8_t)c;
+				if (h % 128 == 0)
+					xs[t * nsc + h / 128] = 1.0f / 64;
+				v = lut[c] / 64;
+			}
 			if (cfg.token_type == FABEP_MOE_FP32)
 				((float *)x)[t * H + h] = v;
 			else
@@ -260,25 +293,31 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 
 	for (it = -warmup; it < iters; it++) {
 		size_t crow = H * (cfg.combine_type == FABEP_MOE_FP32 ? 4 : 2);
+		const float *dsc = pre ? xs : NULL;
 
-		din = x;
+		din = pre ? (const void *)xq : (const void *)x;
 		if (sbuf) {
 			/* the caller makes its tokens in the send buffer (untimed) */
 			void *bx;
-			size_t st, rb = H * elt;
+			float *bs;
+			size_t st, sst, rb = H * elt;
 
-			ret = fabep_moe_send_buffer(moe, &bx, &st, NULL, NULL);
+			ret = fabep_moe_send_buffer(moe, &bx, &st, &bs, &sst);
 			if (ret)
 				goto fail_call;
-			for (t = 0; t < n; t++)
-				memcpy((char *)bx + t * st, (const char *)x + t * rb, rb);
+			for (t = 0; t < n; t++) {
+				memcpy((char *)bx + t * st, (const char *)din + t * rb, rb);
+				if (pre)
+					memcpy(bs + t * sst, xs + t * nsc, nsc * sizeof(float));
+			}
 			din = bx;
+			dsc = pre ? bs : NULL;
 		}
 		ret = fabep_barrier(comm);
 		if (ret)
 			goto fail_call;
 		t0 = tool_now_ns();
-		ret = fabep_moe_dispatch(moe, din, NULL, n, ids, w, &rv);
+		ret = fabep_moe_dispatch(moe, din, dsc, n, ids, w, &rv);
 		if (ret)
 			goto fail_call;
 		if (do_d && it >= 0) {
@@ -294,16 +333,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			ret = -ENOMEM;
 			goto out;
 		}
-		if (cfg.token_type == FABEP_MOE_FP8) {
-			float lut[256];
-
-			for (int c = 0; c < 256; c++) {  /* e4m3 decode */
-				int ex = (c >> 3) & 15, mt = c & 7;
-				float v = ex ? ldexpf(1.0f + mt / 8.0f, ex - 7)
-					     : ldexpf((float)mt, -9);
-
-				lut[c] = c & 0x80 ? -v : v;
-			}
+		if (fp8) {
 			for (size_t r = 0; r < rv.rows; r++) {
 				const uint8_t *q = (const uint8_t *)rv.x +
 					(size_t)rv.row_index[r] * rv.row_stride;
@@ -533,6 +563,8 @@ out:
 	free(ids);
 	free(w);
 	free(x);
+	free(xq);
+	free(xs);
 	free(outb);
 	free(y);
 	free(lat);

@@ -104,7 +104,9 @@ static const struct tool_help bench_help[] = {
 	{ 'H', NULL, "hidden size, elements per row (kernels: default 7168)" },
 	{ 'k', NULL, "dispatch, combine, moe: experts per token (top-k)" },
 	{ 'e', NULL, "dispatch, combine, moe: experts in all" },
-	{ 'f', NULL, "data format: bf16, fp8 or fp32 (default: the part's)" },
+	{ 'f', NULL, "data format: bf16, fp8 (quantized in dispatch), fp8pre "
+		     "(dispatch, combine, moe: FP8 the caller quantized) or fp32 "
+		     "(default: the part's)" },
 	{ TOOL_OPT_CHECK, NULL,
 	  "check results (write: the receiver compares the data after each size)" },
 	{ TOOL_OPT_SOAK, NULL,
@@ -319,9 +321,13 @@ int main(int argc, char **argv)
 				 "write, kernels, dispatch, combine, moe, allreduce, "
 				 "arnorm or soak", o->op);
 	if (o->format && strcmp(o->format, "bf16") && strcmp(o->format, "fp8") &&
-	    strcmp(o->format, "fp32"))
+	    strcmp(o->format, "fp8pre") && strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "unknown format '%s' for -f: expected "
-				 "bf16, fp8 or fp32", o->format);
+				 "bf16, fp8, fp8pre or fp32", o->format);
+	if (o->format && !strcmp(o->format, "fp8pre") && strcmp(o->op, "dispatch") &&
+	    strcmp(o->op, "combine") && strcmp(o->op, "moe"))
+		tool_usage_error(&bench_desc, "-f fp8pre is for -o dispatch, combine "
+				 "or moe");
 	if (!strcmp(part->name, "write") && o->nranks && o->nranks != 2)
 		tool_usage_error(&bench_desc, "-o write runs between 2 ranks, not -n %d",
 				 o->nranks);
