@@ -86,7 +86,39 @@ size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
 	rec = cfg.hidden * 8 + 16 * (size_t)cfg.top_k + 64;
 	return fabep_moe_heap_bytes(&cfg, nranks) +
 	       ((size_t)nranks + 1) * ((size_t)cfg.max_tokens * rec + 256) +
+	       3 * (size_t)nranks * 8 * (size_t)(o->iters > 0 ? o->iters : 20) +
 	       (4u << 20);
+}
+
+/* Every rank's times t[0, n) of round `round` (1, 2, ...; its own part of
+ * buf) go to rank 0, which keeps the slowest rank's time of each
+ * iteration: a phase is done when its last rank is (a rank that leaves
+ * the barrier late may have moved its peers' data before its clock
+ * started, so one rank's times alone under- or overstate it). */
+static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
+		   uint64_t round, uint64_t *t, long n)
+{
+	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), r, ret;
+	size_t len = (size_t)n * 8;
+	uint64_t *b = fabep_heap_ptr(comm, buf);
+	long i;
+
+	if (size == 1 || n <= 0)
+		return 0;
+	if (rank) {
+		memcpy(b + (size_t)rank * (size_t)n, t, len);
+		ret = fabep_put_signal(comm, 0, buf + (uint64_t)rank * len,
+				       buf + (uint64_t)rank * len, len, ctr, 1);
+		return ret ? ret : fabep_flush(comm);
+	}
+	ret = fabep_wait(comm, ctr, round * ((uint64_t)size - 1));
+	if (ret)
+		return ret;
+	for (r = 1; r < size; r++)
+		for (i = 0; i < n; i++)
+			if (b[(size_t)r * (size_t)n + (size_t)i] > t[i])
+				t[i] = b[(size_t)r * (size_t)n + (size_t)i];
+	return 0;
 }
 
 /* Rank 0 learns whether every rank's check passed (flag words). */
@@ -177,7 +209,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	int32_t *ids = NULL;
 	float *w = NULL;
 	uint16_t *x = NULL, *outb = NULL, *y = NULL;
-	fabep_off_t rsrc, rdst, flags, fctr;
+	fabep_off_t rsrc, rdst, flags, fctr, tbuf, tctr;
 	int ret, ok = 1, all_ok = 1, e, d, L;
 	char *seen = NULL;
 
@@ -283,7 +315,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	if ((ret = fabep_heap_alloc(comm, slot, 64, &rsrc)) ||
 	    (ret = fabep_heap_alloc(comm, slot * (size_t)size, 64, &rdst)) ||
 	    (ret = fabep_heap_alloc(comm, 16 * (size_t)size, 64, &flags)) ||
-	    (ret = fabep_heap_alloc(comm, 8, 64, &fctr))) {
+	    (ret = fabep_heap_alloc(comm, 8, 64, &fctr)) ||
+	    (ret = fabep_heap_alloc(comm, 3 * (size_t)size * 8 * (size_t)iters, 64,
+				    &tbuf)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 64, &tctr))) {
 		if (!rank)
 			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
 				bench_moe_heap_bytes(o, size));
@@ -466,6 +501,17 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	if (!ret)
 		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
 			       citers, evict, evsz, cref);
+	/* phase and references alike: each iteration's slowest rank */
+	{
+		uint64_t part = (uint64_t)size * 8 * (uint64_t)iters;
+
+		if (!ret)
+			ret = slowest(comm, tbuf, tctr, 1, lat, iters);
+		if (!ret)
+			ret = slowest(comm, tbuf + part, tctr, 2, ref, iters);
+		if (!ret)
+			ret = slowest(comm, tbuf + 2 * part, tctr, 3, cref, citers);
+	}
 	if (ret)
 		goto fail_call;
 	/* memcpy of half the local bytes (a memcpy reads and writes each) */
