@@ -67,11 +67,14 @@ const char *__lsan_default_suppressions(void)
 #define ROUNDS (FAULT_ROUND + 2)
 
 enum { OP_DISPATCH, OP_COMBINE, OP_AR, OP_N };
-enum { F_KILL_BEFORE, F_KILL_DURING, F_KILL_AFTER, F_STOP, F_N };
+/* F_KILL_PACK: inside dispatch_send, after its headers left (the runs
+ * are big enough to post them before packing), while reading the tokens */
+enum { F_KILL_BEFORE, F_KILL_DURING, F_KILL_AFTER, F_STOP, F_KILL_PACK, F_N };
 
 static const char *op_names[] = { "dispatch", "combine", "allreduce" };
 static const char *fault_names[] = { "SIGKILL before", "SIGKILL during",
-				     "SIGKILL after", "SIGSTOP during" };
+				     "SIGKILL after", "SIGSTOP during",
+				     "SIGKILL packing" };
 
 struct rank_res {
 	int err;          /* the first error a survivor saw */
@@ -238,7 +241,9 @@ static float *trap_input(const float *src, size_t n, int sig)
 
 #define E_EXPERTS 6
 #define E_TOPK 2
-#define E_HIDDEN 64
+/* 16 records of 4 KiB and more: dispatch posts its headers before
+ * packing (FEP_EP_EARLY_BYTES) */
+#define E_HIDDEN 2048
 #define E_TOKENS 16
 #define AR_ROWS 64
 #define AR_COLS 1024
@@ -358,8 +363,21 @@ static int fault_rank(int rank, int size, void *arg)
 		op = OP_DISPATCH;
 		if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_BEFORE)
 			fault_now(sig);
-		t_call = now_ns();
-		ret = fabep_moe_dispatch_send(wd.moe, wd.x, NULL, E_TOKENS, wd.ids, wd.w);
+		{
+			const void *x = wd.x;
+
+			if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_PACK) {
+				x = trap_input((const float *)wd.x,
+					       sizeof(wd.x) / sizeof(float), sig);
+				if (!x) {
+					rc = 4;
+					break;
+				}
+			}
+			t_call = now_ns();
+			ret = fabep_moe_dispatch_send(wd.moe, x, NULL, E_TOKENS, wd.ids,
+						      wd.w);
+		}
 		if (ret)
 			break;
 		if (hit && fc->op == OP_DISPATCH && during)
@@ -526,6 +544,7 @@ FAULT_TEST(shm_kill_before_dispatch, "shm", OP_DISPATCH, F_KILL_BEFORE)
 FAULT_TEST(shm_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST(shm_kill_after_dispatch, "shm", OP_DISPATCH, F_KILL_AFTER)
 FAULT_TEST(shm_stop_dispatch, "shm", OP_DISPATCH, F_STOP)
+FAULT_TEST(shm_kill_packing_dispatch, "shm", OP_DISPATCH, F_KILL_PACK)
 FAULT_TEST(shm_kill_before_combine, "shm", OP_COMBINE, F_KILL_BEFORE)
 FAULT_TEST(shm_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
 FAULT_TEST(shm_kill_after_combine, "shm", OP_COMBINE, F_KILL_AFTER)
@@ -538,6 +557,7 @@ FAULT_TEST(tcp_kill_before_dispatch, "tcp", OP_DISPATCH, F_KILL_BEFORE)
 FAULT_TEST(tcp_kill_during_dispatch, "tcp", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST(tcp_kill_after_dispatch, "tcp", OP_DISPATCH, F_KILL_AFTER)
 FAULT_TEST(tcp_stop_dispatch, "tcp", OP_DISPATCH, F_STOP)
+FAULT_TEST(tcp_kill_packing_dispatch, "tcp", OP_DISPATCH, F_KILL_PACK)
 FAULT_TEST(tcp_kill_before_combine, "tcp", OP_COMBINE, F_KILL_BEFORE)
 FAULT_TEST(tcp_kill_during_combine, "tcp", OP_COMBINE, F_KILL_DURING)
 FAULT_TEST(tcp_kill_after_combine, "tcp", OP_COMBINE, F_KILL_AFTER)
@@ -1014,6 +1034,7 @@ static Suite *suite(void)
 	ADD(tc, shm_kill_during_dispatch);
 	ADD(tc, shm_kill_after_dispatch);
 	ADD(tc, shm_stop_dispatch);
+	ADD(tc, shm_kill_packing_dispatch);
 	ADD(tc, shm_kill_before_combine);
 	ADD(tc, shm_kill_during_combine);
 	ADD(tc, shm_kill_after_combine);
@@ -1026,6 +1047,7 @@ static Suite *suite(void)
 	ADD(tc, tcp_kill_during_dispatch);
 	ADD(tc, tcp_kill_after_dispatch);
 	ADD(tc, tcp_stop_dispatch);
+	ADD(tc, tcp_kill_packing_dispatch);
 	ADD(tc, tcp_kill_before_combine);
 	ADD(tc, tcp_kill_during_combine);
 	ADD(tc, tcp_kill_after_combine);

@@ -32,6 +32,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,7 @@ struct pack_ctx {
 	uint8_t *input;         /* set b's input slot records */
 	int32_t *self_pay;      /* the set's self_pay */
 	struct fep_ep_idle idle; /* drives the fabric while the workers pack */
+	int32_t stamp;          /* the call's sequence number, low 32 bits */
 };
 
 static uint8_t *run_base(struct fabep_moe *m, int b, int d)
@@ -71,12 +73,13 @@ static inline uint8_t *rec_at(struct fabep_moe *m, int b, int d, uint32_t pos)
 	return run_base(m, b, d) + (m->hdr_recs + (size_t)pos) * m->rec_bytes;
 }
 
-/* The metadata of token t: token index, global expert ids, weights. */
+/* The metadata of token t: token index, the call's stamp (what names a
+ * sender whose records never came), global expert ids, weights. */
 static inline void put_meta(struct fabep_moe *m, const struct pack_ctx *c,
 			    uint8_t *rec, int32_t t)
 {
 	((int32_t *)rec)[0] = t;
-	((int32_t *)rec)[1] = 0;
+	((int32_t *)rec)[1] = c->stamp;
 	memcpy(rec + 8, c->ids + (size_t)t * (size_t)m->k, 4 * (size_t)m->k);
 	memcpy(rec + 8 + 4 * (size_t)m->k, c->w + (size_t)t * (size_t)m->k,
 	       4 * (size_t)m->k);
@@ -325,6 +328,7 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	r.sig = fep_ep_dctr(m, c->b);
 	r.hlen = m->dhdr_bytes;
 	r.hsig = fep_ep_hctr(m, c->b);
+	r.join = 0;  /* headers go on their own counter, often early */
 	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
 	r.tok = m->pack_tok + m->pack_base[peer];
 	r.input = fep_ep_dinput(m, c->b);
@@ -394,6 +398,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	c.ids = m->prev_ids;
 	c.w = m->prev_w;
 	c.idle.fab = fab;
+	c.stamp = (int32_t)(uint32_t)s->seq;
 	c.base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
 	c.input = fep_heap_at(fab, fep_ep_dinput(m, b)) + m->hdr_recs * m->rec_bytes;
 	c.self_pay = s->self_pay;
@@ -755,6 +760,43 @@ static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	return gather_blocks(m, s, base, nb, NULL);
 }
 
+/* After the records' wait timed out: name the senders whose records are
+ * not all in (the last record of each of their chunks lacks this call's
+ * stamp).  Diagnosis only: arrival is what the counter says. */
+static void name_missing(struct fabep_moe *m, int b, const struct fep_ep_set *s)
+{
+	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
+	char names[256];
+	size_t len = 0, j;
+	int src, missing = 0;
+
+	names[0] = '\0';
+	for (src = 0; src < m->size; src++) {
+		const uint8_t *recs = base + (size_t)src * m->dslot_bytes +
+				      m->hdr_recs * m->rec_bytes;
+		int bad = 0;
+
+		if (src == m->rank)
+			continue;
+		for (j = 0; j * m->dchunk_recs < s->rcount[src] && !bad; j++) {
+			size_t last = FEP_MIN((j + 1) * m->dchunk_recs,
+					      (size_t)s->rcount[src]) - 1;
+			int32_t st;
+
+			memcpy(&st, recs + last * m->rec_bytes + 4, 4);
+			bad = st != (int32_t)(uint32_t)s->seq;
+		}
+		if (bad && len < sizeof(names) - 16) {
+			missing++;
+			len += (size_t)snprintf(names + len, sizeof(names) - len,
+						"%s%d", missing > 1 ? ", " : "", src);
+		}
+	}
+	if (missing)
+		fep_err("fabep_moe_dispatch: the records of rank%s %s never came "
+			"(their headers did)", missing > 1 ? "s" : "", names);
+}
+
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 {
 	struct fep_ep_set *s;
@@ -785,6 +827,9 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		int dret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
 				       (uint64_t)(m->size - 1) * (m->dchunks - 1) *
 				       s->uses, UINT64_MAX, 0, s->seq);
+
+		if (dret == -ETIMEDOUT && !ret)
+			name_missing(m, b, s);
 		if (!ret)
 			ret = dret;
 	}

@@ -242,7 +242,8 @@ void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
 /* A run to one peer, as fep_ep_ready_chunks posts it: chunk 0 is the
  * header (hlen bytes, signalled on hsig), chunk j >= 1 the units
  * [(j - 1) * per, j * per) of the run (empty past its end: a signal
- * only) on sig. */
+ * only) on sig; with join and 2 chunks, chunk 0 carries the whole run
+ * and chunk 1 is a signal only. */
 struct fep_ep_run {
 	int peer;
 	uint64_t dst;          /* the receiver's slot for this rank */
@@ -253,6 +254,11 @@ struct fep_ep_run {
 	uint64_t sig;
 	size_t hlen;
 	uint64_t hsig;
+	/* the header and the units are contiguous in stage: with 2 chunks
+	 * the run waits until complete and goes as one write with its header
+	 * (then a timeout's header check names a sender whose data never
+	 * came) */
+	int join;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */
 	uint64_t input;        /* the input slot */

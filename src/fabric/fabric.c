@@ -802,6 +802,35 @@ int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 	return 0;
 }
 
+/* The peers of the operations in flight, as "rank 2" or "ranks 1, 3",
+ * into buf (for a timeout's message). */
+static void fep_busy_peers(const fep_fabric_t *fab, char *buf, size_t len)
+{
+	uint8_t *free_op = calloc(fab->nops + 1, 1), *hit = calloc((size_t)fab->size + 1, 1);
+	const struct fep_op *op;
+	size_t i, n = 0, l = 0;
+	int r;
+
+	buf[0] = '\0';
+	if (!free_op || !hit)
+		goto out;
+	for (op = fab->free_ops; op; op = op->next)
+		free_op[op - fab->ops] = 1;
+	for (i = 0; i < fab->nops; i++)
+		if (!free_op[i] && fab->ops[i].peer >= 0 && fab->ops[i].peer < fab->size &&
+		    !hit[fab->ops[i].peer]) {
+			hit[fab->ops[i].peer] = 1;
+			n++;
+		}
+	for (r = 0; r < fab->size && l < len; r++)
+		if (hit[r])
+			l += (size_t)snprintf(buf + l, len - l, "%s%d",
+					      l ? ", " : n > 1 ? "ranks " : "rank ", r);
+out:
+	free(free_op);
+	free(hit);
+}
+
 int fep_fabric_quiet(fep_fabric_t *fab)
 {
 	struct fep_stall st = { { 0, 0 }, 0 };
@@ -809,9 +838,14 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 
 	while (fab->outstanding) {
 		ret = fep_fabric_stall(fab, &st);
-		if (ret == -ETIMEDOUT)
-			fep_err("%zu transfers still incomplete after %d ms",
-				fab->outstanding, fab->timeout_ms);
+		if (ret == -ETIMEDOUT) {
+			char peers[160];
+
+			fep_busy_peers(fab, peers, sizeof(peers));
+			fep_err("%zu transfers still incomplete after %d ms%s%s%s",
+				fab->outstanding, fab->timeout_ms,
+				peers[0] ? " (to " : "", peers, peers[0] ? ")" : "");
+		}
 		if (ret)
 			return ret;
 	}
