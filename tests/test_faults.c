@@ -173,7 +173,7 @@ static char *capture_end(struct capture *c)
 static int log_names(const char *log, int r)
 {
 	static const char *const fmt[] = { "rank %d ", "ranks %d", ", %d never",
-					   "rank %d:", "rank %d)", "rank %d\n" };
+					   "rank %d:", "rank %d)", "rank %d\n", ", %d)" };
 	char pat[32];
 	unsigned i;
 

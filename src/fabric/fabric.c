@@ -845,6 +845,11 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 			fep_err("%zu transfers still incomplete after %d ms%s%s%s",
 				fab->outstanding, fab->timeout_ms,
 				peers[0] ? " (to " : "", peers, peers[0] ? ")" : "");
+			/* as after a failed wait: the peers may be gone, so
+			 * nothing (fabep_comm_destroy included) waits for them
+			 * again */
+			if (!fab->tx_error)
+				fab->tx_error = -ETIMEDOUT;
 		}
 		if (ret)
 			return ret;
