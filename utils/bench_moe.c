@@ -90,31 +90,41 @@ size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
 	       (4u << 20);
 }
 
-/* Every rank's times t[0, n) of round `round` (1, 2, ...; its own part of
- * buf) go to rank 0, which keeps the slowest rank's time of each
- * iteration: a phase is done when its last rank is (a rank that leaves
- * the barrier late may have moved its peers' data before its clock
+/* Every rank's n words v to rank 0: each rank's part of buf (size * n
+ * words) is its own, signalled on ctr; rank 0 waits for round `round`
+ * (1, 2, ...) of that counter, and then holds every part in buf. */
+static int to_root(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
+		   uint64_t round, const uint64_t *v, long n)
+{
+	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), ret;
+	size_t len = (size_t)n * 8;
+	fabep_off_t part = buf + (uint64_t)rank * len;
+
+	memcpy(fabep_heap_ptr(comm, part), v, len);
+	if (rank) {
+		ret = fabep_put_signal(comm, 0, part, part, len, ctr, 1);
+		return ret ? ret : fabep_flush(comm);
+	}
+	return fabep_wait(comm, ctr, round * ((uint64_t)size - 1));
+}
+
+/* Rank 0 keeps the slowest rank's time t[i] of each iteration (round
+ * `round` of ctr): a phase is done when its last rank is (a rank that
+ * leaves the barrier late may have moved its peers' data before its clock
  * started, so one rank's times alone under- or overstate it). */
 static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
 		   uint64_t round, uint64_t *t, long n)
 {
-	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), r, ret;
-	size_t len = (size_t)n * 8;
-	uint64_t *b = fabep_heap_ptr(comm, buf);
+	const uint64_t *b = fabep_heap_ptr(comm, buf);
+	int r, ret;
 	long i;
 
-	if (size == 1 || n <= 0)
+	if (n <= 0)
 		return 0;
-	if (rank) {
-		memcpy(b + (size_t)rank * (size_t)n, t, len);
-		ret = fabep_put_signal(comm, 0, buf + (uint64_t)rank * len,
-				       buf + (uint64_t)rank * len, len, ctr, 1);
-		return ret ? ret : fabep_flush(comm);
-	}
-	ret = fabep_wait(comm, ctr, round * ((uint64_t)size - 1));
-	if (ret)
+	ret = to_root(comm, buf, ctr, round, t, n);
+	if (ret || fabep_comm_rank(comm))
 		return ret;
-	for (r = 1; r < size; r++)
+	for (r = 1; r < fabep_comm_size(comm); r++)
 		for (i = 0; i < n; i++)
 			if (b[(size_t)r * (size_t)n + (size_t)i] > t[i])
 				t[i] = b[(size_t)r * (size_t)n + (size_t)i];
@@ -125,23 +135,14 @@ static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
 static int gather_flags(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
 			int mine, int *all_ok)
 {
-	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), r, ret;
-	uint64_t *w = fabep_heap_ptr(comm, words);
+	const uint64_t *w = fabep_heap_ptr(comm, words);
+	uint64_t f = (uint64_t)(mine ? 2 : 1);
+	int r, ret = to_root(comm, words, ctr, 1, &f, 1);
 
-	w[size + rank] = (uint64_t)(mine ? 2 : 1);
-	if (rank) {
-		ret = fabep_put_signal(comm, 0, words + 8 * (uint64_t)rank,
-				       words + 8 * (uint64_t)(size + rank), 8, ctr, 1);
-		if (!ret)
-			ret = fabep_flush(comm);
+	if (ret || fabep_comm_rank(comm))
 		return ret;
-	}
-	ret = fabep_wait(comm, ctr, (uint64_t)size - 1);
-	if (ret)
-		return ret;
-	w[0] = w[size];
 	*all_ok = 1;
-	for (r = 0; r < size; r++)
+	for (r = 0; r < fabep_comm_size(comm); r++)
 		if (__atomic_load_n(&w[r], __ATOMIC_ACQUIRE) != 2)
 			*all_ok = 0;
 	return 0;
@@ -314,7 +315,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	slot = n * (rec + H * 4) + 256;
 	if ((ret = fabep_heap_alloc(comm, slot, 64, &rsrc)) ||
 	    (ret = fabep_heap_alloc(comm, slot * (size_t)size, 64, &rdst)) ||
-	    (ret = fabep_heap_alloc(comm, 16 * (size_t)size, 64, &flags)) ||
+	    (ret = fabep_heap_alloc(comm, 8 * (size_t)size, 64, &flags)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 64, &fctr)) ||
 	    (ret = fabep_heap_alloc(comm, 3 * (size_t)size * 8 * (size_t)iters, 64,
 				    &tbuf)) ||

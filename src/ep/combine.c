@@ -187,12 +187,10 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		t2 = fep_now_ns();
 		if (pe > pb) {
 			c.p0 = pb;
-			ret = pe - pb == np_all ?
-				fep_pool_for(comm->pool, np_all, 1, reduce_block, &c) :
-				fep_pool_for_idle(comm->pool, pe - pb, 1, reduce_block,
-						  &c, fep_ep_idle, &c.idle);
-			if (!ret)
-				ret = c.idle.err;
+			/* one block: every thread reduces; several: the caller
+			 * drives the fabric meanwhile */
+			ret = fep_ep_pool_run(comm->pool, pe - pb, pe - pb != np_all,
+					      reduce_block, &c, &c.idle);
 			if (ret)
 				goto fail;
 		}
@@ -229,10 +227,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.skip0 = 0;
 		c.skip = s->tbase[m->rank];
 		c.p0 = 0;
-		ret = fep_pool_for_idle(comm->pool, s->rcount[m->rank], 1,
-					reduce_block, &c, fep_ep_idle, &c.idle);
-		if (!ret)
-			ret = c.idle.err;
+		ret = fep_ep_pool_run(comm->pool, s->rcount[m->rank], 1, reduce_block,
+				      &c, &c.idle);
 		if (ret)
 			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;

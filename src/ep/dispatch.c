@@ -335,6 +335,19 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	return fep_ep_ready_chunks(m->puts + at, &r, &m->posted[peer]);
 }
 
+/* Post the finished chunks of every run to another rank (c->te tokens
+ * packed), then drive the fabric. */
+static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
+		      const struct fep_ep_set *s)
+{
+	size_t np = 0;
+	int d;
+
+	for (d = 1; d < m->size; d++)
+		np += ready_chunks(m, c, s, (m->rank + d) % m->size, np);
+	return fep_ep_post(m, np, &m->tm.d_bytes);
+}
+
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
 			 size_t n, const int32_t *ids, const float *w, int status)
 {
@@ -443,12 +456,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
 	if (n * m->rec_bytes >= FEP_EP_EARLY_BYTES) {
-		size_t np = 0;
-
 		c.te = 0;
-		for (d = 1; d < m->size; d++)
-			np += ready_chunks(m, &c, s, (m->rank + d) % m->size, np);
-		ret = fep_ep_post(m, np, &m->tm.d_bytes);
+		ret = post_ready(m, &c, s);
 		if (ret)
 			goto fail;
 	}
@@ -456,7 +465,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	 * the fabric meanwhile), then post every chunk that is complete */
 	tp = 0;
 	for (tb = 0;; tb = te) {
-		size_t np = 0, i;
+		size_t i;
 
 		te = FEP_MIN(n, tb + m->dchunk_recs);
 		t2 = fep_now_ns();
@@ -464,12 +473,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			c.t0 = tb;
 			/* one block: every thread packs; several: the caller
 			 * drives the fabric meanwhile (the peers' chunks move) */
-			ret = te - tb == n ?
-				fep_pool_for(comm->pool, n, 1, pack_block, &c) :
-				fep_pool_for_idle(comm->pool, te - tb, 1, pack_block, &c,
-						  fep_ep_idle, &c.idle);
-			if (!ret)
-				ret = c.idle.err;
+			ret = fep_ep_pool_run(comm->pool, te - tb, te - tb != n,
+					      pack_block, &c, &c.idle);
 			if (ret)
 				goto fail;
 			for (i = tb * (size_t)m->kk; i < te * (size_t)m->kk; i++)
@@ -479,9 +484,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		t3 = fep_now_ns();
 		tp += t3 - t2;
 		c.te = te;
-		for (d = 1; d < m->size; d++)
-			np += ready_chunks(m, &c, s, (m->rank + d) % m->size, np);
-		ret = fep_ep_post(m, np, &m->tm.d_bytes);
+		ret = post_ready(m, &c, s);
 		if (ret)
 			goto fail;
 		m->tm.d_put += fep_now_ns() - t3;

@@ -221,6 +221,11 @@ struct fep_ep_idle {
 	int err;
 };
 void fep_ep_idle(void *arg);
+/* fn over [0, n) on the pool: on every thread, or (caller_idles) on the
+ * workers while the caller drives the fabric (fep_pool_for_idle).  Returns
+ * the pool's or the fabric's first error. */
+int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
+		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle);
 /* Post m->puts[0, np) (adding their lengths to *bytes), then progress the
  * fabric once. */
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes);

@@ -466,6 +466,16 @@ void fep_ep_idle(void *arg)
 		i->err = fep_fabric_progress(i->fab);
 }
 
+int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
+		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle)
+{
+	int ret = caller_idles ?
+		fep_pool_for_idle(pool, n, 1, fn, ctx, fep_ep_idle, idle) :
+		fep_pool_for(pool, n, 1, fn, ctx);
+
+	return ret ? ret : idle->err;
+}
+
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
 {
 	struct fep_ep_hdr h;
