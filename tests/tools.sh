@@ -127,6 +127,40 @@ expect 0 env FABEP_BENCH_SEND_BUFFER=1 "$bench" -p shm -o moe -n 2 -t 16 \
 	grep -q '^op: moe .*format: fp8pre .*input: send_buffer .*check: ok' \
 		"$tmp.out" || fail "fabep_bench -o moe -f fp8pre: not checked ok"
 
+# the references and the floor: bf16 copy-mode dispatch must copy every
+# received row once (floor = 2 * rows * hidden * 2 bytes), a zero-copy
+# dispatch of bf16 has no floor; combine reads every expert output and
+# writes every output row once ((rows + tokens) * hidden * 2)
+floor_ok() { # op fmt zero-copy: the -m line's floor against the formula
+	expect 0 env FABEP_BENCH_ZERO_COPY="$3" "$bench" -p shm -o "$1" -n 2 \
+		-t 24 -H 192 -k 4 -e 8 -f "$2" -I 3 -m || return 1
+	awk -v op="$1" -v zc="$3" '
+	/^op: / {
+		for (i = 1; i < NF; i += 2)
+			v[$i] = $(i + 1)
+		if (op == "combine")
+			want = (v["rows:"] + v["tokens:"]) * 192 * 2
+		else if (zc)
+			want = 0
+		else
+			want = 2 * v["rows:"] * 192 * 2
+		if (v["floor_bytes:"] != want || v["rows:"] <= 0 ||
+		    !(v["ref_live_us:"] > 0) || !(v["ratio_live:"] > 0) ||
+		    !(v["ceiling_live:"] > 0 && v["ceiling_live:"] <= 1) ||
+		    (want == 0 && v["ceiling_live:"] != "1.000")) {
+			print "floor_bytes " v["floor_bytes:"] " want " want \
+			      ", ref_live_us " v["ref_live_us:"] ", ceiling_live " \
+			      v["ceiling_live:"]
+			exit 1
+		}
+		n++
+	}
+	END { exit n == 1 ? 0 : 1 }' "$tmp.out"
+}
+floor_ok dispatch bf16 0 || fail "fabep_bench -o dispatch (copy): floor or live reference wrong"
+floor_ok dispatch bf16 1 || fail "fabep_bench -o dispatch (zero-copy): floor or live reference wrong"
+floor_ok combine bf16 0 || fail "fabep_bench -o combine: floor or live reference wrong"
+
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"
 	exit 1

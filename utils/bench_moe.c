@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,7 +87,7 @@ size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
 	rec = cfg.hidden * 8 + 16 * (size_t)cfg.top_k + 64;
 	return fabep_moe_heap_bytes(&cfg, nranks) +
 	       ((size_t)nranks + 1) * ((size_t)cfg.max_tokens * rec + 256) +
-	       3 * (size_t)nranks * 8 * (size_t)(o->iters > 0 ? o->iters : 20) +
+	       5 * (size_t)nranks * 8 * (size_t)(o->iters > 0 ? o->iters : 20) +
 	       (4u << 20);
 }
 
@@ -148,20 +149,57 @@ static int gather_flags(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
 	return 0;
 }
 
+/* How a reference round finds its buffers. */
+struct ref_mode {
+	char *evict;          /* cold: written before each round (evsz bytes) */
+	size_t evsz;
+	/* live: before each round the sender rewrites its source (src_len
+	 * bytes) and each receiver reads what every peer p put into its
+	 * region last round (rlen[p] bytes at dst_base + p * slot), as a
+	 * layer makes its tokens and consumes what it received */
+	int live;
+	size_t src_len;
+	const size_t *rlen;
+	fabep_off_t dst_base;
+	size_t slot;
+};
+
+/* Read n bytes (what a consumer of received rows does to the cache). */
+static uint64_t touch(const char *p, size_t n)
+{
+	uint64_t s = 0, v;
+	size_t i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		memcpy(&v, p + i, 8);
+		s += v;
+	}
+	return s;
+}
+
 /* iters timed rounds (after warmup) of fabep_put of len[peer] bytes to
- * every peer and a flush; evict (evsz bytes), if given, is written before
- * each round.  Times in ns go to t. */
+ * every peer and a flush, the buffers prepared as rm says.  Times in ns
+ * go to t. */
 static int ref_puts(fabep_comm_t *comm, fabep_off_t dst, fabep_off_t src,
-		    const size_t *len, long warmup, long iters, char *evict,
-		    size_t evsz, uint64_t *t)
+		    const size_t *len, long warmup, long iters,
+		    const struct ref_mode *rm, uint64_t *t)
 {
 	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), e, ret;
+	volatile uint64_t sink = 0;
 	uint64_t t0;
 	long it;
 
 	for (it = -warmup; it < iters; it++) {
-		if (evict)
-			memset(evict, (int)(it & 0x7f), evsz);
+		if (rm && rm->evict)
+			memset(rm->evict, (int)(it & 0x7f), rm->evsz);
+		if (rm && rm->live) {
+			memset(fabep_heap_ptr(comm, src), (int)(it & 0x7f), rm->src_len);
+			for (e = 0; e < size; e++)
+				if (e != rank)
+					sink += touch(fabep_heap_ptr(comm, rm->dst_base +
+								     (uint64_t)e * rm->slot),
+						      rm->rlen[e]);
+		}
 		ret = fabep_barrier(comm);
 		if (ret)
 			return ret;
@@ -179,7 +217,83 @@ static int ref_puts(fabep_comm_t *comm, fabep_off_t dst, fabep_off_t src,
 		if (it >= 0)
 			t[it] = tool_now_ns() - t0;
 	}
+	(void)sink;
 	return 0;
+}
+
+/* rlen[p] = what peer p's len says it puts to this rank (lens: size words
+ * of the heap, ctr its counter; every rank's len first). */
+static int swap_lens(fabep_comm_t *comm, fabep_off_t lens, fabep_off_t ctr,
+		     const size_t *len, size_t *rlen)
+{
+	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm), p, ret;
+	uint64_t *w = fabep_heap_ptr(comm, lens), *mine = w + size;
+
+	for (p = 0; p < size; p++)
+		mine[p] = len[p];
+	for (p = 0; p < size; p++) {
+		if (p == rank)
+			continue;
+		ret = fabep_put_signal(comm, p, lens + 8 * (uint64_t)rank,
+				       lens + 8 * ((uint64_t)size + (uint64_t)p), 8,
+				       ctr, 1);
+		if (ret)
+			return ret;
+	}
+	ret = fabep_flush(comm);
+	if (!ret)
+		ret = fabep_wait(comm, ctr, (uint64_t)size - 1);
+	for (p = 0; !ret && p < size; p++)
+		rlen[p] = p == rank ? 0 : (size_t)__atomic_load_n(&w[p], __ATOMIC_ACQUIRE);
+	return ret;
+}
+
+/* The memcpy reference: each of nt threads copies its share of n bytes
+ * from src to dst. */
+struct mc_part {
+	char *dst;
+	const char *src;
+	size_t n;
+};
+
+static void *mc_thread(void *arg)
+{
+	struct mc_part *p = arg;
+
+	memcpy(p->dst, p->src, p->n);
+	return NULL;
+}
+
+/* Copy n bytes on nt threads (this one and nt - 1 more), in 64-byte
+ * aligned shares; a share no thread could be started for is copied here. */
+static void mc_threads(char *dst, const char *src, size_t n, int nt)
+{
+	struct mc_part part[64];
+	pthread_t th[64];
+	size_t per, off = 0;
+	int i, started = 0;
+
+	if (nt < 1)
+		nt = 1;
+	if (nt > 64)
+		nt = 64;
+	per = (n / (size_t)nt + 63) / 64 * 64;
+	for (i = 0; i < nt; i++) {
+		part[i].dst = dst + off;
+		part[i].src = src + off;
+		part[i].n = off < n ? (per < n - off ? per : n - off) : 0;
+		off += part[i].n;
+	}
+	for (i = 1; i < nt; i++) {
+		if (pthread_create(&th[i], NULL, mc_thread, &part[i]))
+			break;
+		started = i;
+	}
+	mc_thread(&part[0]);
+	for (i = 1; i <= started; i++)
+		pthread_join(th[i], NULL);
+	for (i = started + 1; i < nt; i++)
+		mc_thread(&part[i]);
 }
 
 int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
@@ -195,8 +309,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	size_t bytes = 0, nsc, slot, *cbytes = NULL;
 	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
 	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
-	uint64_t *cref = NULL;
-	size_t *plen = NULL;
+	uint64_t *cref = NULL, *lref = NULL;
+	size_t *plen = NULL, *rlen = NULL;
 	const void *din;
 	int sbuf, pre, fp8;
 	uint8_t *xq = NULL;   /* fp8pre: the tokens' codes [n, H] */
@@ -205,12 +319,12 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	char *evict = NULL;
 	size_t evsz = 0;
 	fabep_moe_timing_t tm;
-	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0;
+	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0, fbytes = 0;
 	char *mbuf = NULL;
 	int32_t *ids = NULL;
 	float *w = NULL;
 	uint16_t *x = NULL, *outb = NULL, *y = NULL;
-	fabep_off_t rsrc, rdst, flags, fctr, tbuf, tctr;
+	fabep_off_t rsrc, rdst, flags, fctr, tbuf, tctr, lens, lctr;
 	int ret, ok = 1, all_ok = 1, e, d, L;
 	char *seen = NULL;
 
@@ -255,11 +369,13 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	mcp = calloc((size_t)iters + 1, sizeof(*mcp));
 	ref = calloc((size_t)iters + 1, sizeof(*ref));
 	cref = calloc((size_t)iters + 1, sizeof(*cref));
+	lref = calloc((size_t)iters + 1, sizeof(*lref));
 	plen = calloc((size_t)size, sizeof(*plen));
+	rlen = calloc((size_t)size, sizeof(*rlen));
 	dbytes = calloc((size_t)size, sizeof(*dbytes));
 	seen = calloc((size_t)size, 1);
 	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	if (!xq || !xs || !cbytes || !cref || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
+	if (!xq || !xs || !cbytes || !cref || !lref || !rlen || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
 	    !wire || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
@@ -317,8 +433,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	    (ret = fabep_heap_alloc(comm, slot * (size_t)size, 64, &rdst)) ||
 	    (ret = fabep_heap_alloc(comm, 8 * (size_t)size, 64, &flags)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 64, &fctr)) ||
-	    (ret = fabep_heap_alloc(comm, 3 * (size_t)size * 8 * (size_t)iters, 64,
+	    (ret = fabep_heap_alloc(comm, 5 * (size_t)size * 8 * (size_t)iters, 64,
 				    &tbuf)) ||
+	    (ret = fabep_heap_alloc(comm, 16 * (size_t)size, 64, &lens)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 64, &lctr)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 64, &tctr))) {
 		if (!rank)
 			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
@@ -424,6 +542,17 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			if (do_c)  /* reduce: rows in, a row per token out; sum:
 				    * the partials in, n rows out */
 				lbytes += (rv.rows + dtok_all + recs_all + n) * crow;
+			/* the least any implementation moves here (reads +
+			 * writes): quantizing reads the rows and writes codes
+			 * and scales; copy mode reads and writes every received
+			 * row once; combine reads every expert output once and
+			 * writes every output row once */
+			if (do_d && cfg.token_type == FABEP_MOE_FP8)
+				fbytes += n * (2 * H + H + 4 * nsc);
+			if (do_d && !(cfg.flags & FABEP_MOE_ZERO_COPY))
+				fbytes += 2 * rv.rows * (elt * H + 4 * nsc);
+			if (do_c)
+				fbytes += (rv.rows + n) * crow;
 			ptl = rv.rows;
 			free(tk);
 		}
@@ -475,8 +604,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		}
 	}
 	/* the reference: the same bytes to each peer with fabep_put, with
-	 * warm caches, then with cold ones: every rank first writes a buffer
-	 * of twice the last-level cache (64 to 256 MiB), as the phases find
+	 * warm caches (the same source and destination every round: both
+	 * stay in the caches of whoever copies), live ones (the sender
+	 * rewrites its source and the receiver reads what arrived, as in the
+	 * phase's loop), then cold ones: every rank first writes a buffer of
+	 * twice the last-level cache (64 to 256 MiB), as the phases find
 	 * their inputs after the rest of a layer's traffic */
 	for (e = 1; e < size; e++) {
 		int peer = (rank + e) % size;
@@ -498,10 +630,29 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		goto out;
 	}
 	ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-		       iters, NULL, 0, ref);
+		       iters, NULL, ref);
 	if (!ret)
+		ret = swap_lens(comm, lens, lctr, plen, rlen);
+	if (!ret) {
+		struct ref_mode rm = { 0 };
+
+		rm.live = 1;
+		for (d = 0; d < size; d++)
+			rm.src_len = plen[d] > rm.src_len ? plen[d] : rm.src_len;
+		rm.rlen = rlen;
+		rm.dst_base = rdst;
+		rm.slot = slot;
 		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-			       citers, evict, evsz, cref);
+			       iters, &rm, lref);
+	}
+	if (!ret) {
+		struct ref_mode rm = { 0 };
+
+		rm.evict = evict;
+		rm.evsz = evsz;
+		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
+			       citers, &rm, cref);
+	}
 	/* phase and references alike: each iteration's slowest rank */
 	{
 		uint64_t part = (uint64_t)size * 8 * (uint64_t)iters;
@@ -512,10 +663,14 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			ret = slowest(comm, tbuf + part, tctr, 2, ref, iters);
 		if (!ret)
 			ret = slowest(comm, tbuf + 2 * part, tctr, 3, cref, citers);
+		if (!ret)
+			ret = slowest(comm, tbuf + 3 * part, tctr, 4, lref, iters);
 	}
 	if (ret)
 		goto fail_call;
-	/* memcpy of half the local bytes (a memcpy reads and writes each) */
+	/* memcpy of half the local bytes (a memcpy reads and writes each),
+	 * on as many threads as the communicator's pool, every rank at once:
+	 * the memory rate the local work could have */
 	mbuf = malloc(lbytes + 128);
 	if (!mbuf) {
 		ret = -ENOMEM;
@@ -523,11 +678,19 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	}
 	memset(mbuf, 1, lbytes + 128);
 	for (it = -warmup; it < iters; it++) {
+		ret = fabep_barrier(comm);
+		if (ret)
+			goto fail_call;
 		t0 = tool_now_ns();
-		memcpy(mbuf + lbytes / 2 + 64, mbuf, lbytes / 2);
+		mc_threads(mbuf + lbytes / 2 + 64, mbuf, lbytes / 2,
+			   fabep_comm_threads(comm));
 		if (it >= 0)
 			mcp[it] = tool_now_ns() - t0;
 	}
+	ret = slowest(comm, tbuf + 4 * (uint64_t)size * 8 * (uint64_t)iters, tctr,
+		      5, mcp, iters);
+	if (ret)
+		goto fail_call;
 	for (d = 0; d < size; d++)
 		if (d != rank) {
 			if (do_d)
@@ -543,10 +706,12 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		const char *chk = !o->check ? "off" : all_ok ? "ok" : "failed";
 		const char *mode = cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
 		double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
+		double lvmed, lgbps, fmed, ceil_live;
 
 		qsort(lat, (size_t)iters, sizeof(*lat), cmp_u64);
 		qsort(ref, (size_t)iters, sizeof(*ref), cmp_u64);
 		qsort(cref, (size_t)citers, sizeof(*cref), cmp_u64);
+		qsort(lref, (size_t)iters, sizeof(*lref), cmp_u64);
 		qsort(wire, (size_t)iters, sizeof(*wire), cmp_u64);
 		qsort(loc, (size_t)iters, sizeof(*loc), cmp_u64);
 		qsort(mcp, (size_t)iters, sizeof(*mcp), cmp_u64);
@@ -560,6 +725,12 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		rgbps = rmed > 0 ? (double)bytes / (rmed * 1e3) : 0;
 		cmed = (double)cref[citers / 2] / 1e3;
 		cgbps = cmed > 0 ? (double)bytes / (cmed * 1e3) : 0;
+		lvmed = (double)lref[iters / 2] / 1e3;
+		lgbps = lvmed > 0 ? (double)bytes / (lvmed * 1e3) : 0;
+		/* the floor: the least local traffic at the memcpy rate; no
+		 * implementation beats the larger of it and the live write */
+		fmed = lbytes ? mmed * (double)fbytes / (double)lbytes : 0;
+		ceil_live = lvmed > 0 ? lvmed / (fmed > lvmed ? fmed : lvmed) : 0;
 		if (o->machine)
 			fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
 				"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
@@ -567,14 +738,18 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"mode: %s ref_us: %.1f wire_us: %.1f wire_ratio: %.3f "
 				"local_us: %.1f local_bytes: %zu memcpy_us: %.1f "
 				"local_vs_memcpy: %.3f rows: %zu input: %s ref_cold_us: %.1f "
-				"ref_cold_GBps: %.3f ratio_cold: %.3f check: %s\n", o->op,
+				"ref_cold_GBps: %.3f ratio_cold: %.3f ref_live_us: %.1f "
+				"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
+				"floor_us: %.1f ceiling_live: %.3f check: %s\n", o->op,
 				fabep_comm_provider(comm), size, n, H, k,
 				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
 				wmed > 0 ? rmed / wmed : 0, lmed, lbytes, mmed,
 				lmed > 0 ? mmed / lmed : 0, ptl,
 				sbuf ? "send_buffer" : "caller", cmed, cgbps,
-				cgbps > 0 ? gbps / cgbps : 0, chk);
+				cgbps > 0 ? gbps / cgbps : 0, lvmed, lgbps,
+				lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
+				chk);
 		else {
 			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 				"rank 0's figures; bytes = what rank 0 put to other "
@@ -594,9 +769,16 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"bytes moved, memcpy of half of them %.1f us (%.3f of "
 				"memcpy's rate)\n", mode, wmed, wmed > 0 ? rmed / wmed : 0,
 				lmed, lbytes, mmed, lmed > 0 ? mmed / lmed : 0);
+			fprintf(out, "# live reference (source rewritten, received "
+				"bytes read before each put): %.1f us, %.3f GB/s, ratio "
+				"%.3f\n", lvmed, lgbps, lgbps > 0 ? gbps / lgbps : 0);
 			fprintf(out, "# cold-cache reference (caches flushed before each "
 				"put): %.1f us, %.3f GB/s, ratio %.3f\n", cmed, cgbps,
 				cgbps > 0 ? gbps / cgbps : 0);
+			fprintf(out, "# floor: the least local traffic of this phase "
+				"(%zu bytes) at the memcpy rate takes %.1f us; no "
+				"implementation exceeds ratio %.3f to the live "
+				"reference here\n", fbytes, fmed, ceil_live);
 		}
 		fflush(out);
 		if (o->check && !all_ok)
@@ -617,7 +799,9 @@ out:
 	free(lat);
 	free(ref);
 	free(cref);
+	free(lref);
 	free(plen);
+	free(rlen);
 	free(evict);
 	free(wire);
 	free(loc);
