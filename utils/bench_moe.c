@@ -5,18 +5,21 @@
  *
  * Every rank makes -t random tokens routed to -k distinct experts of -e;
  * the toy expert returns its input row (so a combine with weights w gives
- * sum(w) * x).  Timed on rank 0: dispatch (dispatch_send + recv), combine
- * (send + recv), or both (moe).  Bytes are what this rank puts to other
- * ranks in the timed phases (payload, scales, metadata, headers); the
- * reference puts the same number of bytes to each peer with fabep_put and
- * waits with fabep_flush.  Uses only the public API.
+ * sum(w) * x).  Timed on every rank, each iteration taking its slowest
+ * rank's time: dispatch (dispatch_send + recv), combine (send + recv), or
+ * both (moe).  Bytes are what rank 0 puts to other ranks in the timed
+ * phases (payload, scales, metadata, headers); the reference puts the same
+ * number of bytes to each peer with fabep_put and waits with fabep_flush,
+ * with warm, live and cold caches (ref_puts).  Uses only the public API.
  *
  * Beside the whole phase, from fabep_moe_timing() of the same calls: the
  * wire time (posting the puts and waiting for the peers' runs) and the
  * local work (pack + build, or reduce + final sum), the latter next to a
  * memcpy of the same bytes (half of what the local work reads and writes)
- * timed in the same process.  FABEP_BENCH_ZERO_COPY=1 creates the handle
- * with FABEP_MOE_ZERO_COPY.
+ * on the pool's thread count, every rank at once; and the floor, the
+ * least local traffic of the phase at that memcpy rate, with the best
+ * ratio to the live reference it leaves (ceiling_live).
+ * FABEP_BENCH_ZERO_COPY=1 creates the handle with FABEP_MOE_ZERO_COPY.
  */
 #include "config.h"
 
