@@ -26,6 +26,8 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -251,52 +253,100 @@ static int swap_lens(fabep_comm_t *comm, fabep_off_t lens, fabep_off_t ctr,
 	return ret;
 }
 
-/* The memcpy reference: each of nt threads copies its share of n bytes
- * from src to dst. */
-struct mc_part {
+/* The memcpy reference: a team of nt threads (this one and nt - 1
+ * started once), each copying its share of the bytes when told, so a
+ * round's time holds no thread start. */
+struct mc_team {
+	int nt, started;
 	char *dst;
 	const char *src;
-	size_t n;
+	size_t n, per;
+	pthread_t th[64];
+	int id[64];
+	_Atomic unsigned gen, done;
+	_Atomic int quit;
 };
+
+static struct mc_team g_mc;
+
+static void mc_share(struct mc_team *t, int i)
+{
+	size_t off = (size_t)i * t->per;
+
+	if (off < t->n)
+		memcpy(t->dst + off, t->src + off,
+		       t->per < t->n - off ? t->per : t->n - off);
+}
 
 static void *mc_thread(void *arg)
 {
-	struct mc_part *p = arg;
+	struct mc_team *t = &g_mc;
+	int i = *(const int *)arg;
+	unsigned seen = 0, g, spins = 0;
 
-	memcpy(p->dst, p->src, p->n);
-	return NULL;
+	for (;;) {
+		while ((g = atomic_load(&t->gen)) == seen) {
+			if (atomic_load(&t->quit))
+				return NULL;
+			if (++spins > 64)
+				sched_yield();  /* more threads than cores */
+		}
+		spins = 0;
+		seen = g;
+		mc_share(t, i);
+		atomic_fetch_add(&t->done, 1);
+	}
 }
 
-/* Copy n bytes on nt threads (this one and nt - 1 more), in 64-byte
- * aligned shares; a share no thread could be started for is copied here. */
-static void mc_threads(char *dst, const char *src, size_t n, int nt)
+/* Start nt - 1 helpers (as many as can be started). */
+static void mc_start(int nt)
 {
-	struct mc_part part[64];
-	pthread_t th[64];
-	size_t per, off = 0;
-	int i, started = 0;
+	struct mc_team *t = &g_mc;
+	int i;
 
-	if (nt < 1)
-		nt = 1;
-	if (nt > 64)
-		nt = 64;
-	per = (n / (size_t)nt + 63) / 64 * 64;
-	for (i = 0; i < nt; i++) {
-		part[i].dst = dst + off;
-		part[i].src = src + off;
-		part[i].n = off < n ? (per < n - off ? per : n - off) : 0;
-		off += part[i].n;
-	}
-	for (i = 1; i < nt; i++) {
-		if (pthread_create(&th[i], NULL, mc_thread, &part[i]))
+	t->nt = nt < 1 ? 1 : nt > 64 ? 64 : nt;
+	t->started = 1;
+	atomic_init(&t->gen, 0);
+	atomic_init(&t->done, 0);
+	atomic_init(&t->quit, 0);
+	for (i = 1; i < t->nt; i++) {
+		t->id[i] = i;
+		if (pthread_create(&t->th[i], NULL, mc_thread, &t->id[i]))
 			break;
-		started = i;
+		t->started = i + 1;
 	}
-	mc_thread(&part[0]);
-	for (i = 1; i <= started; i++)
-		pthread_join(th[i], NULL);
-	for (i = started + 1; i < nt; i++)
-		mc_thread(&part[i]);
+}
+
+/* One round: copy n bytes from src to dst on the team, in 64-byte
+ * aligned shares. */
+static void mc_round(char *dst, const char *src, size_t n)
+{
+	struct mc_team *t = &g_mc;
+	int i;
+
+	t->dst = dst;
+	t->src = src;
+	t->n = n;
+	t->per = (n / (size_t)t->nt + 63) / 64 * 64;
+	atomic_store(&t->done, 0);
+	atomic_fetch_add(&t->gen, 1);
+	mc_share(t, 0);
+	for (i = t->started; i < t->nt; i++)
+		mc_share(t, i);  /* the shares of helpers that did not start */
+	for (i = 0; atomic_load(&t->done) < (unsigned)(t->started - 1); i++)
+		if (i > 64)
+			sched_yield();
+}
+
+static void mc_stop(void)
+{
+	struct mc_team *t = &g_mc;
+	int i;
+
+	atomic_store(&t->quit, 1);
+	for (i = 1; i < t->started; i++)
+		pthread_join(t->th[i], NULL);
+	t->started = 0;
 }
 
 int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
@@ -680,16 +730,19 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		goto out;
 	}
 	memset(mbuf, 1, lbytes + 128);
+	mc_start(fabep_comm_threads(comm));
 	for (it = -warmup; it < iters; it++) {
 		ret = fabep_barrier(comm);
 		if (ret)
-			goto fail_call;
+			break;
 		t0 = tool_now_ns();
-		mc_threads(mbuf + lbytes / 2 + 64, mbuf, lbytes / 2,
-			   fabep_comm_threads(comm));
+		mc_round(mbuf + lbytes / 2 + 64, mbuf, lbytes / 2);
 		if (it >= 0)
 			mcp[it] = tool_now_ns() - t0;
 	}
+	mc_stop();
+	if (ret)
+		goto fail_call;
 	ret = slowest(comm, tbuf + 4 * (uint64_t)size * 8 * (uint64_t)iters, tctr,
 		      5, mcp, iters);
 	if (ret)
