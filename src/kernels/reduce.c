@@ -83,7 +83,45 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 				rows[nr] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
 				wt[nr++] = a->w ? a->w[t * (size_t)a->k + j] : 1.0f;
 			}
-			for (i = 0; i < a->cols; i += 8) {
+			/* 32 columns at a time in four independent sums */
+			for (i = 0; i + 32 <= a->cols; i += 32) {
+				__m256 s0, s1, s2, s3;
+				int r;
+
+				if (j0) {
+					s0 = fep256_load(out, a->out_dt, i, 8);
+					s1 = fep256_load(out, a->out_dt, i + 8, 8);
+					s2 = fep256_load(out, a->out_dt, i + 16, 8);
+					s3 = fep256_load(out, a->out_dt, i + 24, 8);
+				} else {
+					s0 = s1 = s2 = s3 = _mm256_setzero_ps();
+				}
+				for (r = 0; r < nr; r++) {
+					__m256 v0 = fep256_load(rows[r], a->y_dt, i, 8);
+					__m256 v1 = fep256_load(rows[r], a->y_dt, i + 8, 8);
+					__m256 v2 = fep256_load(rows[r], a->y_dt, i + 16, 8);
+					__m256 v3 = fep256_load(rows[r], a->y_dt, i + 24, 8);
+
+					if (a->w) {
+						__m256 wr = _mm256_set1_ps(wt[r]);
+
+						s0 = _mm256_fmadd_ps(wr, v0, s0);
+						s1 = _mm256_fmadd_ps(wr, v1, s1);
+						s2 = _mm256_fmadd_ps(wr, v2, s2);
+						s3 = _mm256_fmadd_ps(wr, v3, s3);
+					} else {
+						s0 = _mm256_add_ps(s0, v0);
+						s1 = _mm256_add_ps(s1, v1);
+						s2 = _mm256_add_ps(s2, v2);
+						s3 = _mm256_add_ps(s3, v3);
+					}
+				}
+				fep256_store(out, a->out_dt, i, s0, 8);
+				fep256_store(out, a->out_dt, i + 8, s1, 8);
+				fep256_store(out, a->out_dt, i + 16, s2, 8);
+				fep256_store(out, a->out_dt, i + 24, s3, 8);
+			}
+			for (; i < a->cols; i += 8) {
 				size_t n = a->cols - i;
 				__m256 acc = j0 ? fep256_load(out, a->out_dt, i, n)
 						: _mm256_setzero_ps();
@@ -148,7 +186,46 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 				rows[nr] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
 				wt[nr++] = a->w ? a->w[t * (size_t)a->k + j] : 1.0f;
 			}
-			for (i = 0; i < a->cols; i += 16) {
+			/* 64 columns at a time in four independent sums, so
+			 * the adds of one row do not wait on each other */
+			for (i = 0; i + 64 <= a->cols; i += 64) {
+				__m512 s0, s1, s2, s3;
+				int r;
+
+				if (j0) {
+					s0 = fep512_load(out, odt, i, 0xffff);
+					s1 = fep512_load(out, odt, i + 16, 0xffff);
+					s2 = fep512_load(out, odt, i + 32, 0xffff);
+					s3 = fep512_load(out, odt, i + 48, 0xffff);
+				} else {
+					s0 = s1 = s2 = s3 = _mm512_setzero_ps();
+				}
+				for (r = 0; r < nr; r++) {
+					__m512 v0 = fep512_load(rows[r], ydt, i, 0xffff);
+					__m512 v1 = fep512_load(rows[r], ydt, i + 16, 0xffff);
+					__m512 v2 = fep512_load(rows[r], ydt, i + 32, 0xffff);
+					__m512 v3 = fep512_load(rows[r], ydt, i + 48, 0xffff);
+
+					if (a->w) {
+						__m512 wr = _mm512_set1_ps(wt[r]);
+
+						s0 = _mm512_fmadd_ps(wr, v0, s0);
+						s1 = _mm512_fmadd_ps(wr, v1, s1);
+						s2 = _mm512_fmadd_ps(wr, v2, s2);
+						s3 = _mm512_fmadd_ps(wr, v3, s3);
+					} else {
+						s0 = _mm512_add_ps(s0, v0);
+						s1 = _mm512_add_ps(s1, v1);
+						s2 = _mm512_add_ps(s2, v2);
+						s3 = _mm512_add_ps(s3, v3);
+					}
+				}
+				fep512_store(out, odt, i, s0, 0xffff);
+				fep512_store(out, odt, i + 16, s1, 0xffff);
+				fep512_store(out, odt, i + 32, s2, 0xffff);
+				fep512_store(out, odt, i + 48, s3, 0xffff);
+			}
+			for (; i < a->cols; i += 16) {
 				__mmask16 m = fep512_mask(a->cols - i);
 				__m512 acc = j0 ? fep512_load(out, odt, i, m)
 						: _mm512_setzero_ps();
