@@ -584,28 +584,29 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 					tk[(size_t)rank * n + (size_t)rv.src_info[3 * r + 1]] = 1;
 					dtok_all++;
 				}
-			/* local bytes moved (read + written) by the timed parts */
-			if (do_d) {
+			/* bytes read + written locally: lbytes by the timed
+			 * parts as fabep does them, fbytes the least any
+			 * implementation moves (the floor) */
+			{
+				/* the caller's rows; copying every received row
+				 * into expert-major order; reading every expert
+				 * output once and writing every output row once */
 				size_t in_row = H * (cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
+				size_t xmajor = cfg.flags & FABEP_MOE_ZERO_COPY ? 0 :
+					2 * rv.rows * (elt * H + 4 * nsc);
+				size_t reduce = (rv.rows + n) * crow;
 
-				lbytes += recs_all * (rec + in_row);
-				if (!(cfg.flags & FABEP_MOE_ZERO_COPY))
-					lbytes += 2 * rv.rows * (elt * H + 4 * nsc);
+				if (do_d) {  /* pack: rows in, records out */
+					lbytes += recs_all * (rec + in_row) + xmajor;
+					fbytes += xmajor;
+					if (cfg.token_type == FABEP_MOE_FP8)
+						fbytes += n * (in_row + H + 4 * nsc);
+				}
+				if (do_c) {  /* plus the partials, out and in */
+					lbytes += reduce + (dtok_all + recs_all) * crow;
+					fbytes += reduce;
+				}
 			}
-			if (do_c)  /* reduce: rows in, a row per token out; sum:
-				    * the partials in, n rows out */
-				lbytes += (rv.rows + dtok_all + recs_all + n) * crow;
-			/* the least any implementation moves here (reads +
-			 * writes): quantizing reads the rows and writes codes
-			 * and scales; copy mode reads and writes every received
-			 * row once; combine reads every expert output once and
-			 * writes every output row once */
-			if (do_d && cfg.token_type == FABEP_MOE_FP8)
-				fbytes += n * (2 * H + H + 4 * nsc);
-			if (do_d && !(cfg.flags & FABEP_MOE_ZERO_COPY))
-				fbytes += 2 * rv.rows * (elt * H + 4 * nsc);
-			if (do_c)
-				fbytes += (rv.rows + n) * crow;
 			ptl = rv.rows;
 			free(tk);
 		}
