@@ -21,6 +21,7 @@
 
 #include "fabep.h"
 #include "harness.h"
+#include "ep/ep.h"
 
 enum { R_RANDOM, R_ONE, R_ZERO, R_NEG };
 enum { B_NONE, B_RANGE, B_TOO_MANY, B_NULL_X };
@@ -777,6 +778,101 @@ EP_TEST(tcp2_bad, "tcp", 2, .rounds = 3, .bad = B_RANGE, .bad_rank = 1)
 EP_TEST(sockets2_small, "sockets", 2, .rounds = 5, .hidden = 16)
 
 /* Unknown config flags: no heap size, and fabep_moe_timing's NULL checks. */
+/* fep_ep_ready_chunks with the header last (combine's runs): against a
+ * model of the receiver's slot, for random run sizes, chunk sizes and
+ * progress steps.  Every unit and the header land exactly once, nothing
+ * leaves before it is complete, chunks after the first leave as soon as
+ * they are complete, the header leaves in the last write, and the adds
+ * sum to the chunks the receiver counts. */
+START_TEST(ready_hlast)
+{
+	uint64_t seed = 0x5eed1a57ull;
+	int iter;
+
+	for (iter = 0; iter < 4000; iter++) {
+		size_t max = 1 + fep_test_rand(&seed) % 40;
+		size_t per = 1 + fep_test_rand(&seed) % 12;
+		size_t hdr = 1 + fep_test_rand(&seed) % 3, unit = 8;
+		size_t count = fep_test_rand(&seed) % (max + 1);
+		struct fep_ep_run r;
+		struct fep_put out[64];
+		unsigned char hits[64];
+		size_t posted = 0, adds = 0, writes = 0, i, n;
+		int hdr_seen = 0;
+
+		memset(&r, 0, sizeof(r));
+		r.peer = 1;
+		r.dst = 1000;
+		r.stage = 5000;
+		r.unit = unit;
+		r.hdr = hdr;
+		r.count = count;
+		r.per = per;
+		r.chunks = 1 + (max + per - 1) / per;
+		r.sig = r.hsig = 77;
+		r.hlen = 64;
+		r.join = 1;
+		r.hlast = 1;
+		memset(hits, 0, sizeof(hits));
+		while (posted < r.chunks) {
+			ck_assert_uint_le(r.done, count);
+			n = fep_ep_ready_chunks(out, &r, &posted);
+			for (i = 0; i < n; i++) {
+				size_t u0, u1, u;
+
+				ck_assert_msg(!hdr_seen, "a write after the header");
+				ck_assert_int_eq(out[i].peer, 1);
+				ck_assert_uint_eq(out[i].sig, 77);
+				ck_assert_uint_ge(out[i].add, 1);
+				ck_assert_uint_eq(out[i].dst - r.dst, out[i].src - r.stage);
+				ck_assert_uint_eq((out[i].dst - r.dst) % unit, 0);
+				ck_assert_uint_eq(out[i].len % unit, 0);
+				u0 = (out[i].dst - r.dst) / unit;
+				u1 = u0 + out[i].len / unit;
+				ck_assert_uint_le(u1, hdr + count);
+				/* complete before it leaves */
+				ck_assert_uint_le(u1, hdr + r.done);
+				if (u0 == 0) {
+					ck_assert_uint_eq(r.done, count);
+					hdr_seen = 1;
+				} else {
+					ck_assert_uint_ge(u0, hdr);
+				}
+				for (u = u0; u < u1; u++)
+					hits[u]++;
+				adds += out[i].add;
+				writes++;
+			}
+			/* every complete chunk but the first has left */
+			if (!hdr_seen) {
+				size_t j;
+
+				for (j = 1; j * per < count &&
+					    FEP_MIN((j + 1) * per, count) <= r.done; j++)
+					ck_assert_msg(hits[hdr + j * per] == 1,
+						      "count %zu per %zu done %zu: chunk at %zu "
+						      "complete but not posted", count, per,
+						      r.done, j * per);
+			}
+			if (r.done < count)
+				r.done += 1 + fep_test_rand(&seed) % (2 * per);
+			if (r.done > count)
+				r.done = count;
+			ck_assert_uint_le(writes, r.chunks);
+		}
+		ck_assert_msg(hdr_seen, "no header");
+		ck_assert_uint_eq(adds, r.chunks);
+		for (i = 0; i < hdr + count; i++)
+			ck_assert_msg(hits[i] == 1, "count %zu per %zu: unit %zu "
+				      "written %u times", count, per, i, hits[i]);
+		/* chunks beyond the units cost no empty writes */
+		ck_assert_uint_eq(writes, count > per ? (count + per - 1) / per : 1);
+		/* nothing more once done */
+		ck_assert_uint_eq(fep_ep_ready_chunks(out, &r, &posted), 0);
+	}
+}
+END_TEST
+
 START_TEST(bad_flags)
 {
 	fabep_moe_config_t c;
@@ -847,6 +943,10 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, tcp2_fp8);
 	tcase_add_test(tc, tcp2_bad);
 	tcase_add_test(tc, sockets2_small);
+	suite_add_tcase(s, tc);
+	/* the run schedule alone (no ranks) */
+	tc = tcase_create("chunks");
+	tcase_add_test(tc, ready_hlast);
 	suite_add_tcase(s, tc);
 	return s;
 }

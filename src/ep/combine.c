@@ -174,7 +174,9 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 
 	/* pass 0, pipelined: reduce the other ranks' tokens a block at a time
 	 * (on the workers, the caller driving the fabric), posting each chunk
-	 * of a run as soon as it is complete */
+	 * of a run as soon as it is complete; a run's header leaves last,
+	 * with its first chunk, so that a receiver whose wait times out names
+	 * the senders that did not finish (fep_ep_ready_chunks, hlast) */
 	c.skip0 = s->tbase[m->rank];
 	c.skip = s->rcount[m->rank];
 	np_all = status ? 0 : s->rtokens - c.skip;
@@ -210,6 +212,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 				.per = m->cchunk_rows, .chunks = m->cchunks,
 				.sig = fep_ep_cctr(m, b),
 				.hlen = FEP_EP_HDR, .hsig = fep_ep_cctr(m, b), .join = 1,
+				.hlast = 1,
 			};
 
 			np += fep_ep_ready_chunks(m->puts + np, &r, &m->posted[peer]);

@@ -264,6 +264,13 @@ struct fep_ep_run {
 	 * (then a timeout's header check names a sender whose data never
 	 * came) */
 	int join;
+	/* or: the header leaves last, in one write with the first chunk's
+	 * units (they are contiguous), once the run is complete, so that a
+	 * header seen means every chunk of the sender was posted; the later
+	 * chunks leave as they complete, and the header's write adds the
+	 * signals of the chunks that had no units.  Unchunked (2 chunks), the
+	 * run is one write adding 2.  Needs sig == hsig, no direct chunks. */
+	int hlast;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */
 	uint64_t input;        /* the input slot */

@@ -488,6 +488,44 @@ void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
 	memcpy(p, &h, sizeof(h));
 }
 
+/* fep_ep_ready_chunks for r->hlast: *posted counts the data chunks 2, 3,
+ * ... already posted, then jumps to r->chunks once the header has gone
+ * with chunk 1.  Chunks past the run's units send no empty writes: the
+ * header's write adds their signals to its own. */
+static size_t ready_hlast(struct fep_put *out, const struct fep_ep_run *r,
+			  size_t *posted)
+{
+	size_t full = (r->count + r->per - 1) / r->per;  /* chunks with units */
+	size_t n = 0;
+
+	while (*posted + 2 <= full) {
+		size_t r0 = (*posted + 1) * r->per;
+		size_t r1 = FEP_MIN(r0 + r->per, r->count);
+
+		if (r1 > r->done)
+			return n;
+		out[n].peer = r->peer;
+		out[n].sig = r->sig;
+		out[n].add = 1;
+		out[n].dst = r->dst + (r->hdr + r0) * r->unit;
+		out[n].src = r->stage + (r->hdr + r0) * r->unit;
+		out[n].len = (r1 - r0) * r->unit;
+		n++;
+		(*posted)++;
+	}
+	if (*posted < r->chunks && r->done >= r->count) {
+		out[n].peer = r->peer;
+		out[n].sig = r->hsig;
+		out[n].add = r->chunks - *posted;
+		out[n].dst = r->dst;
+		out[n].src = r->stage;
+		out[n].len = (r->hdr + FEP_MIN(r->per, r->count)) * r->unit;
+		n++;
+		*posted = r->chunks;
+	}
+	return n;
+}
+
 size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			   size_t *posted)
 {
@@ -495,6 +533,8 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 	int joined = r->join && r->chunks == 2;
 	size_t n = 0;
 
+	if (r->hlast)
+		return ready_hlast(out, r, posted);
 	if (joined && *posted == 0 && r->done < r->count)
 		return 0;
 
