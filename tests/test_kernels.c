@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <numa.h>
 
@@ -1004,6 +1005,8 @@ static void run_fn(void *ctx, int tid, int n)
 
 struct for_rec {
 	_Atomic uint8_t *seen;
+	size_t grain;            /* 0: not checked */
+	_Atomic int misaligned;  /* a range that starts off a grain */
 };
 
 static void for_fn(void *ctx, size_t r0, size_t r1)
@@ -1011,6 +1014,8 @@ static void for_fn(void *ctx, size_t r0, size_t r1)
 	struct for_rec *f = ctx;
 	size_t i;
 
+	if (f->grain && r0 % f->grain)
+		atomic_store(&f->misaligned, 1);
 	for (i = r0; i < r1; i++)
 		atomic_fetch_add(&f->seen[i], 1);
 }
@@ -1055,19 +1060,20 @@ START_TEST(test_pool_basic)
 			size_t grain;
 			for (grain = 1; grain < 40; grain += 13) {
 				_Atomic uint8_t seen[300];
-				struct for_rec f = { seen };
+				struct for_rec f = { seen, grain, 0 };
 
 				memset(seen, 0, sizeof(seen));
 				ck_assert_int_eq(fep_pool_for(p, n, grain, for_fn, &f), 0);
 				for (i = 0; i < 300; i++)
 					ck_assert_int_eq(seen[i], i < n);
+				ck_assert_int_eq(f.misaligned, 0);
 			}
 		}
 		/* workers only, the caller idling: every index exactly once;
 		 * idle only in the caller, never with one thread */
 		for (n = 0; n < 300; n += 1 + n / 3) {
 			_Atomic uint8_t seen[300];
-			struct for_rec f = { seen };
+			struct for_rec f = { seen, 1 + n % 7, 0 };
 			struct idle_rec ir;
 
 			memset(seen, 0, sizeof(seen));
@@ -1077,6 +1083,7 @@ START_TEST(test_pool_basic)
 							   idle_fn, &ir), 0);
 			for (i = 0; i < 300; i++)
 				ck_assert_int_eq(seen[i], i < n);
+			ck_assert_int_eq(f.misaligned, 0);
 			ck_assert_int_eq(ir.wrong_thread, 0);
 			if (counts[c] == 1 || n == 0)
 				ck_assert_int_eq(ir.calls, 0);
@@ -1088,6 +1095,44 @@ START_TEST(test_pool_basic)
 	}
 	fep_pool_destroy(NULL);
 	ck_assert_int_eq(fep_pool_threads(NULL), 1);
+}
+END_TEST
+
+/* Waking the workers without work, asleep or spinning, then runs: every
+ * index still exactly once, every tid once per run. */
+START_TEST(test_pool_wake)
+{
+	fep_pool_t *p = NULL;
+	struct run_rec rr;
+	int it, t;
+
+	fep_pool_wake(NULL);
+	ck_assert_int_eq(fep_pool_create(1, -1, 1, &p), 0);
+	fep_pool_wake(p);
+	fep_pool_destroy(p);
+	ck_assert_int_eq(fep_pool_create(4, -1, 1, &p), 0);
+	memset(&rr, 0, sizeof(rr));
+	for (it = 0; it < 40; it++) {
+		_Atomic uint8_t seen[1000];
+		struct for_rec f = { seen, 3, 0 };
+		size_t i, n = 1 + (size_t)it * 23;
+		struct timespec ts = { 0, (it % 4) * 3000000L };
+
+		nanosleep(&ts, NULL);  /* 0-9 ms: workers spinning or asleep */
+		fep_pool_wake(p);
+		if (it % 2)
+			fep_pool_wake(p);
+		memset(seen, 0, sizeof(seen));
+		ck_assert_int_eq(fep_pool_for(p, n, 3, for_fn, &f), 0);
+		for (i = 0; i < 1000; i++)
+			ck_assert_int_eq(seen[i], i < n);
+		ck_assert_int_eq(f.misaligned, 0);
+		ck_assert_int_eq(fep_pool_run(p, run_fn, &rr), 0);
+	}
+	for (t = 0; t < 4; t++)
+		ck_assert_int_eq(rr.hits[t], 40);
+	fep_pool_wake(p);
+	fep_pool_destroy(p);  /* right after a wake */
 }
 END_TEST
 
@@ -1380,6 +1425,7 @@ static Suite *kernels_suite(int forked)
 
 	tc = tcase_create("pool");
 	tcase_add_test(tc, test_pool_basic);
+	tcase_add_test(tc, test_pool_wake);
 	tcase_add_test(tc, test_pool_config);
 	tcase_add_test(tc, test_mt_wrappers);
 	tcase_add_test(tc, test_gather_blocks);

@@ -135,6 +135,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("fabep_moe_combine_send: no received dispatch to combine");
 		return -EINVAL;
 	}
+	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	t0 = fep_now_ns();
 	ret = fep_fabric_quiet(fab);
 	if (ret)
@@ -268,6 +269,8 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (!s)
 		return -FABEP_ERR_PROTOCOL;
 	m->pending_crecv = 0;
+	if (s->n)
+		fep_pool_wake(m->comm->pool);  /* for the sum after the wait */
 	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
 			  (uint64_t)(m->size - 1) * m->cchunks * s->cuses, fep_ep_cslot(m, b, 0),

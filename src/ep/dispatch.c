@@ -373,6 +373,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			"not yet combined (combine the oldest first)", m->sets);
 		return -FABEP_ERR_BUSY;
 	}
+	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	/* the send runs of the previous call must have left (wire time) */
 	t0 = fep_now_ns();
 	ret = fep_fabric_quiet(fab);
@@ -814,6 +815,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
 	s = &m->set[b];
 	m->pending_recv = 0;
+	fep_pool_wake(m->comm->pool);  /* for the layout after the wait */
 	/* the headers, then this rank's own rows, then the records */
 	t0 = fep_now_ns();
 	hret = ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_hctr(m, b),

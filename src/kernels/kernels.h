@@ -305,27 +305,36 @@ int fep_pool_node(const fep_pool_t *pool);    /* NULL: -1 */
  * Returns -EINVAL on a malformed FABEP_NUMA_NODE. */
 int fep_pool_default_node(int nic_node);
 
+/* Wake the sleeping workers without work: they spin for a while, ready
+ * for a run that comes soon (a phase calls this on entry, so that waking
+ * them overlaps its setup).  NULL is ignored. */
+void fep_pool_wake(fep_pool_t *pool);
+
 /* Run fn(ctx, tid, nthreads) on every worker (tid 0 = caller) and wait
  * for all.  One run at a time per pool (a communicator is used by one
  * thread at a time).  pool NULL: fn(ctx, 0, 1). */
 typedef void (*fep_pool_fn)(void *ctx, int tid, int nthreads);
 int fep_pool_run(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
 
-/* Split [0, n) into one contiguous range per worker, each a multiple of
- * `grain` (except the last; grain 0 = 1), and call fn(ctx, r0, r1) for
- * the non-empty ones.  Worker tid always gets the same range for the same
- * (n, grain, threads), so first touch by fep_pool_for places pages where
- * later fep_pool_for calls read them. */
+/* Call fn(ctx, r0, r1) over [0, n) on the workers, in contiguous ranges
+ * that start at multiples of `grain` (grain 0 = 1) and cover every index
+ * once.  The workers claim the ranges as they come (several each, about
+ * a quarter of an even share at a time), so which worker runs which rows
+ * is not fixed: a worker that starts late does less, and the call
+ * returns once every range is done, without waiting for workers that
+ * took none.  Every worker runs on the pool's node, so first touch by
+ * fep_pool_for still places pages on the node that reads them. */
 typedef void (*fep_pool_range_fn)(void *ctx, size_t r0, size_t r1);
 int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
 		 fep_pool_range_fn fn, void *ctx);
 /* fep_pool_for over the workers only, while the caller calls idle(ictx)
- * in a loop until they finish (it drives the fabric meanwhile).  With one
+ * in a loop until every range is done (it drives the fabric meanwhile).  With one
  * thread the caller runs fn over [0, n) itself and idle is not called. */
 int fep_pool_for_idle(fep_pool_t *pool, size_t n, size_t grain,
 		      fep_pool_range_fn fn, void *ctx,
 		      void (*idle)(void *), void *ictx);
-/* The range worker tid gets from fep_pool_for. */
+/* An even split of [0, n) in multiples of grain: the range of worker tid
+ * of nthreads (for fep_pool_run callers that split by themselves). */
 void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
 		    size_t *r0, size_t *r1);
 
@@ -333,10 +342,9 @@ void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
  * Not touched: the first writer places the pages. */
 void *fep_numa_alloc(size_t size, int node);
 void fep_numa_free(void *p, size_t size);
-/* Allocate on the pool's node and zero it with the pool's threads, split
- * in `nrows` rows of `row_bytes` as fep_pool_for splits them (first touch
- * by the thread that will use them).  Free with fep_numa_free(p, nrows *
- * row_bytes). */
+/* Allocate on the pool's node and zero it with the pool's threads, in
+ * `nrows` rows of `row_bytes` (fep_pool_for: first touch on the pool's
+ * node).  Free with fep_numa_free(p, nrows * row_bytes). */
 void *fep_pool_alloc(fep_pool_t *pool, size_t nrows, size_t row_bytes);
 
 /* ------------------------------------------------------------------ */

@@ -3,6 +3,21 @@
  * of one NUMA node (libnuma), work split by rows, the caller taking part
  * as worker 0.  Idle workers spin briefly, then sleep on a futex, so more
  * ranks than cores still make progress.
+ *
+ * Two kinds of run.  fep_pool_run calls fn once on every worker and waits
+ * for all of them.  fep_pool_for (and _idle) hands out claims: ranges of
+ * rows that whoever is running takes from a shared cursor, and it waits
+ * only for the claims, not for the workers.  A worker that wakes late (on
+ * a busy or virtual machine, up to hundreds of microseconds after the
+ * caller) then finds the rows taken and holds nobody up.
+ *
+ * A run is published like a seqlock: gen goes odd, the run's fields are
+ * written, gen goes even; a worker that reads the fields between two
+ * reads of the same even gen has a consistent run.  Claims carry that gen
+ * in the cursor's high half, so a worker still holding an old run's
+ * fields cannot claim rows of a later run: its compare-and-swap fails.
+ * It may call fn only after a successful claim, and the caller waits for
+ * every claim to finish, so fn and ctx are alive whenever it does.
  */
 #include "config.h"
 
@@ -24,6 +39,8 @@
 
 #define POOL_SPINS 4000
 
+enum { POOL_RUN = 0, POOL_FOR = 1 };
+
 struct fep_pool_worker {
 	struct fep_pool *pool;
 	int tid;
@@ -38,18 +55,49 @@ struct fep_pool {
 	struct fep_pool_worker *workers;
 	int started;              /* workers started (1..nthreads-1) */
 
-	_Atomic uint32_t gen;     /* futex: bumped once per run */
+	_Atomic uint32_t gen;     /* futex: odd while a run is written, even
+				     once published; +2 per run */
 	_Atomic uint32_t pending; /* futex: workers still running this run */
 	_Atomic int sleepers;     /* workers sleeping (or about to) on gen */
 	_Atomic int caller_sleeps;
 	_Atomic int stop;
-	fep_pool_fn fn;
-	void *ctx;
+	/* the run (written while gen is odd) */
+	_Atomic int mode;         /* POOL_RUN or POOL_FOR */
+	_Atomic(fep_pool_fn) fn;  /* POOL_RUN */
+	_Atomic(void *) ctx;
+	_Atomic(fep_pool_range_fn) rfn;  /* POOL_FOR */
+	_Atomic size_t n, step, claims;
+	_Atomic uint64_t cursor;  /* POOL_FOR: gen << 32 | next claim */
+	_Atomic size_t claimed_done; /* POOL_FOR: claims finished */
 };
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
 {
 	return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
+}
+
+/* Take claims of POOL_FOR run g until none is left: fn, ctx and the sizes
+ * are the run's own (read under the seqlock), and a claim succeeds only
+ * while the cursor still carries g. */
+static void pool_claims(struct fep_pool *p, uint32_t g, fep_pool_range_fn fn,
+			void *ctx, size_t n, size_t step, size_t claims)
+{
+	uint64_t cur = atomic_load_explicit(&p->cursor, memory_order_relaxed);
+
+	for (;;) {
+		size_t c = (size_t)(cur & 0xffffffffu), r0;
+
+		if ((uint32_t)(cur >> 32) != g || c >= claims)
+			return;
+		if (!atomic_compare_exchange_weak_explicit(&p->cursor, &cur, cur + 1,
+							   memory_order_acquire,
+							   memory_order_relaxed))
+			continue;
+		r0 = c * step;
+		fn(ctx, r0, FEP_MIN(r0 + step, n));
+		atomic_fetch_add_explicit(&p->claimed_done, 1, memory_order_release);
+		cur = atomic_load_explicit(&p->cursor, memory_order_relaxed);
+	}
 }
 
 static void *worker_main(void *arg)
@@ -62,23 +110,51 @@ static void *worker_main(void *arg)
 	if (p->have_cpus)
 		pthread_setaffinity_np(pthread_self(), sizeof(p->cpus), &p->cpus);
 	for (;;) {
-		uint32_t g;
+		uint32_t g = seen;
+		int mode;
+		fep_pool_fn fn;
+		fep_pool_range_fn rfn;
+		void *ctx;
+		size_t n, step, claims;
 
-		for (i = 0; i < POOL_SPINS; i++) {
-			g = atomic_load_explicit(&p->gen, memory_order_acquire);
-			if (g != seen)
+		/* spin, then sleep; woken without a run (fep_pool_wake), the
+		 * same again.  An odd gen is a run being written: spin on. */
+		for (;;) {
+			for (i = 0; i < POOL_SPINS; i++) {
+				g = atomic_load_explicit(&p->gen, memory_order_acquire);
+				if (g != seen && !(g & 1))
+					break;
+				__builtin_ia32_pause();
+			}
+			if (g != seen && !(g & 1))
 				break;
-			__builtin_ia32_pause();
-		}
-		while ((g = atomic_load(&p->gen)) == seen) {
+			if (g != seen) {
+				sched_yield();
+				continue;
+			}
 			atomic_fetch_add(&p->sleepers, 1);
 			futex(&p->gen, FUTEX_WAIT_PRIVATE, seen);
 			atomic_fetch_sub(&p->sleepers, 1);
 		}
-		seen = g;
 		if (atomic_load(&p->stop))
 			break;
-		p->fn(p->ctx, w->tid, p->nthreads);
+		/* the run of g, consistent only if gen is still g after */
+		mode = atomic_load_explicit(&p->mode, memory_order_relaxed);
+		fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+		rfn = atomic_load_explicit(&p->rfn, memory_order_relaxed);
+		ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+		n = atomic_load_explicit(&p->n, memory_order_relaxed);
+		step = atomic_load_explicit(&p->step, memory_order_relaxed);
+		claims = atomic_load_explicit(&p->claims, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (atomic_load_explicit(&p->gen, memory_order_relaxed) != g)
+			continue;  /* a later run began meanwhile: take that */
+		seen = g;
+		if (mode == POOL_FOR) {
+			pool_claims(p, g, rfn, ctx, n, step, claims);
+			continue;
+		}
+		fn(ctx, w->tid, p->nthreads);
 		if (atomic_fetch_sub(&p->pending, 1) == 1 &&
 		    atomic_load(&p->caller_sleeps))
 			futex(&p->pending, FUTEX_WAKE_PRIVATE, 1);
@@ -89,7 +165,7 @@ static void *worker_main(void *arg)
 static void pool_release(struct fep_pool *p)
 {
 	atomic_store(&p->stop, 1);
-	atomic_fetch_add(&p->gen, 1);
+	atomic_fetch_add(&p->gen, 2);
 	futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
 }
 
@@ -276,15 +352,45 @@ int fep_pool_node(const fep_pool_t *p)
 	return p ? p->node : -1;
 }
 
-/* Hand fn to the workers and wake the sleeping ones. */
-static void pool_start(struct fep_pool *p, fep_pool_fn fn, void *ctx)
+void fep_pool_wake(fep_pool_t *p)
 {
-	p->fn = fn;
-	p->ctx = ctx;
-	atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
-	atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn, ctx */
+	if (p && p->nthreads > 1 && atomic_load(&p->sleepers) > 0)
+		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+}
+
+/* Publish a run (the seqlock: gen odd, the fields, gen even) and wake the
+ * sleeping workers.  Returns the run's gen. */
+static uint32_t pool_publish(struct fep_pool *p, int mode, fep_pool_fn fn,
+			     fep_pool_range_fn rfn, void *ctx, size_t n,
+			     size_t step, size_t claims)
+{
+	uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed);
+
+	atomic_store_explicit(&p->gen, g + 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&p->mode, mode, memory_order_relaxed);
+	atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+	atomic_store_explicit(&p->rfn, rfn, memory_order_relaxed);
+	atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+	atomic_store_explicit(&p->n, n, memory_order_relaxed);
+	atomic_store_explicit(&p->step, step, memory_order_relaxed);
+	atomic_store_explicit(&p->claims, claims, memory_order_relaxed);
+	if (mode == POOL_FOR) {
+		atomic_store_explicit(&p->claimed_done, 0, memory_order_relaxed);
+		atomic_store_explicit(&p->cursor, (uint64_t)(g + 2) << 32,
+				      memory_order_relaxed);
+	} else {
+		atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
+	}
+	atomic_store(&p->gen, g + 2);  /* seq_cst: publishes the fields */
 	if (atomic_load(&p->sleepers) > 0)
 		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
+	return g + 2;
+}
+
+static void pool_start(struct fep_pool *p, fep_pool_fn fn, void *ctx)
+{
+	pool_publish(p, POOL_RUN, fn, NULL, ctx, 0, 0, 0);
 }
 
 int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
@@ -314,21 +420,6 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 	return 0;
 }
 
-/* Like fep_pool_run, but the caller takes no share: it calls idle(ictx)
- * until the workers are done (no futex sleep: idle is the caller's work,
- * e.g. driving the fabric's progress). */
-static int pool_run_idle(struct fep_pool *p, fep_pool_fn fn, void *ctx,
-			 void (*idle)(void *), void *ictx)
-{
-	pool_start(p, fn, ctx);
-	fn(ctx, 0, p->nthreads);      /* tid 0's share is empty by contract */
-	while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
-		idle(ictx);
-		__builtin_ia32_pause();
-	}
-	return 0;
-}
-
 void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
 		    size_t *r0, size_t *r1)
 {
@@ -347,69 +438,72 @@ void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
 	*r1 = FEP_MIN(c1 * grain, n);
 }
 
-struct pool_for_ctx {
-	size_t n, grain;
-	fep_pool_range_fn fn;
-	void *ctx;
-};
-
-static void pool_for_body(void *arg, int tid, int nthreads)
+/* fep_pool_for's ranges are claimed, not assigned: whoever runs takes the
+ * next `step` rows (a multiple of grain, about a quarter of an even share)
+ * from the pool's cursor until none are left, and the caller waits for
+ * the claims, not for the workers (see the top of this file).  With idle,
+ * the caller takes no claim and calls idle(ictx) while it waits. */
+static int pool_for(struct fep_pool *p, size_t n, size_t grain, int workers,
+		    fep_pool_range_fn fn, void *ctx, void (*idle)(void *),
+		    void *ictx)
 {
-	struct pool_for_ctx *c = arg;
-	size_t r0, r1;
+	size_t chunks, per, step, claims;
+	uint32_t g;
+	int i;
 
-	fep_pool_split(c->n, c->grain, tid, nthreads, &r0, &r1);
-	if (r1 > r0)
-		c->fn(c->ctx, r0, r1);
+	chunks = (n + grain - 1) / grain;
+	per = chunks / (4 * (size_t)workers);
+	step = (per ? per : 1) * grain;
+	claims = (n + step - 1) / step;
+	g = pool_publish(p, POOL_FOR, NULL, fn, ctx, n, step, claims);
+	if (!idle)
+		pool_claims(p, g, fn, ctx, n, step, claims);
+	for (i = 0; atomic_load_explicit(&p->claimed_done,
+					 memory_order_acquire) < claims; i++) {
+		if (idle)
+			idle(ictx);
+		else if (i >= POOL_SPINS)
+			sched_yield();  /* a claim's worker may be preempted */
+		__builtin_ia32_pause();
+	}
+	return 0;
 }
 
 int fep_pool_for(fep_pool_t *p, size_t n, size_t grain,
 		 fep_pool_range_fn fn, void *ctx)
 {
-	struct pool_for_ctx c = { n, grain ? grain : 1, fn, ctx };
-
 	if (!fn) {
 		fep_err("pool: NULL function");
 		return -EINVAL;
 	}
+	if (grain == 0)
+		grain = 1;
 	if (n == 0)
 		return 0;
 	/* Not worth waking threads for less than one grain each. */
-	if (!p || p->nthreads == 1 || n <= c.grain) {
+	if (!p || p->nthreads == 1 || n <= grain) {
 		fn(ctx, 0, n);
 		return 0;
 	}
-	return fep_pool_run(p, pool_for_body, &c);
-}
-
-static void pool_for_workers_body(void *arg, int tid, int nthreads)
-{
-	struct pool_for_ctx *c = arg;
-	size_t r0, r1;
-
-	if (tid == 0)
-		return;  /* the caller drives idle() */
-	fep_pool_split(c->n, c->grain, tid - 1, nthreads - 1, &r0, &r1);
-	if (r1 > r0)
-		c->fn(c->ctx, r0, r1);
+	return pool_for(p, n, grain, p->nthreads, fn, ctx, NULL, NULL);
 }
 
 int fep_pool_for_idle(fep_pool_t *p, size_t n, size_t grain,
 		      fep_pool_range_fn fn, void *ctx,
 		      void (*idle)(void *), void *ictx)
 {
-	struct pool_for_ctx c = { n, grain ? grain : 1, fn, ctx };
-
 	if (!fn || !idle) {
 		fep_err("pool: NULL function");
 		return -EINVAL;
 	}
+	if (grain == 0)
+		grain = 1;
 	if (!p || p->nthreads == 1 || n == 0) {
 		if (n)
 			fn(ctx, 0, n);  /* no idle: the caller was busy all along */
 		return 0;
 	}
-	return pool_run_idle(p, pool_for_workers_body, &c, idle, ictx);
+	return pool_for(p, n, grain, p->nthreads - 1, fn, ctx, idle, ictx);
 }
 
 void *fep_numa_alloc(size_t size, int node)
