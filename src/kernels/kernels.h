@@ -328,8 +328,9 @@ typedef void (*fep_pool_range_fn)(void *ctx, size_t r0, size_t r1);
 int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
 		 fep_pool_range_fn fn, void *ctx);
 /* fep_pool_for over the workers only, while the caller calls idle(ictx)
- * in a loop until every range is done (it drives the fabric meanwhile).  With one
- * thread the caller runs fn over [0, n) itself and idle is not called. */
+ * in a loop until every range is done (it drives the fabric meanwhile).
+ * With one thread the caller runs fn over [0, n) itself and idle is not
+ * called. */
 int fep_pool_for_idle(fep_pool_t *pool, size_t n, size_t grain,
 		      fep_pool_range_fn fn, void *ctx,
 		      void (*idle)(void *), void *ictx);
