@@ -441,7 +441,7 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	return 0;
 }
 
-int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes)
+int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, int drive)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	size_t i;
@@ -455,7 +455,7 @@ int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes)
 			return ret;
 	}
 	/* move what peers posted (shm copies at the target) */
-	return fep_fabric_progress(fab);
+	return drive ? fep_fabric_progress(fab) : 0;
 }
 
 void fep_ep_idle(void *arg)
