@@ -1,6 +1,7 @@
 /*
  * fuzz_comm_hello.c - what every rank sends at communicator creation
- * (struct fep_hello: host, provider, domain, signal, heap size), as
+ * (struct fep_hello: host, provider, domain, signal, heap size, pid and
+ * PID namespace), as
  * fep_comm_check_hellos (src/core/comm.c) compares and reports it.  The
  * bytes come from the bootstrap, so from a peer: nothing in them (strings
  * included) may be trusted.
@@ -33,7 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	comm.rank = fuzz_u8(&in) % comm.size;
 	/* exactly size hellos, so ASan sees any read past them */
 	h = malloc((size_t)comm.size * sizeof(*h));
-	if (!h)
+	comm.peer_pid = calloc((size_t)comm.size, sizeof(*comm.peer_pid));
+	if (!h || !comm.peer_pid)
 		abort();
 	memset(h, 0, (size_t)comm.size * sizeof(*h));
 	p = fuzz_bytes(&in, (size_t)comm.size * sizeof(*h), &got);
@@ -45,6 +47,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		FUZZ_CHECK(comm.local_rank >= 0 &&
 			   comm.local_rank < comm.local_size);
 	}
+	/* a pid to watch only for another rank of this host and PID
+	 * namespace (never for this rank, never from a zero namespace) */
+	FUZZ_CHECK(comm.peer_pid[comm.rank] == 0);
+	for (int r = 0; r < comm.size; r++)
+		FUZZ_CHECK(comm.peer_pid[r] == 0 ||
+			   (comm.peer_pid[r] > 0 && h[r].pidns &&
+			    h[r].pidns == h[comm.rank].pidns &&
+			    !strcmp(h[r].host, h[comm.rank].host)));
+	free(comm.peer_pid);
 	free(h);
 	return 0;
 }

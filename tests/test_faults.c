@@ -6,7 +6,9 @@
  * 2 is killed with SIGKILL before, during and after a dispatch, a combine
  * and an allreduce, or stopped with SIGSTOP during one.  Every survivor
  * must return -ETIMEDOUT, -FABEP_ERR_PEER_LOST or -FABEP_ERR_PEER within
- * the timeout (plus slack) of entering the failing call, log a message
+ * the timeout (plus slack) of entering the failing call (for a killed
+ * rank, which runs on this host, -FABEP_ERR_PEER_LOST: the waits' check
+ * that the ranks of this host still run), log a message
  * naming rank 2 (its stderr is captured into a file and searched), free
  * its handles and destroy its communicator within a bound.  A stopped rank
  * is resumed (SIGCONT) once the survivors are done and must itself fail
@@ -518,6 +520,15 @@ static void run_fault(const char *prov, int op, int fault)
 			      x->err == -FABEP_ERR_PEER,
 			      "%s %s %s: survivor %d got %d (%s)", prov, op_names[op],
 			      fault_names[fault], r, x->err, fabep_strerror(x->err));
+		/* every rank runs on this host: a killed one is seen gone
+		 * (the liveness check), not by the timeout; a stopped one
+		 * still runs */
+		if (fault != F_STOP)
+			ck_assert_msg(x->err == -FABEP_ERR_PEER_LOST,
+				      "%s %s %s: survivor %d got %d (%s), not the "
+				      "lost peer", prov, op_names[op],
+				      fault_names[fault], r, x->err,
+				      fabep_strerror(x->err));
 		ck_assert_msg(x->call_ms <= TIMEOUT_MS + SLACK_MS,
 			      "%s %s %s: survivor %d returned after %lld ms", prov,
 			      op_names[op], fault_names[fault], r, (long long)x->call_ms);

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 #include <sched.h>
 #include <numa.h>
 
@@ -27,6 +30,9 @@ struct fep_hello {
 	int32_t signal;
 	int32_t status;
 	uint64_t heap_size;
+	int32_t pid;      /* for the liveness check of ranks on this host */
+	int32_t pad;
+	uint64_t pidns;   /* inode of /proc/self/ns/pid, 0 unknown */
 };
 
 /* A small exchange slot: one per source rank in each peer's heap. */
@@ -93,6 +99,66 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 			a->numa_node = (int)v;
 	}
 	return 0;
+}
+
+/* The inode of this process's PID namespace, 0 when unknown. */
+static uint64_t fep_pidns(void)
+{
+	struct stat st;
+
+	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Whether process pid (of this host and PID namespace) still runs: gone
+ * (ESRCH) or a zombie ('Z', 'X' in /proc/<pid>/stat) is dead; anything
+ * we cannot tell counts as running. */
+static int fep_pid_runs(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	size_t n;
+	FILE *f;
+
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return errno == ENOENT ? 0 : 1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');  /* the name may hold spaces and parentheses */
+	if (!p || p[1] != ' ')
+		return 1;
+	return p[2] != 'Z' && p[2] != 'X' && p[2] != 'x';
+}
+
+/* The fabric's liveness check: the ranks on this host (same boot, same
+ * PID namespace) must still run.  A rank that died makes every wait
+ * fail at once with -FABEP_ERR_PEER_LOST instead of after the timeout;
+ * ranks on other hosts are seen only by the timeout. */
+static int fep_comm_alive(void *arg)
+{
+	fabep_comm_t *comm = arg;
+	int r, lost = 0;
+
+	/* every rank gone, each named once (later waits fail silently) */
+	for (r = 0; r < comm->size; r++) {
+		pid_t pid = comm->peer_pid[r];
+
+		if (!pid || fep_pid_runs(pid > 0 ? pid : -pid))
+			continue;
+		if (pid > 0) {
+			fep_err("rank %d (process %d on this host) has exited",
+				r, (int)pid);
+			comm->peer_pid[r] = -pid;
+		}
+		lost++;
+	}
+	if (!lost)
+		return 0;
+	comm->failed = true;
+	return -FABEP_ERR_PEER_LOST;
 }
 
 static void fep_host_id(char *buf, size_t len)
@@ -362,6 +428,9 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 	comm->local_rank = 0;
 	comm->local_size = 0;
 	for (r = 0; r < comm->size; r++) {
+		if (comm->peer_pid && r != comm->rank && !strcmp(h[r].host, me->host) &&
+		    me->pidns && h[r].pidns == me->pidns && h[r].pid > 0)
+			comm->peer_pid[r] = (pid_t)h[r].pid;
 		if (strcmp(h[r].host, me->host))
 			comm->all_local = false;
 		else {
@@ -421,6 +490,11 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	comm->rank = comm->boot->rank;
 	comm->size = comm->boot->size;
 	fep_log_set_rank(comm->rank);
+	comm->peer_pid = calloc((size_t)comm->size, sizeof(*comm->peer_pid));
+	if (!comm->peer_pid) {
+		ret = -ENOMEM;
+		goto err_boot;
+	}
 
 	/* 1. who is where, and what each rank was configured with */
 	memset(&hello, 0, sizeof(hello));
@@ -429,6 +503,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	snprintf(hello.domain, sizeof(hello.domain), "%s", a.domain ? a.domain : "");
 	hello.signal = a.signal;
 	hello.heap_size = a.heap_size;
+	hello.pid = (int32_t)getpid();
+	hello.pidns = fep_pidns();
 	hellos = calloc((size_t)comm->size, sizeof(*hellos));
 	blobs = calloc((size_t)comm->size, sizeof(*blobs));
 	if (!hellos || !blobs) {
@@ -454,6 +530,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	fp.heap_size = a.heap_size;
 	fp.numa_node = a.numa_node;
 	status = fep_fabric_open(&fp, &comm->fab);
+	if (!status)
+		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
 	memset(&blob, 0, sizeof(blob));
 	if (!status)
 		status = fep_fabric_blob(comm->fab, &blob);
@@ -517,6 +595,7 @@ err_boot:
 err_free:
 	free(hellos);
 	free(blobs);
+	free(comm->peer_pid);
 	free(comm);
 	return ret;
 }
@@ -542,6 +621,7 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 		fep_pool_destroy(comm->pool);
 	fep_fabric_close(comm->fab);
 	fep_boot_destroy(comm->boot);
+	free(comm->peer_pid);
 	free(comm);
 	return ret;
 }

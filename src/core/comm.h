@@ -6,6 +6,7 @@
 #define FEP_CORE_COMM_H
 
 #include <stdbool.h>
+#include <sys/types.h>
 #include "fabep.h"
 #include "util/util.h"
 #include "bootstrap/bootstrap.h"
@@ -25,6 +26,9 @@ struct fabep_comm {
 	fep_fabric_t *fab;
 	struct fep_pool *pool;
 	bool failed;          /* a collective wait failed: peers may be gone */
+	pid_t *peer_pid;      /* [size]: pid of a rank on this host and PID
+				 namespace (the liveness check; negated once
+				 it was reported gone), else 0 */
 
 	/* barrier: a counter, one sequence slot per source (read only to
 	 * name missing peers on timeout), and a source word */

@@ -786,18 +786,38 @@ int fep_fabric_progress(fep_fabric_t *fab)
 	return fab->tx_error;
 }
 
+void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx)
+{
+	fab->alive = alive;
+	fab->alive_ctx = ctx;
+	fab->alive_next = 0;
+}
+
+int fep_fabric_check_alive(fep_fabric_t *fab, uint64_t now, uint64_t since)
+{
+	const uint64_t every = (uint64_t)FEP_ALIVE_EVERY_MS * 1000000ull;
+
+	if (!fab->alive || now - since < every || now < fab->alive_next)
+		return 0;
+	fab->alive_next = now + every;
+	return fab->alive(fab->alive_ctx);
+}
+
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 {
-	uint64_t now;
+	uint64_t now, tmo = (uint64_t)fab->timeout_ms * 1000000ull;
 	int ret = fep_fabric_progress(fab);
 
 	if (ret)
 		return ret;
 	now = fep_now_ns();
 	if (!st->deadline)
-		st->deadline = now + (uint64_t)fab->timeout_ms * 1000000ull;
+		st->deadline = now + tmo;
 	else if (now > st->deadline)
 		return -ETIMEDOUT;
+	ret = fep_fabric_check_alive(fab, now, st->deadline - tmo);
+	if (ret)
+		return ret;
 	fep_backoff_step(&st->bo);
 	return 0;
 }
@@ -838,6 +858,8 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 
 	while (fab->outstanding) {
 		ret = fep_fabric_stall(fab, &st);
+		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
+			fab->tx_error = ret;  /* as after a timeout, below */
 		if (ret == -ETIMEDOUT) {
 			char peers[160];
 

@@ -110,7 +110,16 @@ typedef struct fep_fabric {
 	int tx_error;           /* first error seen on the TX CQ */
 
 	struct fep_peer *peers;
+
+	/* fep_fabric_set_alive: asked, every FEP_ALIVE_EVERY_MS of a wait
+	 * that has lasted that long, whether every peer it can watch still
+	 * runs (0) or not (-FABEP_ERR_PEER_LOST, logged) */
+	int (*alive)(void *ctx);
+	void *alive_ctx;
+	uint64_t alive_next;    /* ns: not before */
 } fep_fabric_t;
+
+#define FEP_ALIVE_EVERY_MS 50
 
 /* ---- fabric.c ---- */
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
@@ -122,6 +131,11 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
 /* Remove libfabric shm's regions /dev/shm/<pid>:<n>:<n> of process pid
  * (dead: its own leftovers block a new process with the same pid). */
 void fep_shm_remove_regions(pid_t pid);
+/* Install the liveness check of the waits (see fep_fabric_t.alive). */
+void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx);
+/* In a wait that began at `since` (ns), now `now`: run the liveness check
+ * when one is due.  Returns 0 or its error. */
+int fep_fabric_check_alive(fep_fabric_t *fab, uint64_t now, uint64_t since);
 /* Read both CQs once.  Returns 0 or the first error seen. */
 int fep_fabric_progress(fep_fabric_t *fab);
 /* One round of waiting on the fabric: progress both CQs, then back off

@@ -163,7 +163,7 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
 			if (r_)                                                  \
 				break;                                           \
 		}                                                                \
-		if (r_ && r_ != -ETIMEDOUT)                                      \
+		if (r_ && r_ != -ETIMEDOUT && r_ != -FABEP_ERR_PEER_LOST)        \
 			fep_err("%s to rank %d: %s", what, peer,                 \
 				fi_strerror((int)-r_));                          \
 		(int)r_;                                                         \
@@ -443,12 +443,15 @@ int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
 		if (fep_counter_load(fab, off) >= target)
 			return 0;
 		if ((++n & 63) == 0 || bo.spins >= 64) {
-			uint64_t now = fep_now_ns();
+			uint64_t now = fep_now_ns(), tmo = (uint64_t)timeout_ms * 1000000ull;
 
 			if (!deadline)
-				deadline = now + (uint64_t)timeout_ms * 1000000ull;
+				deadline = now + tmo;
 			else if (now > deadline)
 				return -ETIMEDOUT;
+			ret = fep_fabric_check_alive(fab, now, deadline - tmo);
+			if (ret)
+				return ret;
 		}
 		fep_backoff_step(&bo);
 	}
