@@ -123,7 +123,7 @@ static int fep_pid_runs(pid_t pid)
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
 	f = fopen(path, "r");
 	if (!f)
-		return errno == ENOENT ? 0 : 1;
+		return 1;  /* kill() found it; only a zombie counts as gone */
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[n] = '\0';
