@@ -811,7 +811,6 @@ START_TEST(ready_hlast)
 		r.chunks = 1 + (max + per - 1) / per;
 		r.sig = r.hsig = 77;
 		r.hlen = 64;
-		r.join = 1;
 		r.hlast = 1;
 		memset(hits, 0, sizeof(hits));
 		while (posted < r.chunks) {

@@ -212,7 +212,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 				.hdr = m->chdr_rows, .count = cnt, .done = done,
 				.per = m->cchunk_rows, .chunks = m->cchunks,
 				.sig = fep_ep_cctr(m, b),
-				.hlen = FEP_EP_HDR, .hsig = fep_ep_cctr(m, b), .join = 1,
+				.hlen = FEP_EP_HDR, .hsig = fep_ep_cctr(m, b),
 				.hlast = 1,
 			};
 

@@ -329,7 +329,7 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	r.sig = fep_ep_dctr(m, c->b);
 	r.hlen = m->dhdr_bytes;
 	r.hsig = fep_ep_hctr(m, c->b);
-	/* r.join, r.hlast 0: headers go on their own counter, often early */
+	/* r.hlast 0: headers go first, on their own counter, often early */
 	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
 	r.tok = m->pack_tok + m->pack_base[peer];
 	r.input = fep_ep_dinput(m, c->b);

@@ -262,17 +262,15 @@ struct fep_ep_run {
 	uint64_t sig;
 	size_t hlen;
 	uint64_t hsig;
-	/* the header and the units are contiguous in stage: with 2 chunks
-	 * the run waits until complete and goes as one write with its header
-	 * (then a timeout's header check names a sender whose data never
-	 * came) */
-	int join;
-	/* or: the header leaves last, in one write with the first chunk's
-	 * units (they are contiguous), once the run is complete, so that a
-	 * header seen means every chunk of the sender was posted; the later
-	 * chunks leave as they complete, and the header's write adds the
-	 * signals of the chunks that had no units.  Unchunked (2 chunks), the
-	 * run is one write adding 2.  Needs sig == hsig, no direct chunks. */
+	/* 0: the header leaves first (chunk 0), then the chunks in order,
+	 * empty ones included.  1: the header leaves last, in one write with
+	 * the first chunk's units (contiguous in stage), once the run is
+	 * complete, so that a header seen means every chunk of the sender was
+	 * posted (a timeout's header check names a sender that did not
+	 * finish); the later chunks leave as they complete, and the header's
+	 * write adds the signals of the chunks that had no units.  Unchunked
+	 * (2 chunks), the run is one write adding 2.  Needs sig == hsig, no
+	 * direct chunks. */
 	int hlast;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */

@@ -529,14 +529,10 @@ static size_t ready_hlast(struct fep_put *out, const struct fep_ep_run *r,
 size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			   size_t *posted)
 {
-	/* an unchunked run goes with its header in one write, once complete */
-	int joined = r->join && r->chunks == 2;
 	size_t n = 0;
 
 	if (r->hlast)
 		return ready_hlast(out, r, posted);
-	if (joined && *posted == 0 && r->done < r->count)
-		return 0;
 
 	while (*posted < r->chunks) {
 		size_t j = *posted, r0 = 0, r1 = 0;
@@ -548,11 +544,9 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			out[n].dst = r->dst;
 			out[n].src = r->stage;
 			out[n].len = r->hlen;
-			if (joined)
-				out[n].len = (r->hdr + r->count) * r->unit;
 		} else {
 			r0 = (j - 1) * r->per;
-			r1 = joined ? 0 : FEP_MIN(r0 + r->per, r->count);
+			r1 = FEP_MIN(r0 + r->per, r->count);
 			if (r1 > r0 && r1 > r->done)
 				break;
 			out[n].dst = r->dst + (r->hdr + r0) * r->unit;

@@ -793,11 +793,19 @@ void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx)
 	fab->alive_next = 0;
 }
 
-int fep_fabric_check_alive(fep_fabric_t *fab, uint64_t now, uint64_t since)
+int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms)
 {
 	const uint64_t every = (uint64_t)FEP_ALIVE_EVERY_MS * 1000000ull;
+	uint64_t now = fep_now_ns(), tmo = (uint64_t)timeout_ms * 1000000ull;
 
-	if (!fab->alive || now - since < every || now < fab->alive_next)
+	if (!*deadline) {
+		*deadline = now + tmo;
+		return 0;
+	}
+	if (now > *deadline)
+		return -ETIMEDOUT;
+	/* waiting for `every` already, and no check for as long */
+	if (!fab->alive || now - (*deadline - tmo) < every || now < fab->alive_next)
 		return 0;
 	fab->alive_next = now + every;
 	return fab->alive(fab->alive_ctx);
@@ -805,17 +813,10 @@ int fep_fabric_check_alive(fep_fabric_t *fab, uint64_t now, uint64_t since)
 
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 {
-	uint64_t now, tmo = (uint64_t)fab->timeout_ms * 1000000ull;
 	int ret = fep_fabric_progress(fab);
 
-	if (ret)
-		return ret;
-	now = fep_now_ns();
-	if (!st->deadline)
-		st->deadline = now + tmo;
-	else if (now > st->deadline)
-		return -ETIMEDOUT;
-	ret = fep_fabric_check_alive(fab, now, st->deadline - tmo);
+	if (!ret)
+		ret = fep_fabric_clock(fab, &st->deadline, fab->timeout_ms);
 	if (ret)
 		return ret;
 	fep_backoff_step(&st->bo);

@@ -133,9 +133,10 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
 void fep_shm_remove_regions(pid_t pid);
 /* Install the liveness check of the waits (see fep_fabric_t.alive). */
 void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx);
-/* In a wait that began at `since` (ns), now `now`: run the liveness check
- * when one is due.  Returns 0 or its error. */
-int fep_fabric_check_alive(fep_fabric_t *fab, uint64_t now, uint64_t since);
+/* A wait's clock: the first call sets *deadline (0 = not yet) timeout_ms
+ * from now; later ones return -ETIMEDOUT past it, and run the liveness
+ * check when one is due (its error), else 0. */
+int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms);
 /* Read both CQs once.  Returns 0 or the first error seen. */
 int fep_fabric_progress(fep_fabric_t *fab);
 /* One round of waiting on the fabric: progress both CQs, then back off

@@ -443,13 +443,7 @@ int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
 		if (fep_counter_load(fab, off) >= target)
 			return 0;
 		if ((++n & 63) == 0 || bo.spins >= 64) {
-			uint64_t now = fep_now_ns(), tmo = (uint64_t)timeout_ms * 1000000ull;
-
-			if (!deadline)
-				deadline = now + tmo;
-			else if (now > deadline)
-				return -ETIMEDOUT;
-			ret = fep_fabric_check_alive(fab, now, deadline - tmo);
+			ret = fep_fabric_clock(fab, &deadline, timeout_ms);
 			if (ret)
 				return ret;
 		}

@@ -39,8 +39,6 @@
 
 #define POOL_SPINS 4000
 
-enum { POOL_RUN = 0, POOL_FOR = 1 };
-
 struct fep_pool_worker {
 	struct fep_pool *pool;
 	int tid;
@@ -61,14 +59,14 @@ struct fep_pool {
 	_Atomic int sleepers;     /* workers sleeping (or about to) on gen */
 	_Atomic int caller_sleeps;
 	_Atomic int stop;
-	/* the run (written while gen is odd) */
-	_Atomic int mode;         /* POOL_RUN or POOL_FOR */
-	_Atomic(fep_pool_fn) fn;  /* POOL_RUN */
+	/* the run (written while gen is odd): fn on every worker, or claims
+	 * of rfn's rows (fep_pool_for) */
+	_Atomic(fep_pool_fn) fn;
+	_Atomic(fep_pool_range_fn) rfn;
 	_Atomic(void *) ctx;
-	_Atomic(fep_pool_range_fn) rfn;  /* POOL_FOR */
 	_Atomic size_t n, step, claims;
-	_Atomic uint64_t cursor;  /* POOL_FOR: gen << 32 | next claim */
-	_Atomic size_t claimed_done; /* POOL_FOR: claims finished */
+	_Atomic uint64_t cursor;  /* claims: gen << 32 | next claim */
+	_Atomic size_t claimed_done; /* claims finished */
 };
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
@@ -76,7 +74,7 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
 	return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
 }
 
-/* Take claims of POOL_FOR run g until none is left: fn, ctx and the sizes
+/* Take claims of run g (fep_pool_for) until none is left: fn, ctx and the sizes
  * are the run's own (read under the seqlock), and a claim succeeds only
  * while the cursor still carries g. */
 static void pool_claims(struct fep_pool *p, uint32_t g, fep_pool_range_fn fn,
@@ -111,7 +109,6 @@ static void *worker_main(void *arg)
 		pthread_setaffinity_np(pthread_self(), sizeof(p->cpus), &p->cpus);
 	for (;;) {
 		uint32_t g = seen;
-		int mode;
 		fep_pool_fn fn;
 		fep_pool_range_fn rfn;
 		void *ctx;
@@ -139,7 +136,6 @@ static void *worker_main(void *arg)
 		if (atomic_load(&p->stop))
 			break;
 		/* the run of g, consistent only if gen is still g after */
-		mode = atomic_load_explicit(&p->mode, memory_order_relaxed);
 		fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
 		rfn = atomic_load_explicit(&p->rfn, memory_order_relaxed);
 		ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
@@ -150,7 +146,7 @@ static void *worker_main(void *arg)
 		if (atomic_load_explicit(&p->gen, memory_order_relaxed) != g)
 			continue;  /* a later run began meanwhile: take that */
 		seen = g;
-		if (mode == POOL_FOR) {
+		if (rfn) {
 			pool_claims(p, g, rfn, ctx, n, step, claims);
 			continue;
 		}
@@ -359,8 +355,9 @@ void fep_pool_wake(fep_pool_t *p)
 }
 
 /* Publish a run (the seqlock: gen odd, the fields, gen even) and wake the
- * sleeping workers.  Returns the run's gen. */
-static uint32_t pool_publish(struct fep_pool *p, int mode, fep_pool_fn fn,
+ * sleeping workers: fn on every worker, or (rfn) claims of rows.  Returns
+ * the run's gen. */
+static uint32_t pool_publish(struct fep_pool *p, fep_pool_fn fn,
 			     fep_pool_range_fn rfn, void *ctx, size_t n,
 			     size_t step, size_t claims)
 {
@@ -368,14 +365,13 @@ static uint32_t pool_publish(struct fep_pool *p, int mode, fep_pool_fn fn,
 
 	atomic_store_explicit(&p->gen, g + 1, memory_order_relaxed);
 	atomic_thread_fence(memory_order_release);
-	atomic_store_explicit(&p->mode, mode, memory_order_relaxed);
 	atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
 	atomic_store_explicit(&p->rfn, rfn, memory_order_relaxed);
 	atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
 	atomic_store_explicit(&p->n, n, memory_order_relaxed);
 	atomic_store_explicit(&p->step, step, memory_order_relaxed);
 	atomic_store_explicit(&p->claims, claims, memory_order_relaxed);
-	if (mode == POOL_FOR) {
+	if (rfn) {
 		atomic_store_explicit(&p->claimed_done, 0, memory_order_relaxed);
 		atomic_store_explicit(&p->cursor, (uint64_t)(g + 2) << 32,
 				      memory_order_relaxed);
@@ -386,11 +382,6 @@ static uint32_t pool_publish(struct fep_pool *p, int mode, fep_pool_fn fn,
 	if (atomic_load(&p->sleepers) > 0)
 		futex(&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX);
 	return g + 2;
-}
-
-static void pool_start(struct fep_pool *p, fep_pool_fn fn, void *ctx)
-{
-	pool_publish(p, POOL_RUN, fn, NULL, ctx, 0, 0, 0);
 }
 
 int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
@@ -406,7 +397,7 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 		fn(ctx, 0, 1);
 		return 0;
 	}
-	pool_start(p, fn, ctx);
+	pool_publish(p, fn, NULL, ctx, 0, 0, 0);
 	fn(ctx, 0, p->nthreads);
 	for (i = 0; i < POOL_SPINS; i++) {
 		if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
@@ -455,7 +446,7 @@ static int pool_for(struct fep_pool *p, size_t n, size_t grain, int workers,
 	per = chunks / (4 * (size_t)workers);
 	step = (per ? per : 1) * grain;
 	claims = (n + step - 1) / step;
-	g = pool_publish(p, POOL_FOR, NULL, fn, ctx, n, step, claims);
+	g = pool_publish(p, NULL, fn, ctx, n, step, claims);
 	if (!idle)
 		pool_claims(p, g, fn, ctx, n, step, claims);
 	for (i = 0; atomic_load_explicit(&p->claimed_done,
