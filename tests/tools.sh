@@ -130,7 +130,9 @@ expect 0 env FABEP_BENCH_SEND_BUFFER=1 "$bench" -p shm -o moe -n 2 -t 16 \
 # the references and the floor: bf16 copy-mode dispatch must copy every
 # received row once (floor = 2 * rows * hidden * 2 bytes), a zero-copy
 # dispatch of bf16 has no floor; combine reads every expert output and
-# writes every output row once ((rows + tokens) * hidden * 2)
+# writes every output row once ((rows + tokens) * hidden * 2); the
+# overlap bound is the live reference over the larger of it and the put
+# timed while the floor's bytes are copied (none without a floor)
 floor_ok() { # op fmt zero-copy: the -m line's floor against the formula
 	expect 0 env FABEP_BENCH_ZERO_COPY="$3" "$bench" -p shm -o "$1" -n 2 \
 		-t 24 -H 192 -k 4 -e 8 -f "$2" -I 3 -m || return 1
@@ -144,13 +146,24 @@ floor_ok() { # op fmt zero-copy: the -m line's floor against the formula
 			want = 0
 		else
 			want = 2 * v["rows:"] * 192 * 2
+		# the overlap bound: live / max(live, overlap), and no
+		# overlap to measure without a floor
+		# (the times are printed to 0.1 us: allow for their rounding)
+		lv = v["ref_live_us:"]; ov = v["overlap_us:"]
+		lo = lv - 0.05; hi = lv + 0.05
+		clo = lo / (ov + 0.05 > lo ? ov + 0.05 : lo) - 0.001
+		chi = hi / (ov - 0.05 > hi ? ov - 0.05 : hi) + 0.001
+		c = v["ceiling_overlap:"]
 		if (v["floor_bytes:"] != want || v["rows:"] <= 0 ||
-		    !(v["ref_live_us:"] > 0) || !(v["ratio_live:"] > 0) ||
+		    !(lv > 0) || !(v["ratio_live:"] > 0) ||
 		    !(v["ceiling_live:"] > 0 && v["ceiling_live:"] <= 1) ||
-		    (want == 0 && v["ceiling_live:"] != "1.000")) {
+		    (want == 0 && v["ceiling_live:"] != "1.000") ||
+		    !(ov > 0) || c < clo || c > chi ||
+		    (want == 0 && (ov != lv || v["ceiling_overlap:"] != "1.000"))) {
 			print "floor_bytes " v["floor_bytes:"] " want " want \
-			      ", ref_live_us " v["ref_live_us:"] ", ceiling_live " \
-			      v["ceiling_live:"]
+			      ", ref_live_us " lv ", ceiling_live " \
+			      v["ceiling_live:"] ", overlap_us " ov \
+			      ", ceiling_overlap " v["ceiling_overlap:"]
 			exit 1
 		}
 		n++
@@ -160,6 +173,28 @@ floor_ok() { # op fmt zero-copy: the -m line's floor against the formula
 floor_ok dispatch bf16 0 || fail "fabep_bench -o dispatch (copy): floor or live reference wrong"
 floor_ok dispatch bf16 1 || fail "fabep_bench -o dispatch (zero-copy): floor or live reference wrong"
 floor_ok combine bf16 0 || fail "fabep_bench -o combine: floor or live reference wrong"
+
+# a floor far above the write (copy mode, rows of 4096): the overlap bound
+# must hold the floor's copy (at least half its time: the pool's other
+# threads do it, the caller puts) and stay below 1
+expect 0 "$bench" -p shm -o dispatch -n 2 -t 64 -H 4096 -k 8 -e 16 -f bf16 \
+	-I 3 -m &&
+	awk '/^op: / {
+		for (i = 1; i < NF; i += 2)
+			v[$i] = $(i + 1)
+		lv = v["ref_live_us:"]; ov = v["overlap_us:"]
+		if (!(ov >= 0.5 * v["floor_us:"]) || !(v["floor_us:"] > 2 * lv) ||
+		    !(v["ceiling_overlap:"] < 1) ||
+		    (v["ceiling_overlap:"] - lv / ov) ^ 2 > 0.005 ^ 2) {
+			print "ref_live_us " lv ", floor_us " v["floor_us:"] \
+			      ", overlap_us " ov ", ceiling_overlap " \
+			      v["ceiling_overlap:"]
+			exit 1
+		}
+		n++
+	}
+	END { exit n == 1 ? 0 : 1 }' "$tmp.out" ||
+	fail "fabep_bench: the overlap bound does not hold the floor's copy"
 
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"
