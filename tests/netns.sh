@@ -6,7 +6,9 @@
 # the tcp provider (two in the first namespace, one in each other):
 #   1. fabep_bench -o moe --check (dispatch + combine, checked),
 #   2. fabep_bench --soak (dispatch + combine + allreduce, fresh random
-#      routing every round, every result checked, memory watched).
+#      routing every round, every result checked, memory watched);
+#   3. the same soak with rank 3 (alone on its "host") killed, then rank 0:
+#      every other rank must fail naming it, well before the timeout.
 # Everything it makes (namespaces, links, processes) is removed on every
 # exit path.  Needs root, ip(8) and unshare(1); exit 77 with the reason
 # where namespaces cannot be made.  Runs from the build directory.
@@ -159,9 +161,75 @@ if run_ranks soak $((soak_s + 120)) --soak "$soak_s" -m; then
 		{ echo "FAIL: soak: not 4 ranks"; fails=$((fails + 1)); }
 fi
 
+# 3, 4. a rank's process dies mid-soak (SIGKILL): every other rank fails
+# with the loss named, seen through the bootstrap's connections (ranks on
+# other "hosts") or the process check (the same one), well before
+# FABEP_TIMEOUT_MS (20 s).  First rank 3, alone in the third namespace;
+# then rank 0, the rendezvous root.
+kill_case() { # VICTIM
+	victim=$1
+	name=kill$victim
+	port=$((port + 1))
+	pids=
+	r=0
+	while [ $r -lt $ranks ]; do
+		i=$(ns_of $r)
+		$to 120 ip netns exec "${tag}h$i" unshare --uts sh -c \
+			'hostname "$0"; exec "$@"' "fabep-host$i" \
+			env FABEP_RANK=$r FABEP_WORLD_SIZE=$ranks \
+			FABEP_ROOT="$net.1:$port" FABEP_PROVIDER=tcp \
+			FABEP_TIMEOUT_MS=20000 FABEP_HEAP_SIZE=256M FABEP_THREADS=1 \
+			"$bench" --soak 100 -m >"$tmp.$name.$r.out" 2>"$tmp.$name.$r.err" &
+		pids="$pids $!"
+		r=$((r + 1))
+	done
+	# the victim: the process of rank $victim in its namespace, once the
+	# soak runs (its rounds take a few ms)
+	sleep 3
+	vp=
+	for p in $(ip netns pids "${tag}h$(ns_of $victim)"); do
+		tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
+			grep -qx "FABEP_RANK=$victim" && vp=$p
+	done
+	if [ -z "$vp" ]; then
+		echo "FAIL: $name: rank $victim is not running"
+		sed 's/^/    /' "$tmp.$name.$victim.err" | tail -5
+		fails=$((fails + 1))
+		return
+	fi
+	t0=$(date +%s%N)
+	kill -KILL "$vp"
+	r=0
+	for p in $pids; do
+		wait "$p"
+		rc=$?
+		if [ $r -ne $victim ]; then
+			if [ $rc -eq 0 ] || [ $rc -ge 124 ]; then
+				echo "FAIL: $name: rank $r exited $rc after rank $victim died"
+				fails=$((fails + 1))
+			elif ! grep -Eq "rank $victim (is lost|\(process [0-9]+ on this host\) has exited)" \
+					"$tmp.$name.$r.err"; then
+				echo "FAIL: $name: rank $r does not name rank $victim lost"
+				sed 's/^/    /' "$tmp.$name.$r.err" | tail -5
+				fails=$((fails + 1))
+			fi
+		fi
+		r=$((r + 1))
+	done
+	pids=
+	took=$((($(date +%s%N) - t0) / 1000000))
+	echo "$name: the other ranks had failed $took ms after rank $victim died"
+	[ $took -le 10000 ] || {
+		echo "FAIL: $name: $took ms (the timeout is 20 s)"
+		fails=$((fails + 1))
+	}
+}
+kill_case 3
+kill_case 0
+
 if [ $fails -ne 0 ]; then
 	echo "netns: $fails failures"
 	exit 1
 fi
-echo "netns: $ranks ranks in $nns namespaces over tcp: moe checked, soak clean"
+echo "netns: $ranks ranks in $nns namespaces over tcp: moe checked, soak clean, lost ranks named"
 exit 0

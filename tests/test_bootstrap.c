@@ -650,6 +650,110 @@ START_TEST(test_tcp_root_killed)
 }
 END_TEST
 
+/* Between collectives: fep_boot_watch sees a rank whose process ended,
+ * directly (the root, or any rank for the root) or told by the root. */
+static int watch_until(fep_boot_t *b, int limit_ms, uint64_t *ms)
+{
+	uint64_t t0 = fep_now_ns();
+	struct timespec ts = { 0, 5000000L };
+	int ret;
+
+	for (;;) {
+		ret = fep_boot_watch(b);
+		*ms = (fep_now_ns() - t0) / 1000000;
+		if (ret || *ms >= (uint64_t)limit_ms)
+			return ret;
+		nanosleep(&ts, NULL);
+	}
+}
+
+static int rank_watch_killed(int rank, int size, void *argp)
+{
+	struct kill_arg *a = argp;
+	fep_boot_t *b;
+	uint64_t v = (uint64_t)rank, out[8], ms;
+	int ret;
+
+	ret = rank_boot(rank, size, a->timeout_ms, &b);
+	FAIL_IF(ret, "bootstrap: %s", fabep_strerror(ret));
+	ret = fep_boot_allgather(b, &v, out, sizeof(v));
+	FAIL_IF(ret, "allgather: %s", fabep_strerror(ret));
+	FAIL_IF(fep_boot_watch(b), "watch before anyone died");
+	ret = fep_boot_barrier(b);  /* every watch above came first */
+	FAIL_IF(ret, "barrier: %s", fabep_strerror(ret));
+	if (rank == a->victim)
+		raise(SIGKILL);
+	/* the watch, not the timeout (30 s), must see it */
+	ret = watch_until(b, 6000, &ms);
+	FAIL_IF(ret != -FABEP_ERR_PEER_LOST, "watch after rank %d died: %d "
+		"(%s) after %llu ms", a->victim, ret, fabep_strerror(ret),
+		(unsigned long long)ms);
+	FAIL_IF(ms > 5000, "the loss took %llu ms to see", (unsigned long long)ms);
+	/* for good, and the collectives fail at once */
+	FAIL_IF(fep_boot_watch(b) != -FABEP_ERR_PEER_LOST, "second watch");
+	ms = fep_now_ns();
+	FAIL_IF(fep_boot_barrier(b) != -FABEP_ERR_PEER_LOST, "later barrier");
+	FAIL_IF(fep_now_ns() - ms > 100000000ull, "later barrier waited");
+	fep_boot_destroy(b);
+	return 0;
+}
+
+START_TEST(test_tcp_watch_killed)
+{
+	/* _i: the victim; 0 is the root, whose end the ranks see directly */
+	struct kill_arg a = { .victim = _i, .timeout_ms = 30000 };
+	int status[4], r;
+
+	ck_assert_int_eq(fep_test_run_ranks_status(4, 25, rank_watch_killed, &a,
+						   status), 0);
+	for (r = 0; r < 4; r++)
+		ck_assert_msg(status[r] == (r == a.victim ? 128 + SIGKILL : 0),
+			      "rank %d status %d", r, status[r]);
+}
+END_TEST
+
+/* A rank that destroys its bootstrap says goodbye: no loss.  A message
+ * of the next collective (a rank ahead of the root) stays for it. */
+static int rank_watch_bye(int rank, int size, void *arg)
+{
+	fep_boot_t *b;
+	uint64_t v = (uint64_t)rank * 7 + 1, out[8], ms;
+	int ret, r;
+
+	(void)arg;
+	ret = rank_boot(rank, size, 10000, &b);
+	FAIL_IF(ret, "bootstrap: %s", fabep_strerror(ret));
+	if (rank == 0) {
+		/* rank 1 and 2's blocks arrive while the root watches */
+		ret = watch_until(b, 300, &ms);
+		FAIL_IF(ret, "watch with blocks pending: %s", fabep_strerror(ret));
+	}
+	ret = fep_boot_allgather(b, &v, out, sizeof(v));
+	FAIL_IF(ret, "allgather: %s", fabep_strerror(ret));
+	for (r = 0; r < size; r++)
+		FAIL_IF(out[r] != (uint64_t)r * 7 + 1, "block of rank %d", r);
+	if (rank == 2) {
+		fep_boot_destroy(b);  /* goodbye, then the process ends */
+		return 0;
+	}
+	ret = watch_until(b, 300, &ms);
+	FAIL_IF(ret, "watch after rank 2's goodbye: %s", fabep_strerror(ret));
+	if (rank == 0) {
+		fep_boot_destroy(b);
+		return 0;
+	}
+	ret = watch_until(b, 300, &ms);
+	FAIL_IF(ret, "watch after the root's goodbye: %s", fabep_strerror(ret));
+	fep_boot_destroy(b);
+	return 0;
+}
+
+START_TEST(test_tcp_watch_bye)
+{
+	ck_assert_int_eq(fep_test_run_ranks(3, 15, rank_watch_bye, NULL), 0);
+}
+END_TEST
+
 /* Ranks that pass different lengths all get -FABEP_ERR_MISMATCH. */
 static int rank_len_mismatch(int rank, int size, void *arg)
 {
@@ -988,6 +1092,8 @@ static Suite *bootstrap_suite(void)
 	tc = tcase_create("tcp_faults");
 	tcase_add_test(tc, test_tcp_rank_killed);
 	tcase_add_test(tc, test_tcp_root_killed);
+	tcase_add_loop_test(tc, test_tcp_watch_killed, 0, 3);
+	tcase_add_test(tc, test_tcp_watch_bye);
 	tcase_add_test(tc, test_tcp_intruders);
 	tcase_add_test(tc, test_tcp_duplicate);
 	tcase_add_test(tc, test_harness_timeout);

@@ -1,8 +1,8 @@
 /*
  * bootstrap.h - out-of-band exchange used once at start-up (and for
  * collective error agreement at creation): allgather and barrier between
- * the ranks, over a TCP rendezvous at rank 0 or over a caller's allgather.
- * Uses only util.
+ * the ranks, over a TCP rendezvous at rank 0 or over a caller's allgather;
+ * over TCP, also the watch for ranks whose process ended.  Uses only util.
  */
 #ifndef FEP_BOOTSTRAP_H
 #define FEP_BOOTSTRAP_H
@@ -21,6 +21,9 @@ struct fep_boot {
 	int (*allgather)(fep_boot_t *b, const void *in, void *out, size_t len);
 	int (*barrier)(fep_boot_t *b);
 	void (*destroy)(fep_boot_t *b);
+	/* Between collectives, without blocking: 0 while every rank is
+	 * there, else the code of a loss (logged once).  NULL: cannot tell. */
+	int (*watch)(fep_boot_t *b);
 };
 
 static inline int fep_boot_allgather(fep_boot_t *b, const void *in, void *out,
@@ -29,6 +32,10 @@ static inline int fep_boot_allgather(fep_boot_t *b, const void *in, void *out,
 	return b->allgather(b, in, out, len);
 }
 static inline int fep_boot_barrier(fep_boot_t *b) { return b->barrier(b); }
+static inline int fep_boot_watch(fep_boot_t *b)
+{
+	return b && b->watch ? b->watch(b) : 0;
+}
 static inline void fep_boot_destroy(fep_boot_t *b)
 {
 	if (b)
@@ -63,7 +70,9 @@ int fep_boot_env_read(struct fep_boot_env *env);
  * header (magic, version, rank, size, length) that is validated; a peer
  * that closes its connection makes every later call fail with
  * -FABEP_ERR_PEER_LOST naming the rank; no answer within timeout_ms gives
- * -ETIMEDOUT naming who is missing.  size == 1 needs no sockets.
+ * -ETIMEDOUT naming who is missing.  size == 1 needs no sockets.  The
+ * connections stay open to watch the ranks (fep_boot_watch): a rank whose
+ * process ends is lost; destroy says goodbye, so a normal end is not.
  */
 int fep_boot_tcp_create(int rank, int size, const char *root_host,
 			int root_port, int timeout_ms, fep_boot_t **out);

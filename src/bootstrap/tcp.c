@@ -11,6 +11,13 @@
  * deadline, so no call blocks longer than timeout_ms.  Once a call fails
  * mid-exchange the byte streams are out of step, so the bootstrap is
  * marked broken and every later call fails with the same code.
+ *
+ * Between collectives the connections stay open and watch the ranks
+ * (boot_tcp_watch, which the fabric's waits call): a rank whose process
+ * ends closes its connection, the root sees that and tells every other
+ * rank; a rank sees the root's own end the same way.  A rank that
+ * destroys its bootstrap says goodbye first, so a normal end is not a
+ * loss.
  */
 #include "config.h"
 
@@ -44,6 +51,7 @@ enum boot_msg_type {
 	BOOT_MSG_GATHER,      /* rank -> root: my block */
 	BOOT_MSG_RESULT,      /* root -> rank: all blocks, rank order */
 	BOOT_MSG_ERROR,       /* either way: the collective failed (+ err) */
+	BOOT_MSG_BYE,         /* either way: this end is being destroyed */
 };
 
 struct boot_hdr {
@@ -72,12 +80,13 @@ struct boot_tcp {
 	uint64_t seq;     /* collectives completed */
 	int broken;       /* sticky error after a failed exchange */
 	int *fds;         /* root: fds[r] for r >= 1; others: fds[0] = root */
+	uint8_t *gone;    /* per fds[] entry: said goodbye, or reported lost */
 };
 
 static const char *boot_type_name(unsigned type)
 {
 	static const char *names[] = { "?", "hello", "welcome", "reject",
-				       "gather", "result", "error" };
+				       "gather", "result", "error", "bye" };
 
 	return type < FEP_ARRAY_SIZE(names) ? names[type] : "?";
 }
@@ -321,6 +330,11 @@ static int xfer_step(struct boot_tcp *t, struct boot_xfer *x,
 			x->dst = x->ebuf;
 			x->dlen = BOOT_ERR_LEN;
 			continue;
+		}
+		if (x->hdr.type == BOOT_MSG_BYE) {
+			fep_err("bootstrap %s: rank %d is lost: it destroyed its "
+				"communicator", what, x->peer);
+			return -FABEP_ERR_PEER_LOST;
 		}
 		if (x->hdr.size != t->base.size) {
 			fep_err("bootstrap %s: rank %d says the world has %d "
@@ -665,15 +679,111 @@ static int boot_tcp_barrier(fep_boot_t *b)
 	return ret;
 }
 
+/* Where the watch stands on connection i of fds[]: 0 nothing new (or a
+ * message that belongs to a later collective, left in place), 1 the
+ * other end said goodbye, 2 its connection closed or failed, 3 an ERROR
+ * message was taken into e. */
+static int watch_one(struct boot_tcp *t, int i, struct boot_err *e)
+{
+	uint8_t buf[BOOT_HDR_LEN + BOOT_ERR_LEN];
+	struct boot_hdr h;
+	size_t want;
+	ssize_t n;
+
+	n = recv(t->fds[i], buf, BOOT_HDR_LEN, MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0)
+		return 2;
+	if (n < 0)
+		return errno_is_peer_gone(errno) ? 2 : 0;
+	if ((size_t)n < BOOT_HDR_LEN)
+		return 0;
+	hdr_decode(buf, &h);
+	if (h.magic != BOOT_MAGIC || h.version != BOOT_VERSION)
+		return 0;  /* the next collective reports it */
+	if (h.type == BOOT_MSG_BYE && h.len == 0) {
+		(void)recv(t->fds[i], buf, BOOT_HDR_LEN, MSG_DONTWAIT);
+		return 1;
+	}
+	if (h.type != BOOT_MSG_ERROR || h.len != BOOT_ERR_LEN)
+		return 0;
+	want = BOOT_HDR_LEN + BOOT_ERR_LEN;
+	n = recv(t->fds[i], buf, want, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0 || (size_t)n < want)
+		return 0;  /* the rest is on its way */
+	(void)recv(t->fds[i], buf, want, MSG_DONTWAIT);
+	err_decode(buf + BOOT_HDR_LEN, e);
+	return 3;
+}
+
+/*
+ * Whether every rank is still there, without blocking: 0, or the code of
+ * a loss (logged once).  The root watches every rank's connection; a
+ * rank whose connection closes without a goodbye is lost, and the root
+ * tells the others (an ERROR message, which also ends a collective they
+ * may be in).  A rank watches the root's connection for that message and
+ * for the root's own end.  Messages of a later collective stay where
+ * they are.
+ */
+static int boot_tcp_watch(fep_boot_t *b)
+{
+	struct boot_tcp *t = fep_container_of(b, struct boot_tcp, base);
+	int i, n = b->rank == 0 ? b->size : 1, st;
+	struct boot_err e;
+	char text[BOOT_MAX_TEXT];
+
+	/* a loss already reported fails every later call silently; any
+	 * other failure is the collectives' to report */
+	if (t->broken == -FABEP_ERR_PEER_LOST)
+		return t->broken;
+	if (b->size == 1 || t->broken)
+		return 0;
+	for (i = b->rank == 0 ? 1 : 0; i < n; i++) {
+		if (t->fds[i] < 0 || t->gone[i])
+			continue;
+		st = watch_one(t, i, &e);
+		if (st == 1) {
+			t->gone[i] = 1;  /* a normal end */
+			continue;
+		}
+		if (st == 2) {
+			t->gone[i] = 1;
+			snprintf(text, sizeof(text), "rank %d is lost: its "
+				 "bootstrap connection closed (its process "
+				 "ended or its host is unreachable)", i);
+			fep_err("%s", text);
+			if (b->rank == 0)
+				boot_tcp_tell_error(t, -FABEP_ERR_PEER_LOST, i, text);
+			t->broken = -FABEP_ERR_PEER_LOST;
+			return t->broken;
+		}
+		if (st == 3) {
+			fep_err("rank %d reports: %s", i, e.text);
+			t->broken = e.code;
+			return e.code;
+		}
+	}
+	return 0;
+}
+
 static void boot_tcp_destroy(fep_boot_t *b)
 {
 	struct boot_tcp *t = fep_container_of(b, struct boot_tcp, base);
 	int r, n = b->rank == 0 ? b->size : 1;
+	uint8_t bye[BOOT_HDR_LEN];
 
+	/* goodbye first: the other end's watch must not take this for a
+	 * loss (non-blocking, one try: a full buffer means a peer that is
+	 * not reading, which its own watch or timeout settles) */
+	hdr_encode(bye, BOOT_MSG_BYE, b->rank, b->size, t->seq, 0);
 	if (t->fds)
-		for (r = 0; r < n; r++)
+		for (r = 0; r < n; r++) {
+			if (t->fds[r] >= 0)
+				(void)send(t->fds[r], bye, sizeof(bye),
+					   MSG_NOSIGNAL | MSG_DONTWAIT);
 			sock_close(&t->fds[r]);
+		}
 	free(t->fds);
+	free(t->gone);
 	free(t);
 }
 
@@ -1183,12 +1293,17 @@ int fep_boot_tcp_create(int rank, int size, const char *root_host,
 
 	t = calloc(1, sizeof(*t));
 	n = rank == 0 ? size : 1;
-	if (t)
+	if (t) {
 		t->fds = malloc((size_t)n * sizeof(int));
-	if (!t || !t->fds) {
+		t->gone = calloc((size_t)n, 1);
+	}
+	if (!t || !t->fds || !t->gone) {
 		fep_err("bootstrap: out of memory for %d ranks", size);
-		if (t)
+		if (t) {
+			free(t->fds);
+			free(t->gone);
 			free(t);
+		}
 		return -ENOMEM;
 	}
 	for (r = 0; r < n; r++)
@@ -1199,6 +1314,7 @@ int fep_boot_tcp_create(int rank, int size, const char *root_host,
 	t->base.allgather = boot_tcp_allgather;
 	t->base.barrier = boot_tcp_barrier;
 	t->base.destroy = boot_tcp_destroy;
+	t->base.watch = boot_tcp_watch;
 	if (size > 1) {
 		snprintf(t->host, sizeof(t->host), "%s", root_host);
 		t->port = root_port;

@@ -134,13 +134,20 @@ static int fep_pid_runs(pid_t pid)
 }
 
 /* The fabric's liveness check: the ranks on this host (same boot, same
- * PID namespace) must still run.  A rank that died makes every wait
- * fail at once with -FABEP_ERR_PEER_LOST instead of after the timeout;
- * ranks on other hosts are seen only by the timeout. */
+ * PID namespace) must still run, and the TCP bootstrap's connections
+ * must not have closed without a goodbye (any host; the root tells the
+ * other ranks).  A rank that died makes every wait fail at once with
+ * -FABEP_ERR_PEER_LOST instead of after the timeout. */
 static int fep_comm_alive(void *arg)
 {
 	fabep_comm_t *comm = arg;
-	int r, lost = 0;
+	int r, lost = 0, ret;
+
+	ret = fep_boot_watch(comm->boot);
+	if (ret) {
+		comm->failed = true;
+		return ret;
+	}
 
 	/* every rank gone, each named once (later waits fail silently) */
 	for (r = 0; r < comm->size; r++) {
