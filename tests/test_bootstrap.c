@@ -1092,7 +1092,7 @@ static Suite *bootstrap_suite(void)
 	tc = tcase_create("tcp_faults");
 	tcase_add_test(tc, test_tcp_rank_killed);
 	tcase_add_test(tc, test_tcp_root_killed);
-	tcase_add_loop_test(tc, test_tcp_watch_killed, 0, 3);
+	tcase_add_loop_test(tc, test_tcp_watch_killed, 0, 4);
 	tcase_add_test(tc, test_tcp_watch_bye);
 	tcase_add_test(tc, test_tcp_intruders);
 	tcase_add_test(tc, test_tcp_duplicate);
