@@ -311,6 +311,18 @@ static int probe_one(const char *name, char *why, size_t whylen)
 	return ret ? -1 : 0;
 }
 
+int fep_test_threads(int dflt)
+{
+	const char *e = getenv("FEP_TEST_THREADS");
+	char *end;
+	long v;
+
+	if (!e || !*e)
+		return dflt;
+	v = strtol(e, &end, 10);
+	return *end || v < 1 || v > 64 ? dflt : (int)v;
+}
+
 int fep_test_have_provider(const char *prov)
 {
 	static char seen[16][32];

@@ -46,6 +46,11 @@ int fep_test_have_provider(const char *prov);
  * FI_SOCKETS_PE_WAITTIME=0 for sockets) in this process's environment. */
 void fep_test_use_provider(const char *prov);
 
+/* Worker threads per rank for a test that does not ask for a number:
+ * FEP_TEST_THREADS (1-64; CI's ThreadSanitizer run sets 2, so that every
+ * multi-rank case runs its kernels on a pool), else dflt. */
+int fep_test_threads(int dflt);
+
 /* Deterministic per-rank random numbers. */
 #define fep_test_rand fep_xorshift
 

@@ -441,7 +441,8 @@ static void run_cases(const char *prov, int size, fabep_ar_dtype_t dt,
 		      int repeat)
 {
 	struct ar_run t = { .dt = dt, .os_max = os_max, .cases = cases,
-			    .ncases = ncases, .repeat = repeat, .threads = 1 };
+			    .ncases = ncases, .repeat = repeat,
+			    .threads = fep_test_threads(1) };
 	int i;
 
 	for (i = 0; i < ncases; i++) {
@@ -480,7 +481,7 @@ struct err_run {
 static int err_rank(int rank, int size, void *arg)
 {
 	const struct err_run *e = arg;
-	struct ar_run t = { .prov = e->prov, .threads = 1 };
+	struct ar_run t = { .prov = e->prov, .threads = fep_test_threads(1) };
 	fabep_comm_t *comm;
 	fabep_allreduce_t *ar;
 	uint16_t in[64 * 8], out[64 * 8], gamma[8];

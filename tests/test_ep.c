@@ -383,7 +383,7 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	cfg->fp8_block = p->block;
 	cfg->flags = p->zcopy ? FABEP_MOE_ZERO_COPY : 0;
 	fabep_comm_attr_init(&a);
-	a.threads = p->threads ? p->threads : 1;
+	a.threads = p->threads ? p->threads : fep_test_threads(1);
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
 	if (p->heap_small)
 		a.heap_size = 1u << 20;
