@@ -624,29 +624,33 @@ static int rank_killed(int rank, int size, void *argp)
 	return 0;
 }
 
+/* size ranks run fn; the victim must die of SIGKILL, the others pass. */
+static void run_kill(int size, int timeout_s, fep_test_rank_fn fn,
+		     struct kill_arg *a)
+{
+	int status[8], r;
+
+	ck_assert_int_le(size, 8);
+	ck_assert_int_eq(fep_test_run_ranks_status(size, timeout_s, fn, a,
+						   status), 0);
+	for (r = 0; r < size; r++)
+		ck_assert_msg(status[r] == (r == a->victim ? 128 + SIGKILL : 0),
+			      "rank %d status %d", r, status[r]);
+}
+
 START_TEST(test_tcp_rank_killed)
 {
 	struct kill_arg a = { .victim = 2, .timeout_ms = 2000 };
-	int status[4], r;
 
-	ck_assert_int_eq(fep_test_run_ranks_status(4, 15, rank_killed, &a,
-						   status), 0);
-	for (r = 0; r < 4; r++)
-		ck_assert_msg(status[r] == (r == a.victim ? 128 + SIGKILL : 0),
-			      "rank %d status %d", r, status[r]);
+	run_kill(4, 15, rank_killed, &a);
 }
 END_TEST
 
 START_TEST(test_tcp_root_killed)
 {
 	struct kill_arg a = { .victim = 0, .timeout_ms = 2000 };
-	int status[3], r;
 
-	ck_assert_int_eq(fep_test_run_ranks_status(3, 15, rank_killed, &a,
-						   status), 0);
-	for (r = 0; r < 3; r++)
-		ck_assert_msg(status[r] == (r == a.victim ? 128 + SIGKILL : 0),
-			      "rank %d status %d", r, status[r]);
+	run_kill(3, 15, rank_killed, &a);
 }
 END_TEST
 
@@ -702,13 +706,8 @@ START_TEST(test_tcp_watch_killed)
 {
 	/* _i: the victim; 0 is the root, whose end the ranks see directly */
 	struct kill_arg a = { .victim = _i, .timeout_ms = 30000 };
-	int status[4], r;
 
-	ck_assert_int_eq(fep_test_run_ranks_status(4, 25, rank_watch_killed, &a,
-						   status), 0);
-	for (r = 0; r < 4; r++)
-		ck_assert_msg(status[r] == (r == a.victim ? 128 + SIGKILL : 0),
-			      "rank %d status %d", r, status[r]);
+	run_kill(4, 25, rank_watch_killed, &a);
 }
 END_TEST
 

@@ -409,6 +409,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	float lut[256];
 	char *evict = NULL;
 	size_t evsz = 0;
+	struct ref_mode lrm = { 0 };  /* the live reference's buffers */
 	fabep_moe_timing_t tm;
 	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0, fbytes = 0;
 	char *mbuf = NULL;
@@ -726,18 +727,15 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		       iters, NULL, ref);
 	if (!ret)
 		ret = swap_lens(comm, lens, lctr, plen, rlen);
-	if (!ret) {
-		struct ref_mode rm = { 0 };
-
-		rm.live = 1;
-		for (d = 0; d < size; d++)
-			rm.src_len = plen[d] > rm.src_len ? plen[d] : rm.src_len;
-		rm.rlen = rlen;
-		rm.dst_base = rdst;
-		rm.slot = slot;
+	lrm.live = 1;
+	for (d = 0; d < size; d++)
+		lrm.src_len = plen[d] > lrm.src_len ? plen[d] : lrm.src_len;
+	lrm.rlen = rlen;
+	lrm.dst_base = rdst;
+	lrm.slot = slot;
+	if (!ret)
 		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-			       iters, &rm, lref);
-	}
+			       iters, &lrm, lref);
 	if (!ret) {
 		struct ref_mode rm = { 0 };
 
@@ -784,14 +782,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	 * copy the floor's bytes (half of them: a copy reads and writes),
 	 * every rank at once */
 	if (!ret && fbytes) {
-		struct ref_mode rm = { 0 };
+		struct ref_mode rm = lrm;
 
-		rm.live = 1;
-		for (d = 0; d < size; d++)
-			rm.src_len = plen[d] > rm.src_len ? plen[d] : rm.src_len;
-		rm.rlen = rlen;
-		rm.dst_base = rdst;
-		rm.slot = slot;
 		rm.ov_n = (fbytes < lbytes ? fbytes : lbytes) / 2;
 		rm.ov_src = mbuf;
 		rm.ov_dst = mbuf + lbytes / 2 + 64;
