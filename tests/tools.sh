@@ -175,23 +175,28 @@ floor_ok dispatch bf16 1 || fail "fabep_bench -o dispatch (zero-copy): floor or 
 floor_ok combine bf16 0 || fail "fabep_bench -o combine: floor or live reference wrong"
 
 # a floor far above the write (copy mode, top-16, rows of 4096: 8 rows per
-# token per rank, the floor about 15 times the write here): the overlap bound
-# must hold the floor's copy (at least half its time: the pool's other
-# threads do it, the caller puts) and stay below 1
+# token per rank, the floor about 15 times the write on a quiet machine):
+# the overlap bound must hold the floor's copy (at least half its time:
+# the pool's other threads do it, or the caller before its put) and, when
+# the floor did come out above twice the write (a loaded machine, such as
+# distcheck's, can slow the write more than the copy), stay below 1
 expect 0 "$bench" -p shm -o dispatch -n 2 -t 64 -H 4096 -k 16 -e 32 -f bf16 \
-	-I 3 -m &&
+	-I 10 -m &&
 	awk '/^op: / {
 		for (i = 1; i < NF; i += 2)
 			v[$i] = $(i + 1)
-		lv = v["ref_live_us:"]; ov = v["overlap_us:"]
-		if (!(ov >= 0.5 * v["floor_us:"]) || !(v["floor_us:"] > 2 * lv) ||
-		    !(v["ceiling_overlap:"] < 1) ||
-		    (v["ceiling_overlap:"] - lv / ov) ^ 2 > 0.005 ^ 2) {
-			print "ref_live_us " lv ", floor_us " v["floor_us:"] \
+		lv = v["ref_live_us:"]; ov = v["overlap_us:"]; fl = v["floor_us:"]
+		if (!(fl > 0) || !(ov >= 0.5 * fl) ||
+		    (fl > 2 * lv && !(v["ceiling_overlap:"] < 1)) ||
+		    (v["ceiling_overlap:"] - lv / (ov > lv ? ov : lv)) ^ 2 > 0.005 ^ 2) {
+			print "ref_live_us " lv ", floor_us " fl \
 			      ", overlap_us " ov ", ceiling_overlap " \
 			      v["ceiling_overlap:"]
 			exit 1
 		}
+		if (!(fl > 2 * lv))
+			print "note: floor " fl " us not above twice the write " \
+			      lv " us here; the bound below 1 not checked"
 		n++
 	}
 	END { exit n == 1 ? 0 : 1 }' "$tmp.out" ||
