@@ -121,7 +121,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	struct fep_ep_set *s;
 	struct red_ctx c;
 	uint64_t t0, t1, t2, t3;
-	size_t np_all, pb, pe;
+	size_t np_all, pb, pe, blk;
 	int b = 0, d, ret;
 
 	if (m->pending_recv || m->pending_crecv) {
@@ -174,18 +174,21 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	m->tm.c_reduce = m->tm.c_wait = m->tm.c_sum = m->tm.c_own = 0;
 
 	/* pass 0, pipelined: reduce the other ranks' tokens a block at a time
-	 * (on the workers, the caller driving the fabric), posting each chunk
-	 * of a run as soon as it is complete; a run's header leaves last,
-	 * with its first chunk, so that a receiver whose wait times out names
-	 * the senders that did not finish (fep_ep_ready_chunks, hlast) */
+	 * (on the workers, the caller driving the fabric), last block first,
+	 * posting each chunk of a run as soon as it is complete; a run's
+	 * header leaves last, with its first chunk, so that a receiver whose
+	 * wait times out names the senders that did not finish
+	 * (fep_ep_ready_chunks, hlast: runs produced back to front, so the
+	 * first chunk is the last one reduced, not one held back) */
 	c.skip0 = s->tbase[m->rank];
 	c.skip = s->rcount[m->rank];
 	np_all = status ? 0 : s->rtokens - c.skip;
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
-	for (pb = 0; m->size > 1; pb = pe) {
+	for (blk = np_all ? (np_all - 1) / m->cchunk_rows : 0; m->size > 1; blk--) {
 		size_t np = 0;
 
+		pb = blk * m->cchunk_rows;
 		pe = FEP_MIN(np_all, pb + m->cchunk_rows);
 		t2 = fep_now_ns();
 		if (pe > pb) {
@@ -204,7 +207,9 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			size_t first = peer < m->rank ? s->tbase[peer]
 						      : s->tbase[peer] - c.skip;
 			size_t cnt = status ? 0 : s->rcount[peer];
-			size_t done = pe > first ? FEP_MIN(pe - first, cnt) : 0;
+			/* its units in [pb, np_all): the end of its run */
+			size_t done = pb <= first ? cnt :
+				      pb < first + cnt ? first + cnt - pb : 0;
 
 			struct fep_ep_run r = {
 				.peer = peer, .dst = fep_ep_cslot(m, b, m->rank),
@@ -219,11 +224,11 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			np += fep_ep_ready_chunks(m->puts + np, &r, &m->posted[peer]);
 		}
 		/* the last post leaves the peers' copy to the own run */
-		ret = fep_ep_post(m, np, &m->tm.c_bytes, pe != np_all);
+		ret = fep_ep_post(m, np, &m->tm.c_bytes, blk != 0);
 		if (ret)
 			goto fail;
 		m->tm.c_put += fep_now_ns() - t3;
-		if (pe == np_all)
+		if (!blk)
 			break;
 	}
 	/* this rank's own tokens, while the caller drives the fabric */

@@ -263,14 +263,16 @@ struct fep_ep_run {
 	size_t hlen;
 	uint64_t hsig;
 	/* 0: the header leaves first (chunk 0), then the chunks in order,
-	 * empty ones included.  1: the header leaves last, in one write with
-	 * the first chunk's units (contiguous in stage), once the run is
-	 * complete, so that a header seen means every chunk of the sender was
-	 * posted (a timeout's header check names a sender that did not
-	 * finish); the later chunks leave as they complete, and the header's
-	 * write adds the signals of the chunks that had no units.  Unchunked
-	 * (2 chunks), the run is one write adding 2.  Needs sig == hsig, no
-	 * direct chunks. */
+	 * empty ones included; done counts the units complete from the
+	 * run's start.  1: the run is produced back to front (done counts
+	 * the units complete at its end) and the header leaves last, in one
+	 * write with the first chunk's units (contiguous in stage), once the
+	 * run is complete, so that a header seen means every chunk of the
+	 * sender was posted (a timeout's header check names a sender that did
+	 * not finish); the other chunks leave as they complete, the last one
+	 * first, and the header's write adds the signals of the chunks that
+	 * had no units.  Unchunked (2 chunks), the run is one write adding 2.
+	 * Needs sig == hsig, no direct chunks. */
 	int hlast;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */

@@ -488,10 +488,12 @@ void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count)
 	memcpy(p, &h, sizeof(h));
 }
 
-/* fep_ep_ready_chunks for r->hlast: *posted counts the data chunks 2, 3,
- * ... already posted, then jumps to r->chunks once the header has gone
- * with chunk 1.  Chunks past the run's units send no empty writes: the
- * header's write adds their signals to its own. */
+/* fep_ep_ready_chunks for r->hlast.  The run is produced back to front:
+ * r->done counts the units complete at its end.  *posted counts the data
+ * chunks already posted, from the last one back to chunk 2, then jumps to
+ * r->chunks once the header has gone with chunk 1 (the first units, the
+ * last to be complete).  Chunks past the run's units send no empty
+ * writes: the header's write adds their signals to its own. */
 static size_t ready_hlast(struct fep_put *out, const struct fep_ep_run *r,
 			  size_t *posted)
 {
@@ -499,10 +501,10 @@ static size_t ready_hlast(struct fep_put *out, const struct fep_ep_run *r,
 	size_t n = 0;
 
 	while (*posted + 2 <= full) {
-		size_t r0 = (*posted + 1) * r->per;
+		size_t r0 = (full - 1 - *posted) * r->per;
 		size_t r1 = FEP_MIN(r0 + r->per, r->count);
 
-		if (r1 > r->done)
+		if (r0 < r->count - r->done)
 			return n;
 		out[n].peer = r->peer;
 		out[n].sig = r->sig;
