@@ -337,16 +337,16 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 }
 
 /* Post the finished chunks of every run to another rank (c->te tokens
- * packed), then (drive) progress the fabric once. */
+ * packed). */
 static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
-		      const struct fep_ep_set *s, int drive)
+		      const struct fep_ep_set *s)
 {
 	size_t np = 0;
 	int d;
 
 	for (d = 1; d < m->size; d++)
 		np += ready_chunks(m, c, s, (m->rank + d) % m->size, np);
-	return fep_ep_post(m, np, &m->tm.d_bytes, drive);
+	return fep_ep_post(m, np, &m->tm.d_bytes);
 }
 
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
@@ -459,7 +459,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		m->posted[d] = 0;
 	if (n * m->rec_bytes >= FEP_EP_EARLY_BYTES) {
 		c.te = 0;
-		ret = post_ready(m, &c, s, 1);
+		ret = post_ready(m, &c, s);
 		if (ret)
 			goto fail;
 	}
@@ -486,9 +486,10 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		t3 = fep_now_ns();
 		tp += t3 - t2;
 		c.te = te;
-		/* the last post leaves the peers' copy to dispatch_recv,
-		 * where it overlaps the copy of this rank's own rows */
-		ret = post_ready(m, &c, s, te != n);
+		/* the peers' copy is left to the next block's pool run, or
+		 * to dispatch_recv, where it overlaps the copy of this
+		 * rank's own rows */
+		ret = post_ready(m, &c, s);
 		if (ret)
 			goto fail;
 		m->tm.d_put += fep_now_ns() - t3;

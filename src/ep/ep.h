@@ -226,12 +226,12 @@ void fep_ep_idle(void *arg);
  * the pool's or the fabric's first error. */
 int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
 		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle);
-/* Post m->puts[0, np) (adding their lengths to *bytes), then, if drive,
- * progress the fabric once.  A phase's last post does not drive: on shm
- * that progress is where this rank copies its peers' data in, and the
- * phase's next step (a pool run whose caller drives the fabric, or the
- * wait) overlaps that copy with the workers' own work instead. */
-int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, int drive);
+/* Post m->puts[0, np) (adding their lengths to *bytes).  No post drives
+ * the fabric: on shm that progress is where this rank copies its peers'
+ * data in, with the workers idle between two pool runs; the phase's next
+ * step (a pool run whose caller drives the fabric, or the wait) overlaps
+ * that copy with the workers' own work instead. */
+int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes);
 
 /* layout.c */
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);

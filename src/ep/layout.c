@@ -441,21 +441,13 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	return 0;
 }
 
-int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, int drive)
+int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes)
 {
-	fep_fabric_t *fab = m->comm->fab;
 	size_t i;
-	int ret;
 
 	for (i = 0; i < np; i++)
 		*bytes += m->puts[i].len;
-	if (np) {
-		ret = fep_fab_put_signal_many(fab, m->puts, np);
-		if (ret)
-			return ret;
-	}
-	/* move what peers posted (shm copies at the target) */
-	return drive ? fep_fabric_progress(fab) : 0;
+	return np ? fep_fab_put_signal_many(m->comm->fab, m->puts, np) : 0;
 }
 
 void fep_ep_idle(void *arg)
