@@ -313,14 +313,10 @@ static int probe_one(const char *name, char *why, size_t whylen)
 
 int fep_test_threads(int dflt)
 {
-	const char *e = getenv("FEP_TEST_THREADS");
-	char *end;
 	long v;
 
-	if (!e || !*e)
-		return dflt;
-	v = strtol(e, &end, 10);
-	return *end || v < 1 || v > 64 ? dflt : (int)v;
+	/* a bad value is logged (and dflt taken) */
+	return fep_env_long("FEP_TEST_THREADS", 1, 64, &v) > 0 ? (int)v : dflt;
 }
 
 int fep_test_have_provider(const char *prov)

@@ -105,8 +105,9 @@ ns_of() {
 fails=0
 port=$((20000 + $$ % 20000))
 
-# run_ranks NAME TIMEOUT_S ARGS...: every rank in its namespace, waits
-run_ranks() {
+# start_ranks NAME TIMEOUT_S ARGS...: every rank in its namespace, in the
+# background (their pids in $pids, output in $tmp.NAME.RANK.out/.err)
+start_ranks() {
 	name=$1
 	lim=$2
 	shift 2
@@ -124,6 +125,11 @@ run_ranks() {
 		pids="$pids $!"
 		r=$((r + 1))
 	done
+}
+
+# run_ranks NAME TIMEOUT_S ARGS...: start_ranks, then wait for every rank
+run_ranks() {
+	start_ranks "$@"
 	r=0
 	bad=0
 	for p in $pids; do
@@ -169,20 +175,7 @@ fi
 kill_case() { # VICTIM
 	victim=$1
 	name=kill$victim
-	port=$((port + 1))
-	pids=
-	r=0
-	while [ $r -lt $ranks ]; do
-		i=$(ns_of $r)
-		$to 120 ip netns exec "${tag}h$i" unshare --uts sh -c \
-			'hostname "$0"; exec "$@"' "fabep-host$i" \
-			env FABEP_RANK=$r FABEP_WORLD_SIZE=$ranks \
-			FABEP_ROOT="$net.1:$port" FABEP_PROVIDER=tcp \
-			FABEP_TIMEOUT_MS=20000 FABEP_HEAP_SIZE=256M FABEP_THREADS=1 \
-			"$bench" --soak 100 -m >"$tmp.$name.$r.out" 2>"$tmp.$name.$r.err" &
-		pids="$pids $!"
-		r=$((r + 1))
-	done
+	start_ranks "$name" 120 --soak 100 -m
 	# the victim: the process of rank $victim in its namespace, once the
 	# soak runs (its rounds take a few ms)
 	sleep 3

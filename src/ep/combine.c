@@ -217,8 +217,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 				.hdr = m->chdr_rows, .count = cnt, .done = done,
 				.per = m->cchunk_rows, .chunks = m->cchunks,
 				.sig = fep_ep_cctr(m, b),
-				.hlen = FEP_EP_HDR, .hsig = fep_ep_cctr(m, b),
-				.hlast = 1,
+				.hsig = fep_ep_cctr(m, b), .hlast = 1,
 			};
 
 			np += fep_ep_ready_chunks(m->puts + np, &r, &m->posted[peer]);

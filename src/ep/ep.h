@@ -260,7 +260,8 @@ struct fep_ep_run {
 	size_t count, done;    /* units in the run; units written so far */
 	size_t per, chunks;
 	uint64_t sig;
-	size_t hlen;
+	size_t hlen;           /* header bytes (hlast 0; with hlast the
+				* header is hdr units) */
 	uint64_t hsig;
 	/* 0: the header leaves first (chunk 0), then the chunks in order,
 	 * empty ones included; done counts the units complete from the
