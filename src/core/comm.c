@@ -31,7 +31,7 @@ struct fep_hello {
 	int32_t status;
 	uint64_t heap_size;
 	int32_t pid;      /* for the liveness check of ranks on this host */
-	int32_t pad;
+	int32_t channels; /* FABEP_CHANNELS */
 	uint64_t pidns;   /* inode of /proc/self/ns/pid, 0 unknown */
 };
 
@@ -307,6 +307,47 @@ static int fep_comm_xchg(fabep_comm_t *comm, const char *what, int64_t value,
 	return fep_comm_xchg_dir(comm, what, value, out, XCHG_ALL);
 }
 
+struct chan_wait {
+	fabep_comm_t *comm;
+	uint64_t ctr, target;
+	int stop;
+	int err;
+};
+
+/* Thread tid of the pool progresses channels tid, tid + nthreads, ...
+ * (on shm each copies what arrived on its channels) until the counter
+ * is reached; the caller (tid 0) keeps the wait's clock. */
+static void chan_wait_fn(void *arg, int tid, int nthreads)
+{
+	struct chan_wait *w = arg;
+	fep_fabric_t *fab = w->comm->fab;
+	struct fep_backoff bo = { 0 };
+	uint64_t deadline = 0;
+	unsigned n = 0;
+	int c, ret = 0;
+
+	if (tid >= fab->nchan)
+		return;
+	for (;;) {
+		if (fep_counter_load(fab, w->ctr) >= w->target ||
+		    __atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
+			return;
+		for (c = tid; !ret && c < fab->nchan; c += nthreads)
+			ret = fep_fabric_progress(fab->chan[c]);
+		if (!ret && tid == 0 && ((++n & 63) == 0 || bo.spins >= 64))
+			ret = fep_fabric_clock(fab, &deadline, w->comm->timeout_ms);
+		if (ret) {
+			int none = 0;
+
+			__atomic_compare_exchange_n(&w->err, &none, ret, false,
+						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+			__atomic_store_n(&w->stop, 1, __ATOMIC_RELEASE);
+			return;
+		}
+		fep_backoff_step(&bo);
+	}
+}
+
 int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 		  uint64_t target, uint64_t slots, size_t stride, uint64_t seq)
 {
@@ -315,7 +356,16 @@ int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 	size_t len = 0;
 	int r, ret, missing = 0;
 
-	ret = fep_fab_wait(fab, ctr, target, comm->timeout_ms);
+	if (fab->nchan > 1 && fep_pool_threads(comm->pool) > 1 &&
+	    fep_counter_load(fab, ctr) < target) {
+		struct chan_wait w = { comm, ctr, target, 0, 0 };
+
+		ret = fep_pool_run(comm->pool, chan_wait_fn, &w);
+		if (!ret)
+			ret = w.err;
+	} else {
+		ret = fep_fab_wait(fab, ctr, target, comm->timeout_ms);
+	}
 	if (ret != -ETIMEDOUT) {
 		if (ret) {
 			comm->failed = true;
@@ -447,18 +497,42 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 		}
 		if (strcmp(h[r].provider, h[0].provider) ||
 		    strcmp(h[r].domain, h[0].domain) ||
-		    h[r].signal != h[0].signal || h[r].heap_size != h[0].heap_size) {
+		    h[r].signal != h[0].signal || h[r].heap_size != h[0].heap_size ||
+		    h[r].channels != h[0].channels) {
 			fep_err("configuration differs between ranks: rank 0 has "
-				"provider \"%s\" domain \"%s\" signal %s heap %llu, "
-				"rank %d has \"%s\" \"%s\" %s %llu", h[0].provider,
-				h[0].domain, fep_signal_name(h[0].signal),
-				(unsigned long long)h[0].heap_size, r, h[r].provider,
-				h[r].domain, fep_signal_name(h[r].signal),
-				(unsigned long long)h[r].heap_size);
+				"provider \"%s\" domain \"%s\" signal %s heap %llu "
+				"channels %d, rank %d has \"%s\" \"%s\" %s %llu %d",
+				h[0].provider, h[0].domain, fep_signal_name(h[0].signal),
+				(unsigned long long)h[0].heap_size, h[0].channels, r,
+				h[r].provider, h[r].domain, fep_signal_name(h[r].signal),
+				(unsigned long long)h[r].heap_size, h[r].channels);
 			return -FABEP_ERR_MISMATCH;
 		}
 	}
 	return 0;
+}
+
+/* Channels 1..n-1 of the fabric, opened and connected on every rank. */
+static int fep_comm_open_channels(fabep_comm_t *comm, int n)
+{
+	struct fep_fab_blob *mine, *all;
+	int c, ret, status;
+
+	mine = calloc((size_t)n, sizeof(*mine));
+	all = calloc((size_t)n * (size_t)comm->size, sizeof(*all));
+	status = mine && all ? fep_fabric_chan_open(comm->fab, n, mine) : -ENOMEM;
+	ret = fep_boot_agree(comm, status, "opening the channels");
+	for (c = 1; !ret && c < n; c++)
+		ret = fep_boot_allgather(comm->boot, &mine[c - 1],
+					 all + (size_t)(c - 1) * comm->size,
+					 sizeof(*mine));
+	if (!ret) {
+		status = fep_fabric_chan_connect(comm->fab, all);
+		ret = fep_boot_agree(comm, status, "connecting the channels");
+	}
+	free(mine);
+	free(all);
+	return ret;
 }
 
 FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
@@ -469,7 +543,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	struct fep_hello hello, *hellos = NULL;
 	struct fep_fab_params fp;
 	struct fep_fab_blob blob, *blobs = NULL;
-	int ret, status;
+	int ret, status, channels = 1;
+	long v;
 
 	if (!out) {
 		fep_err("fabep_comm_create: NULL output pointer");
@@ -482,6 +557,11 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	ret = fep_attr_from_env(&a);
 	if (ret)
 		return ret;
+	ret = fep_env_long("FABEP_CHANNELS", 1, FEP_MAX_CHANNELS, &v);
+	if (ret < 0)
+		return ret;
+	if (ret)
+		channels = (int)v;
 	if (a.signal < FABEP_SIGNAL_AUTO || a.signal > FABEP_SIGNAL_CQDATA) {
 		fep_err("fabep_comm_create: signal %d is not a fabep_signal_t",
 			(int)a.signal);
@@ -511,6 +591,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	hello.signal = a.signal;
 	hello.heap_size = a.heap_size;
 	hello.pid = (int32_t)getpid();
+	hello.channels = channels;
 	hello.pidns = fep_pidns();
 	hellos = calloc((size_t)comm->size, sizeof(*hellos));
 	blobs = calloc((size_t)comm->size, sizeof(*blobs));
@@ -536,6 +617,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	fp.timeout_ms = a.timeout_ms;
 	fp.heap_size = a.heap_size;
 	fp.numa_node = a.numa_node;
+	fp.channels = channels;
 	status = fep_fabric_open(&fp, &comm->fab);
 	if (!status)
 		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
@@ -552,6 +634,17 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	ret = fep_boot_agree(comm, status, "connecting");
 	if (ret)
 		goto err_fabric;
+	if (channels > 1 && comm->fab->signal != FABEP_SIGNAL_CQDATA) {
+		fep_warn("FABEP_CHANNELS=%d needs the cqdata signal strategy, not "
+			 "%s: using one channel", channels,
+			 fep_signal_name(comm->fab->signal));
+		channels = 1;
+	}
+	if (channels > 1) {
+		ret = fep_comm_open_channels(comm, channels);
+		if (ret)
+			goto err_fabric;
+	}
 
 	/* 3. barrier objects, then the warm-up exchange (first contact on
 	 * every pair, so the first real transfer never stalls) */

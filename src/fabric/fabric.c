@@ -414,6 +414,8 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	fab->rank = p->rank;
 	fab->size = p->size;
 	fab->timeout_ms = p->timeout_ms;
+	fab->nchan = 1;
+	fab->sig_unit = 1;
 
 	ret = fep_choose_info(p, &base);
 	if (ret)
@@ -472,7 +474,7 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 		 fep_signal_name(fab->signal), why, fab->mr_mode,
 		 fab->inject_size, fab->max_msg_size);
 
-	if (prov_is(info->fabric_attr->prov_name, "shm"))
+	if (prov_is(info->fabric_attr->prov_name, "shm") && !p->heap_of)
 		fep_shm_remove_regions(getpid());
 	ret = fi_fabric(info->fabric_attr, &fab->fabric, NULL);
 	if (ret) {
@@ -521,7 +523,8 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	ret = fep_ops_create(fab);
 	if (ret)
 		goto err_ep;
-	ret = fep_heap_create(fab, p->heap_size, p->numa_node);
+	ret = p->heap_of ? fep_heap_share(fab, p->heap_of) :
+		fep_heap_create(fab, p->heap_size, p->numa_node, p->channels > 1);
 	if (ret)
 		goto err_ops;
 	ret = fi_enable(fab->ep);
@@ -571,16 +574,22 @@ err_free:
 
 void fep_fabric_close(fep_fabric_t *fab)
 {
+	int c;
+
 	if (!fab)
 		return;
 	/* Reap what can still complete, within a short bound. */
-	if (fab->outstanding) {
+	if (fab->outstanding || fab->nchan > 1) {
 		int saved = fab->timeout_ms;
 
 		fab->timeout_ms = FEP_MIN(saved, 1000);
 		(void)fep_fabric_quiet(fab);
 		fab->timeout_ms = saved;
 	}
+	for (c = 1; c < fab->nchan; c++)
+		fep_fabric_close(fab->chan[c]);
+	free(fab->chan);
+	free(fab->slices);
 	fi_close(&fab->ep->fid);
 	fep_heap_destroy(fab);
 	if (fab->ops_mr)
@@ -786,6 +795,75 @@ int fep_fabric_progress(fep_fabric_t *fab)
 	return fab->tx_error;
 }
 
+int fep_fabric_progress_all(fep_fabric_t *fab)
+{
+	int c, ret = fep_fabric_progress(fab);
+
+	for (c = 1; !ret && c < fab->nchan; c++)
+		ret = fep_fabric_progress(fab->chan[c]);
+	return ret;
+}
+
+int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
+{
+	struct fep_fab_params p = { 0 };
+	int c, ret;
+
+	if (n <= 1)
+		return 0;
+	if (fab->signal != FABEP_SIGNAL_CQDATA) {
+		fep_err("%d channels need the cqdata signal strategy (this "
+			"communicator's is %s)", n, fep_signal_name(fab->signal));
+		return -FABEP_ERR_NO_SIGNAL;
+	}
+	fab->chan = calloc((size_t)n, sizeof(*fab->chan));
+	if (!fab->chan)
+		return -ENOMEM;
+	fab->chan[0] = fab;
+	p.provider = fab->info->fabric_attr->prov_name;
+	p.domain = fab->info->domain_attr->name;
+	p.signal = FABEP_SIGNAL_CQDATA;
+	p.rank = fab->rank;
+	p.size = fab->size;
+	p.timeout_ms = fab->timeout_ms;
+	p.heap_size = fab->heap_size;
+	p.numa_node = -1;
+	p.channels = 1;
+	p.heap_of = fab;
+	for (c = 1; c < n; c++) {
+		ret = fep_fabric_open(&p, &fab->chan[c]);
+		if (!ret)
+			ret = fep_fabric_blob(fab->chan[c], &blobs[c - 1]);
+		if (ret) {
+			if (fab->chan[c])
+				fep_fabric_close(fab->chan[c]);
+			while (--c >= 1)
+				fep_fabric_close(fab->chan[c]);
+			free(fab->chan);
+			fab->chan = NULL;
+			fep_err("opening channel %d of %d: %s", c + 1, n, fabep_strerror(ret));
+			return ret;
+		}
+		fab->chan[c]->timeout_ms = fab->timeout_ms;
+	}
+	fab->nchan = n;
+	return 0;
+}
+
+int fep_fabric_chan_connect(fep_fabric_t *fab, const struct fep_fab_blob *all)
+{
+	int c, ret;
+
+	for (c = 1; c < fab->nchan; c++) {
+		ret = fep_fabric_connect(fab->chan[c], all + (size_t)(c - 1) * fab->size);
+		if (ret)
+			return ret;
+	}
+	if (fab->nchan > 1)
+		fab->sig_unit = (uint64_t)fab->nchan;
+	return 0;
+}
+
 void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx)
 {
 	fab->alive = alive;
@@ -813,7 +891,7 @@ int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms)
 
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 {
-	int ret = fep_fabric_progress(fab);
+	int ret = fep_fabric_progress_all(fab);
 
 	if (!ret)
 		ret = fep_fabric_clock(fab, &st->deadline, fab->timeout_ms);
@@ -852,12 +930,33 @@ out:
 	free(hit);
 }
 
+static size_t fep_outstanding(const fep_fabric_t *fab)
+{
+	size_t n = fab->outstanding;
+	int c;
+
+	for (c = 1; c < fab->nchan; c++)
+		n += fab->chan[c]->outstanding;
+	return n;
+}
+
+/* The first error any channel has seen. */
+static int fep_tx_error(const fep_fabric_t *fab)
+{
+	int c;
+
+	for (c = 1; c < fab->nchan && !fab->tx_error; c++)
+		if (fab->chan[c]->tx_error)
+			return fab->chan[c]->tx_error;
+	return fab->tx_error;
+}
+
 int fep_fabric_quiet(fep_fabric_t *fab)
 {
 	struct fep_stall st = { { 0, 0 }, 0 };
 	int ret;
 
-	while (fab->outstanding) {
+	while (fep_outstanding(fab)) {
 		ret = fep_fabric_stall(fab, &st);
 		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
 			fab->tx_error = ret;  /* as after a timeout, below */
@@ -866,7 +965,7 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 
 			fep_busy_peers(fab, peers, sizeof(peers));
 			fep_err("%zu transfers still incomplete after %d ms%s%s%s",
-				fab->outstanding, fab->timeout_ms,
+				fep_outstanding(fab), fab->timeout_ms,
 				peers[0] ? " (to " : "", peers, peers[0] ? ")" : "");
 			/* as after a failed wait: the peers may be gone, so
 			 * nothing (fabep_comm_destroy included) waits for them
@@ -877,5 +976,5 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 		if (ret)
 			return ret;
 	}
-	return fab->tx_error;
+	return fep_tx_error(fab);
 }

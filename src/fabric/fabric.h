@@ -25,6 +25,7 @@
 #define FEP_FI_VERSION FI_VERSION(1, 17)
 #define FEP_RAW_KEY_MAX 32
 #define FEP_NAME_MAX 160
+#define FEP_MAX_CHANNELS 16   /* FABEP_CHANNELS at most */
 
 /* One posted operation: pooled, never on the stack. */
 struct fep_op {
@@ -66,6 +67,8 @@ struct fep_fab_params {
 	int timeout_ms;
 	size_t heap_size;
 	int numa_node;          /* for the heap allocation, -1: local */
+	int channels;           /* endpoints that share the writes (>= 1) */
+	struct fep_fabric *heap_of;  /* a channel: register this one's heap */
 };
 
 typedef struct fep_fabric {
@@ -111,6 +114,22 @@ typedef struct fep_fabric {
 
 	struct fep_peer *peers;
 
+	/* Channels (FABEP_CHANNELS): chan[0] is this fabric, chan[1..] more
+	 * endpoints, each in its own domain with its own CQs, registering
+	 * the same heap.  A large put with a signal is split in slices, one
+	 * per channel, each signalled with its own CQ data, and the target's
+	 * threads progress the channels side by side (on shm the target
+	 * copies: one thread per channel copies one slice).  So that every
+	 * slice counts, every signal adds sig_unit (= nchan) times its
+	 * amount, shared out over the slices, and fep_counter_load divides
+	 * by sig_unit. */
+	int nchan;
+	struct fep_fabric **chan;
+	uint64_t sig_unit;
+	bool heap_shared;       /* a channel's: the heap is chan[0]'s */
+	struct fep_put *slices; /* scratch of fep_fab_put_signal_many */
+	size_t slices_cap;
+
 	/* fep_fabric_set_alive: asked, every FEP_ALIVE_EVERY_MS of a wait
 	 * that has lasted that long, whether every peer it can watch still
 	 * runs (0) or not (-FABEP_ERR_PEER_LOST, logged) */
@@ -139,6 +158,14 @@ void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx)
 int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms);
 /* Read both CQs once.  Returns 0 or the first error seen. */
 int fep_fabric_progress(fep_fabric_t *fab);
+/* The same on every channel, one after the other. */
+int fep_fabric_progress_all(fep_fabric_t *fab);
+/* Open channels 1..n-1 of fab (cqdata only: they share its counters) and
+ * fill their blobs (blobs[c - 1]); connect them with
+ * fep_fabric_chan_connect, blobs of every rank for channel c at
+ * all[(c - 1) * size ...]. */
+int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs);
+int fep_fabric_chan_connect(fep_fabric_t *fab, const struct fep_fab_blob *all);
 /* One round of waiting on the fabric: progress both CQs, then back off
  * (spin, yield, sleep); -ETIMEDOUT once the rounds of this wait took the
  * communicator's timeout; 0: look again.  st starts zeroed. */
@@ -153,7 +180,12 @@ int fep_fabric_quiet(fep_fabric_t *fab);
 int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d);
 
 /* ---- mr.c: symmetric heap ---- */
-int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node);
+/* Map and register it; thp: ask for transparent huge pages (channels: the
+ * kernel's copy between processes pins pages, and 4 KiB pages make the
+ * threads of every channel queue on one page-table lock). */
+int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node, bool thp);
+/* A channel: register chan[0]'s heap in its own domain. */
+int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of);
 void fep_heap_destroy(fep_fabric_t *fab);
 int fep_heap_bind(fep_fabric_t *fab);    /* FI_MR_ENDPOINT: after ep enable */
 int fep_heap_alloc_(fep_fabric_t *fab, size_t size, size_t align, uint64_t *off);
@@ -194,11 +226,13 @@ struct fep_put {
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 			    size_t n);
 
-/* Local counter access: acquire load. */
+/* Local counter access: acquire load, in the units of the adds. */
 static inline uint64_t fep_counter_load(fep_fabric_t *fab, uint64_t off)
 {
-	return __atomic_load_n((uint64_t *)fep_heap_at(fab, off),
-			       __ATOMIC_ACQUIRE);
+	uint64_t v = __atomic_load_n((uint64_t *)fep_heap_at(fab, off),
+				     __ATOMIC_ACQUIRE);
+
+	return fab->sig_unit > 1 ? v / fab->sig_unit : v;
 }
 /* Wait for the counter at off to reach target, progressing.  timeout_ms
  * < 0: the fabric's.  -ETIMEDOUT (not logged: the caller names peers). */

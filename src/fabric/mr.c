@@ -18,7 +18,30 @@
 
 #define FEP_HEAP_KEY 0xfeb0c0deull
 
-int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node)
+static int fep_heap_register(fep_fabric_t *fab, void *p, size_t size)
+{
+	int ret = fi_mr_reg(fab->domain, p, size, FI_WRITE | FI_REMOTE_WRITE, 0,
+			    FEP_HEAP_KEY, 0, &fab->heap_mr, NULL);
+
+	if (ret) {
+		fep_err("fi_mr_reg(heap, %zu bytes): %s", size, fi_strerror(-ret));
+		return ret;
+	}
+	fab->heap_desc = fi_mr_desc(fab->heap_mr);
+	fab->heap_key = fi_mr_key(fab->heap_mr);
+	return 0;
+}
+
+int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of)
+{
+	fab->heap = of->heap;
+	fab->heap_size = of->heap_size;
+	fab->heap_used = of->heap_size;   /* allocations are chan[0]'s */
+	fab->heap_shared = true;
+	return fep_heap_register(fab, fab->heap, fab->heap_size);
+}
+
+int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node, bool thp)
 {
 	size_t page = 4096;
 	void *p;
@@ -31,6 +54,8 @@ int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node)
 		fep_err("cannot map a heap of %zu bytes: %s", size, strerror(errno));
 		return -ENOMEM;
 	}
+	if (thp && madvise(p, size, MADV_HUGEPAGE))
+		fep_dbg("madvise(MADV_HUGEPAGE): %s", strerror(errno));
 	if (numa_node >= 0 && numa_available() >= 0 &&
 	    numa_node <= numa_max_node()) {
 		unsigned long mask[16] = { 0 };
@@ -47,17 +72,12 @@ int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node)
 	fab->heap = p;
 	fab->heap_size = size;
 	fab->heap_used = 0;
-	ret = fi_mr_reg(fab->domain, p, size, FI_WRITE | FI_REMOTE_WRITE, 0,
-			FEP_HEAP_KEY, 0, &fab->heap_mr, NULL);
+	ret = fep_heap_register(fab, p, size);
 	if (ret) {
-		fep_err("fi_mr_reg(heap, %zu bytes): %s", size, fi_strerror(-ret));
 		munmap(p, size);
 		fab->heap = NULL;
-		return ret;
 	}
-	fab->heap_desc = fi_mr_desc(fab->heap_mr);
-	fab->heap_key = fi_mr_key(fab->heap_mr);
-	return 0;
+	return ret;
 }
 
 static int fep_mr_bind_enable(fep_fabric_t *fab, struct fid_mr *mr, const char *what)
@@ -104,7 +124,7 @@ void fep_heap_destroy(fep_fabric_t *fab)
 	if (fab->heap_mr)
 		fi_close(&fab->heap_mr->fid);
 	fab->heap_mr = NULL;
-	if (fab->heap)
+	if (fab->heap && !fab->heap_shared)
 		munmap(fab->heap, fab->heap_size);
 	fab->heap = NULL;
 }

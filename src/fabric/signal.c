@@ -18,6 +18,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -327,6 +328,7 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 		ret = fep_check_sig(fab, sig);
 	if (ret)
 		return ret;
+	add *= fab->sig_unit;
 	if (fab->signal == FABEP_SIGNAL_CQDATA) {
 		/* a zero-byte write that carries the CQ data */
 		uint64_t data, rest = add;
@@ -340,8 +342,81 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 	return fep_post_atomic(fab, peer, sig, add);
 }
 
+static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
+
+/* A slice carries at least this much (below, the copies' start-up costs
+ * more than the threads win). */
+#define FEP_SLICE_MIN (64u << 10)
+
+/* Channels: share every put with a signal of at least two slices' bytes
+ * over the channels, each slice signalled on its own channel; its adds,
+ * in units of fab->sig_unit, sum to the put's. */
+static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+{
+	size_t nch = (size_t)fab->nchan, i, c, cnt[FEP_MAX_CHANNELS] = { 0 };
+	struct fep_put *list;
+	int ret;
+
+	if (fab->slices_cap < n * nch) {
+		list = realloc(fab->slices, n * nch * sizeof(*list));
+		if (!list)
+			return -ENOMEM;
+		fab->slices = list;
+		fab->slices_cap = n * nch;
+	}
+	list = fab->slices;   /* channel c's at list[c * n ...] */
+	for (i = 0; i < n; i++) {
+		const struct fep_put *p = &puts[i];
+		uint64_t total = p->add * fab->sig_unit;
+		size_t s = p->add ? FEP_MIN(nch, p->len / FEP_SLICE_MIN) : 1, j;
+
+		if (s <= 1) {
+			list[cnt[0]] = *p;
+			list[cnt[0]++].add = total;
+			continue;
+		}
+		for (j = 0; j < s; j++) {
+			/* 64-byte boundaries; the last slice ends the put */
+			size_t b0 = (p->len * j / s) & ~(size_t)63;
+			size_t b1 = j + 1 < s ? (p->len * (j + 1) / s) & ~(size_t)63 : p->len;
+			struct fep_put *q = &list[j * n + cnt[j]++];
+
+			*q = *p;
+			q->dst += b0;
+			q->src += b0;
+			q->len = b1 - b0;
+			q->add = total / s + (j < total % s);
+		}
+	}
+	for (c = 0; c < nch; c++) {
+		ret = put_many(fab->chan[c], list + c * n, cnt[c]);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 			    size_t n)
+{
+	size_t i;
+	int ret;
+
+	if (fab->nchan <= 1)
+		return put_many(fab, puts, n);
+	for (i = 0; i < n; i++) {
+		ret = fep_check_peer(fab, puts[i].peer);
+		if (!ret)
+			ret = fep_check_range(fab, puts[i].dst, puts[i].src, puts[i].len);
+		if (!ret && puts[i].add)
+			ret = fep_check_sig(fab, puts[i].sig);
+		if (ret)
+			return ret;
+	}
+	return put_sliced(fab, puts, n);
+}
+
+static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
 	size_t i;
@@ -437,7 +512,7 @@ int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
 	for (;;) {
 		if (fep_counter_load(fab, off) >= target)
 			return 0;
-		ret = fep_fabric_progress(fab);
+		ret = fep_fabric_progress_all(fab);
 		if (ret)
 			return ret;
 		if (fep_counter_load(fab, off) >= target)
