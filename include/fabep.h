@@ -205,6 +205,10 @@ FABEP_API int fabep_put(fabep_comm_t *comm, int peer, fabep_off_t dst,
  * `peer`, such that when the peer sees the counter move, the data is
  * there.  Counters are never reset: wait for counter >= a target that
  * advances.  `sig` must be 8-byte aligned; len may be 0 (signal only).
+ * Read counters with fabep_counter_read or fabep_wait: with several
+ * channels (FABEP_CHANNELS, fabep(7)) the word in memory holds the count
+ * times the number of channels, since a large put is split over them and
+ * each part adds its share.
  */
 FABEP_API int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 			       fabep_off_t src, size_t len, fabep_off_t sig,

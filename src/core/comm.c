@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 
 #define FEP_DEFAULT_TIMEOUT_MS 30000
+#define FEP_AUTO_CHANNELS 8   /* FABEP_CHANNELS unset, shm: at most */
 #define FEP_DEFAULT_HEAP (64ul << 20)
 
 /* What every rank must agree on, compared at creation. */
@@ -512,12 +513,38 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 	return 0;
 }
 
-/* Channels 1..n-1 of the fabric, opened and connected on every rank. */
-static int fep_comm_open_channels(fabep_comm_t *comm, int n)
+/* Channels 1..n-1 of the fabric, opened and connected on every rank.
+ * asked: FABEP_CHANNELS (the same on every rank, checked with the hellos),
+ * or 0: on shm as many as the pool has threads, at most 8, the fewest of
+ * any rank; elsewhere one. */
+static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 {
 	struct fep_fab_blob *mine, *all;
-	int c, ret, status;
+	int c, ret, status, n = asked;
 
+	if (!n) {
+		int32_t want = 1, *wants;
+
+		if (!strcmp(comm->fab->desc.provider, "shm") &&
+		    comm->fab->signal == FABEP_SIGNAL_CQDATA)
+			want = FEP_MIN(fep_pool_threads(comm->pool), FEP_AUTO_CHANNELS);
+		wants = calloc((size_t)comm->size, sizeof(*wants));
+		if (!wants)
+			return -ENOMEM;
+		ret = fep_boot_allgather(comm->boot, &want, wants, sizeof(want));
+		for (c = 0; !ret && c < comm->size; c++)
+			want = FEP_MIN(want, wants[c]);
+		free(wants);
+		if (ret)
+			return ret;
+		n = want;
+	} else if (n > 1 && comm->fab->signal != FABEP_SIGNAL_CQDATA) {
+		fep_warn("FABEP_CHANNELS=%d needs the cqdata signal strategy, not "
+			 "%s: using one channel", n, fep_signal_name(comm->fab->signal));
+		n = 1;
+	}
+	if (n <= 1)
+		return 0;
 	mine = calloc((size_t)n, sizeof(*mine));
 	all = calloc((size_t)n * (size_t)comm->size, sizeof(*all));
 	status = mine && all ? fep_fabric_chan_open(comm->fab, n, mine) : -ENOMEM;
@@ -543,7 +570,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	struct fep_hello hello, *hellos = NULL;
 	struct fep_fab_params fp;
 	struct fep_fab_blob blob, *blobs = NULL;
-	int ret, status, channels = 1;
+	int ret, status, channels = 0;
 	long v;
 
 	if (!out) {
@@ -617,7 +644,6 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	fp.timeout_ms = a.timeout_ms;
 	fp.heap_size = a.heap_size;
 	fp.numa_node = a.numa_node;
-	fp.channels = channels;
 	status = fep_fabric_open(&fp, &comm->fab);
 	if (!status)
 		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
@@ -634,19 +660,23 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	ret = fep_boot_agree(comm, status, "connecting");
 	if (ret)
 		goto err_fabric;
-	if (channels > 1 && comm->fab->signal != FABEP_SIGNAL_CQDATA) {
-		fep_warn("FABEP_CHANNELS=%d needs the cqdata signal strategy, not "
-			 "%s: using one channel", channels,
-			 fep_signal_name(comm->fab->signal));
-		channels = 1;
-	}
-	if (channels > 1) {
-		ret = fep_comm_open_channels(comm, channels);
-		if (ret)
-			goto err_fabric;
-	}
 
-	/* 3. barrier objects, then the warm-up exchange (first contact on
+	/* 3. the kernel thread pool, near the NIC (or the caller, for shm) */
+	comm->numa_node = fep_comm_pick_numa(comm, &a);
+	ret = fep_pool_create(a.threads, comm->numa_node, comm->local_size,
+			      &comm->pool);
+	ret = fep_boot_agree(comm, ret, "creating the thread pool");
+	if (ret)
+		goto err_fabric;
+	comm->numa_node = fep_pool_node(comm->pool);
+
+	/* 4. the channels, one per pool thread by default on shm (before
+	 * any counter counts: they count in units of the channels) */
+	ret = fep_comm_open_channels(comm, channels);
+	if (ret)
+		goto err_fabric;
+
+	/* 5. barrier objects, then the warm-up exchange (first contact on
 	 * every pair, so the first real transfer never stalls) */
 	if ((ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->bar_ctr)) ||
 	    (ret = fep_heap_alloc_(comm->fab, (size_t)comm->size * sizeof(struct fep_xslot),
@@ -667,21 +697,14 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	if (ret)
 		goto err_fabric;
 
-	/* 4. the kernel thread pool, near the NIC (or the caller, for shm) */
-	comm->numa_node = fep_comm_pick_numa(comm, &a);
-	ret = fep_pool_create(a.threads, comm->numa_node, comm->local_size,
-			      &comm->pool);
-	ret = fep_boot_agree(comm, ret, "creating the thread pool");
-	if (ret)
-		goto err_fabric;
-	comm->numa_node = fep_pool_node(comm->pool);
-
 	free(hellos);
 	free(blobs);
-	fep_info("rank %d of %d: provider %s domain %s signal %s, %d threads on "
-		 "node %d", comm->rank, comm->size, comm->fab->desc.provider,
-		 comm->fab->desc.domain, fep_signal_name(comm->fab->signal),
-		 fep_pool_threads(comm->pool), comm->numa_node);
+	fep_info("rank %d of %d: provider %s domain %s signal %s, %d channel%s, "
+		 "%d threads on node %d", comm->rank, comm->size,
+		 comm->fab->desc.provider, comm->fab->desc.domain,
+		 fep_signal_name(comm->fab->signal), comm->fab->nchan,
+		 comm->fab->nchan > 1 ? "s" : "", fep_pool_threads(comm->pool),
+		 comm->numa_node);
 	*out = comm;
 	return 0;
 
@@ -850,5 +873,5 @@ FEP_EXPORT int fabep_progress(fabep_comm_t *comm)
 {
 	if (!comm)
 		return -EINVAL;
-	return fep_fabric_progress(comm->fab);
+	return fep_fabric_progress_all(comm->fab);
 }

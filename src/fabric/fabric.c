@@ -14,6 +14,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -524,7 +525,7 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	if (ret)
 		goto err_ep;
 	ret = p->heap_of ? fep_heap_share(fab, p->heap_of) :
-		fep_heap_create(fab, p->heap_size, p->numa_node, p->channels > 1);
+		fep_heap_create(fab, p->heap_size, p->numa_node);
 	if (ret)
 		goto err_ops;
 	ret = fi_enable(fab->ep);
@@ -828,8 +829,9 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 	p.timeout_ms = fab->timeout_ms;
 	p.heap_size = fab->heap_size;
 	p.numa_node = -1;
-	p.channels = 1;
 	p.heap_of = fab;
+	if (madvise(fab->heap, fab->heap_size, MADV_HUGEPAGE))
+		fep_dbg("madvise(heap, MADV_HUGEPAGE): %s", strerror(errno));
 	for (c = 1; c < n; c++) {
 		ret = fep_fabric_open(&p, &fab->chan[c]);
 		if (!ret)

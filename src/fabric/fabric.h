@@ -67,7 +67,6 @@ struct fep_fab_params {
 	int timeout_ms;
 	size_t heap_size;
 	int numa_node;          /* for the heap allocation, -1: local */
-	int channels;           /* endpoints that share the writes (>= 1) */
 	struct fep_fabric *heap_of;  /* a channel: register this one's heap */
 };
 
@@ -161,7 +160,10 @@ int fep_fabric_progress(fep_fabric_t *fab);
 /* The same on every channel, one after the other. */
 int fep_fabric_progress_all(fep_fabric_t *fab);
 /* Open channels 1..n-1 of fab (cqdata only: they share its counters) and
- * fill their blobs (blobs[c - 1]); connect them with
+ * fill their blobs (blobs[c - 1]); asks for transparent huge pages on the
+ * heap (the kernel's copy between processes pins pages one by one, and
+ * with 4 KiB pages the copies of every channel queue on one page-table
+ * lock); connect them with
  * fep_fabric_chan_connect, blobs of every rank for channel c at
  * all[(c - 1) * size ...]. */
 int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs);
@@ -180,10 +182,7 @@ int fep_fabric_quiet(fep_fabric_t *fab);
 int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d);
 
 /* ---- mr.c: symmetric heap ---- */
-/* Map and register it; thp: ask for transparent huge pages (channels: the
- * kernel's copy between processes pins pages, and 4 KiB pages make the
- * threads of every channel queue on one page-table lock). */
-int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node, bool thp);
+int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node);
 /* A channel: register chan[0]'s heap in its own domain. */
 int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of);
 void fep_heap_destroy(fep_fabric_t *fab);

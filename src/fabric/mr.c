@@ -41,7 +41,7 @@ int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of)
 	return fep_heap_register(fab, fab->heap, fab->heap_size);
 }
 
-int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node, bool thp)
+int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node)
 {
 	size_t page = 4096;
 	void *p;
@@ -54,8 +54,6 @@ int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node, bool thp)
 		fep_err("cannot map a heap of %zu bytes: %s", size, strerror(errno));
 		return -ENOMEM;
 	}
-	if (thp && madvise(p, size, MADV_HUGEPAGE))
-		fep_dbg("madvise(MADV_HUGEPAGE): %s", strerror(errno));
 	if (numa_node >= 0 && numa_available() >= 0 &&
 	    numa_node <= numa_max_node()) {
 		unsigned long mask[16] = { 0 };
