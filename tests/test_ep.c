@@ -41,6 +41,7 @@ struct params {
 	int zcopy;        /* FABEP_MOE_ZERO_COPY */
 	const char *chunk; /* FABEP_MOE_CHUNK (mismatch 2: only rank 1's) */
 	int sendbuf;      /* tokens go through fabep_moe_send_buffer */
+	const char *channels; /* FABEP_CHANNELS */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -383,6 +384,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	cfg->fp8_block = p->block;
 	cfg->flags = p->zcopy ? FABEP_MOE_ZERO_COPY : 0;
 	fabep_comm_attr_init(&a);
+	if (p->channels)
+		setenv("FABEP_CHANNELS", p->channels, 1);
 	a.threads = p->threads ? p->threads : fep_test_threads(1);
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
 	if (p->heap_small)
@@ -744,6 +747,17 @@ EP_TEST(sb_shm2_big, "shm", 2, .rounds = 3, .hidden = 7168, .topk = 8,
 	.experts = 16, .max_tokens = 24, .threads = 2, .sendbuf = 1)
 EP_TEST(tcp3_chunks, "tcp", 3, .rounds = 10, .experts = 9, .routing = R_NEG,
 	.topk = 4, .hidden = 128, .max_tokens = 30, .chunk = "1000")
+/* channels: runs of 128 KiB and more split over several endpoints,
+ * progressed by the pool's threads (threads 2) or the caller alone */
+EP_TEST(chan_shm2_big, "shm", 2, .rounds = 4, .hidden = 7168, .topk = 8,
+	.experts = 16, .max_tokens = 48, .threads = 2, .channels = "4",
+	.split = 1, .backward = 1)
+EP_TEST(chan_shm3_fp8_zc, "shm", 3, .rounds = 4, .hidden = 4096, .topk = 6,
+	.experts = 12, .max_tokens = 40, .threads = 1, .channels = "3",
+	.tt = FABEP_MOE_FP8, .block = 128, .zcopy = 1, .outstanding = 1)
+EP_TEST(chan_tcp2_chunks, "tcp", 2, .rounds = 4, .hidden = 4096, .topk = 4,
+	.experts = 8, .max_tokens = 32, .threads = 2, .channels = "2",
+	.chunk = "200000", .routing = R_NEG)
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -931,6 +945,9 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, zc_shm4_fp8_block);
 	tcase_add_test(tc, zc_shm2_fp8_pre);
 	tcase_add_test(tc, zc_shm2_big_7168);
+	tcase_add_test(tc, chan_shm2_big);
+	tcase_add_test(tc, chan_shm3_fp8_zc);
+	tcase_add_test(tc, chan_tcp2_chunks);
 	tcase_add_test(tc, zc_shm2_fp8_tok);
 	tcase_add_test(tc, zc_shm2_outstanding);
 	tcase_add_test(tc, zc_tcp2_fp8);

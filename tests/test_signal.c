@@ -29,6 +29,8 @@ struct stress {
 	const size_t *sizes;
 	int nsizes;
 	int skipped;
+	const char *channels;   /* FABEP_CHANNELS, NULL: unset */
+	int threads;
 };
 
 static void fill(uint8_t *p, size_t n, int src, int round)
@@ -45,15 +47,23 @@ static void fill(uint8_t *p, size_t n, int src, int round)
 		p[i] = (uint8_t)fep_test_rand(&s);
 }
 
-static int make_comm(fabep_signal_t sig, size_t heap, fabep_comm_t **comm)
+static int make_comm_chan(fabep_signal_t sig, size_t heap, const char *channels,
+			  int threads, fabep_comm_t **comm)
 {
 	fabep_comm_attr_t a;
 
+	if (channels)
+		setenv("FABEP_CHANNELS", channels, 1);
 	fabep_comm_attr_init(&a);
 	a.signal = sig;
 	a.heap_size = heap;
-	a.threads = 1;
+	a.threads = threads > 0 ? threads : 1;
 	return fabep_comm_create(&a, comm);
+}
+
+static int make_comm(fabep_signal_t sig, size_t heap, fabep_comm_t **comm)
+{
+	return make_comm_chan(sig, heap, NULL, 1, comm);
 }
 
 static int stress_rank(int rank, int size, void *arg)
@@ -68,7 +78,8 @@ static int stress_rank(int rank, int size, void *arg)
 	for (i = 0; i < st->nsizes; i++)
 		if (st->sizes[i] > maxlen)
 			maxlen = st->sizes[i];
-	ret = make_comm(st->signal, (size_t)size * maxlen + (8u << 20), &comm);
+	ret = make_comm_chan(st->signal, (size_t)size * maxlen + (8u << 20),
+			     st->channels, st->threads, &comm);
 	if (ret == -FABEP_ERR_NO_SIGNAL)
 		return 77; /* strategy not offered: the caller skips */
 	if (ret) {
@@ -139,10 +150,11 @@ static int stress_rank(int rank, int size, void *arg)
 static const size_t small_sizes[] = { 1, 7, 8, 64, 100, 4096, 4097, 65536 + 3 };
 static const size_t big_sizes[] = { 1, 1u << 20, (4u << 20) + 13, 3, 65536 };
 
-static void run_stress(const char *prov, fabep_signal_t sig, int size,
-		       int small_rounds, int big_rounds)
+static void run_stress_chan(const char *prov, fabep_signal_t sig, int size,
+			    int small_rounds, int big_rounds, const char *channels,
+			    int threads)
 {
-	struct stress st = { .signal = sig };
+	struct stress st = { .signal = sig, .channels = channels, .threads = threads };
 	int status[8], r, ret;
 
 	if (!fep_test_have_provider(prov))
@@ -170,8 +182,21 @@ static void run_stress(const char *prov, fabep_signal_t sig, int size,
 			      fabep_signal_name(sig), r, status[r]);
 }
 
+static void run_stress(const char *prov, fabep_signal_t sig, int size,
+		       int small_rounds, int big_rounds)
+{
+	run_stress_chan(prov, sig, size, small_rounds, big_rounds, NULL, 1);
+}
+
 #define STRESS_TEST(name, prov, sig, n, small, big)        \
 	START_TEST(name) { run_stress(prov, sig, n, small, big); } END_TEST
+/* Channels: puts of 128 KiB and more are split over them; the counter
+ * must read exactly the sum of the adds (never more, never early), with
+ * the waits' threads progressing the channels side by side (threads 2)
+ * or the caller progressing all of them (threads 1).  Asked for with
+ * another strategy than cqdata, a warning and one channel. */
+#define CHAN_TEST(name, prov, sig, n, small, big, chans, threads)  \
+	START_TEST(name) { run_stress_chan(prov, sig, n, small, big, chans, threads); } END_TEST
 
 STRESS_TEST(shm_cqdata, "shm", FABEP_SIGNAL_CQDATA, 4, 3000, 40)
 STRESS_TEST(shm_ordered, "shm", FABEP_SIGNAL_ORDERED, 3, 3000, 40)
@@ -185,6 +210,10 @@ STRESS_TEST(sockets_fence, "sockets", FABEP_SIGNAL_FENCE, 2, 200, 4)
 STRESS_TEST(sockets_ordered, "sockets", FABEP_SIGNAL_ORDERED, 3, 1000, 8)
 STRESS_TEST(sockets_cqdata, "sockets", FABEP_SIGNAL_CQDATA, 2, 1000, 8)
 STRESS_TEST(sockets_delivery, "sockets", FABEP_SIGNAL_DELIVERY, 2, 500, 8)
+CHAN_TEST(shm_chan4, "shm", FABEP_SIGNAL_AUTO, 3, 1000, 40, "4", 2)
+CHAN_TEST(shm_chan3_one_thread, "shm", FABEP_SIGNAL_CQDATA, 2, 500, 30, "3", 1)
+CHAN_TEST(shm_chan_ordered, "shm", FABEP_SIGNAL_ORDERED, 2, 200, 10, "4", 2)
+CHAN_TEST(tcp_chan2, "tcp", FABEP_SIGNAL_CQDATA, 3, 500, 10, "2", 2)
 
 /* ---- failures ---- */
 
@@ -289,6 +318,34 @@ START_TEST(unsupported_signal)
 	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
 	unsetenv("FABEP_SIGNAL");
 	unsetenv("FABEP_PROVIDER");
+}
+END_TEST
+
+/* rank 1 asks for 3 channels, the others for 2: refused on every rank */
+static int chan_mismatch_rank(int rank, int size, void *arg)
+{
+	setenv("FABEP_CHANNELS", rank == 1 ? "3" : "2", 1);
+	(void)size;
+	return bad_env_rank(rank, size, arg);
+}
+
+START_TEST(channels_bad)
+{
+	static const char *bad[] = { "0", "17", "two", "-1" };
+	int expect = -EINVAL, mismatch = -FABEP_ERR_MISMATCH;
+	size_t i;
+
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("FABEP_CHANNELS", bad[i], 1);
+		ck_assert_msg(fep_test_run_ranks(1, 30, bad_env_rank, &expect) == 0,
+			      "FABEP_CHANNELS=%s accepted", bad[i]);
+	}
+	unsetenv("FABEP_CHANNELS");
+	if (fep_test_have_provider("shm")) {
+		fep_test_use_provider("shm");
+		ck_assert_int_eq(fep_test_run_ranks(3, 30, chan_mismatch_rank,
+						    &mismatch), 0);
+	}
 }
 END_TEST
 
@@ -423,6 +480,15 @@ static Suite *suite(void)
 	tcase_add_test(tc, sockets_ordered);
 	tcase_add_test(tc, sockets_cqdata);
 	tcase_add_test(tc, sockets_delivery);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("channels");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, shm_chan4);
+	tcase_add_test(tc, shm_chan3_one_thread);
+	tcase_add_test(tc, shm_chan_ordered);
+	tcase_add_test(tc, tcp_chan2);
+	tcase_add_test(tc, channels_bad);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failures");
