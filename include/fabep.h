@@ -250,6 +250,9 @@ FABEP_API const char *fabep_isa_name(fabep_isa_t isa);
 /* Number of worker threads and NUMA node of a communicator's pool. */
 FABEP_API int fabep_comm_threads(const fabep_comm_t *comm);
 FABEP_API int fabep_comm_numa_node(const fabep_comm_t *comm);
+/* Number of channels: endpoints per rank that large puts are split over
+ * (FABEP_CHANNELS, fabep(7)). */
+FABEP_API int fabep_comm_channels(const fabep_comm_t *comm);
 
 /* ------------------------------------------------------------------ */
 /* Expert parallelism: dispatch and combine                           */

@@ -807,6 +807,7 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_comm_size(NULL), -EINVAL);
 	EXPECT(fabep_comm_threads(NULL), -EINVAL);
 	EXPECT(fabep_comm_numa_node(NULL), -EINVAL);
+	EXPECT(fabep_comm_channels(NULL), -EINVAL);
 	EXPECT(fabep_comm_provider(NULL), NULL);
 	EXPECT(fabep_comm_domain(NULL), NULL);
 	EXPECT(fabep_heap_size(NULL), 0);

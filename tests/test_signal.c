@@ -86,6 +86,14 @@ static int stress_rank(int rank, int size, void *arg)
 		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
 		return 1;
 	}
+	if (st->channels &&
+	    fabep_comm_channels(comm) != (fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ?
+					  atoi(st->channels) : 1)) {
+		fprintf(stderr, "rank %d: %d channels with FABEP_CHANNELS=%s, signal %s\n",
+			rank, fabep_comm_channels(comm), st->channels,
+			fabep_signal_name(fabep_comm_signal(comm)));
+		return 1;
+	}
 	if ((ret = fabep_heap_alloc(comm, 8, 8, &ctr)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 8, &ack)) ||
 	    (ret = fabep_heap_alloc(comm, (size_t)size * maxlen, 64, &slots)) ||

@@ -856,7 +856,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"ref_cold_GBps: %.3f ratio_cold: %.3f ref_live_us: %.1f "
 				"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
 				"floor_us: %.1f ceiling_live: %.3f overlap_us: %.1f "
-				"ceiling_overlap: %.3f check: %s\n", o->op,
+				"ceiling_overlap: %.3f channels: %d check: %s\n", o->op,
 				fabep_comm_provider(comm), size, n, H, k,
 				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
@@ -865,13 +865,14 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				sbuf ? "send_buffer" : "caller", cmed, cgbps,
 				cgbps > 0 ? gbps / cgbps : 0, lvmed, lgbps,
 				lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
-				omed, ceil_ov, chk);
+				omed, ceil_ov, fabep_comm_channels(comm), chk);
 		else {
 			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
-				"rank 0's figures; bytes = what rank 0 put to other "
-				"ranks; ref = fabep_put of the same bytes\n", tool_name,
+				"%d channels, rank 0's figures; bytes = what rank 0 "
+				"put to other ranks; ref = fabep_put of the same bytes "
+				"(one write per peer, on one channel)\n", tool_name,
 				o->op, fabep_comm_provider(comm), size,
-				fabep_comm_threads(comm));
+				fabep_comm_threads(comm), fabep_comm_channels(comm));
 			fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %8s "
 				"%6s %6s\n", "op", "fmt", "tokens", "hidden", "topk",
 				"exp", "bytes", "median_us", "min_us", "GB/s", "ref_GB/s",

@@ -774,6 +774,11 @@ FEP_EXPORT fabep_signal_t fabep_comm_signal(const fabep_comm_t *comm)
 	return comm ? comm->fab->signal : FABEP_SIGNAL_AUTO;
 }
 
+FEP_EXPORT int fabep_comm_channels(const fabep_comm_t *comm)
+{
+	return comm ? comm->fab->nchan : -EINVAL;
+}
+
 FEP_EXPORT int fabep_comm_threads(const fabep_comm_t *comm)
 {
 	return comm ? fep_pool_threads(comm->pool) : -EINVAL;
