@@ -101,6 +101,14 @@ static int stress_rank(int rank, int size, void *arg)
 		fprintf(stderr, "alloc: %s\n", fabep_strerror(ret));
 		return 1;
 	}
+	/* an add that the channels would multiply past 64 bits: refused,
+	 * nothing sent (the counter checks below would see it) */
+	if (fabep_comm_channels(comm) > 1 &&
+	    (ret = fabep_put_signal(comm, (rank + 1) % size, src, src, 0, ctr,
+				    UINT64_MAX)) != -ERANGE) {
+		fprintf(stderr, "rank %d: add past 64 bits gave %d\n", rank, ret);
+		return 1;
+	}
 	expect = malloc(maxlen ? maxlen : 1);
 	for (i = 1; i <= st->rounds; i++) {
 		size_t len = st->sizes[i % st->nsizes];

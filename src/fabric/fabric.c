@@ -837,16 +837,17 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 		if (!ret)
 			ret = fep_fabric_blob(fab->chan[c], &blobs[c - 1]);
 		if (ret) {
+			fep_err("opening channel %d of %d: %s", c + 1, n, fabep_strerror(ret));
 			if (fab->chan[c])
 				fep_fabric_close(fab->chan[c]);
 			while (--c >= 1)
 				fep_fabric_close(fab->chan[c]);
 			free(fab->chan);
 			fab->chan = NULL;
-			fep_err("opening channel %d of %d: %s", c + 1, n, fabep_strerror(ret));
 			return ret;
 		}
-		fab->chan[c]->timeout_ms = fab->timeout_ms;
+		/* its posts' retries watch the peers too */
+		fep_fabric_set_alive(fab->chan[c], fab->alive, fab->alive_ctx);
 	}
 	fab->nchan = n;
 	return 0;

@@ -266,6 +266,18 @@ static int fep_check_sig(fep_fabric_t *fab, uint64_t sig)
 	return 0;
 }
 
+/* With channels an add counts sig_unit times: it must stay in range. */
+static int fep_check_add(const fep_fabric_t *fab, uint64_t add)
+{
+	if (add > UINT64_MAX / fab->sig_unit) {
+		fep_err("signal add %llu is too large for %d channels (at most %llu)",
+			(unsigned long long)add, fab->nchan,
+			(unsigned long long)(UINT64_MAX / fab->sig_unit));
+		return -ERANGE;
+	}
+	return 0;
+}
+
 /* cqdata: the counter index and the amount, packed into the CQ data. */
 static int fep_cqdata_pack(fep_fabric_t *fab, uint64_t sig, uint64_t add,
 			   uint64_t *data, uint64_t *rest)
@@ -326,6 +338,8 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 
 	if (!ret)
 		ret = fep_check_sig(fab, sig);
+	if (!ret)
+		ret = fep_check_add(fab, add);
 	if (ret)
 		return ret;
 	add *= fab->sig_unit;
@@ -402,35 +416,28 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 	size_t i;
 	int ret;
 
-	if (fab->nchan <= 1)
-		return put_many(fab, puts, n);
 	for (i = 0; i < n; i++) {
 		ret = fep_check_peer(fab, puts[i].peer);
 		if (!ret)
 			ret = fep_check_range(fab, puts[i].dst, puts[i].src, puts[i].len);
 		if (!ret && puts[i].add)
 			ret = fep_check_sig(fab, puts[i].sig);
+		if (!ret)
+			ret = fep_check_add(fab, puts[i].add);
 		if (ret)
 			return ret;
 	}
-	return put_sliced(fab, puts, n);
+	return fab->nchan > 1 ? put_sliced(fab, puts, n) : put_many(fab, puts, n);
 }
 
+/* The puts of one channel, checked by fep_fab_put_signal_many; adds as
+ * given (in units of the channels). */
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
 	size_t i;
 	int ret;
 
-	for (i = 0; i < n; i++) {
-		ret = fep_check_peer(fab, puts[i].peer);
-		if (!ret)
-			ret = fep_check_range(fab, puts[i].dst, puts[i].src, puts[i].len);
-		if (!ret && puts[i].add)
-			ret = fep_check_sig(fab, puts[i].sig);
-		if (ret)
-			return ret;
-	}
 	if (fab->signal == FABEP_SIGNAL_CQDATA) {
 		for (i = 0; i < n; i++) {
 			const struct fep_put *p = &puts[i];
