@@ -113,55 +113,6 @@ static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
 	}
 }
 
-/* This rank's own tokens with several channels: every thread reduces
- * claimed ranges and, before each claim and after the last, progresses
- * its channels (thread t: t, t + nthreads, ...), so the peers' slices,
- * posted as this rank's were, are copied while the rows are reduced and
- * combine_recv's wait finds them there. */
-struct own_ctx {
-	struct red_ctx *c;
-	size_t n, step;
-	size_t next;   /* atomic: the next range's start */
-	int err;       /* atomic: the first progress error */
-};
-
-static void own_chan_fn(void *arg, int tid, int nthreads)
-{
-	struct own_ctx *o = arg;
-	fep_fabric_t *fab = o->c->m->comm->fab;
-
-	for (;;) {
-		size_t r0;
-		int ch, ret = 0;
-
-		for (ch = tid; !ret && ch < fab->nchan; ch += nthreads)
-			ret = fep_fabric_progress(fab->chan[ch]);
-		if (ret) {
-			int none = 0;
-
-			__atomic_compare_exchange_n(&o->err, &none, ret, false,
-						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-		}
-		r0 = __atomic_fetch_add(&o->next, o->step, __ATOMIC_RELAXED);
-		if (r0 >= o->n)
-			return;
-		reduce_block(o->c, r0, FEP_MIN(o->n, r0 + o->step));
-	}
-}
-
-static int own_run(struct fabep_moe *m, struct red_ctx *c, size_t n)
-{
-	fep_pool_t *pool = m->comm->pool;
-	int nth = fep_pool_threads(pool), ret;
-	struct own_ctx o = { c, n, 0, 0, 0 };
-
-	if (m->comm->fab->nchan <= 1 || nth <= 1)
-		return fep_ep_pool_run(pool, n, 1, reduce_block, c, &c->idle);
-	o.step = FEP_MAX((size_t)1, n / (4 * (size_t)nth));
-	ret = fep_pool_run(pool, own_chan_fn, &o);
-	return ret ? ret : o.err;
-}
-
 static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			unsigned flags, int status)
 {
@@ -285,7 +236,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.skip0 = 0;
 		c.skip = s->tbase[m->rank];
 		c.p0 = 0;
-		ret = own_run(m, &c, s->rcount[m->rank]);
+		ret = fep_ep_pool_run(comm->pool, s->rcount[m->rank], 1, reduce_block,
+				      &c, &c.idle);
 		if (ret)
 			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;

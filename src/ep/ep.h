@@ -222,7 +222,9 @@ struct fep_ep_idle {
 };
 void fep_ep_idle(void *arg);
 /* fn over [0, n) on the pool: on every thread, or (caller_idles) on the
- * workers while the caller drives the fabric (fep_pool_for_idle).  Returns
+ * workers while the caller drives the fabric (fep_pool_for_idle); with
+ * several channels, caller_idles has every thread claim ranges and
+ * progress its channel before each claim.  Returns
  * the pool's or the fabric's first error. */
 int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
 		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle);

@@ -458,10 +458,54 @@ void fep_ep_idle(void *arg)
 		i->err = fep_fabric_progress(i->fab);
 }
 
+/* Several channels: every thread claims ranges and, before each claim,
+ * progresses its channel (thread t: t, t + nthreads, ...), so the peers'
+ * slices are copied on every thread while the work goes on. */
+struct chan_run {
+	fep_pool_range_fn fn;
+	void *ctx;
+	fep_fabric_t *fab;
+	size_t n, step;
+	size_t next;   /* atomic: the next range's start */
+	int err;       /* atomic: the first progress error */
+};
+
+static void chan_run_fn(void *arg, int tid, int nthreads)
+{
+	struct chan_run *r = arg;
+
+	for (;;) {
+		size_t r0;
+		int ch, ret = 0;
+
+		for (ch = tid; !ret && ch < r->fab->nchan; ch += nthreads)
+			ret = fep_fabric_progress(r->fab->chan[ch]);
+		if (ret) {
+			int none = 0;
+
+			__atomic_compare_exchange_n(&r->err, &none, ret, false,
+						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		}
+		r0 = __atomic_fetch_add(&r->next, r->step, __ATOMIC_RELAXED);
+		if (r0 >= r->n)
+			return;
+		r->fn(r->ctx, r0, FEP_MIN(r->n, r0 + r->step));
+	}
+}
+
 int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
 		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle)
 {
-	int ret = caller_idles ?
+	int nth = fep_pool_threads(pool), ret;
+
+	if (caller_idles && idle->fab->nchan > 1 && nth > 1 && n) {
+		struct chan_run r = { fn, ctx, idle->fab, n, 0, 0, 0 };
+
+		r.step = FEP_MAX((size_t)1, n / (4 * (size_t)nth));
+		ret = fep_pool_run(pool, chan_run_fn, &r);
+		return ret ? ret : r.err;
+	}
+	ret = caller_idles ?
 		fep_pool_for_idle(pool, n, 1, fn, ctx, fep_ep_idle, idle) :
 		fep_pool_for(pool, n, 1, fn, ctx);
 
