@@ -277,7 +277,7 @@ static int world_open(struct world *wd, int rank, int size)
 	cfg.hidden = E_HIDDEN;
 	cfg.max_tokens = E_TOKENS;
 	fabep_comm_attr_init(&a);
-	a.threads = 1;
+	a.threads = fep_test_threads(1);
 	a.timeout_ms = TIMEOUT_MS;
 	a.heap_size = fabep_moe_heap_bytes(&cfg, size) +
 		      fabep_allreduce_heap_bytes(AR_ROWS, AR_COLS, FABEP_AR_F32, size) +
@@ -286,6 +286,12 @@ static int world_open(struct world *wd, int rank, int size)
 	if (ret) {
 		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank, fabep_strerror(ret));
 		return ret;
+	}
+	if (getenv("FABEP_CHANNELS") &&
+	    fabep_comm_channels(wd->comm) != atoi(getenv("FABEP_CHANNELS"))) {
+		fprintf(stderr, "rank %d: %d channels, FABEP_CHANNELS=%s\n", rank,
+			fabep_comm_channels(wd->comm), getenv("FABEP_CHANNELS"));
+		return -EINVAL;
 	}
 	ret = fabep_moe_create(wd->comm, &cfg, &wd->moe);
 	if (!ret)
@@ -551,6 +557,23 @@ static void run_fault(const char *prov, int op, int fault)
 #define FAULT_TEST(name, prov, op, fault) \
 	START_TEST(name) { setenv("FABEP_TIMEOUT_MS", "1000", 1); run_fault(prov, op, fault); } END_TEST
 
+/* With channels: the waits run on the pool's threads, each progressing
+ * its channel, while the caller alone checks that the peers live; the
+ * allreduce's 256 KiB puts are split over the channels. */
+#define FAULT_TEST_CHAN(name, prov, op, fault)                          \
+	START_TEST(name) {                                              \
+		setenv("FABEP_TIMEOUT_MS", "1000", 1);                  \
+		setenv("FABEP_CHANNELS", "2", 1);                       \
+		setenv("FEP_TEST_THREADS", "2", 1);                     \
+		run_fault(prov, op, fault);                             \
+		unsetenv("FABEP_CHANNELS");                             \
+		unsetenv("FEP_TEST_THREADS");                           \
+	} END_TEST
+
+FAULT_TEST_CHAN(chan_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
+FAULT_TEST_CHAN(chan_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
+FAULT_TEST_CHAN(chan_kill_during_ar, "shm", OP_AR, F_KILL_DURING)
+FAULT_TEST_CHAN(chan_stop_ar, "shm", OP_AR, F_STOP)
 FAULT_TEST(shm_kill_before_dispatch, "shm", OP_DISPATCH, F_KILL_BEFORE)
 FAULT_TEST(shm_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST(shm_kill_after_dispatch, "shm", OP_DISPATCH, F_KILL_AFTER)
@@ -1068,6 +1091,10 @@ static Suite *suite(void)
 	ADD(tc, tcp_kill_during_ar);
 	ADD(tc, tcp_kill_after_ar);
 	ADD(tc, tcp_stop_ar);
+	ADD(tc, chan_kill_during_dispatch);
+	ADD(tc, chan_kill_during_combine);
+	ADD(tc, chan_kill_during_ar);
+	ADD(tc, chan_stop_ar);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rendezvous");
