@@ -325,7 +325,7 @@ static void chan_wait_fn(void *arg, int tid, int nthreads)
 	struct fep_backoff bo = { 0 };
 	uint64_t deadline = 0;
 	unsigned n = 0;
-	int c, ret = 0;
+	int ret = 0;
 
 	if (tid >= fab->nchan)
 		return;
@@ -333,8 +333,7 @@ static void chan_wait_fn(void *arg, int tid, int nthreads)
 		if (fep_counter_load(fab, w->ctr) >= w->target ||
 		    __atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
 			return;
-		for (c = tid; !ret && c < fab->nchan; c += nthreads)
-			ret = fep_fabric_progress(fab->chan[c]);
+		ret = fep_fabric_progress_mine(fab, tid, nthreads);
 		if (!ret && tid == 0 && ((++n & 63) == 0 || bo.spins >= 64))
 			ret = fep_fabric_clock(fab, &deadline, w->comm->timeout_ms);
 		if (ret) {

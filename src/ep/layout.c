@@ -476,10 +476,8 @@ static void chan_run_fn(void *arg, int tid, int nthreads)
 
 	for (;;) {
 		size_t r0;
-		int ch, ret = 0;
+		int ret = fep_fabric_progress_mine(r->fab, tid, nthreads);
 
-		for (ch = tid; !ret && ch < r->fab->nchan; ch += nthreads)
-			ret = fep_fabric_progress(r->fab->chan[ch]);
 		if (ret) {
 			int none = 0;
 

@@ -416,7 +416,6 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	fab->size = p->size;
 	fab->timeout_ms = p->timeout_ms;
 	fab->nchan = 1;
-	fab->sig_unit = 1;
 
 	ret = fep_choose_info(p, &base);
 	if (ret)
@@ -805,6 +804,15 @@ int fep_fabric_progress_all(fep_fabric_t *fab)
 	return ret;
 }
 
+int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads)
+{
+	int c, ret = 0;
+
+	for (c = tid; !ret && c < fab->nchan; c += nthreads)
+		ret = fep_fabric_progress(fab->chan[c]);
+	return ret;
+}
+
 int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 {
 	struct fep_fab_params p = { 0 };
@@ -849,7 +857,7 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 		/* its posts' retries watch the peers too */
 		fep_fabric_set_alive(fab->chan[c], fab->alive, fab->alive_ctx);
 	}
-	fab->nchan = n;
+	fab->nchan = n;   /* counters count in these units from now */
 	return 0;
 }
 
@@ -862,8 +870,6 @@ int fep_fabric_chan_connect(fep_fabric_t *fab, const struct fep_fab_blob *all)
 		if (ret)
 			return ret;
 	}
-	if (fab->nchan > 1)
-		fab->sig_unit = (uint64_t)fab->nchan;
 	return 0;
 }
 

@@ -119,12 +119,11 @@ typedef struct fep_fabric {
 	 * per channel, each signalled with its own CQ data, and the target's
 	 * threads progress the channels side by side (on shm the target
 	 * copies: one thread per channel copies one slice).  So that every
-	 * slice counts, every signal adds sig_unit (= nchan) times its
-	 * amount, shared out over the slices, and fep_counter_load divides
-	 * by sig_unit. */
+	 * slice counts, every signal adds nchan times its amount, shared out
+	 * over the slices, and fep_counter_load divides by nchan (a channel
+	 * itself has nchan 1: its adds are already in those units). */
 	int nchan;
 	struct fep_fabric **chan;
-	uint64_t sig_unit;
 	bool heap_shared;       /* a channel's: the heap is chan[0]'s */
 	struct fep_put *slices; /* scratch of fep_fab_put_signal_many */
 	size_t slices_cap;
@@ -159,6 +158,9 @@ int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms);
 int fep_fabric_progress(fep_fabric_t *fab);
 /* The same on every channel, one after the other. */
 int fep_fabric_progress_all(fep_fabric_t *fab);
+/* A pool run's share: thread tid of nthreads progresses channels tid,
+ * tid + nthreads, ... (on shm each copies what arrived on its own). */
+int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads);
 /* Open channels 1..n-1 of fab (cqdata only: they share its counters) and
  * fill their blobs (blobs[c - 1]); asks for transparent huge pages on the
  * heap (the kernel's copy between processes pins pages one by one, and
@@ -231,7 +233,7 @@ static inline uint64_t fep_counter_load(fep_fabric_t *fab, uint64_t off)
 	uint64_t v = __atomic_load_n((uint64_t *)fep_heap_at(fab, off),
 				     __ATOMIC_ACQUIRE);
 
-	return fab->sig_unit > 1 ? v / fab->sig_unit : v;
+	return fab->nchan > 1 ? v / (uint64_t)fab->nchan : v;
 }
 /* Wait for the counter at off to reach target, progressing.  timeout_ms
  * < 0: the fabric's.  -ETIMEDOUT (not logged: the caller names peers). */

@@ -266,13 +266,13 @@ static int fep_check_sig(fep_fabric_t *fab, uint64_t sig)
 	return 0;
 }
 
-/* With channels an add counts sig_unit times: it must stay in range. */
+/* With channels an add counts nchan times: it must stay in range. */
 static int fep_check_add(const fep_fabric_t *fab, uint64_t add)
 {
-	if (add > UINT64_MAX / fab->sig_unit) {
+	if (add > UINT64_MAX / (uint64_t)fab->nchan) {
 		fep_err("signal add %llu is too large for %d channels (at most %llu)",
 			(unsigned long long)add, fab->nchan,
-			(unsigned long long)(UINT64_MAX / fab->sig_unit));
+			(unsigned long long)(UINT64_MAX / (uint64_t)fab->nchan));
 		return -ERANGE;
 	}
 	return 0;
@@ -342,7 +342,7 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 		ret = fep_check_add(fab, add);
 	if (ret)
 		return ret;
-	add *= fab->sig_unit;
+	add *= (uint64_t)fab->nchan;
 	if (fab->signal == FABEP_SIGNAL_CQDATA) {
 		/* a zero-byte write that carries the CQ data */
 		uint64_t data, rest = add;
@@ -364,7 +364,7 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
 
 /* Channels: share every put with a signal of at least two slices' bytes
  * over the channels, each slice signalled on its own channel; its adds,
- * in units of fab->sig_unit, sum to the put's. */
+ * in units of the channel count, sum to the put's. */
 static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	size_t nch = (size_t)fab->nchan, i, c, cnt[FEP_MAX_CHANNELS] = { 0 };
@@ -381,7 +381,7 @@ static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	list = fab->slices;   /* channel c's at list[c * n ...] */
 	for (i = 0; i < n; i++) {
 		const struct fep_put *p = &puts[i];
-		uint64_t total = p->add * fab->sig_unit;
+		uint64_t total = p->add * (uint64_t)fab->nchan;
 		size_t s = p->add ? FEP_MIN(nch, p->len / FEP_SLICE_MIN) : 1, j;
 
 		if (s <= 1) {
