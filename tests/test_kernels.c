@@ -548,6 +548,62 @@ START_TEST(test_fp8_vector)
 }
 END_TEST
 
+/* Every bf16 value, quantized by each level against the scalar
+ * reference: in order (blocks of 128 hold one run of patterns, the NaN
+ * patterns only four of them), then NaN-free and shuffled, with scales
+ * of 1 (every value as it is), of 0.3 (every product rounded) and the
+ * scales the blocks' maxima give, and powers of two. */
+START_TEST(test_fp8_bf16_all)
+{
+	enum { N = 65536 };
+	static const float ubs[] = { 1.0f, 0.3f, 0.0f };
+	uint16_t *in = xmalloc(N * 2);
+	uint8_t *qs = xmalloc(N), *qv = xmalloc(N);
+	float ss[N / 128], sv[N / 128];
+	size_t i, u;
+	int pass, pow2;
+
+	for (pass = 0; pass < 2; pass++) {
+		for (i = 0; i < N; i++)
+			in[i] = (uint16_t)i;
+		if (pass) {  /* no NaN, shuffled */
+			for (i = 0; i < N; i++)
+				if ((in[i] & 0x7fff) > 0x7f80)
+					in[i] = (uint16_t)(rnd32() & 0x807f);
+			for (i = N - 1; i > 0; i--) {
+				size_t j = rnd32() % (i + 1);
+				uint16_t t = in[i];
+
+				in[i] = in[j];
+				in[j] = t;
+			}
+		}
+		for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
+			for (pow2 = 0; pow2 < 2; pow2++)
+				FOR_VECTOR_LEVELS(isa) {
+					fep_k_fp8_args_t a = {
+						.in = in, .in_dt = FEP_K_BF16, .ld_in = N,
+						.out = qs, .ld_out = N, .scales = ss,
+						.ld_scales = N / 128, .cols = N, .block = 128,
+						.scale_ub = ubs[u], .pow2 = pow2,
+					};
+
+					fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
+					a.out = qv;
+					a.scales = sv;
+					fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
+					EXPECT1(!memcmp(ss, sv, sizeof(ss)));
+					for (i = 0; i < N; i++)
+						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d: "
+						       "bf16 %04x -> %02x, scalar %02x",
+						       isa_name(isa), pass, ubs[u], pow2,
+						       in[i], qv[i], qs[i]);
+				}
+	}
+	free(in); free(qs); free(qv);
+}
+END_TEST
+
 /* An all-zero row and block get the documented finite scale. */
 START_TEST(test_fp8_zero_blocks)
 {
@@ -1400,6 +1456,7 @@ static Suite *kernels_suite(int forked)
 	tc = tcase_create("fp8");
 	tcase_add_test(tc, test_fp8_table);
 	tcase_add_test(tc, test_fp8_scale_rules);
+	tcase_add_test(tc, test_fp8_bf16_all);
 	tcase_add_test(tc, test_fp8_table_vector);
 	tcase_add_test(tc, test_fp8_zero_blocks);
 	tcase_add_test(tc, test_fp8_vector);

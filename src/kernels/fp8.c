@@ -197,9 +197,10 @@ static inline FEP_T_AVX512 __m512 dec512(__m128i q8)
 	return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 
-/* Largest finite |value| of in[c0, c1) as fp32 bits. */
+/* Largest finite |value| of in[c0, c1) as fp32 bits; bf16: *nan set
+ * when the values hold a NaN. */
 static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
-				     size_t c0, size_t c1)
+				     size_t c0, size_t c1, uint8_t *nan)
 {
 	size_t i = c0;
 
@@ -207,20 +208,23 @@ static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 		const uint16_t *p = (const uint16_t *)in;
 		const __m512i abs = _mm512_set1_epi16(0x7fff);
 		const __m512i inf = _mm512_set1_epi16(0x7f80);
-		__m512i m0 = _mm512_setzero_si512(), m1 = m0, a;
+		__m512i m0 = _mm512_setzero_si512(), m1 = m0, all = m0, a;
 
 		for (; i + 64 <= c1; i += 64) {
 			__m512i x0 = _mm512_and_si512(_mm512_loadu_si512(p + i), abs);
 			__m512i x1 = _mm512_and_si512(_mm512_loadu_si512(p + i + 32), abs);
 			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x0, inf), m0, x0);
 			m1 = _mm512_mask_max_epu16(m1, _mm512_cmplt_epu16_mask(x1, inf), m1, x1);
+			all = _mm512_max_epu16(all, _mm512_max_epu16(x0, x1));
 		}
 		for (; i < c1; i += 32) {
 			size_t n = FEP_MIN((size_t)32, c1 - i);
 			__mmask32 k = n >= 32 ? 0xffffffffu : (1u << n) - 1;
 			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, p + i), abs);
 			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x, inf), m0, x);
+			all = _mm512_max_epu16(all, x);
 		}
+		*nan = _mm512_cmpgt_epu16_mask(all, inf) != 0;
 		m0 = _mm512_max_epu16(m0, m1);
 		/* widen: the max of the 32 halves */
 		a = _mm512_max_epu32(_mm512_and_si512(m0, _mm512_set1_epi32(0xffff)),
@@ -256,6 +260,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 	int nt = (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
 	uint32_t amax[64];
 	float invs[64];
+	uint8_t nan[64];
 
 	for (r = r0; r < r1; r++) {
 		const char *in = (const char *)a->in +
@@ -274,7 +279,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 
 				for (j = 0; j < g; j++)
 					amax[j] = amax512(in, dt, (b + j) * bs,
-							  FEP_MIN((b + j + 1) * bs, a->cols));
+							  FEP_MIN((b + j + 1) * bs, a->cols),
+							  &nan[j]);
 				for (j = 0; j < g; j++) {
 					float s = fep_fp8_scale(fep_u2f(amax[j]), a->scale_ub,
 								a->pow2);
@@ -284,7 +290,22 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 				}
 			}
 			inv = _mm512_set1_ps(invs[b % 64]);
-			for (i = c0; i + 64 <= c1; i += 64) {
+			i = c0;
+			if (dt == FEP_K_BF16 && !nan[b % 64]) {  /* a NaN: below */
+				const uint16_t *p = (const uint16_t *)in;
+
+				for (; i + 64 <= c1; i += 64) {
+					__m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(
+						fep512_e4m3_bf16x32(_mm512_loadu_si512(p + i), inv)),
+						fep512_e4m3_bf16x32(_mm512_loadu_si512(p + i + 32), inv), 1);
+
+					if (ntr && (c0 & 63) == 0)
+						_mm512_stream_si512((void *)(out + i), q);
+					else
+						_mm512_storeu_si512(out + i, q);
+				}
+			}
+			for (; i + 64 <= c1; i += 64) {
 				__m512i q0 = fep512_e4m3_codes(_mm512_mul_ps(
 					fep512_load(in, dt, i, 0xffff), inv));
 				__m512i q1 = fep512_e4m3_codes(_mm512_mul_ps(

@@ -685,6 +685,41 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_codes(__m512 v)
 					 _mm512_set1_epi32(0x80), 0xf8);
 }
 
+/* 16 scaled values, none a NaN, -> 16 codes without sign in int32
+ * lanes: the magnitudes of fep512_e4m3_codes.  vrangeps gives
+ * min(|v|, 448) with the sign cleared in one op; it would turn a NaN
+ * into 448, so blocks with a NaN take fep512_e4m3_codes. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_mag(__m512 v)
+{
+	__m512i c = _mm512_castps_si512(_mm512_range_ps(v, _mm512_set1_ps(448.0f), 0x0a));
+	__m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(
+		_mm512_add_epi32(c, _mm512_set1_epi32(0x7ffff - (960 << 20))),
+		_mm512_and_si512(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(1))),
+		20);
+	__m512 t = _mm512_fmadd_ps(_mm512_castsi512_ps(c), _mm512_set1_ps(512.0f),
+				   _mm512_set1_ps(8388608.0f));
+
+	return _mm512_mask_sub_epi32(nrm,
+		_mm512_cmplt_epu32_mask(c, _mm512_set1_epi32(0x3c800000)),
+		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
+}
+
+/* 32 bf16 values (one vector, no NaN) times inv -> 32 codes in order.
+ * The even values are the low halves shifted up, the odd ones the high
+ * halves masked: no widening shuffle.  Their codes meet again as 16-bit
+ * lanes, narrowed to bytes, and the signs come from the bf16 sign bits
+ * through a mask (codes are at most 0x7e: adding 0x80 sets the sign). */
+static inline FEP_T_AVX512 __m256i fep512_e4m3_bf16x32(__m512i x, __m512 inv)
+{
+	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+	__m512i w = _mm512_or_si512(fep512_e4m3_mag(_mm512_mul_ps(ev, inv)),
+				    _mm512_slli_epi32(fep512_e4m3_mag(_mm512_mul_ps(od, inv)), 16));
+	__m256i q = _mm512_cvtepi16_epi8(w);
+
+	return _mm256_mask_add_epi8(q, _mm512_movepi16_mask(x), q, _mm256_set1_epi8((char)0x80));
+}
+
 static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
 {
 	return _mm512_cvtepi32_epi8(fep512_e4m3_codes(v));
