@@ -197,6 +197,19 @@ static inline FEP_T_AVX512 __m512 dec512(__m128i q8)
 	return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 
+/* The largest of 32 unsigned 16-bit lanes. */
+static inline FEP_T_AVX512 uint32_t hmax512_epu16(__m512i v)
+{
+	__m256i a = _mm256_max_epu16(_mm512_castsi512_si256(v),
+				     _mm512_extracti64x4_epi64(v, 1));
+	__m128i b = _mm_max_epu16(_mm256_castsi256_si128(a),
+				  _mm256_extracti128_si256(a, 1));
+
+	/* phminposuw finds the least: of the complements */
+	b = _mm_minpos_epu16(_mm_xor_si128(b, _mm_set1_epi32(-1)));
+	return 0xffffu - ((uint32_t)_mm_cvtsi128_si32(b) & 0xffffu);
+}
+
 /* Largest finite |value| of in[c0, c1) as fp32 bits; bf16: *nan set
  * when the values hold a NaN. */
 static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
@@ -208,28 +221,35 @@ static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 		const uint16_t *p = (const uint16_t *)in;
 		const __m512i abs = _mm512_set1_epi16(0x7fff);
 		const __m512i inf = _mm512_set1_epi16(0x7f80);
-		__m512i m0 = _mm512_setzero_si512(), m1 = m0, all = m0, a;
+		__m512i m0 = _mm512_setzero_si512(), m1 = m0;
+		uint32_t mx;
 
+		/* the largest of all, then, only if that is not finite, the
+		 * largest finite one in a second pass */
 		for (; i + 64 <= c1; i += 64) {
-			__m512i x0 = _mm512_and_si512(_mm512_loadu_si512(p + i), abs);
-			__m512i x1 = _mm512_and_si512(_mm512_loadu_si512(p + i + 32), abs);
-			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x0, inf), m0, x0);
-			m1 = _mm512_mask_max_epu16(m1, _mm512_cmplt_epu16_mask(x1, inf), m1, x1);
-			all = _mm512_max_epu16(all, _mm512_max_epu16(x0, x1));
+			m0 = _mm512_max_epu16(m0, _mm512_and_si512(_mm512_loadu_si512(p + i), abs));
+			m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(p + i + 32), abs));
 		}
 		for (; i < c1; i += 32) {
 			size_t n = FEP_MIN((size_t)32, c1 - i);
 			__mmask32 k = n >= 32 ? 0xffffffffu : (1u << n) - 1;
-			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, p + i), abs);
-			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x, inf), m0, x);
-			all = _mm512_max_epu16(all, x);
+
+			m0 = _mm512_max_epu16(m0, _mm512_and_si512(
+				_mm512_maskz_loadu_epi16(k, p + i), abs));
 		}
-		*nan = _mm512_cmpgt_epu16_mask(all, inf) != 0;
-		m0 = _mm512_max_epu16(m0, m1);
-		/* widen: the max of the 32 halves */
-		a = _mm512_max_epu32(_mm512_and_si512(m0, _mm512_set1_epi32(0xffff)),
-				     _mm512_srli_epi32(m0, 16));
-		return (uint32_t)_mm512_reduce_max_epu32(a) << 16;
+		mx = hmax512_epu16(_mm512_max_epu16(m0, m1));
+		*nan = mx > 0x7f80;
+		if (mx < 0x7f80)
+			return mx << 16;
+		m0 = _mm512_setzero_si512();
+		for (i = c0; i < c1; i += 32) {
+			size_t n = FEP_MIN((size_t)32, c1 - i);
+			__mmask32 k = n >= 32 ? 0xffffffffu : (1u << n) - 1;
+			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi16(k, p + i), abs);
+
+			m0 = _mm512_mask_max_epu16(m0, _mm512_cmplt_epu16_mask(x, inf), m0, x);
+		}
+		return hmax512_epu16(m0) << 16;
 	} else {
 		const float *p = (const float *)in;
 		const __m512i abs = _mm512_set1_epi32(0x7fffffff);
@@ -251,6 +271,31 @@ static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 	}
 }
 
+/* fep_fp8_scale of 16 maxima (finite, not negative) at once. */
+static inline FEP_T_AVX512 __m512 scale512(__m512 amax, float ub, int pow2)
+{
+	__m512 s = _mm512_div_ps(amax, _mm512_set1_ps(FEP_FP8_MAX));
+
+	s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_NGT_UQ),
+			       _mm512_set1_ps(FEP_FP8_ZERO_SCALE));
+	if (ub > 0.0f)
+		s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, _mm512_set1_ps(ub),
+							     _CMP_GT_OQ),
+				       _mm512_set1_ps(ub));
+	s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(s, _mm512_set1_ps(FEP_FP8_MIN_SCALE),
+						     _CMP_LT_OQ),
+			       _mm512_set1_ps(FEP_FP8_MIN_SCALE));
+	if (pow2) {
+		__m512i u = _mm512_castps_si512(s);
+
+		u = _mm512_mask_and_epi32(u, _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffff)),
+			_mm512_add_epi32(u, _mm512_set1_epi32(0x800000)),
+			_mm512_set1_epi32((int)0xff800000u));
+		s = _mm512_castsi512_ps(u);
+	}
+	return s;
+}
+
 static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					     size_t r0, size_t r1,
 					     const fep_k_dtype_t dt)
@@ -258,8 +303,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t nb = nblocks(a->cols, a->block), r, b, i;
 	int nt = (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
-	uint32_t amax[64];
-	float invs[64];
+	float amax[64], invs[64];
 	uint8_t nan[64];
 
 	for (r = r0; r < r1; r++) {
@@ -278,15 +322,18 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 				size_t g = FEP_MIN(nb - b, (size_t)64), j;
 
 				for (j = 0; j < g; j++)
-					amax[j] = amax512(in, dt, (b + j) * bs,
+					amax[j] = fep_u2f(amax512(in, dt, (b + j) * bs,
 							  FEP_MIN((b + j + 1) * bs, a->cols),
-							  &nan[j]);
-				for (j = 0; j < g; j++) {
-					float s = fep_fp8_scale(fep_u2f(amax[j]), a->scale_ub,
-								a->pow2);
+							  &nan[j]));
+				for (j = 0; j < g; j += 16) {
+					__mmask16 k = fep512_mask(g - j);
+					__m512 sc = scale512(_mm512_maskz_loadu_ps(k, amax + j),
+							     a->scale_ub, a->pow2);
 
-					a->scales[r * a->ld_scales + b + j] = s;
-					invs[j] = 1.0f / s;
+					_mm512_mask_storeu_ps(a->scales + r * a->ld_scales + b + j,
+							      k, sc);
+					_mm512_storeu_ps(invs + j, _mm512_div_ps(
+						_mm512_set1_ps(1.0f), sc));
 				}
 			}
 			inv = _mm512_set1_ps(invs[b % 64]);
@@ -295,9 +342,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 				const uint16_t *p = (const uint16_t *)in;
 
 				for (; i + 64 <= c1; i += 64) {
-					__m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(
-						fep512_e4m3_bf16x32(_mm512_loadu_si512(p + i), inv)),
-						fep512_e4m3_bf16x32(_mm512_loadu_si512(p + i + 32), inv), 1);
+					__m512i q = fep512_e4m3_bf16x64(_mm512_loadu_si512(p + i),
+						_mm512_loadu_si512(p + i + 32), inv);
 
 					if (ntr && (c0 & 63) == 0)
 						_mm512_stream_si512((void *)(out + i), q);

@@ -704,20 +704,29 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_mag(__m512 v)
 		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
 }
 
-/* 32 bf16 values (one vector, no NaN) times inv -> 32 codes in order.
- * The even values are the low halves shifted up, the odd ones the high
- * halves masked: no widening shuffle.  Their codes meet again as 16-bit
- * lanes, narrowed to bytes, and the signs come from the bf16 sign bits
- * through a mask (codes are at most 0x7e: adding 0x80 sets the sign). */
-static inline FEP_T_AVX512 __m256i fep512_e4m3_bf16x32(__m512i x, __m512 inv)
+/* 32 bf16 values (one vector, no NaN) times inv -> their codes without
+ * sign in 16-bit lanes, in order.  The even values are the low halves
+ * shifted up, the odd ones the high halves masked: no widening shuffle. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16w(__m512i x, __m512 inv)
 {
 	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
 	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
-	__m512i w = _mm512_or_si512(fep512_e4m3_mag(_mm512_mul_ps(ev, inv)),
-				    _mm512_slli_epi32(fep512_e4m3_mag(_mm512_mul_ps(od, inv)), 16));
-	__m256i q = _mm512_cvtepi16_epi8(w);
 
-	return _mm256_mask_add_epi8(q, _mm512_movepi16_mask(x), q, _mm256_set1_epi8((char)0x80));
+	return _mm512_or_si512(fep512_e4m3_mag(_mm512_mul_ps(ev, inv)),
+			       _mm512_slli_epi32(fep512_e4m3_mag(_mm512_mul_ps(od, inv)), 16));
+}
+
+/* 64 bf16 values (two vectors, no NaN) times inv -> 64 codes in order:
+ * packed to bytes (codes are at most 0x7e), the lanes' quarters put back
+ * in order, and the signs set from the bf16 sign bits through a mask
+ * (adding 0x80). */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1, __m512 inv)
+{
+	__m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+		_mm512_packus_epi16(fep512_e4m3_bf16w(x0, inv), fep512_e4m3_bf16w(x1, inv)));
+	__mmask64 k = _mm512_kunpackd(_mm512_movepi16_mask(x1), _mm512_movepi16_mask(x0));
+
+	return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8((char)0x80));
 }
 
 static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
