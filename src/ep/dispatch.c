@@ -551,6 +551,8 @@ FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
 	return dispatch_send(m, x, scales, n, topk_ids, topk_weights, 0);
 }
 
+#define PLACE_AHEAD 4
+
 /* The records of source src: check each (token index, expert ids), give
  * every (token, k) with an expert of this rank its row (the next of its
  * (source, expert) block), and check the rows of each expert against
@@ -571,6 +573,14 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 		int32_t t, le;
 		float w;
 
+		/* the records are a row apart, too far for the hardware's
+		 * prefetchers: their metadata a few records ahead */
+		if (i + PLACE_AHEAD < s->rcount[src]) {
+			const uint8_t *ahead = rec + PLACE_AHEAD * m->rec_bytes;
+
+			__builtin_prefetch(ahead);
+			__builtin_prefetch(ahead + m->meta_bytes - 1);
+		}
 		memcpy(&t, rec, 4);
 		if (t < 0 || t >= m->cfg.max_tokens) {
 			fep_err("fabep_moe_dispatch: rank %d sent token index %d", src, t);
@@ -742,16 +752,45 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	return gather_blocks(m, s, base, nb, &idle);
 }
 
-/* After the records: place the peers' rows, then copy them. */
+struct place_ctx {
+	struct fabep_moe *m;
+	struct fep_ep_set *s;
+	const uint8_t *base;
+	int *ret;               /* per source */
+};
+
+/* pool range of sources: each writes only its own rows and tokens */
+static void place_range(void *arg, size_t r0, size_t r1)
+{
+	struct place_ctx *c = arg;
+	size_t src;
+
+	for (src = r0; src < r1; src++)
+		c->ret[src] = src == (size_t)c->m->rank ? 0 :
+			place(c->m, c->s, c->base, (int)src);
+}
+
+/* After the records: place the peers' rows (the sources side by side on
+ * the workers), then copy them. */
 static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 {
 	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
 	size_t L = (size_t)m->L, nb = 0, i;
 	int src, e, ret;
 
-	for (src = 0; src < m->size; src++)
-		if (src != m->rank && (ret = place(m, s, base, src)))
+	if (m->size > 2 && fep_pool_threads(m->comm->pool) > 1) {
+		struct place_ctx c = { m, s, base, m->place_ret };
+
+		ret = fep_pool_for(m->comm->pool, (size_t)m->size, 1, place_range, &c);
+		for (src = 0; !ret && src < m->size; src++)
+			ret = m->place_ret[src];  /* the lowest source's error */
+		if (ret)
 			return ret;
+	} else {
+		for (src = 0; src < m->size; src++)
+			if (src != m->rank && (ret = place(m, s, base, src)))
+				return ret;
+	}
 	if (m->zcopy)
 		return 0;  /* gidx is row_index */
 	if (s->ident_rows < s->rows) {

@@ -162,6 +162,7 @@ struct fabep_moe {
 	uint32_t *cursor;    /* [size] */
 	size_t *posted;      /* [size]: chunks of each run posted this call */
 	int32_t *run_first;  /* [size]: first token of a whole-range run, or -1 */
+	int *place_ret;      /* [size]: each source's placement (dispatch_recv) */
 	uint32_t *ecnt;      /* [size * L]: rows for each destination's experts */
 	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
 	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */

@@ -206,6 +206,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->posted);
 	free(m->chunk_direct);
 	free(m->run_first);
+	free(m->place_ret);
 	free(m->ecnt);
 	free(m->rcur);
 	free(m->rend);
@@ -232,13 +233,14 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->posted = calloc(R, sizeof(size_t));
 	m->chunk_direct = calloc(R * m->dchunks, 1);
 	m->run_first = malloc(R * sizeof(int32_t));
+	m->place_ret = calloc(R, sizeof(int));
 	m->ecnt = calloc(R * L, sizeof(uint32_t));
 	m->rcur = calloc(R * L, sizeof(uint32_t));
 	m->rend = calloc(R * L, sizeof(uint32_t));
 	m->blk_start = calloc(2 * L + 1, sizeof(uint32_t));
 	m->blk_pre = calloc(2 * L + 2, sizeof(uint32_t));
 	if (!m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
-	    !m->run_first || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
 	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
