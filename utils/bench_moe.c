@@ -32,6 +32,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "utils/common.h"
@@ -404,6 +405,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	size_t *plen = NULL, *rlen = NULL;
 	const void *din;
 	int sbuf, pre, fp8;
+	long expert_us = 0;  /* FABEP_BENCH_EXPERT_US */
 	uint8_t *xq = NULL;   /* fp8pre: the tokens' codes [n, H] */
 	float *xs = NULL;     /* fp8pre: their scales [n, nsc] */
 	float lut[256];
@@ -425,6 +427,19 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		const char *e = getenv("FABEP_BENCH_SEND_BUFFER");
 
 		sbuf = e && *e && strcmp(e, "0") && cfg.token_type != FABEP_MOE_FP8;
+		e = getenv("FABEP_BENCH_EXPERT_US");
+		if (e && *e) {
+			char *end;
+			long v = strtol(e, &end, 10);
+
+			if (*end || v < 0 || v > 10000000) {
+				fprintf(stderr, "%s: FABEP_BENCH_EXPERT_US=%s is not a "
+					"number of microseconds from 0 to 10000000\n",
+					tool_name, e);
+				return -EINVAL;
+			}
+			expert_us = v;
+		}
 	}
 	n = (size_t)cfg.max_tokens;
 	H = cfg.hidden;
@@ -649,6 +664,12 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			}
 			ptl = rv.rows;
 			free(tk);
+		}
+		if (expert_us) {  /* the expert's compute: fabep's threads idle */
+			struct timespec ts = { expert_us / 1000000,
+					       (expert_us % 1000000) * 1000 };
+
+			nanosleep(&ts, NULL);
 		}
 		ret = fabep_barrier(comm);
 		if (ret)
