@@ -22,6 +22,7 @@
 #include "fabep.h"
 #include "harness.h"
 #include "fabric/fabric.h"
+#include "core/comm.h"
 
 struct stress {
 	fabep_signal_t signal;
@@ -337,6 +338,84 @@ START_TEST(unsupported_signal)
 }
 END_TEST
 
+/* A channel that its pool thread never progresses: rank 1 calls only
+ * thread 0's share of fep_fabric_progress_mine (of 2 threads), so the
+ * slice of rank 0's put that travels on channel 1 (on shm the target
+ * copies it when it progresses that channel) arrives only through the
+ * rescue of a channel that nobody progressed over two looks. */
+static int rescue_rank(int rank, int size, void *arg)
+{
+	const size_t len = 1u << 20;
+	fabep_comm_t *comm;
+	fabep_off_t ctr, dst, src;
+	int ret, round;
+
+	(void)size;
+	(void)arg;
+	ret = make_comm_chan(FABEP_SIGNAL_CQDATA, 4 * len + (8u << 20), "2", 1, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if (fabep_comm_channels(comm) != 2) {
+		fprintf(stderr, "rank %d: %d channels, not 2\n", rank,
+			fabep_comm_channels(comm));
+		return 1;
+	}
+	if ((ret = fabep_heap_alloc(comm, 8, 8, &ctr)) ||
+	    (ret = fabep_heap_alloc(comm, len, 64, &dst)) ||
+	    (ret = fabep_heap_alloc(comm, len, 64, &src))) {
+		fprintf(stderr, "alloc: %s\n", fabep_strerror(ret));
+		return 1;
+	}
+	for (round = 1; round <= 20; round++) {
+		if (rank == 0) {
+			fill(fabep_heap_ptr(comm, src), len, 0, round);
+			ret = fabep_put_signal(comm, 1, dst, src, len, ctr, 1);
+		} else {
+			fep_fabric_t *fab = comm->fab;
+			struct fep_chan_watch w;
+			uint64_t t0 = fep_now_ns();
+			uint8_t *expect = malloc(len);
+
+			memset(&w, 0, sizeof(w));
+			ret = 0;
+			while (!ret && fep_counter_load(fab, ctr) < (uint64_t)round) {
+				if (fep_now_ns() - t0 > 5000000000ull) {
+					fprintf(stderr, "round %d: channel 1 never "
+						"progressed (counter %llu)\n", round,
+						(unsigned long long)fep_counter_load(fab, ctr));
+					return 1;
+				}
+				ret = fep_fabric_progress_mine(fab, 0, 2, &w, 4);
+			}
+			fill(expect, len, 0, round);
+			if (!ret && memcmp(expect, fabep_heap_ptr(comm, dst), len)) {
+				fprintf(stderr, "round %d: stale or wrong payload\n", round);
+				return 1;
+			}
+			free(expect);
+		}
+		if (!ret)
+			ret = fabep_barrier(comm);
+		if (ret) {
+			fprintf(stderr, "rank %d round %d: %s\n", rank, round,
+				fabep_strerror(ret));
+			return 1;
+		}
+	}
+	return fabep_comm_destroy(comm) ? 1 : 0;
+}
+
+START_TEST(channels_rescue)
+{
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	ck_assert_int_eq(fep_test_run_ranks(2, 60, rescue_rank, NULL), 0);
+}
+END_TEST
+
 /* rank 1 asks for 3 channels, the others for 2: refused on every rank */
 static int chan_mismatch_rank(int rank, int size, void *arg)
 {
@@ -505,6 +584,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, shm_chan_ordered);
 	tcase_add_test(tc, tcp_chan2);
 	tcase_add_test(tc, channels_bad);
+	tcase_add_test(tc, channels_rescue);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failures");

@@ -316,24 +316,27 @@ struct chan_wait {
 };
 
 /* Thread tid of the pool progresses channels tid, tid + nthreads, ...
- * (on shm each copies what arrived on its channels) until the counter
- * is reached; the caller (tid 0) keeps the wait's clock. */
+ * (on shm each copies what arrived on its channels), and any channel
+ * that its thread leaves alone for long, until the counter is reached;
+ * the caller (tid 0) keeps the wait's clock. */
 static void chan_wait_fn(void *arg, int tid, int nthreads)
 {
 	struct chan_wait *w = arg;
 	fep_fabric_t *fab = w->comm->fab;
 	struct fep_backoff bo = { 0 };
+	struct fep_chan_watch cw;
 	uint64_t deadline = 0;
 	unsigned n = 0;
 	int ret = 0;
 
 	if (tid >= fab->nchan)
 		return;
+	memset(&cw, 0, sizeof(cw));
 	for (;;) {
 		if (fep_counter_load(fab, w->ctr) >= w->target ||
 		    __atomic_load_n(&w->stop, __ATOMIC_ACQUIRE))
 			return;
-		ret = fep_fabric_progress_mine(fab, tid, nthreads);
+		ret = fep_fabric_progress_mine(fab, tid, nthreads, &cw, 16);
 		if (!ret && tid == 0 && ((++n & 63) == 0 || bo.spins >= 64))
 			ret = fep_fabric_clock(fab, &deadline, w->comm->timeout_ms);
 		if (ret) {

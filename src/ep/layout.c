@@ -462,7 +462,8 @@ void fep_ep_idle(void *arg)
 
 /* Several channels: every thread claims ranges and, before each claim,
  * progresses its channel (thread t: t, t + nthreads, ...), so the peers'
- * slices are copied on every thread while the work goes on. */
+ * slices are copied on every thread while the work goes on; and any
+ * channel whose thread has not progressed it over two of its claims. */
 struct chan_run {
 	fep_pool_range_fn fn;
 	void *ctx;
@@ -475,10 +476,12 @@ struct chan_run {
 static void chan_run_fn(void *arg, int tid, int nthreads)
 {
 	struct chan_run *r = arg;
+	struct fep_chan_watch cw;
 
+	memset(&cw, 0, sizeof(cw));
 	for (;;) {
 		size_t r0;
-		int ret = fep_fabric_progress_mine(r->fab, tid, nthreads);
+		int ret = fep_fabric_progress_mine(r->fab, tid, nthreads, &cw, 1);
 
 		if (ret) {
 			int none = 0;

@@ -804,12 +804,43 @@ int fep_fabric_progress_all(fep_fabric_t *fab)
 	return ret;
 }
 
-int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads)
+/* Progress channel ch unless another thread does now. */
+static int progress_try(fep_fabric_t *ch)
+{
+	int ret;
+
+	if (atomic_exchange_explicit(&ch->pbusy, 1, memory_order_acquire))
+		return 0;
+	ret = fep_fabric_progress(ch);
+	atomic_store_explicit(&ch->pcount,
+			      atomic_load_explicit(&ch->pcount, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+	atomic_store_explicit(&ch->pbusy, 0, memory_order_release);
+	return ret;
+}
+
+int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
+			     struct fep_chan_watch *w, unsigned scan_every)
 {
 	int c, ret = 0;
 
 	for (c = tid; !ret && c < fab->nchan; c += nthreads)
-		ret = fep_fabric_progress(fab->chan[c]);
+		ret = progress_try(fab->chan[c]);
+	if (ret || ++w->calls % scan_every)
+		return ret;
+	for (c = 0; !ret && c < fab->nchan; c++) {
+		unsigned n;
+
+		if (c % nthreads == tid)
+			continue;
+		n = atomic_load_explicit(&fab->chan[c]->pcount, memory_order_relaxed);
+		if (n != w->seen[c]) {
+			w->seen[c] = n;
+			w->still[c] = 0;
+		} else if (++w->still[c] >= 2) {
+			ret = progress_try(fab->chan[c]);
+		}
+	}
 	return ret;
 }
 

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdatomic.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -124,6 +125,14 @@ typedef struct fep_fabric {
 	 * itself has nchan 1: its adds are already in those units). */
 	int nchan;
 	struct fep_fabric **chan;
+	/* a channel's progress by a pool run's threads (fep_fabric_progress_mine):
+	 * held while one progresses it, and counted, so that the others see
+	 * a channel whose thread does not run (preempted, or still waking)
+	 * and progress it themselves */
+	char pad0[64];
+	_Atomic int pbusy;
+	_Atomic unsigned pcount;
+	char pad1[64];
 	bool heap_shared;       /* a channel's: the heap is chan[0]'s */
 	struct fep_put *slices; /* scratch of fep_fab_put_signal_many */
 	size_t slices_cap;
@@ -158,9 +167,20 @@ int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms);
 int fep_fabric_progress(fep_fabric_t *fab);
 /* The same on every channel, one after the other. */
 int fep_fabric_progress_all(fep_fabric_t *fab);
+/* What one thread of a pool run has seen of the channels' progress. */
+struct fep_chan_watch {
+	unsigned calls;
+	unsigned seen[FEP_MAX_CHANNELS];
+	uint8_t still[FEP_MAX_CHANNELS];
+};
 /* A pool run's share: thread tid of nthreads progresses channels tid,
- * tid + nthreads, ... (on shm each copies what arrived on its own). */
-int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads);
+ * tid + nthreads, ... (on shm each copies what arrived on its own), and,
+ * every scan_every calls (w: this thread's, zeroed before its first
+ * call), any other channel that no thread progressed since its last two
+ * looks: a thread that the host preempted, or that is still waking, holds
+ * no channel back for longer. */
+int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
+			     struct fep_chan_watch *w, unsigned scan_every);
 /* Open channels 1..n-1 of fab (cqdata only: they share its counters) and
  * fill their blobs (blobs[c - 1]); asks for transparent huge pages on the
  * heap (the kernel's copy between processes pins pages one by one, and
