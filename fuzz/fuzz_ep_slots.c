@@ -178,6 +178,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		for (r = 0; r < size; r++)
 			FUZZ_CHECK(s->rcount[r] <= (uint32_t)cfg.max_tokens);
 		ret = build_begin(m, b, s);
+		if (!ret && m->zcopy) {  /* the records' wait places the own */
+			struct place_own o = { m, s, fep_heap_at(fab, fep_ep_dslot(m, b, 0)) };
+
+			ret = place_own(&o);
+		}
 		if (!ret)
 			ret = build_end(m, b, s);
 		FUZZ_CHECK(ret <= 0);

@@ -313,6 +313,9 @@ struct chan_wait {
 	uint64_t ctr, target;
 	int stop;
 	int err;
+	int (*work)(void *);  /* tid 0's, first */
+	void *work_ctx;
+	int work_ret;
 };
 
 /* Thread tid of the pool progresses channels tid, tid + nthreads, ...
@@ -331,6 +334,8 @@ static void chan_wait_fn(void *arg, int tid, int nthreads)
 
 	if (tid >= fab->nchan)
 		return;
+	if (tid == 0 && w->work)  /* the others' rescue covers tid 0's channels */
+		w->work_ret = w->work(w->work_ctx);
 	memset(&cw, 0, sizeof(cw));
 	for (;;) {
 		if (fep_counter_load(fab, w->ctr) >= w->target ||
@@ -354,19 +359,30 @@ static void chan_wait_fn(void *arg, int tid, int nthreads)
 int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 		  uint64_t target, uint64_t slots, size_t stride, uint64_t seq)
 {
+	return fep_comm_wait_with(comm, what, ctr, target, slots, stride, seq,
+				  NULL, NULL);
+}
+
+int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
+		       uint64_t target, uint64_t slots, size_t stride,
+		       uint64_t seq, int (*work)(void *), void *work_ctx)
+{
 	fep_fabric_t *fab = comm->fab;
 	char names[256];
 	size_t len = 0;
-	int r, ret, missing = 0;
+	int r, ret, wret = 0, missing = 0;
 
 	if (fab->nchan > 1 && fep_pool_threads(comm->pool) > 1 &&
 	    fep_counter_load(fab, ctr) < target) {
-		struct chan_wait w = { comm, ctr, target, 0, 0 };
+		struct chan_wait w = { comm, ctr, target, 0, 0, work, work_ctx, 0 };
 
 		ret = fep_pool_run(comm->pool, chan_wait_fn, &w);
 		if (!ret)
 			ret = w.err;
+		wret = w.work_ret;
 	} else {
+		if (work)
+			wret = work(work_ctx);
 		ret = fep_fab_wait(fab, ctr, target, comm->timeout_ms);
 	}
 	if (ret != -ETIMEDOUT) {
@@ -374,7 +390,7 @@ int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 			comm->failed = true;
 			fep_err("%s: %s", what, fabep_strerror(ret));
 		}
-		return ret;
+		return ret ? ret : wret;
 	}
 	names[0] = '\0';
 	if (slots != UINT64_MAX) {

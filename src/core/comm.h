@@ -48,6 +48,12 @@ struct fabep_comm {
  */
 int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 		  uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
+/* The same, with work(work_ctx) done once on the calling thread while
+ * the pool's other threads already progress the channels (before the
+ * wait when nobody would); its error is returned when the wait has none. */
+int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
+		       uint64_t target, uint64_t slots, size_t stride,
+		       uint64_t seq, int (*work)(void *), void *work_ctx);
 
 /* Allgather over the bootstrap (small control data, start-up only). */
 int fep_comm_allgather(fabep_comm_t *comm, const void *in, void *out, size_t len);

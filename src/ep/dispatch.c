@@ -742,9 +742,11 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 			m->rend[i] = pos;
 		}
 	}
+	if (m->zcopy)
+		return 0;  /* rows stay in the slots; own placed in the wait */
 	ret = place(m, s, base, m->rank);
-	if (ret || m->zcopy)
-		return ret;  /* zero-copy: the rows stay in the slots */
+	if (ret)
+		return ret;
 	m->blk_pre[0] = 0;
 	for (e = 0; e < m->L; e++)
 		add_block(m, &nb, own_first(m, s, e),
@@ -768,6 +770,21 @@ static void place_range(void *arg, size_t r0, size_t r1)
 	for (src = r0; src < r1; src++)
 		c->ret[src] = src == (size_t)c->m->rank ? 0 :
 			place(c->m, c->s, c->base, (int)src);
+}
+
+struct place_own {
+	struct fabep_moe *m;
+	struct fep_ep_set *s;
+	const uint8_t *base;
+};
+
+/* zero-copy: this rank's own records, placed on the caller while the
+ * other threads progress the channels (the records' wait) */
+static int place_own(void *arg)
+{
+	struct place_own *o = arg;
+
+	return place(o->m, o->s, o->base, o->m->rank);
 }
 
 /* After the records: place the peers' rows (the sources side by side on
@@ -872,9 +889,13 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		ret = build_begin(m, b, s);
 	t2 = fep_now_ns();
 	if (!hret) {  /* wait for the records even after an error: drained */
-		int dret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
-				       (uint64_t)(m->size - 1) * (m->dchunks - 1) *
-				       s->uses, UINT64_MAX, 0, s->seq);
+		struct place_own o = {
+			m, s, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0))
+		};
+		int dret = fep_ep_wait_with(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
+					    (uint64_t)(m->size - 1) * (m->dchunks - 1) *
+					    s->uses, UINT64_MAX, 0, s->seq,
+					    m->zcopy && !ret ? place_own : NULL, &o);
 
 		if (dret == -ETIMEDOUT && !ret)
 			name_missing(m, b, s);

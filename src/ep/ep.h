@@ -249,6 +249,10 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 /* Wait for the counter of a phase, naming missing peers on timeout. */
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);
+/* The same, with work(work_ctx) on the caller meanwhile (fep_comm_wait_with). */
+int fep_ep_wait_with(struct fabep_moe *m, const char *what, uint64_t ctr,
+		     uint64_t target, uint64_t slots, size_t stride, uint64_t seq,
+		     int (*work)(void *), void *work_ctx);
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
 /* A run to one peer, as fep_ep_ready_chunks posts it: chunk 0 is the
  * header (hlen bytes, signalled on hsig), chunk j >= 1 the units

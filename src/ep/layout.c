@@ -607,9 +607,17 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq)
 {
+	return fep_ep_wait_with(m, what, ctr, target, slots, stride, seq, NULL, NULL);
+}
+
+int fep_ep_wait_with(struct fabep_moe *m, const char *what, uint64_t ctr,
+		     uint64_t target, uint64_t slots, size_t stride, uint64_t seq,
+		     int (*work)(void *), void *work_ctx)
+{
 	if (m->size == 1)
-		return 0;
-	return fep_comm_wait(m->comm, what, ctr, target, slots, stride, seq);
+		return work ? work(work_ctx) : 0;
+	return fep_comm_wait_with(m->comm, what, ctr, target, slots, stride, seq,
+				  work, work_ctx);
 }
 
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
