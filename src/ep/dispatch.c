@@ -795,18 +795,19 @@ static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	size_t L = (size_t)m->L, nb = 0, i;
 	int src, e, ret;
 
-	if (m->size > 2 && fep_pool_threads(m->comm->pool) > 1) {
+	{
 		struct place_ctx c = { m, s, base, m->place_ret };
 
-		ret = fep_pool_for(m->comm->pool, (size_t)m->size, 1, place_range, &c);
+		ret = 0;
+		if (m->size > 2)  /* several peers: worth the workers */
+			ret = fep_pool_for(m->comm->pool, (size_t)m->size, 1,
+					   place_range, &c);
+		else
+			place_range(&c, 0, (size_t)m->size);
 		for (src = 0; !ret && src < m->size; src++)
 			ret = m->place_ret[src];  /* the lowest source's error */
 		if (ret)
 			return ret;
-	} else {
-		for (src = 0; src < m->size; src++)
-			if (src != m->rank && (ret = place(m, s, base, src)))
-				return ret;
 	}
 	if (m->zcopy)
 		return 0;  /* gidx is row_index */

@@ -659,27 +659,36 @@ static inline uint32_t fep_absbits_finite(float f)
 	return a < 0x7f800000u ? a : 0;
 }
 
+/* Codes without sign of 16 magnitudes (fp32 bits, |v| clamped to at
+ * most 448, or a NaN): round to nearest even on 3 mantissa bits, or below
+ * 2^-6 to a multiple of 2^-9 (c * 512 is exact, so one FMA is mul + add);
+ * a NaN gives a code above 0x7f. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_of_mag(__m512i c)
+{
+	__m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(
+		_mm512_add_epi32(c, _mm512_set1_epi32(0x7ffff - (960 << 20))),
+		_mm512_and_si512(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(1))),
+		20);
+	__m512 t = _mm512_fmadd_ps(_mm512_castsi512_ps(c), _mm512_set1_ps(512.0f),
+				   _mm512_set1_ps(8388608.0f));
+
+	return _mm512_mask_sub_epi32(nrm,
+		_mm512_cmplt_epu32_mask(c, _mm512_set1_epi32(0x3c800000)),
+		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
+}
+
 /* 16 scaled values -> 16 codes in int32 lanes.  Same results as
- * fep_e4m3_enc: |v| >= 448 is clamped to 448 first (saturation),
- * the subnormal path's a * 512 is exact so one FMA equals mul + add. */
+ * fep_e4m3_enc: |v| >= 448 is clamped to 448 first (saturation). */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_codes(__m512 v)
 {
 	__m512i u = _mm512_castps_si512(v);
 	__m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
 	/* min(448, |v|) keeps NaN (vminps returns its second operand when
 	 * either is NaN); a NaN then yields a code above 0x7f, cut to 0x7f */
-	__m512i c = _mm512_castps_si512(_mm512_min_ps(_mm512_set1_ps(448.0f),
-						      _mm512_castsi512_ps(a)));
-	__m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(
-		_mm512_add_epi32(c, _mm512_set1_epi32(0x7ffff - (960 << 20))),
-		_mm512_and_si512(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(1))),
-		20);
-	__m512 t = _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f),
-				   _mm512_set1_ps(8388608.0f));
-	__m512i code = _mm512_mask_sub_epi32(nrm,
-		_mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x3c800000)),
-		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
-	code = _mm512_min_epu32(code, _mm512_set1_epi32(0x7f));
+	__m512i code = _mm512_min_epu32(fep512_e4m3_of_mag(_mm512_castps_si512(
+		_mm512_min_ps(_mm512_set1_ps(448.0f), _mm512_castsi512_ps(a)))),
+		_mm512_set1_epi32(0x7f));
+
 	/* code | ((u >> 24) & 0x80) */
 	return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24),
 					 _mm512_set1_epi32(0x80), 0xf8);
@@ -691,17 +700,8 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_codes(__m512 v)
  * into 448, so blocks with a NaN take fep512_e4m3_codes. */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_mag(__m512 v)
 {
-	__m512i c = _mm512_castps_si512(_mm512_range_ps(v, _mm512_set1_ps(448.0f), 0x0a));
-	__m512i nrm = _mm512_srli_epi32(_mm512_add_epi32(
-		_mm512_add_epi32(c, _mm512_set1_epi32(0x7ffff - (960 << 20))),
-		_mm512_and_si512(_mm512_srli_epi32(c, 20), _mm512_set1_epi32(1))),
-		20);
-	__m512 t = _mm512_fmadd_ps(_mm512_castsi512_ps(c), _mm512_set1_ps(512.0f),
-				   _mm512_set1_ps(8388608.0f));
-
-	return _mm512_mask_sub_epi32(nrm,
-		_mm512_cmplt_epu32_mask(c, _mm512_set1_epi32(0x3c800000)),
-		_mm512_castps_si512(t), _mm512_set1_epi32(0x4b000000));
+	return fep512_e4m3_of_mag(_mm512_castps_si512(
+		_mm512_range_ps(v, _mm512_set1_ps(448.0f), 0x0a)));
 }
 
 /* 32 bf16 values (one vector, no NaN) times inv -> their codes without
