@@ -179,7 +179,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			FUZZ_CHECK(s->rcount[r] <= (uint32_t)cfg.max_tokens);
 		ret = build_begin(m, b, s);
 		if (!ret && m->zcopy) {  /* the records' wait places the own */
-			struct place_own o = { m, s, fep_heap_at(fab, fep_ep_dslot(m, b, 0)) };
+			struct place_ctx o = { m, s, fep_heap_at(fab, fep_ep_dslot(m, b, 0)), NULL };
 
 			ret = place_own(&o);
 		}

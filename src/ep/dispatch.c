@@ -758,7 +758,7 @@ struct place_ctx {
 	struct fabep_moe *m;
 	struct fep_ep_set *s;
 	const uint8_t *base;
-	int *ret;               /* per source */
+	int *ret;               /* per source (place_range) */
 };
 
 /* pool range of sources: each writes only its own rows and tokens */
@@ -772,19 +772,13 @@ static void place_range(void *arg, size_t r0, size_t r1)
 			place(c->m, c->s, c->base, (int)src);
 }
 
-struct place_own {
-	struct fabep_moe *m;
-	struct fep_ep_set *s;
-	const uint8_t *base;
-};
-
 /* zero-copy: this rank's own records, placed on the caller while the
  * other threads progress the channels (the records' wait) */
 static int place_own(void *arg)
 {
-	struct place_own *o = arg;
+	struct place_ctx *c = arg;
 
-	return place(o->m, o->s, o->base, o->m->rank);
+	return place(c->m, c->s, c->base, c->m->rank);
 }
 
 /* After the records: place the peers' rows (the sources side by side on
@@ -792,23 +786,18 @@ static int place_own(void *arg)
 static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 {
 	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
+	struct place_ctx c = { m, s, base, m->place_ret };
 	size_t L = (size_t)m->L, nb = 0, i;
-	int src, e, ret;
+	int src, e, ret = 0;
 
-	{
-		struct place_ctx c = { m, s, base, m->place_ret };
-
-		ret = 0;
-		if (m->size > 2)  /* several peers: worth the workers */
-			ret = fep_pool_for(m->comm->pool, (size_t)m->size, 1,
-					   place_range, &c);
-		else
-			place_range(&c, 0, (size_t)m->size);
-		for (src = 0; !ret && src < m->size; src++)
-			ret = m->place_ret[src];  /* the lowest source's error */
-		if (ret)
-			return ret;
-	}
+	if (m->size > 2)  /* several peers: worth the workers */
+		ret = fep_pool_for(m->comm->pool, (size_t)m->size, 1, place_range, &c);
+	else
+		place_range(&c, 0, (size_t)m->size);
+	for (src = 0; !ret && src < m->size; src++)
+		ret = m->place_ret[src];  /* the lowest source's error */
+	if (ret)
+		return ret;
 	if (m->zcopy)
 		return 0;  /* gidx is row_index */
 	if (s->ident_rows < s->rows) {
@@ -890,8 +879,8 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		ret = build_begin(m, b, s);
 	t2 = fep_now_ns();
 	if (!hret) {  /* wait for the records even after an error: drained */
-		struct place_own o = {
-			m, s, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0))
+		struct place_ctx o = {
+			m, s, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0)), NULL
 		};
 		int dret = fep_ep_wait_with(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
 					    (uint64_t)(m->size - 1) * (m->dchunks - 1) *
