@@ -416,6 +416,86 @@ START_TEST(channels_rescue)
 }
 END_TEST
 
+/* A peer that leaves right after its last signal: rank 1 signals rank 0
+ * and exits.  Once it is gone, rank 0's liveness check is due with the
+ * signal not yet progressed: the wait's clock must drain what arrived and
+ * let the wait succeed (target 1), and fail with PEER_LOST only for what
+ * never comes (target 2). */
+static int leave_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	fabep_off_t ctr;
+	uint64_t deadline, tmo = 10000ull * 1000000ull;
+	pid_t peer;
+	int ret, i;
+
+	(void)size;
+	(void)arg;
+	ret = make_comm(FABEP_SIGNAL_AUTO, 4u << 20, &comm);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
+	if (!ret)
+		ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if (rank == 1) {
+		ret = fabep_put_signal(comm, 0, ctr, ctr, 0, ctr, 1);
+		if (!ret)
+			ret = fabep_flush(comm);
+		_exit(ret ? 1 : 0);  /* gone, its signal sent */
+	}
+	peer = comm->peer_pid[1];
+	for (i = 0; i < 500 && kill(peer, 0) == 0; i++) {
+		char path[64], buf[512] = "";
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)peer);
+		f = fopen(path, "r");
+		if (f) {
+			if (!fgets(buf, sizeof(buf), f))
+				buf[0] = '\0';
+			fclose(f);
+		}
+		if (strstr(buf, ") Z") || strstr(buf, ") X"))
+			break;  /* a zombie: gone */
+		usleep(10000);
+	}
+	if (peer <= 0 || i == 500) {
+		fprintf(stderr, "rank 0: rank 1 (pid %d) did not exit\n", (int)peer);
+		return 1;
+	}
+	/* a wait of 100 ms so far: the liveness check is due */
+	deadline = fep_now_ns() + tmo - 100000000ull;
+	comm->fab->alive_next = 0;
+	ret = fep_fabric_clock_ctr(comm->fab, &deadline, 10000, ctr, 1);
+	if (ret || fep_counter_load(comm->fab, ctr) != 1) {
+		fprintf(stderr, "rank 0: the signal sent before leaving: %d (%s), "
+			"counter %llu\n", ret, fabep_strerror(ret),
+			(unsigned long long)fep_counter_load(comm->fab, ctr));
+		return 1;
+	}
+	deadline = fep_now_ns() + tmo - 100000000ull;
+	comm->fab->alive_next = 0;
+	ret = fep_fabric_clock_ctr(comm->fab, &deadline, 10000, ctr, 2);
+	if (ret != -FABEP_ERR_PEER_LOST) {
+		fprintf(stderr, "rank 0: a signal that never comes: %d, want "
+			"PEER_LOST\n", ret);
+		return 1;
+	}
+	return fabep_comm_destroy(comm) ? 1 : 0;
+}
+
+START_TEST(peer_leaves_after_signal)
+{
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	ck_assert_int_eq(fep_test_run_ranks(2, 60, leave_rank, NULL), 0);
+}
+END_TEST
+
 /* rank 1 asks for 3 channels, the others for 2: refused on every rank */
 static int chan_mismatch_rank(int rank, int size, void *arg)
 {
@@ -597,6 +677,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);
 	tcase_add_test(tc, blob_exchange);
+	tcase_add_test(tc, peer_leaves_after_signal);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -138,8 +138,9 @@ static int fep_pid_runs(pid_t pid)
  * PID namespace) must still run, and the TCP bootstrap's connections
  * must not have closed without a goodbye (any host; the root tells the
  * other ranks).  A rank that died makes every wait fail at once with
- * -FABEP_ERR_PEER_LOST instead of after the timeout. */
-static int fep_comm_alive(void *arg)
+ * -FABEP_ERR_PEER_LOST instead of after the timeout.  Without report, a
+ * rank gone is only told (a wait first drains what it sent). */
+static int fep_comm_alive(void *arg, bool report)
 {
 	fabep_comm_t *comm = arg;
 	int r, lost = 0, ret;
@@ -156,7 +157,7 @@ static int fep_comm_alive(void *arg)
 
 		if (!pid || fep_pid_runs(pid > 0 ? pid : -pid))
 			continue;
-		if (pid > 0) {
+		if (pid > 0 && report) {
 			fep_err("rank %d (process %d on this host) has exited",
 				r, (int)pid);
 			comm->peer_pid[r] = -pid;
@@ -165,7 +166,8 @@ static int fep_comm_alive(void *arg)
 	}
 	if (!lost)
 		return 0;
-	comm->failed = true;
+	if (report)
+		comm->failed = true;
 	return -FABEP_ERR_PEER_LOST;
 }
 
@@ -343,7 +345,8 @@ static void chan_wait_fn(void *arg, int tid, int nthreads)
 			return;
 		ret = fep_fabric_progress_mine(fab, tid, nthreads, &cw, 16);
 		if (!ret && tid == 0 && ((++n & 63) == 0 || bo.spins >= 64))
-			ret = fep_fabric_clock(fab, &deadline, w->comm->timeout_ms);
+			ret = fep_fabric_clock_ctr(fab, &deadline, w->comm->timeout_ms,
+						   w->ctr, w->target);
 		if (ret) {
 			int none = 0;
 

@@ -904,14 +904,16 @@ int fep_fabric_chan_connect(fep_fabric_t *fab, const struct fep_fab_blob *all)
 	return 0;
 }
 
-void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx)
+void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx, bool report),
+			  void *ctx)
 {
 	fab->alive = alive;
 	fab->alive_ctx = ctx;
 	fab->alive_next = 0;
 }
 
-int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms)
+static int clock_check(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
+		       bool report)
 {
 	const uint64_t every = (uint64_t)FEP_ALIVE_EVERY_MS * 1000000ull;
 	uint64_t now = fep_now_ns(), tmo = (uint64_t)timeout_ms * 1000000ull;
@@ -926,7 +928,35 @@ int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms)
 	if (!fab->alive || now - (*deadline - tmo) < every || now < fab->alive_next)
 		return 0;
 	fab->alive_next = now + every;
-	return fab->alive(fab->alive_ctx);
+	return fab->alive(fab->alive_ctx, report);
+}
+
+int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms)
+{
+	return clock_check(fab, deadline, timeout_ms, true);
+}
+
+int fep_fabric_clock_ctr(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
+			 uint64_t off, uint64_t target)
+{
+	int c, ret = clock_check(fab, deadline, timeout_ms, false);
+
+	if (ret != -FABEP_ERR_PEER_LOST)
+		return ret;
+	/* what arrived before the peer left counts: every channel once
+	 * more, each taken from whichever thread holds it */
+	ret = 0;
+	for (c = 0; !ret && c < fab->nchan; c++) {
+		fep_fabric_t *ch = fab->nchan > 1 ? fab->chan[c] : fab;
+
+		while (atomic_exchange_explicit(&ch->pbusy, 1, memory_order_acquire))
+			sched_yield();
+		ret = fep_fabric_progress(ch);
+		atomic_store_explicit(&ch->pbusy, 0, memory_order_release);
+	}
+	if (!ret && fep_counter_load(fab, off) >= target)
+		return 0;
+	return ret ? ret : fab->alive(fab->alive_ctx, true);
 }
 
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)

@@ -139,8 +139,9 @@ typedef struct fep_fabric {
 
 	/* fep_fabric_set_alive: asked, every FEP_ALIVE_EVERY_MS of a wait
 	 * that has lasted that long, whether every peer it can watch still
-	 * runs (0) or not (-FABEP_ERR_PEER_LOST, logged) */
-	int (*alive)(void *ctx);
+	 * runs (0) or not (-FABEP_ERR_PEER_LOST; with report, logged and
+	 * the communicator marked failed) */
+	int (*alive)(void *ctx, bool report);
 	void *alive_ctx;
 	uint64_t alive_next;    /* ns: not before */
 } fep_fabric_t;
@@ -158,11 +159,18 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
  * (dead: its own leftovers block a new process with the same pid). */
 void fep_shm_remove_regions(pid_t pid);
 /* Install the liveness check of the waits (see fep_fabric_t.alive). */
-void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx), void *ctx);
+void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx, bool report),
+			  void *ctx);
 /* A wait's clock: the first call sets *deadline (0 = not yet) timeout_ms
  * from now; later ones return -ETIMEDOUT past it, and run the liveness
  * check when one is due (its error), else 0. */
 int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms);
+/* The same for a wait on the counter at off reaching target: a peer found
+ * gone fails it only when, after every channel is progressed once more,
+ * the counter is still short (a peer may leave right after its last
+ * signal).  Safe beside the threads of fep_fabric_progress_mine. */
+int fep_fabric_clock_ctr(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
+			 uint64_t off, uint64_t target);
 /* Read both CQs once.  Returns 0 or the first error seen. */
 int fep_fabric_progress(fep_fabric_t *fab);
 /* The same on every channel, one after the other. */

@@ -525,7 +525,8 @@ int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
 		if (fep_counter_load(fab, off) >= target)
 			return 0;
 		if ((++n & 63) == 0 || bo.spins >= 64) {
-			ret = fep_fabric_clock(fab, &deadline, timeout_ms);
+			ret = fep_fabric_clock_ctr(fab, &deadline, timeout_ms,
+						   off, target);
 			if (ret)
 				return ret;
 		}
