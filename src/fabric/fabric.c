@@ -804,13 +804,17 @@ int fep_fabric_progress_all(fep_fabric_t *fab)
 	return ret;
 }
 
-/* Progress channel ch unless another thread does now. */
-static int progress_try(fep_fabric_t *ch)
+/* Progress channel ch; when another thread does now, wait for it (wait)
+ * or leave it to that thread. */
+static int progress_chan(fep_fabric_t *ch, bool wait)
 {
 	int ret;
 
-	if (atomic_exchange_explicit(&ch->pbusy, 1, memory_order_acquire))
-		return 0;
+	while (atomic_exchange_explicit(&ch->pbusy, 1, memory_order_acquire)) {
+		if (!wait)
+			return 0;
+		sched_yield();
+	}
 	ret = fep_fabric_progress(ch);
 	atomic_store_explicit(&ch->pcount,
 			      atomic_load_explicit(&ch->pcount, memory_order_relaxed) + 1,
@@ -825,7 +829,7 @@ int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
 	int c, ret = 0;
 
 	for (c = tid; !ret && c < fab->nchan; c += nthreads)
-		ret = progress_try(fab->chan[c]);
+		ret = progress_chan(fab->chan[c], false);
 	if (ret || ++w->calls % scan_every)
 		return ret;
 	for (c = 0; !ret && c < fab->nchan; c++) {
@@ -838,7 +842,7 @@ int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
 			w->seen[c] = n;
 			w->still[c] = 0;
 		} else if (++w->still[c] >= 2) {
-			ret = progress_try(fab->chan[c]);
+			ret = progress_chan(fab->chan[c], false);
 		}
 	}
 	return ret;
@@ -946,14 +950,8 @@ int fep_fabric_clock_ctr(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
 	/* what arrived before the peer left counts: every channel once
 	 * more, each taken from whichever thread holds it */
 	ret = 0;
-	for (c = 0; !ret && c < fab->nchan; c++) {
-		fep_fabric_t *ch = fab->nchan > 1 ? fab->chan[c] : fab;
-
-		while (atomic_exchange_explicit(&ch->pbusy, 1, memory_order_acquire))
-			sched_yield();
-		ret = fep_fabric_progress(ch);
-		atomic_store_explicit(&ch->pbusy, 0, memory_order_release);
-	}
+	for (c = 0; !ret && c < fab->nchan; c++)
+		ret = progress_chan(fab->nchan > 1 ? fab->chan[c] : fab, true);
 	if (!ret && fep_counter_load(fab, off) >= target)
 		return 0;
 	return ret ? ret : fab->alive(fab->alive_ctx, true);
