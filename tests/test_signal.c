@@ -496,6 +496,56 @@ START_TEST(peer_leaves_after_signal)
 }
 END_TEST
 
+/* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
+ * shm and 4 on tcp; one elsewhere. */
+struct chan_default { int threads, want; };
+
+static int default_rank(int rank, int size, void *arg)
+{
+	const struct chan_default *d = arg;
+	fabep_comm_t *comm;
+	int want, ret;
+
+	(void)size;
+	unsetenv("FABEP_CHANNELS");
+	ret = make_comm_chan(FABEP_SIGNAL_AUTO, 4u << 20, NULL, d->threads, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	want = fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ? d->want : 1;
+	if (fabep_comm_channels(comm) != want) {
+		fprintf(stderr, "rank %d: %s, %d threads, signal %s: %d channels, "
+			"want %d\n", rank, fabep_comm_provider(comm), d->threads,
+			fabep_signal_name(fabep_comm_signal(comm)),
+			fabep_comm_channels(comm), want);
+		return 1;
+	}
+	ret = fabep_barrier(comm);
+	return fabep_comm_destroy(comm) || ret ? 1 : 0;
+}
+
+START_TEST(channels_default)
+{
+	static const struct { const char *prov; struct chan_default d; } c[] = {
+		{ "shm", { 3, 3 } }, { "shm", { 10, 8 } },
+		{ "tcp", { 2, 2 } }, { "tcp", { 6, 4 } },
+		{ "sockets", { 3, 1 } },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		struct chan_default d = c[i].d;
+
+		if (!fep_test_have_provider(c[i].prov))
+			continue;
+		fep_test_use_provider(c[i].prov);
+		ck_assert_msg(fep_test_run_ranks(2, 60, default_rank, &d) == 0,
+			      "%s with %d threads", c[i].prov, d.threads);
+	}
+}
+END_TEST
+
 /* rank 1 asks for 3 channels, the others for 2: refused on every rank */
 static int chan_mismatch_rank(int rank, int size, void *arg)
 {
@@ -665,6 +715,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, tcp_chan2);
 	tcase_add_test(tc, channels_bad);
 	tcase_add_test(tc, channels_rescue);
+	tcase_add_test(tc, channels_default);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failures");

@@ -21,6 +21,7 @@
 
 #define FEP_DEFAULT_TIMEOUT_MS 30000
 #define FEP_AUTO_CHANNELS 8   /* FABEP_CHANNELS unset, shm: at most */
+#define FEP_AUTO_CHANNELS_TCP 4 /* and tcp */
 #define FEP_DEFAULT_HEAP (64ul << 20)
 
 /* What every rank must agree on, compared at creation. */
@@ -536,8 +537,10 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 
 /* Channels 1..n-1 of the fabric, opened and connected on every rank.
  * asked: FABEP_CHANNELS (the same on every rank, checked with the hellos),
- * or 0: on shm as many as the pool has threads, at most 8, the fewest of
- * any rank; elsewhere one. */
+ * or 0: with the cqdata strategy on shm as many as the pool has threads,
+ * at most 8, on tcp at most 4 (one connection carrying a whole run
+ * sometimes stalls for most of a second: dev49), the fewest of any rank;
+ * elsewhere one. */
 static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 {
 	struct fep_fab_blob *mine, *all;
@@ -546,9 +549,12 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 	if (!n) {
 		int32_t want = 1, *wants;
 
-		if (!strcmp(comm->fab->desc.provider, "shm") &&
-		    comm->fab->signal == FABEP_SIGNAL_CQDATA)
+		if (comm->fab->signal != FABEP_SIGNAL_CQDATA)
+			want = 1;
+		else if (!strcmp(comm->fab->desc.provider, "shm"))
 			want = FEP_MIN(fep_pool_threads(comm->pool), FEP_AUTO_CHANNELS);
+		else if (!strncmp(comm->fab->desc.provider, "tcp", 3))
+			want = FEP_MIN(fep_pool_threads(comm->pool), FEP_AUTO_CHANNELS_TCP);
 		wants = calloc((size_t)comm->size, sizeof(*wants));
 		if (!wants)
 			return -ENOMEM;
