@@ -407,14 +407,18 @@ static int rescue_rank(int rank, int size, void *arg)
 	return fabep_comm_destroy(comm) ? 1 : 0;
 }
 
-START_TEST(channels_rescue)
-{
-	if (!fep_test_have_provider("shm"))
-		return;
-	fep_test_use_provider("shm");
-	ck_assert_int_eq(fep_test_run_ranks(2, 60, rescue_rank, NULL), 0);
-}
-END_TEST
+/* fn on 2 shm ranks, each returning 0 */
+#define SHM2_TEST(name, fn)                                             \
+	START_TEST(name)                                                \
+	{                                                               \
+		if (!fep_test_have_provider("shm"))                     \
+			return;                                         \
+		fep_test_use_provider("shm");                           \
+		ck_assert_int_eq(fep_test_run_ranks(2, 60, fn, NULL), 0); \
+	}                                                               \
+	END_TEST
+
+SHM2_TEST(channels_rescue, rescue_rank)
 
 /* A peer that leaves right after its last signal: rank 1 signals rank 0
  * and exits.  Once it is gone, rank 0's liveness check is due with the
@@ -487,14 +491,7 @@ static int leave_rank(int rank, int size, void *arg)
 	return fabep_comm_destroy(comm) ? 1 : 0;
 }
 
-START_TEST(peer_leaves_after_signal)
-{
-	if (!fep_test_have_provider("shm"))
-		return;
-	fep_test_use_provider("shm");
-	ck_assert_int_eq(fep_test_run_ranks(2, 60, leave_rank, NULL), 0);
-}
-END_TEST
+SHM2_TEST(peer_leaves_after_signal, leave_rank)
 
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
  * shm and 4 on tcp; one elsewhere. */

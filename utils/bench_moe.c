@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "utils/common.h"
+#include "util/util.h"
 #include "utils/bench.h"
 #include "utils/tool_data.h"
 
@@ -427,19 +428,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		const char *e = getenv("FABEP_BENCH_SEND_BUFFER");
 
 		sbuf = e && *e && strcmp(e, "0") && cfg.token_type != FABEP_MOE_FP8;
-		e = getenv("FABEP_BENCH_EXPERT_US");
-		if (e && *e) {
-			char *end;
-			long v = strtol(e, &end, 10);
-
-			if (*end || v < 0 || v > 10000000) {
-				fprintf(stderr, "%s: FABEP_BENCH_EXPERT_US=%s is not a "
-					"number of microseconds from 0 to 10000000\n",
-					tool_name, e);
-				return -EINVAL;
-			}
-			expert_us = v;
-		}
+		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &expert_us) < 0)
+			return -EINVAL;  /* logged */
 	}
 	n = (size_t)cfg.max_tokens;
 	H = cfg.hidden;

@@ -140,7 +140,9 @@ static int fep_pid_runs(pid_t pid)
  * must not have closed without a goodbye (any host; the root tells the
  * other ranks).  A rank that died makes every wait fail at once with
  * -FABEP_ERR_PEER_LOST instead of after the timeout.  Without report, a
- * rank gone is only told (a wait first drains what it sent). */
+ * rank of this host gone is only told, neither logged nor marked (a wait
+ * first drains what it sent); a lost bootstrap connection is logged at
+ * once either way. */
 static int fep_comm_alive(void *arg, bool report)
 {
 	fabep_comm_t *comm = arg;
@@ -549,12 +551,12 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 	if (!n) {
 		int32_t want = 1, *wants;
 
-		if (comm->fab->signal != FABEP_SIGNAL_CQDATA)
-			want = 1;
-		else if (!strcmp(comm->fab->desc.provider, "shm"))
-			want = FEP_MIN(fep_pool_threads(comm->pool), FEP_AUTO_CHANNELS);
-		else if (!strncmp(comm->fab->desc.provider, "tcp", 3))
-			want = FEP_MIN(fep_pool_threads(comm->pool), FEP_AUTO_CHANNELS_TCP);
+		const char *prov = comm->fab->desc.provider;
+		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
+			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
+
+		if (comm->fab->signal == FABEP_SIGNAL_CQDATA)
+			want = FEP_MIN(fep_pool_threads(comm->pool), cap);
 		wants = calloc((size_t)comm->size, sizeof(*wants));
 		if (!wants)
 			return -ENOMEM;
