@@ -408,6 +408,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	int sbuf, pre, fp8;
 	long expert_us = 0;  /* FABEP_BENCH_EXPERT_US */
 	uint8_t *xq = NULL;   /* fp8pre: the tokens' codes [n, H] */
+	char *x0 = NULL;      /* the tokens as made, rewritten before each call */
+	size_t xbytes, xqbytes;
 	float *xs = NULL;     /* fp8pre: their scales [n, nsc] */
 	float lut[256];
 	char *evict = NULL;
@@ -473,7 +475,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	dbytes = calloc((size_t)size, sizeof(*dbytes));
 	seen = calloc((size_t)size, 1);
 	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	if (!xq || !xs || !cbytes || !cref || !lref || !oref || !rlen || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
+	xbytes = n * H * (cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
+	xqbytes = pre ? n * H + n * nsc * sizeof(float) : 0;
+	x0 = malloc(xbytes + xqbytes + 1);
+	if (!x0 || !xq || !xs || !cbytes || !cref || !lref || !oref || !rlen || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
 	    !wire || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
@@ -526,6 +531,13 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			dbytes[d] += 64;
 			maxrun = dbytes[d] > maxrun ? dbytes[d] : maxrun;
 		}
+	/* the layer before makes the tokens just before each call, as the
+	 * live reference rewrites its source: a copy to remake them from */
+	memcpy(x0, x, xbytes);
+	if (pre) {
+		memcpy(x0 + xbytes, xq, n * H);
+		memcpy(x0 + xbytes + n * H, xs, n * nsc * sizeof(float));
+	}
 	slot = n * (rec + H * 4) + 256;
 	if ((ret = fabep_heap_alloc(comm, slot, 64, &rsrc)) ||
 	    (ret = fabep_heap_alloc(comm, slot * (size_t)size, 64, &rdst)) ||
@@ -564,6 +576,11 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			}
 			din = bx;
 			dsc = pre ? bs : NULL;
+		} else if (pre) {
+			memcpy(xq, x0 + xbytes, n * H);
+			memcpy(xs, x0 + xbytes + n * H, n * nsc * sizeof(float));
+		} else {
+			memcpy(x, x0, xbytes);
 		}
 		ret = fabep_barrier(comm);
 		if (ret)
@@ -924,6 +941,7 @@ out:
 	free(ids);
 	free(w);
 	free(x);
+	free(x0);
 	free(xq);
 	free(xs);
 	free(outb);
