@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1192,6 +1193,102 @@ START_TEST(test_pool_wake)
 }
 END_TEST
 
+/* fep_pool_run_joined: fn runs on the caller and on every worker that
+ * starts before the caller's fn returns; the call waits for those, and
+ * no worker starts a run that has returned.  Each run has its own record
+ * (static: a worker that came too late would still write into it). */
+struct join_rec {
+	_Atomic int entered;   /* workers that started fn */
+	_Atomic int finished;  /* ... and returned from it */
+	_Atomic int over;      /* the call has returned */
+	_Atomic int after;     /* a worker started after that */
+	int hold;              /* tid 0 waits for a worker, which takes 2 ms */
+};
+
+#define JOIN_RUNS 300
+static struct join_rec join_recs[JOIN_RUNS + 20];
+
+static void join_fn(void *ctx, int tid, int n)
+{
+	struct join_rec *r = ctx;
+	struct timespec ts = { 0, 2000000L };
+	int i;
+
+	(void)n;
+	if (tid == 0) {
+		for (i = 0; r->hold && !atomic_load(&r->entered) && i < 1000; i++)
+			nanosleep(&(struct timespec){ 0, 1000000L }, NULL);
+		return;
+	}
+	if (atomic_load(&r->over))
+		atomic_store(&r->after, 1);
+	atomic_fetch_add(&r->entered, 1);
+	if (r->hold)
+		nanosleep(&ts, NULL);
+	atomic_fetch_add(&r->finished, 1);
+}
+
+START_TEST(test_pool_joined)
+{
+	cpu_set_t all, one;
+	fep_pool_t *p = NULL;
+	struct run_rec rr;
+	int i, cpu, skipped = 0;
+
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	for (cpu = 0; cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &all); cpu++)
+		;
+	ck_assert_int_lt(cpu, CPU_SETSIZE);
+	/* One CPU for the caller and 3 workers: a worker runs only when the
+	 * caller gives up the CPU, so most joined runs close before any
+	 * worker comes; every plain run still waits for all. */
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+	ck_assert_int_eq(fep_pool_create(4, -1, 1, &p), 0);
+	for (i = 0; i < 50; i++) {
+		memset(&rr, 0, sizeof(rr));
+		ck_assert_int_eq(fep_pool_run(p, run_fn, &rr), 0);
+		ck_assert_int_eq(rr.calls, 4);
+	}
+	for (i = 0; i < JOIN_RUNS; i++) {
+		struct join_rec *r = &join_recs[i];
+
+		ck_assert_int_eq(fep_pool_run_joined(p, join_fn, r), 0);
+		ck_assert_int_eq(atomic_load(&r->finished), atomic_load(&r->entered));
+		atomic_store(&r->over, 1);
+		skipped += atomic_load(&r->entered) < 3;
+		if (i % 50 == 0) {  /* plain runs between: every worker again */
+			memset(&rr, 0, sizeof(rr));
+			ck_assert_int_eq(fep_pool_run(p, run_fn, &rr), 0);
+			ck_assert_int_eq(rr.calls, 4);
+		}
+	}
+	ck_assert_int_gt(skipped, 0);
+	fep_pool_destroy(p);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(all), &all), 0);
+
+	/* Every CPU, tid 0 holding the run until a worker is in: the call
+	 * returns only once that worker's 2 ms are over. */
+	ck_assert_int_eq(fep_pool_create(3, -1, 1, &p), 0);
+	for (i = 0; i < 20; i++) {
+		struct join_rec *r = &join_recs[JOIN_RUNS + i];
+
+		r->hold = 1;
+		ck_assert_int_eq(fep_pool_run_joined(p, join_fn, r), 0);
+		ck_assert_int_ge(atomic_load(&r->entered), 1);
+		ck_assert_int_eq(atomic_load(&r->finished), atomic_load(&r->entered));
+		atomic_store(&r->over, 1);
+	}
+	ck_assert_int_eq(fep_pool_run_joined(p, NULL, NULL), -EINVAL);
+	fep_pool_destroy(p);  /* joins the workers: none may start a run now */
+	for (i = 0; i < JOIN_RUNS + 20; i++)
+		ck_assert_int_eq(atomic_load(&join_recs[i].after), 0);
+	fep_pool_destroy(NULL);
+	ck_assert_int_eq(fep_pool_run_joined(NULL, join_fn, &join_recs[0]), 0);
+}
+END_TEST
+
 START_TEST(test_pool_config)
 {
 	fep_pool_t *p = NULL;
@@ -1483,6 +1580,7 @@ static Suite *kernels_suite(int forked)
 	tc = tcase_create("pool");
 	tcase_add_test(tc, test_pool_basic);
 	tcase_add_test(tc, test_pool_wake);
+	tcase_add_test(tc, test_pool_joined);
 	tcase_add_test(tc, test_pool_config);
 	tcase_add_test(tc, test_mt_wrappers);
 	tcase_add_test(tc, test_gather_blocks);

@@ -315,6 +315,13 @@ void fep_pool_wake(fep_pool_t *pool);
  * thread at a time).  pool NULL: fn(ctx, 0, 1). */
 typedef void (*fep_pool_fn)(void *ctx, int tid, int nthreads);
 int fep_pool_run(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
+/* fep_pool_run for a job that the caller, with any of the workers, can
+ * finish alone (it shares its work out by claims and rescues, not by
+ * tid): fn runs on the caller and on every worker that starts before the
+ * caller's fn returns; the call then waits for those, and a worker that
+ * starts later skips the run.  A worker that the host or the kernel is
+ * slow to wake holds nobody up. */
+int fep_pool_run_joined(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
 
 /* Call fn(ctx, r0, r1) over [0, n) on the workers, in contiguous ranges
  * that start at multiples of `grain` (grain 0 = 1) and cover every index

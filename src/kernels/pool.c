@@ -9,7 +9,12 @@
  * rows that whoever is running takes from a shared cursor, and it waits
  * only for the claims, not for the workers.  A worker that wakes late (on
  * a busy or virtual machine, up to hundreds of microseconds after the
- * caller) then finds the rows taken and holds nobody up.
+ * caller, milliseconds on a busy host) then finds the rows taken and
+ * holds nobody up.  fep_pool_run_joined is fep_pool_run for jobs that any
+ * subset of the workers can finish: a worker enters the run by a
+ * compare-and-swap on `entry` (the run's gen and the count that entered),
+ * the caller closes it once its own fn returns, and waits only for those
+ * that entered; a worker that comes later finds it closed and skips it.
  *
  * A run is published like a seqlock: gen goes odd, the run's fields are
  * written, gen goes even; a worker that reads the fields between two
@@ -26,6 +31,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -38,6 +44,7 @@
 #include "kernels/kernels.h"
 
 #define POOL_SPINS 4000
+#define POOL_CLOSED 0x80000000u  /* entry: the run takes no more workers */
 
 struct fep_pool_worker {
 	struct fep_pool *pool;
@@ -55,7 +62,10 @@ struct fep_pool {
 
 	_Atomic uint32_t gen;     /* futex: odd while a run is written, even
 				     once published; +2 per run */
-	_Atomic uint32_t pending; /* futex: workers still running this run */
+	_Atomic uint32_t pending; /* futex: workers still running this run
+				     (less those a joined run shut out) */
+	_Atomic uint64_t entry;   /* fn runs: gen << 32 | POOL_CLOSED | the
+				     count of workers that entered */
 	_Atomic int sleepers;     /* workers sleeping (or about to) on gen */
 	_Atomic int caller_sleeps;
 	_Atomic int stop;
@@ -96,6 +106,19 @@ static void pool_claims(struct fep_pool *p, uint32_t g, fep_pool_range_fn fn,
 		atomic_fetch_add_explicit(&p->claimed_done, 1, memory_order_release);
 		cur = atomic_load_explicit(&p->cursor, memory_order_relaxed);
 	}
+}
+
+/* Enter fn run g: false when g is over or closed (fn and ctx may be dead). */
+static bool pool_enter(struct fep_pool *p, uint32_t g)
+{
+	uint64_t e = atomic_load_explicit(&p->entry, memory_order_acquire);
+
+	while ((uint32_t)(e >> 32) == g && !(e & POOL_CLOSED))
+		if (atomic_compare_exchange_weak_explicit(&p->entry, &e, e + 1,
+							  memory_order_acq_rel,
+							  memory_order_acquire))
+			return true;
+	return false;
 }
 
 static void *worker_main(void *arg)
@@ -150,6 +173,8 @@ static void *worker_main(void *arg)
 			pool_claims(p, g, rfn, ctx, n, step, claims);
 			continue;
 		}
+		if (!pool_enter(p, g))
+			continue;  /* a joined run closed before this worker came */
 		fn(ctx, w->tid, p->nthreads);
 		if (atomic_fetch_sub(&p->pending, 1) == 1 &&
 		    atomic_load(&p->caller_sleeps))
@@ -377,6 +402,8 @@ static uint32_t pool_publish(struct fep_pool *p, fep_pool_fn fn,
 				      memory_order_relaxed);
 	} else {
 		atomic_store(&p->pending, (uint32_t)(p->nthreads - 1));
+		atomic_store_explicit(&p->entry, (uint64_t)(g + 2) << 32,
+				      memory_order_relaxed);
 	}
 	atomic_store(&p->gen, g + 2);  /* seq_cst: publishes the fields */
 	if (atomic_load(&p->sleepers) > 0)
@@ -384,7 +411,7 @@ static uint32_t pool_publish(struct fep_pool *p, fep_pool_fn fn,
 	return g + 2;
 }
 
-int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
+static int pool_run(struct fep_pool *p, fep_pool_fn fn, void *ctx, bool joined)
 {
 	uint32_t left;
 	int i;
@@ -399,6 +426,20 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 	}
 	pool_publish(p, fn, NULL, ctx, 0, 0, 0);
 	fn(ctx, 0, p->nthreads);
+	if (joined) {
+		/* close the run; the workers that did not enter owe nothing */
+		uint64_t e = atomic_load_explicit(&p->entry, memory_order_relaxed);
+		uint32_t late;
+
+		while (!atomic_compare_exchange_weak_explicit(&p->entry, &e,
+							      e | POOL_CLOSED,
+							      memory_order_acq_rel,
+							      memory_order_relaxed))
+			;
+		late = (uint32_t)(p->nthreads - 1) - (uint32_t)(e & (POOL_CLOSED - 1));
+		if (late)
+			atomic_fetch_sub(&p->pending, late);
+	}
 	for (i = 0; i < POOL_SPINS; i++) {
 		if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
 			return 0;
@@ -409,6 +450,16 @@ int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 		futex(&p->pending, FUTEX_WAIT_PRIVATE, left);
 	atomic_store(&p->caller_sleeps, 0);
 	return 0;
+}
+
+int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
+{
+	return pool_run(p, fn, ctx, false);
+}
+
+int fep_pool_run_joined(fep_pool_t *p, fep_pool_fn fn, void *ctx)
+{
+	return pool_run(p, fn, ctx, true);
 }
 
 void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
