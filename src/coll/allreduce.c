@@ -387,21 +387,23 @@ struct fep_ar_job {
 	void *res;                /* updated residual rows (may be res_src) */
 	const float *gamma;
 	const fabep_rmsnorm_params_t *p;
+	size_t next;              /* atomic: the first row not yet claimed */
 };
 
-static void fep_ar_job_run(void *ctx, int tid, int nthreads)
+/* Rows [r0, r1) of the job on thread tid (its scratch, its input list),
+ * in pieces of what the scratch holds. */
+static void fep_ar_job_rows(const struct fep_ar_job *j, int tid, size_t r0,
+			    size_t r1)
 {
-	const struct fep_ar_job *j = ctx;
 	struct fabep_allreduce *h = j->h;
 	const struct fep_k_ops *ops = fep_k_ops();
-	size_t es = h->lay.esize, rb = j->cols * es, r0, r1, r, n, ch;
+	size_t es = h->lay.esize, rb = j->cols * es, r, n, ch;
 	const void **in = h->ins + (size_t)tid * (size_t)j->n;
 	uint8_t *scratch = h->scratch + (size_t)tid * h->scratch_bytes;
 	fep_k_sum_args_t sa;
 	fep_k_rmsnorm_args_t na;
 	int k;
 
-	fep_pool_split(j->rows, 1, tid, nthreads, &r0, &r1);
 	ch = FEP_MAX((size_t)1, h->scratch_bytes / rb);
 	for (r = r0; r < r1; r += n) {
 		n = FEP_MIN(ch, r1 - r);
@@ -446,6 +448,18 @@ static void fep_ar_job_run(void *ctx, int tid, int nthreads)
 		}
 		ops->rmsnorm(&na, 0, n);
 	}
+}
+
+/* Every thread that comes claims ranges of rows, so a worker that wakes
+ * late holds nobody up (a row's result does not depend
+ * on which thread computes it). */
+static void fep_ar_job_run(void *ctx, int tid, int nthreads)
+{
+	struct fep_ar_job *j = ctx;
+	size_t r0, step = FEP_MAX((size_t)1, j->rows / (4 * (size_t)nthreads));
+
+	while ((r0 = __atomic_fetch_add(&j->next, step, __ATOMIC_RELAXED)) < j->rows)
+		fep_ar_job_rows(j, tid, r0, FEP_MIN(j->rows, r0 + step));
 }
 
 /* Copy rows into place (staging, outputs). */

@@ -326,9 +326,9 @@ struct chan_wait {
 /* Thread tid of the pool progresses channels tid, tid + nthreads, ...
  * (on shm each copies what arrived on its channels), and any channel
  * that its thread leaves alone for long, until the counter is reached;
- * the caller (tid 0) keeps the wait's clock.  A joined run: a worker that
- * wakes after the counter was reached skips it, and whatever channel it
- * owns is rescued by the others meanwhile. */
+ * the caller (tid 0) keeps the wait's clock.  A worker that wakes after
+ * the counter was reached skips the run, and whatever channel it owns is
+ * rescued by the others meanwhile. */
 static void chan_wait_fn(void *arg, int tid, int nthreads)
 {
 	struct chan_wait *w = arg;
@@ -384,7 +384,7 @@ int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
 	    fep_counter_load(fab, ctr) < target) {
 		struct chan_wait w = { comm, ctr, target, 0, 0, work, work_ctx, 0 };
 
-		ret = fep_pool_run_joined(comm->pool, chan_wait_fn, &w);
+		ret = fep_pool_run(comm->pool, chan_wait_fn, &w);
 		if (!ret)
 			ret = w.err;
 		wret = w.work_ret;

@@ -463,9 +463,9 @@ void fep_ep_idle(void *arg)
 /* Several channels: every thread claims ranges and, before each claim,
  * progresses its channel (thread t: t, t + nthreads, ...), so the peers'
  * slices are copied on every thread while the work goes on; and any
- * channel whose thread has not progressed it over two of its claims.  A
- * joined run: the caller takes claims too, so a worker that wakes after
- * the last claim skips the run. */
+ * channel whose thread has not progressed it over two of its claims.  The
+ * caller takes claims too, so a worker that wakes after the last claim
+ * skips the run (fep_pool_run). */
 struct chan_run {
 	fep_pool_range_fn fn;
 	void *ctx;
@@ -507,7 +507,7 @@ int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
 		struct chan_run r = { fn, ctx, idle->fab, n, 0, 0, 0 };
 
 		r.step = FEP_MAX((size_t)1, n / (4 * (size_t)nth));
-		ret = fep_pool_run_joined(pool, chan_run_fn, &r);
+		ret = fep_pool_run(pool, chan_run_fn, &r);
 		return ret ? ret : r.err;
 	}
 	ret = caller_idles ?

@@ -310,18 +310,16 @@ int fep_pool_default_node(int nic_node);
  * them overlaps its setup).  NULL is ignored. */
 void fep_pool_wake(fep_pool_t *pool);
 
-/* Run fn(ctx, tid, nthreads) on every worker (tid 0 = caller) and wait
- * for all.  One run at a time per pool (a communicator is used by one
- * thread at a time).  pool NULL: fn(ctx, 0, 1). */
+/* Run fn(ctx, tid, nthreads) on the caller (tid 0) and on every worker
+ * that starts before the caller's fn returns, then wait for those; a
+ * worker that starts later skips the run, so one that the host or the
+ * kernel is slow to wake holds nobody up.  fn must therefore be a job
+ * that the caller, with any of the workers, finishes (shared out by
+ * claims and rescues, not by tid); each tid runs it at most once.  One
+ * run at a time per pool (a communicator is used by one thread at a
+ * time).  pool NULL: fn(ctx, 0, 1). */
 typedef void (*fep_pool_fn)(void *ctx, int tid, int nthreads);
 int fep_pool_run(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
-/* fep_pool_run for a job that the caller, with any of the workers, can
- * finish alone (it shares its work out by claims and rescues, not by
- * tid): fn runs on the caller and on every worker that starts before the
- * caller's fn returns; the call then waits for those, and a worker that
- * starts later skips the run.  A worker that the host or the kernel is
- * slow to wake holds nobody up. */
-int fep_pool_run_joined(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
 
 /* Call fn(ctx, r0, r1) over [0, n) on the workers, in contiguous ranges
  * that start at multiples of `grain` (grain 0 = 1) and cover every index
@@ -341,10 +339,6 @@ int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
 int fep_pool_for_idle(fep_pool_t *pool, size_t n, size_t grain,
 		      fep_pool_range_fn fn, void *ctx,
 		      void (*idle)(void *), void *ictx);
-/* An even split of [0, n) in multiples of grain: the range of worker tid
- * of nthreads (for fep_pool_run callers that split by themselves). */
-void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
-		    size_t *r0, size_t *r1);
 
 /* Page-aligned memory on a NUMA node (node < 0 or no NUMA: local policy).
  * Not touched: the first writer places the pages. */

@@ -4,25 +4,26 @@
  * as worker 0.  Idle workers spin briefly, then sleep on a futex, so more
  * ranks than cores still make progress.
  *
- * Two kinds of run.  fep_pool_run calls fn once on every worker and waits
- * for all of them.  fep_pool_for (and _idle) hands out claims: ranges of
- * rows that whoever is running takes from a shared cursor, and it waits
- * only for the claims, not for the workers.  A worker that wakes late (on
- * a busy or virtual machine, up to hundreds of microseconds after the
- * caller, milliseconds on a busy host) then finds the rows taken and
- * holds nobody up.  fep_pool_run_joined is fep_pool_run for jobs that any
- * subset of the workers can finish: a worker enters the run by a
+ * Two kinds of run, neither of which waits for a worker that has not
+ * started: one that wakes late (on a busy or virtual machine, up to
+ * hundreds of microseconds after the caller, milliseconds on a busy
+ * host) holds nobody up.  fep_pool_for (and _idle) hands out claims:
+ * ranges of rows that whoever is running takes from a shared cursor, and
+ * it waits only for the claims.  fep_pool_run calls fn on the caller and
+ * on every worker that starts before the caller's fn returns, for jobs
+ * that share their work out themselves: a worker enters the run by a
  * compare-and-swap on `entry` (the run's gen and the count that entered),
- * the caller closes it once its own fn returns, and waits only for those
- * that entered; a worker that comes later finds it closed and skips it.
+ * the caller closes it once its own fn returns and waits for those that
+ * entered; a worker that comes later finds it closed and skips it.
  *
  * A run is published like a seqlock: gen goes odd, the run's fields are
  * written, gen goes even; a worker that reads the fields between two
  * reads of the same even gen has a consistent run.  Claims carry that gen
  * in the cursor's high half, so a worker still holding an old run's
  * fields cannot claim rows of a later run: its compare-and-swap fails.
- * It may call fn only after a successful claim, and the caller waits for
- * every claim to finish, so fn and ctx are alive whenever it does.
+ * It may call fn only after a successful claim (or entry), and the
+ * caller waits for every claim (every entered worker) to finish, so fn
+ * and ctx are alive whenever it does.
  */
 #include "config.h"
 
@@ -63,7 +64,7 @@ struct fep_pool {
 	_Atomic uint32_t gen;     /* futex: odd while a run is written, even
 				     once published; +2 per run */
 	_Atomic uint32_t pending; /* futex: workers still running this run
-				     (less those a joined run shut out) */
+				     (less those the close shut out) */
 	_Atomic uint64_t entry;   /* fn runs: gen << 32 | POOL_CLOSED | the
 				     count of workers that entered */
 	_Atomic int sleepers;     /* workers sleeping (or about to) on gen */
@@ -174,7 +175,7 @@ static void *worker_main(void *arg)
 			continue;
 		}
 		if (!pool_enter(p, g))
-			continue;  /* a joined run closed before this worker came */
+			continue;  /* closed before this worker came */
 		fn(ctx, w->tid, p->nthreads);
 		if (atomic_fetch_sub(&p->pending, 1) == 1 &&
 		    atomic_load(&p->caller_sleeps))
@@ -411,9 +412,10 @@ static uint32_t pool_publish(struct fep_pool *p, fep_pool_fn fn,
 	return g + 2;
 }
 
-static int pool_run(struct fep_pool *p, fep_pool_fn fn, void *ctx, bool joined)
+int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
 {
-	uint32_t left;
+	uint64_t e;
+	uint32_t left, late;
 	int i;
 
 	if (!fn) {
@@ -426,20 +428,15 @@ static int pool_run(struct fep_pool *p, fep_pool_fn fn, void *ctx, bool joined)
 	}
 	pool_publish(p, fn, NULL, ctx, 0, 0, 0);
 	fn(ctx, 0, p->nthreads);
-	if (joined) {
-		/* close the run; the workers that did not enter owe nothing */
-		uint64_t e = atomic_load_explicit(&p->entry, memory_order_relaxed);
-		uint32_t late;
-
-		while (!atomic_compare_exchange_weak_explicit(&p->entry, &e,
-							      e | POOL_CLOSED,
-							      memory_order_acq_rel,
-							      memory_order_relaxed))
-			;
-		late = (uint32_t)(p->nthreads - 1) - (uint32_t)(e & (POOL_CLOSED - 1));
-		if (late)
-			atomic_fetch_sub(&p->pending, late);
-	}
+	/* close the run; the workers that did not enter owe nothing */
+	e = atomic_load_explicit(&p->entry, memory_order_relaxed);
+	while (!atomic_compare_exchange_weak_explicit(&p->entry, &e, e | POOL_CLOSED,
+						      memory_order_acq_rel,
+						      memory_order_relaxed))
+		;
+	late = (uint32_t)(p->nthreads - 1) - (uint32_t)(e & (POOL_CLOSED - 1));
+	if (late)
+		atomic_fetch_sub(&p->pending, late);
 	for (i = 0; i < POOL_SPINS; i++) {
 		if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
 			return 0;
@@ -450,34 +447,6 @@ static int pool_run(struct fep_pool *p, fep_pool_fn fn, void *ctx, bool joined)
 		futex(&p->pending, FUTEX_WAIT_PRIVATE, left);
 	atomic_store(&p->caller_sleeps, 0);
 	return 0;
-}
-
-int fep_pool_run(fep_pool_t *p, fep_pool_fn fn, void *ctx)
-{
-	return pool_run(p, fn, ctx, false);
-}
-
-int fep_pool_run_joined(fep_pool_t *p, fep_pool_fn fn, void *ctx)
-{
-	return pool_run(p, fn, ctx, true);
-}
-
-void fep_pool_split(size_t n, size_t grain, int tid, int nthreads,
-		    size_t *r0, size_t *r1)
-{
-	size_t chunks, per, rem, c0, c1, t = (size_t)tid;
-
-	if (grain == 0)
-		grain = 1;
-	if (nthreads < 1)
-		nthreads = 1;
-	chunks = (n + grain - 1) / grain;
-	per = chunks / (size_t)nthreads;
-	rem = chunks % (size_t)nthreads;
-	c0 = t * per + (t < rem ? t : rem);
-	c1 = c0 + per + (t < rem ? 1 : 0);
-	*r0 = FEP_MIN(c0 * grain, n);
-	*r1 = FEP_MIN(c1 * grain, n);
 }
 
 /* fep_pool_for's ranges are claimed, not assigned: whoever runs takes the
