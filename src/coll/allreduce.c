@@ -451,8 +451,8 @@ static void fep_ar_job_rows(const struct fep_ar_job *j, int tid, size_t r0,
 }
 
 /* Every thread that comes claims ranges of rows, so a worker that wakes
- * late holds nobody up (a row's result does not depend
- * on which thread computes it). */
+ * late holds nobody up (a row's result does not depend on which thread
+ * computes it). */
 static void fep_ar_job_run(void *ctx, int tid, int nthreads)
 {
 	struct fep_ar_job *j = ctx;
