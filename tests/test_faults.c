@@ -204,6 +204,7 @@ static void fault_now(int sig)
 static void *g_trap;
 static size_t g_trap_len;
 static int g_trap_sig;
+static int g_trap_hit;  /* a thread has taken the fault */
 
 static void trap_handler(int sig, siginfo_t *si, void *uc)
 {
@@ -215,6 +216,13 @@ static void trap_handler(int sig, siginfo_t *si, void *uc)
 		signal(SIGSEGV, SIG_DFL);
 		return; /* a real crash: fault again, default action */
 	}
+	/* several of the pool's threads may read the input at once: only the
+	 * first stops (or kills) the process; another returns and faults
+	 * again until the pages are readable, then goes on.  Were it to stop
+	 * the process too, its stop could come after the resume, and nobody
+	 * would resume it again. */
+	if (__atomic_exchange_n(&g_trap_hit, 1, __ATOMIC_SEQ_CST))
+		return;
 	mprotect(g_trap, g_trap_len, PROT_READ | PROT_WRITE);
 	fault_now(g_trap_sig);
 }
@@ -231,6 +239,7 @@ static float *trap_input(const float *src, size_t n, int sig)
 		return NULL;
 	memcpy(g_trap, src, n * sizeof(float));
 	g_trap_sig = sig;
+	g_trap_hit = 0;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_sigaction = trap_handler;
 	sa.sa_flags = SA_SIGINFO;
