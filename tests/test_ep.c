@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fabep.h"
 #include "harness.h"
@@ -888,6 +890,138 @@ START_TEST(ready_hlast)
 }
 END_TEST
 
+/* A dispatch that returns with its rows still queued holds its receiver
+ * on tcp, whose writes move only while the sender progresses: rank 0
+ * sends 2048 rows of 7168 bf16 (29 MB, more than sockets buffer) to rank
+ * 1, which sends nothing, so rank 0's wait ends at once; rank 0 then
+ * calls nothing until rank 1's dispatch has returned (a file says so),
+ * as a server computing its experts.  Both then combine (rank 1 returns
+ * its rows to rank 0) and check what came back. */
+struct drain_arg {
+	char dir[64];
+};
+
+static int wait_file(const char *path, int seconds)
+{
+	struct timespec ts = { 0, 1000000L };
+	int i;
+
+	for (i = 0; i < seconds * 1000; i++) {
+		if (access(path, F_OK) == 0)
+			return 0;
+		nanosleep(&ts, NULL);
+	}
+	return -1;
+}
+
+static int drain_rank(int rank, int size, void *arg)
+{
+	const struct drain_arg *d = arg;
+	const size_t n = 2048, H = 7168;
+	fabep_comm_attr_t a;
+	fabep_moe_config_t cfg;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_t *moe = NULL;
+	fabep_moe_recv_t rv;
+	uint16_t *x = NULL, *y = NULL, *out = NULL;
+	int32_t *ids = NULL;
+	char path[96];
+	size_t t, h;
+	int ret, rc = 1;
+
+	(void)size;
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = 2;
+	cfg.top_k = 1;
+	cfg.hidden = H;
+	cfg.max_tokens = n;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 20000;
+	a.heap_size = fabep_moe_heap_bytes(&cfg, 2) + (1u << 20);
+	if ((ret = fabep_comm_create(&a, &comm)) ||
+	    (ret = fabep_moe_create(comm, &cfg, &moe))) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		goto out;
+	}
+	x = malloc(n * H * 2);
+	y = malloc(n * H * 2 + 2);
+	out = malloc(n * H * 2);
+	ids = malloc(n * sizeof(*ids));
+	if (!x || !y || !out || !ids)
+		goto out;
+	for (t = 0; t < n; t++) {
+		ids[t] = 1;  /* every token to rank 1's expert */
+		for (h = 0; h < H; h++)
+			x[t * H + h] = (uint16_t)(0x3f80 + (t * 7 + h) % 127);  /* exact in bf16 */
+	}
+	ret = fabep_moe_dispatch(moe, x, NULL, rank == 0 ? n : 0, ids, NULL, &rv);
+	if (ret) {
+		fprintf(stderr, "rank %d: dispatch: %s\n", rank, fabep_strerror(ret));
+		goto out;
+	}
+	snprintf(path, sizeof(path), "%s/dispatched%d", d->dir, rank);
+	fclose(fopen(path, "w"));
+	if (rank == 0) {
+		/* no fabep call until rank 1 has its rows */
+		snprintf(path, sizeof(path), "%s/dispatched1", d->dir);
+		if (wait_file(path, 30)) {
+			fprintf(stderr, "rank 0: rank 1's dispatch did not return "
+				"while rank 0 made no call\n");
+			goto out;
+		}
+	} else if (rv.rows != n) {
+		fprintf(stderr, "rank 1: %zu rows, want %zu\n", rv.rows, n);
+		goto out;
+	}
+	for (t = 0; t < rv.rows; t++)  /* the toy expert: y = x */
+		memcpy(y + t * H, (const uint8_t *)rv.x + (size_t)rv.row_index[t] *
+		       rv.row_stride, H * 2);
+	ret = fabep_moe_combine(moe, y, H, 0, out, H, NULL, NULL);
+	if (ret) {
+		fprintf(stderr, "rank %d: combine: %s\n", rank, fabep_strerror(ret));
+		goto out;
+	}
+	if (rank == 0 && memcmp(out, x, n * H * 2)) {
+		fprintf(stderr, "rank 0: the combined rows differ from the tokens\n");
+		goto out;
+	}
+	rc = 0;
+out:
+	free(x);
+	free(y);
+	free(out);
+	free(ids);
+	fabep_moe_destroy(moe);
+	ret = fabep_comm_destroy(comm);
+	return rc ? rc : ret ? 1 : 0;
+}
+
+START_TEST(tcp2_drain)
+{
+	struct drain_arg d;
+	int status[2];
+
+	if (!fep_test_have_provider("tcp"))
+		return;
+	fep_test_use_provider("tcp");
+	snprintf(d.dir, sizeof(d.dir), "/tmp/fep_drain.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(d.dir));
+	fep_test_run_ranks_status(2, 120, drain_rank, &d, status);
+	{
+		char path[96];
+
+		snprintf(path, sizeof(path), "%s/dispatched0", d.dir);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/dispatched1", d.dir);
+		unlink(path);
+		rmdir(d.dir);
+	}
+	ck_assert_msg(status[0] == 0 && status[1] == 0,
+		      "ranks exited %d and %d", status[0], status[1]);
+}
+END_TEST
+
 START_TEST(bad_flags)
 {
 	fabep_moe_config_t c;
@@ -965,6 +1099,11 @@ static Suite *ep_suite(void)
 	/* the run schedule alone (no ranks) */
 	tc = tcase_create("chunks");
 	tcase_add_test(tc, ready_hlast);
+	suite_add_tcase(s, tc);
+	/* a sender's rows leave before its call returns (tcp) */
+	tc = tcase_create("drain");
+	tcase_set_timeout(tc, 180);
+	tcase_add_test(tc, tcp2_drain);
 	suite_add_tcase(s, tc);
 	return s;
 }

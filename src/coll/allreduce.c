@@ -734,6 +734,8 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 			 (unsigned long long)hdr.seq, one ? "one-stage" : "reduce-scatter");
 		ret = fep_comm_wait(comm, what, h->ctr1[par], h->expect1[par],
 				    h->slots1[par], h->lay.blk1, hdr.seq);
+		if (!ret)  /* the peers wait for these rows (tcp) */
+			ret = fep_fabric_drain(fab);
 		if (ret)
 			return fep_ar_fail(h, ret);
 	}
@@ -825,6 +827,8 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 		 (unsigned long long)hdr.seq);
 	ret = fep_comm_wait(comm, what, h->ctr_ag, h->expect_ag, h->ag,
 			    h->lay.blkag, hdr.seq);
+	if (!ret)
+		ret = fep_fabric_drain(fab);
 	if (ret)
 		return fep_ar_fail(h, ret);
 	for (r = 0; r < P; r++) {

@@ -284,6 +284,9 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 		ret = fep_ep_check_hdrs(m, "fabep_moe_combine", fep_ep_cslot(m, b, 0),
 					m->cslot_bytes, s->seq, s->sent, s->status,
 					s->rcount);
+	/* this rank's rows must have left before the caller computes (tcp) */
+	if (!ret)
+		ret = fep_fabric_drain(m->comm->fab);
 	t1 = fep_now_ns();
 	if (!ret && s->n) {
 		fep_k_topk_args_t a;

@@ -892,6 +892,9 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		if (!ret)
 			ret = dret;
 	}
+	/* this rank's runs must have left before the caller computes (tcp) */
+	if (!ret)
+		ret = fep_fabric_drain(m->comm->fab);
 	t3 = fep_now_ns();
 	if (!ret)
 		ret = build_end(m, b, s);

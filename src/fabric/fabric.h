@@ -111,6 +111,8 @@ typedef struct fep_fabric {
 	void *ops_desc;
 	size_t outstanding;
 	int tx_error;           /* first error seen on the TX CQ */
+	bool tx_progress;       /* a posted write moves only while this rank
+				   progresses (software transports) */
 
 	struct fep_peer *peers;
 
@@ -208,6 +210,13 @@ struct fep_stall {
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st);
 /* Wait until no operation is outstanding (timeout -> -ETIMEDOUT). */
 int fep_fabric_quiet(fep_fabric_t *fab);
+/* Before a call returns to a caller that may compute for long: on a
+ * provider whose writes move only while this rank progresses (tx_progress:
+ * tcp, udp, net, efa's emulated protocols), wait until they have all left
+ * (fep_fabric_quiet), or they and their receivers would wait for this
+ * rank's next call; elsewhere 0 at once (the sends drain at the next
+ * call's quiet). */
+int fep_fabric_drain(fep_fabric_t *fab);
 /* Describe a fi_info (opens fabric + domain briefly to query atomics). */
 int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d);
 
