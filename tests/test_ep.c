@@ -895,8 +895,9 @@ END_TEST
  * sends 2048 rows of 7168 bf16 (29 MB, more than sockets buffer) to rank
  * 1, which sends nothing, so rank 0's wait ends at once; rank 0 then
  * calls nothing until rank 1's dispatch has returned (a file says so),
- * as a server computing its experts.  Both then combine (rank 1 returns
- * its rows to rank 0) and check what came back. */
+ * as a server computing its experts.  Then the same for combine, the
+ * other way: rank 1 returns the rows to rank 0 and calls nothing until
+ * rank 0's combine has returned, and rank 0 checks what came back. */
 struct drain_arg {
 	char dir[64];
 };
@@ -982,7 +983,18 @@ static int drain_rank(int rank, int size, void *arg)
 		fprintf(stderr, "rank %d: combine: %s\n", rank, fabep_strerror(ret));
 		goto out;
 	}
-	if (rank == 0 && memcmp(out, x, n * H * 2)) {
+	/* the way back: rank 1 returns 29 MB to rank 0 only, then makes no
+	 * call until rank 0's combine has returned */
+	snprintf(path, sizeof(path), "%s/combined%d", d->dir, rank);
+	fclose(fopen(path, "w"));
+	if (rank == 1) {
+		snprintf(path, sizeof(path), "%s/combined0", d->dir);
+		if (wait_file(path, 30)) {
+			fprintf(stderr, "rank 1: rank 0's combine did not return "
+				"while rank 1 made no call\n");
+			goto out;
+		}
+	} else if (memcmp(out, x, n * H * 2)) {
 		fprintf(stderr, "rank 0: the combined rows differ from the tokens\n");
 		goto out;
 	}
@@ -1014,6 +1026,10 @@ START_TEST(tcp2_drain)
 		snprintf(path, sizeof(path), "%s/dispatched0", d.dir);
 		unlink(path);
 		snprintf(path, sizeof(path), "%s/dispatched1", d.dir);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/combined0", d.dir);
+		unlink(path);
+		snprintf(path, sizeof(path), "%s/combined1", d.dir);
 		unlink(path);
 		rmdir(d.dir);
 	}
