@@ -915,6 +915,31 @@ static int wait_file(const char *path, int seconds)
 	return -1;
 }
 
+/* After a call named @what: mark it done for @rank; the rank @waiter then
+ * makes no call until its peer has marked the same (a file), and says so
+ * if that does not come. */
+static int drain_mark(const struct drain_arg *d, const char *what, int rank,
+		      int waiter)
+{
+	char path[96];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s%d", d->dir, what, rank);
+	if (!(f = fopen(path, "w"))) {
+		fprintf(stderr, "rank %d: %s: %s\n", rank, path, strerror(errno));
+		return -1;
+	}
+	fclose(f);
+	if (rank != waiter)
+		return 0;
+	snprintf(path, sizeof(path), "%s/%s%d", d->dir, what, !rank);
+	if (wait_file(path, 30) == 0)
+		return 0;
+	fprintf(stderr, "rank %d: rank %d's %s call did not return while rank "
+		"%d made no call\n", rank, !rank, what, rank);
+	return -1;
+}
+
 static int drain_rank(int rank, int size, void *arg)
 {
 	const struct drain_arg *d = arg;
@@ -926,7 +951,6 @@ static int drain_rank(int rank, int size, void *arg)
 	fabep_moe_recv_t rv;
 	uint16_t *x = NULL, *y = NULL, *out = NULL;
 	int32_t *ids = NULL;
-	char path[96];
 	size_t t, h;
 	int ret, rc = 1;
 
@@ -961,17 +985,10 @@ static int drain_rank(int rank, int size, void *arg)
 		fprintf(stderr, "rank %d: dispatch: %s\n", rank, fabep_strerror(ret));
 		goto out;
 	}
-	snprintf(path, sizeof(path), "%s/dispatched%d", d->dir, rank);
-	fclose(fopen(path, "w"));
-	if (rank == 0) {
-		/* no fabep call until rank 1 has its rows */
-		snprintf(path, sizeof(path), "%s/dispatched1", d->dir);
-		if (wait_file(path, 30)) {
-			fprintf(stderr, "rank 0: rank 1's dispatch did not return "
-				"while rank 0 made no call\n");
-			goto out;
-		}
-	} else if (rv.rows != n) {
+	/* no fabep call on rank 0 until rank 1 has its rows */
+	if (drain_mark(d, "dispatch", rank, 0))
+		goto out;
+	if (rank == 1 && rv.rows != n) {
 		fprintf(stderr, "rank 1: %zu rows, want %zu\n", rv.rows, n);
 		goto out;
 	}
@@ -985,16 +1002,9 @@ static int drain_rank(int rank, int size, void *arg)
 	}
 	/* the way back: rank 1 returns 29 MB to rank 0 only, then makes no
 	 * call until rank 0's combine has returned */
-	snprintf(path, sizeof(path), "%s/combined%d", d->dir, rank);
-	fclose(fopen(path, "w"));
-	if (rank == 1) {
-		snprintf(path, sizeof(path), "%s/combined0", d->dir);
-		if (wait_file(path, 30)) {
-			fprintf(stderr, "rank 1: rank 0's combine did not return "
-				"while rank 1 made no call\n");
-			goto out;
-		}
-	} else if (memcmp(out, x, n * H * 2)) {
+	if (drain_mark(d, "combine", rank, 1))
+		goto out;
+	if (rank == 0 && memcmp(out, x, n * H * 2)) {
 		fprintf(stderr, "rank 0: the combined rows differ from the tokens\n");
 		goto out;
 	}
@@ -1021,16 +1031,15 @@ START_TEST(tcp2_drain)
 	ck_assert_ptr_nonnull(mkdtemp(d.dir));
 	fep_test_run_ranks_status(2, 120, drain_rank, &d, status);
 	{
+		static const char *const what[] = { "dispatch", "combine" };
 		char path[96];
+		int i;
 
-		snprintf(path, sizeof(path), "%s/dispatched0", d.dir);
-		unlink(path);
-		snprintf(path, sizeof(path), "%s/dispatched1", d.dir);
-		unlink(path);
-		snprintf(path, sizeof(path), "%s/combined0", d.dir);
-		unlink(path);
-		snprintf(path, sizeof(path), "%s/combined1", d.dir);
-		unlink(path);
+		for (i = 0; i < 4; i++) {
+			snprintf(path, sizeof(path), "%s/%s%d", d.dir,
+				 what[i / 2], i % 2);
+			unlink(path);
+		}
 		rmdir(d.dir);
 	}
 	ck_assert_msg(status[0] == 0 && status[1] == 0,
