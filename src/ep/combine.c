@@ -135,6 +135,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("fabep_moe_combine_send: no received dispatch to combine");
 		return -EINVAL;
 	}
+	m->tm.c_begin = fep_now_ns();
 	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	t0 = fep_now_ns();
 	ret = fep_fabric_quiet(fab);
@@ -310,9 +311,10 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	m->tm.c_sum = fep_now_ns() - t1;
 	if (m->timing)
 		fep_dbg("fabep_moe_combine: call %llu: reduce %.1f (own run %.1f) put "
-			"%.1f wait %.1f sum %.1f us, %llu wire bytes",
+			"%.1f wait %.1f sum %.1f total %.1f us, %llu wire bytes",
 			(unsigned long long)s->seq, m->tm.c_reduce / 1e3, m->tm.c_own / 1e3, m->tm.c_put / 1e3, m->tm.c_wait / 1e3,
-			m->tm.c_sum / 1e3, (unsigned long long)m->tm.c_bytes);
+			m->tm.c_sum / 1e3, (fep_now_ns() - m->tm.c_begin) / 1e3,
+			(unsigned long long)m->tm.c_bytes);
 	s->state = FEP_EP_FREE;
 	return ret;
 }

@@ -373,6 +373,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			"not yet combined (combine the oldest first)", m->sets);
 		return -FABEP_ERR_BUSY;
 	}
+	m->tm.d_begin = fep_now_ns();
 	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	/* the send runs of the previous call must have left (wire time) */
 	t0 = fep_now_ns();
@@ -902,9 +903,10 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	m->tm.d_build = (t2 - t1) + (fep_now_ns() - t3);
 	if (m->timing)
 		fep_dbg("fabep_moe_dispatch: call %llu: pack %.1f put %.1f wait %.1f "
-			"build %.1f us, %llu wire bytes, %zu rows%s",
+			"build %.1f total %.1f us, %llu wire bytes, %zu rows%s",
 			(unsigned long long)s->seq, m->tm.d_pack / 1e3,
 			m->tm.d_put / 1e3, m->tm.d_wait / 1e3, m->tm.d_build / 1e3,
+			(fep_now_ns() - m->tm.d_begin) / 1e3,
 			(unsigned long long)m->tm.d_bytes, s->rows,
 			m->zcopy ? " (zero-copy)" : "");
 	if (ret) {

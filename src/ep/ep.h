@@ -99,6 +99,7 @@ struct fep_ep_timing {
 	uint64_t c_own;          /* of c_reduce: the own run (overlapped) */
 	uint64_t c_reduce, c_put, c_wait, c_sum;
 	uint64_t d_bytes, c_bytes;
+	uint64_t d_begin, c_begin; /* when the send half was called (debug log) */
 };
 
 struct fabep_moe {
