@@ -323,12 +323,14 @@ FABEP_API size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks)
 /*
  * Create a handle.  Collective.  Configurations that differ between ranks
  * give -FABEP_ERR_MISMATCH on every rank; a heap without room gives
- * -FABEP_ERR_HEAP_FULL (the message names the bytes needed).  The heap
- * space is taken for the communicator's lifetime.
+ * -FABEP_ERR_HEAP_FULL (the message names the bytes needed).
  */
 FABEP_API int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
 			       fabep_moe_t **moe);
-/* Free the handle's local memory (not collective).  NULL is ignored. */
+/* Free the handle (not collective).  Its heap block is reused by a later
+ * creation once every rank has destroyed its handle, unless a call of it
+ * failed in a wait or a transfer or a send half was never received (then
+ * it is kept).  NULL is ignored. */
 FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
 
 /*
@@ -505,13 +507,13 @@ FABEP_API size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,
  * Create a handle for calls of up to max_rows x max_cols elements of
  * `dtype`.  Collective (every rank passes the same shape and type, else
  * every rank gets -FABEP_ERR_MISMATCH).  -FABEP_ERR_HEAP_FULL (logged with
- * the bytes needed) when the heap has no room.  Heap space is not given
- * back by destroy: make handles once, at start-up.
+ * the bytes needed) when the heap has no room.
  */
 FABEP_API int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 				     size_t max_cols, fabep_ar_dtype_t dtype,
 				     fabep_allreduce_t **ar);
-/* Not collective; NULL is ignored. */
+/* Not collective; NULL is ignored.  The heap block is reused as a MoE
+ * handle's is (fabep_moe_destroy), kept after a failed call. */
 FABEP_API int fabep_allreduce_destroy(fabep_allreduce_t *ar);
 /* The one-stage threshold in force, in input bytes per rank. */
 FABEP_API size_t fabep_allreduce_onestage_max(const fabep_allreduce_t *ar);

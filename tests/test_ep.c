@@ -369,12 +369,8 @@ static double busy_work(size_t n)
 	return a;
 }
 
-static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
-		fabep_moe_t **moe, fabep_moe_config_t *cfg)
+static void fill_cfg(const struct params *p, fabep_moe_config_t *cfg)
 {
-	fabep_comm_attr_t a;
-	int ret;
-
 	fabep_moe_config_init(cfg);
 	cfg->num_experts = p->experts;
 	cfg->top_k = p->topk;
@@ -385,6 +381,15 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	cfg->combine_type = p->ct;
 	cfg->fp8_block = p->block;
 	cfg->flags = p->zcopy ? FABEP_MOE_ZERO_COPY : 0;
+}
+
+static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
+		fabep_moe_t **moe, fabep_moe_config_t *cfg)
+{
+	fabep_comm_attr_t a;
+	int ret;
+
+	fill_cfg(p, cfg);
 	fabep_comm_attr_init(&a);
 	if (p->channels)
 		setenv("FABEP_CHANNELS", p->channels, 1);
@@ -1047,6 +1052,183 @@ START_TEST(tcp2_drain)
 }
 END_TEST
 
+/* Heap blocks given back by destroy and reused by a later creation, on
+ * every rank alike (the heap has room for one and a half MoE handles A):
+ *   1. A, destroyed, then A again: the space of the first (no room for two);
+ *   2. an allreduce handle in that space, then A again, whose counters
+ *      start from zero though the allreduce's advanced there;
+ *   3. rank 0 destroys A, rank 1 keeps it: a small handle S takes fresh
+ *      space on both (A's is not free everywhere) and works;
+ *   4. A and S given back everywhere: a handle B larger than A fits (the
+ *      two merge, or are taken back at the heap's end);
+ *   5. a dispatch that times out on rank 0 (rank 1 makes none): the
+ *      handle's space is never reused, so A no longer fits anywhere and
+ *      every rank gets -FABEP_ERR_HEAP_FULL; S still fits. */
+struct reuse_arg {
+	char dir[64];
+};
+
+#define REUSE_FAIL(...) do { fprintf(stderr, "rank %d: ", rank);             \
+	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto out; } while (0)
+
+static int reuse_moe(fabep_comm_t *comm, const struct params *p, int rank,
+		     int size, int rounds, fabep_moe_t **moe)
+{
+	fabep_moe_config_t cfg;
+	int ret, r;
+
+	fill_cfg(p, &cfg);
+	ret = fabep_moe_create(comm, &cfg, moe);
+	if (ret)
+		return ret;
+	for (r = 1; r <= rounds; r++)
+		if (round_trip(p, *moe, rank, size, r, 0))
+			return -EIO;
+	return 0;
+}
+
+static int reuse_ar(fabep_comm_t *comm, int rank, int size)
+{
+	fabep_allreduce_t *ar = NULL;
+	float in[64 * 8], out[64 * 8];
+	int ret, i, c;
+
+	ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_F32, &ar);
+	for (c = 0; !ret && c < 3; c++) {
+		for (i = 0; i < 64 * 8; i++)
+			in[i] = (float)(rank + 1) * (float)(i % 13 + c);
+		ret = fabep_allreduce(ar, in, out, 3 + 20 * (size_t)c, 8);
+		for (i = 0; !ret && i < (3 + 20 * c) * 8; i++)
+			if (out[i] != (float)(size * (size + 1) / 2) * (float)(i % 13 + c))
+				ret = -EIO;
+	}
+	fabep_allreduce_destroy(ar);
+	return ret;
+}
+
+static int reuse_rank(int rank, int size, void *arg)
+{
+	const struct reuse_arg *d = arg;
+	struct params pa = P(.hidden = 2880, .max_tokens = 48, .topk = 4),
+		      pb = P(.hidden = 2880, .max_tokens = 64, .topk = 4),
+		      ps = P(.hidden = 100, .max_tokens = 16);
+	fabep_moe_config_t ca, cb, cs;
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_t *moe = NULL, *small = NULL;
+	fabep_moe_recv_t rv;
+	struct input in;
+	char path[96];
+	size_t na;
+	int ret, rc = 1;
+
+	fill_cfg(&pa, &ca);
+	fill_cfg(&pb, &cb);
+	fill_cfg(&ps, &cs);
+	na = fabep_moe_heap_bytes(&ca, size);
+	/* B: more than A, more than is left beside A and S, less than the
+	 * heap's room for handles */
+	if (!(fabep_moe_heap_bytes(&cb, size) > na / 2 + (1u << 20) &&
+	      fabep_moe_heap_bytes(&cb, size) > na &&
+	      fabep_moe_heap_bytes(&cb, size) < na + na / 2 &&
+	      fabep_moe_heap_bytes(&cs, size) < na / 4 &&
+	      fabep_allreduce_heap_bytes(64, 8, FABEP_AR_F32, size) < na))
+		REUSE_FAIL("the sizes do not make the case: A %zu B %zu S %zu", na,
+			   fabep_moe_heap_bytes(&cb, size),
+			   fabep_moe_heap_bytes(&cs, size));
+	fabep_comm_attr_init(&a);
+	a.threads = fep_test_threads(1);
+	a.timeout_ms = 2000;
+	a.heap_size = na + na / 2 + (1u << 20);
+	if ((ret = fabep_comm_create(&a, &comm)))
+		REUSE_FAIL("comm: %s", fabep_strerror(ret));
+
+	/* 1. */
+	if ((ret = reuse_moe(comm, &pa, rank, size, 2, &moe)))
+		REUSE_FAIL("A: %s", fabep_strerror(ret));
+	fabep_moe_destroy(moe);
+	moe = NULL;
+	if ((ret = reuse_moe(comm, &pa, rank, size, 2, &moe)))
+		REUSE_FAIL("A after A's destroy: %s", fabep_strerror(ret));
+	fabep_moe_destroy(moe);
+	moe = NULL;
+	/* 2. */
+	if ((ret = reuse_ar(comm, rank, size)))
+		REUSE_FAIL("allreduce in A's space: %s", fabep_strerror(ret));
+	if ((ret = reuse_moe(comm, &pa, rank, size, 3, &moe)))
+		REUSE_FAIL("A after the allreduce: %s", fabep_strerror(ret));
+	/* 3. */
+	if (rank == 0) {
+		fabep_moe_destroy(moe);
+		moe = NULL;
+	}
+	if ((ret = reuse_moe(comm, &ps, rank, size, 3, &small)))
+		REUSE_FAIL("S beside a handle that rank 1 keeps: %s",
+			   fabep_strerror(ret));
+	fabep_moe_destroy(moe);
+	moe = NULL;
+	fabep_moe_destroy(small);
+	small = NULL;
+	/* 4. */
+	if ((ret = reuse_moe(comm, &pb, rank, size, 2, &moe)))
+		REUSE_FAIL("B in the space of A and S: %s", fabep_strerror(ret));
+	fabep_moe_destroy(moe);
+	moe = NULL;
+	/* 5. */
+	if ((ret = reuse_moe(comm, &pa, rank, size, 1, &moe)))
+		REUSE_FAIL("A before the timeout: %s", fabep_strerror(ret));
+	snprintf(path, sizeof(path), "%s/timedout", d->dir);
+	if (rank == 0) {
+		FILE *f;
+
+		gen(&pa, size, rank, 1, &in);
+		ret = fabep_moe_dispatch(moe, in.x, NULL, in.n, in.ids, in.w, &rv);
+		free_input(&in);
+		if (ret != -ETIMEDOUT)
+			REUSE_FAIL("the lone dispatch gave %d (%s), want a timeout",
+				   ret, fabep_strerror(ret));
+		if (!(f = fopen(path, "w")))
+			REUSE_FAIL("%s: %s", path, strerror(errno));
+		fclose(f);
+	} else if (wait_file(path, 60)) {
+		REUSE_FAIL("rank 0's dispatch did not time out");
+	}
+	fabep_moe_destroy(moe);
+	moe = NULL;
+	ret = fabep_moe_create(comm, &ca, &moe);
+	if (ret != -FABEP_ERR_HEAP_FULL)
+		REUSE_FAIL("A after a failed call's destroy gave %d (%s), want "
+			   "-FABEP_ERR_HEAP_FULL", ret, fabep_strerror(ret));
+	moe = NULL;
+	if ((ret = reuse_moe(comm, &ps, rank, size, 2, &small)))
+		REUSE_FAIL("S after the timeout: %s", fabep_strerror(ret));
+	rc = 0;
+out:
+	fabep_moe_destroy(moe);
+	fabep_moe_destroy(small);
+	ret = fabep_comm_destroy(comm);
+	/* rank 0's communicator failed at its timeout: its destroy says no
+	 * goodbye, and the others' report it */
+	return rc ? rc : ret && rank == 0 ? 1 : 0;
+}
+
+START_TEST(shm2_heap_reuse)
+{
+	struct reuse_arg d;
+	char path[96];
+
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	snprintf(d.dir, sizeof(d.dir), "/tmp/fep_reuse.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(d.dir));
+	ck_assert_int_eq(fep_test_run_ranks(2, 120, reuse_rank, &d), 0);
+	snprintf(path, sizeof(path), "%s/timedout", d.dir);
+	unlink(path);
+	rmdir(d.dir);
+}
+END_TEST
+
 START_TEST(bad_flags)
 {
 	fabep_moe_config_t c;
@@ -1129,6 +1311,11 @@ static Suite *ep_suite(void)
 	tc = tcase_create("drain");
 	tcase_set_timeout(tc, 180);
 	tcase_add_test(tc, tcp2_drain);
+	suite_add_tcase(s, tc);
+	/* handles' heap space given back and reused */
+	tc = tcase_create("reuse");
+	tcase_set_timeout(tc, 180);
+	tcase_add_test(tc, shm2_heap_reuse);
 	suite_add_tcase(s, tc);
 	return s;
 }

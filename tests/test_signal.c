@@ -675,6 +675,198 @@ START_TEST(blob_exchange)
 }
 END_TEST
 
+/* Handle blocks (fep_hb_*) against a model, three ranks' tables side by
+ * side: random creations, and destroys on random subsets of the ranks (one
+ * in twenty after a failure), in episodes of 300 steps on a fresh 4 MiB
+ * heap.  After every creation every rank has the same table, heap end and
+ * answer; a new block lies in the heap and overlaps only handles that
+ * every rank gave back cleanly (what is left of those stays free); and it
+ * fails exactly when the model finds no run of such space (with the
+ * heap's unused end) as long as the block. */
+#define HB_R 3
+struct hb_model {
+	uint64_t off, size;
+	int state[HB_R];     /* FEP_HB_*, per rank */
+	int gone;            /* its space went to a later block */
+};
+
+static int hb_free_all(const struct hb_model *h)
+{
+	int r;
+
+	for (r = 0; r < HB_R; r++)
+		if (h->state[r] != FEP_HB_FREE)
+			return 0;
+	return 1;
+}
+
+/* The longest run of space every rank gave back (the heap's unused end
+ * included), and the heap's end, from the model alone. */
+static uint64_t hb_best_run(const struct hb_model *h, int nh, uint64_t base,
+			    uint64_t heap, uint64_t *top)
+{
+	uint64_t best = 0, run = 0, end = 0;
+	int i;
+
+	*top = base;
+	for (i = 0; i < nh; i++)
+		if (!h[i].gone && h[i].off + h[i].size > *top)
+			*top = h[i].off + h[i].size;
+	for (i = 0; i < nh; i++) {  /* h[] is in offset order */
+		if (h[i].gone)
+			continue;
+		if (!hb_free_all(&h[i])) {
+			run = 0;
+			continue;
+		}
+		run = run && end == h[i].off ? run + h[i].size : h[i].size;
+		end = h[i].off + h[i].size;
+		best = FEP_MAX(best, end == *top ? run + heap - *top : run);
+	}
+	return FEP_MAX(best, heap - *top);
+}
+
+/* Insert at its offset (h[] in offset order). */
+static void hb_add(struct hb_model *h, int *nh, uint64_t off, uint64_t size,
+		   int state)
+{
+	int i, r;
+
+	for (i = *nh; i > 0 && h[i - 1].off > off; i--)
+		h[i] = h[i - 1];
+	memset(&h[i], 0, sizeof(h[i]));
+	h[i].off = off;
+	h[i].size = size;
+	for (r = 0; r < HB_R; r++)
+		h[i].state[r] = state;
+	(*nh)++;
+}
+
+START_TEST(heap_blocks_model)
+{
+	const uint64_t heap = 4u << 20, base = 4096;
+	fep_fabric_t fab[HB_R];
+	static struct hb_model h[2048];
+	uint64_t seed = 0x5eedull;
+	int nh, step, ep, r, reuses = 0, fulls = 0, splits = 0, kept = 0;
+
+	memset(fab, 0, sizeof(fab));
+	for (r = 0; r < HB_R; r++) {
+		fab[r].heap_size = heap;
+		fab[r].hb = calloc(FEP_HB_MAX, sizeof(*fab[r].hb));
+		ck_assert_ptr_nonnull(fab[r].hb);
+	}
+	for (ep = 0; ep < 40; ep++) {
+		for (r = 0; r < HB_R; r++) {
+			fab[r].heap_used = base;
+			fab[r].nhb = 0;
+		}
+		nh = 0;
+		for (step = 0; step < 300; step++) {
+			struct fep_hb_hello hello[HB_R], and_;
+			uint64_t size, want, off[HB_R], top, best, lo, hi;
+			bool reused[HB_R];
+			int ret[HB_R], live = 0, i, j;
+
+			for (i = 0; i < nh; i++)
+				live += !h[i].gone;
+			if (live && fep_test_rand(&seed) % 2) {  /* a destroy */
+				int pick = (int)(fep_test_rand(&seed) % (uint64_t)live);
+
+				for (i = 0; i < nh; i++)
+					if (!h[i].gone && !pick--)
+						break;
+				for (r = 0; r < HB_R; r++) {
+					if (h[i].state[r] != FEP_HB_LIVE ||
+					    fep_test_rand(&seed) % 3 == 0)
+						continue;  /* later, on this rank */
+					h[i].state[r] = fep_test_rand(&seed) % 20 ?
+							FEP_HB_FREE : FEP_HB_KEPT;
+					kept += h[i].state[r] == FEP_HB_KEPT;
+					fep_hb_free(&fab[r], h[i].off,
+						    h[i].state[r] == FEP_HB_FREE);
+				}
+				continue;
+			}
+			size = 64 + fep_test_rand(&seed) % (600u << 10);
+			want = FEP_ALIGN_UP(size, 64);
+			best = hb_best_run(h, nh, base, heap, &top);
+			ck_assert_uint_eq(fab[0].heap_used, top);
+			ck_assert_int_lt(fab[0].nhb, FEP_HB_MAX - 2);
+			for (r = 0; r < HB_R; r++)
+				fep_hb_hello(&fab[r], &hello[r]);
+			for (r = 0; r < HB_R; r++) {
+				ck_assert_int_eq(fep_hb_agree("model", HB_R, hello,
+							      sizeof(hello[0]), &and_), 0);
+				ret[r] = fep_hb_alloc(&fab[r], &and_, size, &off[r],
+						      &reused[r]);
+			}
+			for (r = 1; r < HB_R; r++) {
+				ck_assert_int_eq(ret[r], ret[0]);
+				ck_assert_uint_eq(fab[r].heap_used, fab[0].heap_used);
+				ck_assert_int_eq(fab[r].nhb, fab[0].nhb);
+				for (j = 0; j < fab[0].nhb; j++) {
+					ck_assert_uint_eq(fab[r].hb[j].off, fab[0].hb[j].off);
+					ck_assert_uint_eq(fab[r].hb[j].size, fab[0].hb[j].size);
+				}
+				if (!ret[0]) {
+					ck_assert_uint_eq(off[r], off[0]);
+					ck_assert_int_eq(reused[r], reused[0]);
+				}
+			}
+			if (ret[0]) {
+				ck_assert_int_eq(ret[0], -FABEP_ERR_HEAP_FULL);
+				ck_assert_msg(best < want, "episode %d step %d: %llu "
+					      "bytes refused, a run of %llu was free",
+					      ep, step, (unsigned long long)want,
+					      (unsigned long long)best);
+				fulls++;
+				continue;
+			}
+			ck_assert_msg(best >= want, "episode %d step %d: a block "
+				      "where the model has no room", ep, step);
+			ck_assert_uint_ge(off[0], base);
+			ck_assert_uint_le(off[0] + want, heap);
+			/* what it overlaps: given back everywhere, and gone */
+			lo = off[0];
+			hi = off[0] + want;
+			for (i = 0; i < nh; i++) {
+				if (h[i].gone || off[0] >= h[i].off + h[i].size ||
+				    h[i].off >= off[0] + want)
+					continue;
+				ck_assert_msg(hb_free_all(&h[i]), "episode %d step %d: "
+					      "the new block overlaps a handle not "
+					      "given back everywhere", ep, step);
+				lo = FEP_MIN(lo, h[i].off);
+				hi = FEP_MAX(hi, h[i].off + h[i].size);
+				h[i].gone = 1;
+				reuses++;
+			}
+			ck_assert_uint_eq(lo, off[0]);
+			ck_assert_int_eq(reused[0], off[0] < top);
+			for (j = 0; j < fab[0].nhb && fab[0].hb[j].off != off[0]; j++)
+				;
+			ck_assert_int_lt(j, fab[0].nhb);
+			ck_assert_uint_eq(fab[0].hb[j].size, want);
+			hb_add(h, &nh, off[0], want, FEP_HB_LIVE);
+			if (hi > off[0] + want && off[0] + want < top) {
+				hb_add(h, &nh, off[0] + want,
+				       FEP_MIN(hi, top) - off[0] - want, FEP_HB_FREE);
+				splits++;
+			}
+			ck_assert_int_lt(nh, 2048);
+		}
+	}
+	/* the runs did what they are for */
+	ck_assert_int_gt(reuses, 100);
+	ck_assert_int_gt(fulls, 100);
+	ck_assert_int_gt(splits, 50);
+	ck_assert_int_gt(kept, 20);
+	for (r = 0; r < HB_R; r++)
+		free(fab[r].hb);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("signal");
@@ -713,6 +905,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, channels_bad);
 	tcase_add_test(tc, channels_rescue);
 	tcase_add_test(tc, channels_default);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("heap");
+	tcase_add_test(tc, heap_blocks_model);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failures");

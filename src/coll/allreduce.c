@@ -193,9 +193,9 @@ struct fep_ar_hello {
 	uint64_t max_rows;
 	uint64_t max_cols;
 	uint64_t os_max;
-	uint64_t heap_used;
 	int32_t dtype;
 	int32_t status;
+	struct fep_hb_hello hb;
 };
 
 FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
@@ -203,9 +203,11 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 				      fabep_allreduce_t **out)
 {
 	struct fep_ar_hello me, *all = NULL;
+	struct fep_hb_hello hb;
 	struct fabep_allreduce *h = NULL;
 	fep_fabric_t *fab;
-	size_t es = 0, os_max = 0, left;
+	bool reused;
+	size_t es = 0, os_max = 0;
 	fep_k_dtype_t dt = FEP_K_F32;
 	int r, ret, status = 0, first = -1;
 
@@ -239,13 +241,27 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		}
 	}
 
-	/* Agree on the arguments before anything is allocated, so the
+	if (!status) {
+		h->nthreads = fep_pool_threads(comm->pool);
+		h->scratch_bytes = A64(FEP_MAX(FEP_AR_CHUNK_BYTES, max_cols * es));
+		h->gamma32 = malloc(max_cols * sizeof(float));
+		h->ins = calloc((size_t)h->nthreads * (size_t)comm->size,
+				sizeof(void *));
+		h->puts = calloc((size_t)comm->size, sizeof(*h->puts));
+		h->scratch = aligned_alloc(64, (size_t)h->nthreads * h->scratch_bytes);
+		if (!h->gamma32 || !h->ins || !h->puts || !h->scratch) {
+			fep_err("fabep_allreduce_create: out of memory");
+			status = -ENOMEM;
+		}
+	}
+
+	/* Agree on the arguments before the heap block is taken, so the
 	 * heaps stay in step whatever happens. */
 	memset(&me, 0, sizeof(me));
 	me.max_rows = max_rows;
 	me.max_cols = max_cols;
 	me.os_max = os_max;
-	me.heap_used = fab->heap_used;
+	fep_hb_hello(fab, &me.hb);
 	me.dtype = (int32_t)dtype;
 	me.status = status;
 	all = calloc((size_t)comm->size, sizeof(*all));
@@ -272,40 +288,35 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	}
 	for (r = 0; r < comm->size; r++)
 		if (all[r].max_rows != me.max_rows || all[r].max_cols != me.max_cols ||
-		    all[r].dtype != me.dtype || all[r].os_max != me.os_max ||
-		    all[r].heap_used != me.heap_used) {
+		    all[r].dtype != me.dtype || all[r].os_max != me.os_max) {
 			fep_err("fabep_allreduce_create: arguments differ between "
-				"ranks: rank %d has %llu x %llu dtype %d threshold %llu "
-				"heap used %llu, rank %d has %llu x %llu dtype %d "
-				"threshold %llu heap used %llu", comm->rank,
-				(unsigned long long)me.max_rows,
+				"ranks: rank %d has %llu x %llu dtype %d threshold %llu, "
+				"rank %d has %llu x %llu dtype %d threshold %llu",
+				comm->rank, (unsigned long long)me.max_rows,
 				(unsigned long long)me.max_cols, me.dtype,
-				(unsigned long long)me.os_max,
-				(unsigned long long)me.heap_used, r,
+				(unsigned long long)me.os_max, r,
 				(unsigned long long)all[r].max_rows,
 				(unsigned long long)all[r].max_cols, all[r].dtype,
-				(unsigned long long)all[r].os_max,
-				(unsigned long long)all[r].heap_used);
+				(unsigned long long)all[r].os_max);
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
-
-	/* Every heap is in the same state: the same verdict everywhere. */
-	left = fab->heap_size - FEP_MIN(fab->heap_size,
-					FEP_ALIGN_UP(fab->heap_used, (size_t)64));
-	if (h->lay.total > left) {
-		fep_err("fabep_allreduce_create: the symmetric heap has %zu bytes "
-			"free, a %zu x %zu %s handle on %d ranks needs %zu "
-			"(fabep_allreduce_heap_bytes; raise FABEP_HEAP_SIZE or "
-			"attr.heap_size)", left, max_rows, max_cols,
-			dt == FEP_K_BF16 ? "bf16" : "fp32", comm->size,
-			h->lay.total);
-		ret = -FABEP_ERR_HEAP_FULL;
-		goto err;
-	}
-	ret = fep_heap_alloc_(fab, h->lay.total, 64, &h->base);
+	ret = fep_hb_agree("fabep_allreduce_create", comm->size,
+			   &all[0].hb, sizeof(*all), &hb);
 	if (ret)
 		goto err;
+
+	/* Every heap is in the same state: the same verdict everywhere. */
+	ret = fep_hb_alloc(fab, &hb, h->lay.total, &h->base, &reused);
+	if (ret) {
+		fep_err("fabep_allreduce_create: a %zu x %zu %s handle on %d ranks "
+			"needs %zu heap bytes, %zu of %zu are in use and no block "
+			"given back on every rank fits (fabep_allreduce_heap_bytes; "
+			"raise FABEP_HEAP_SIZE or attr.heap_size)", max_rows,
+			max_cols, dt == FEP_K_BF16 ? "bf16" : "fp32", comm->size,
+			h->lay.total, fab->heap_used, fab->heap_size);
+		goto err;
+	}
 
 	h->comm = comm;
 	h->dt = dt;
@@ -319,21 +330,16 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->slots1[1] = h->slots1[0] + (uint64_t)comm->size * h->lay.blk1;
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
-	/* the heap is zeroed at creation; a block reused after another
-	 * handle's destroy would not be (heap space is never given back) */
-	memset(fep_heap_at(fab, h->base), 0, 64);
-
-	h->nthreads = fep_pool_threads(comm->pool);
-	h->scratch_bytes = A64(FEP_MAX(FEP_AR_CHUNK_BYTES, max_cols * es));
-	h->gamma32 = malloc(max_cols * sizeof(float));
-	h->ins = calloc((size_t)h->nthreads * (size_t)comm->size, sizeof(void *));
-	h->puts = calloc((size_t)comm->size, sizeof(*h->puts));
-	h->scratch = aligned_alloc(64, (size_t)h->nthreads * h->scratch_bytes);
-	if (!h->gamma32 || !h->ins || !h->puts || !h->scratch) {
-		/* local only: the heap block stays allocated on every rank */
-		fep_err("fabep_allreduce_create: out of memory");
-		ret = -ENOMEM;
-		goto err;
+	if (reused) {
+		/* a block a destroyed handle held: its counters from zero on
+		 * every rank before any peer adds to them */
+		memset(fep_heap_at(fab, h->ctr1[0]), 0, 24);
+		ret = fep_comm_agree(comm, 0);
+		if (ret) {
+			fep_err("fabep_allreduce_create: %s", fabep_strerror(ret));
+			fep_hb_free(fab, h->base, false);
+			goto err;
+		}
 	}
 	free(all);
 	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
@@ -359,6 +365,9 @@ FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 {
 	if (!h)
 		return 0;
+	/* the block is free for a later handle unless a call failed (a peer's
+	 * write may still land in it) */
+	fep_hb_free(h->comm->fab, h->base, !h->broken);
 	free(h->gamma32);
 	free(h->ins);
 	free(h->puts);

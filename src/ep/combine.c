@@ -138,7 +138,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	m->tm.c_begin = fep_now_ns();
 	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	t0 = fep_now_ns();
-	ret = fep_fabric_quiet(fab);
+	ret = fep_ep_fab(m, fep_fabric_quiet(fab));
 	if (ret)
 		return ret;
 	t1 = fep_now_ns();
@@ -196,8 +196,10 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			c.p0 = pb;
 			/* one block: every thread reduces; several: the caller
 			 * drives the fabric meanwhile */
-			ret = fep_ep_pool_run(comm->pool, pe - pb, pe - pb != np_all,
-					      reduce_block, &c, &c.idle);
+			ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, pe - pb,
+							    pe - pb != np_all,
+							    reduce_block, &c,
+							    &c.idle));
 			if (ret)
 				goto fail;
 		}
@@ -237,8 +239,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.skip0 = 0;
 		c.skip = s->tbase[m->rank];
 		c.p0 = 0;
-		ret = fep_ep_pool_run(comm->pool, s->rcount[m->rank], 1, reduce_block,
-				      &c, &c.idle);
+		ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, s->rcount[m->rank],
+						    1, reduce_block, &c, &c.idle));
 		if (ret)
 			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;
@@ -287,7 +289,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 					s->rcount);
 	/* this rank's rows must have left before the caller computes (tcp) */
 	if (!ret)
-		ret = fep_fabric_drain(m->comm->fab);
+		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));
 	t1 = fep_now_ns();
 	if (!ret && s->n) {
 		fep_k_topk_args_t a;

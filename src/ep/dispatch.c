@@ -377,7 +377,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	/* the send runs of the previous call must have left (wire time) */
 	t0 = fep_now_ns();
-	ret = fep_fabric_quiet(fab);
+	ret = fep_ep_fab(m, fep_fabric_quiet(fab));
 	if (ret)
 		return ret;
 	t1 = fep_now_ns();
@@ -476,8 +476,9 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			c.t0 = tb;
 			/* one block: every thread packs; several: the caller
 			 * drives the fabric meanwhile (the peers' chunks move) */
-			ret = fep_ep_pool_run(comm->pool, te - tb, te - tb != n,
-					      pack_block, &c, &c.idle);
+			ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, te - tb,
+							    te - tb != n, pack_block,
+							    &c, &c.idle));
 			if (ret)
 				goto fail;
 			for (i = tb * (size_t)m->kk; i < te * (size_t)m->kk; i++)
@@ -895,7 +896,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	}
 	/* this rank's runs must have left before the caller computes (tcp) */
 	if (!ret)
-		ret = fep_fabric_drain(m->comm->fab);
+		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));
 	t3 = fep_now_ns();
 	if (!ret)
 		ret = build_end(m, b, s);

@@ -136,7 +136,8 @@ struct fabep_moe {
 	uint8_t *chunk_direct; /* [size][dchunks]: chunk leaves from the input slot */
 
 	/* heap offsets */
-	uint64_t ctrs;       /* dctr[sets], cctr[sets] */
+	uint64_t block;      /* the handle's heap block (fep_hb_*) */
+	uint64_t ctrs;       /* dctr[sets], cctr[sets], hctr[sets] */
 	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size] slots */
 
 	/* calls */
@@ -144,6 +145,8 @@ struct fabep_moe {
 	uint64_t ncomb;      /* combines begun (oldest outstanding) */
 	int pending_recv;    /* a dispatch_send awaits its dispatch_recv */
 	int pending_crecv;   /* a combine_send awaits its combine_recv */
+	int unclean;         /* a wait or a transfer failed: peers' writes may
+				still land here, so the block is never reused */
 	struct fep_ep_set *set;
 
 	/* previous routing, for topk_ids == NULL */
@@ -168,6 +171,14 @@ struct fabep_moe {
 	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
 	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */
 };
+
+/* ret of a transfer or a wait of m's: a failure leaves m unclean */
+static inline int fep_ep_fab(struct fabep_moe *m, int ret)
+{
+	if (ret)
+		m->unclean = 1;
+	return ret;
+}
 
 static inline uint64_t fep_ep_dctr(const struct fabep_moe *m, int b)
 {

@@ -164,7 +164,7 @@ struct ep_hello {
 	int32_t num_experts, top_k, max_tokens, fp8_block, buffer_sets, flags;
 	uint64_t hidden;
 	uint64_t chunk_bytes;
-	uint64_t heap_used;
+	struct fep_hb_hello hb;
 };
 
 static void ep_set_free(struct fep_ep_set *s)
@@ -272,8 +272,10 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 {
 	struct fabep_moe *m;
 	struct ep_hello me, *all = NULL;
+	struct fep_hb_hello hb;
 	fep_fabric_t *fab;
-	size_t need, room;
+	size_t need, S;
+	bool reused;
 	int r, ret, status;
 
 	if (!comm || !cfg || !out) {
@@ -288,15 +290,6 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	m->comm = comm;
 	m->rank = comm->rank;
 	status = ep_geometry(m, cfg, comm->size, 0);
-	need = status ? 0 : ep_heap_need(m);
-	room = fab->heap_size - FEP_MIN(fab->heap_size, FEP_ALIGN_UP(fab->heap_used, 64));
-	if (!status && need > room) {
-		fep_err("fabep_moe_create: the handle needs %zu heap bytes, %zu of "
-			"%zu are free (fabep_moe_heap_bytes(); raise heap_size or "
-			"FABEP_HEAP_SIZE to at least %zu)", need, room,
-			fab->heap_size, fab->heap_used + need);
-		status = -FABEP_ERR_HEAP_FULL;
-	}
 	if (!status)
 		status = ep_alloc_host(m);
 
@@ -314,7 +307,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	me.flags = (int32_t)cfg->flags;
 	me.hidden = cfg->hidden;
 	me.chunk_bytes = m->chunk_bytes;
-	me.heap_used = fab->heap_used;
+	fep_hb_hello(fab, &me.hb);
 	all = calloc((size_t)comm->size, sizeof(*all));
 	if (!all) {
 		ret = -ENOMEM;
@@ -337,7 +330,8 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	for (r = 1; r < comm->size; r++) {
 		struct ep_hello a = all[0], b = all[r];
 
-		a.heap_used = b.heap_used = 0;
+		memset(&a.hb, 0, sizeof(a.hb));
+		memset(&b.hb, 0, sizeof(b.hb));
 		a.chunk_bytes = b.chunk_bytes = 0;
 		if (memcmp(&a, &b, sizeof(a))) {
 			fep_err("fabep_moe_create: configurations differ: rank 0 has "
@@ -360,26 +354,39 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
-		if (all[r].heap_used != all[0].heap_used) {
-			fep_err("fabep_moe_create: heap usage differs (rank 0 %llu, "
-				"rank %d %llu): every rank must make the same heap "
-				"allocations", (unsigned long long)all[0].heap_used, r,
-				(unsigned long long)all[r].heap_used);
-			ret = -FABEP_ERR_MISMATCH;
+	}
+	ret = fep_hb_agree("fabep_moe_create", comm->size, &all[0].hb,
+			   sizeof(*all), &hb);
+	free(all);
+	all = NULL;
+	if (ret)
+		goto err;
+
+	/* the same choice on every rank, from the same heaps */
+	need = ep_heap_need(m);
+	ret = fep_hb_alloc(fab, &hb, need, &m->block, &reused);
+	if (ret) {
+		fep_err("fabep_moe_create: the handle needs %zu heap bytes, %zu of "
+			"%zu are in use and no block given back on every rank "
+			"fits (fabep_moe_heap_bytes(); raise heap_size or "
+			"FABEP_HEAP_SIZE)", need, fab->heap_used, fab->heap_size);
+		goto err;
+	}
+	S = (size_t)m->sets;
+	m->ctrs = m->block;
+	m->drecv = m->ctrs + FEP_ALIGN_UP(24 * S, 64);
+	m->crecv = m->drecv + FEP_ALIGN_UP(S * 2 * (size_t)m->size * m->dslot_bytes, 64);
+	m->cstage = m->crecv + FEP_ALIGN_UP(S * (size_t)m->size * m->cslot_bytes, 64);
+	if (reused) {
+		/* counters from zero on every rank before any peer adds to them */
+		memset(fep_heap_at(fab, m->ctrs), 0, 24 * S);
+		ret = fep_comm_agree(comm, 0);
+		if (ret) {
+			fep_err("fabep_moe_create: %s", fabep_strerror(ret));
+			fep_hb_free(fab, m->block, false);
 			goto err;
 		}
 	}
-	free(all);
-	all = NULL;
-
-	if ((ret = fep_heap_alloc_(fab, 24 * (size_t)m->sets, 64, &m->ctrs)) ||
-	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * 2 * (size_t)m->size *
-				   m->dslot_bytes, 64, &m->drecv)) ||
-	    (ret = fep_heap_alloc_(fab, (size_t)m->sets * (size_t)m->size *
-				   m->cslot_bytes, 64, &m->crecv)) ||
-	    (ret = fep_heap_alloc_(fab, ((size_t)m->size - 1) * m->cslot_bytes + 1,
-				   64, &m->cstage)))
-		goto err;  /* checked above on every rank: cannot differ */
 	*out = m;
 	return 0;
 err:
@@ -392,6 +399,10 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 {
 	if (!m)
 		return 0;
+	/* the block is free for a later handle once no peer can write to it
+	 * any more: every call of this handle completed, none failed */
+	fep_hb_free(m->comm->fab, m->block, !m->unclean && !m->pending_recv &&
+		    !m->pending_crecv);
 	ep_free(m);
 	return 0;
 }
@@ -447,9 +458,12 @@ int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes)
 {
 	size_t i;
 
+	int ret;
+
 	for (i = 0; i < np; i++)
 		*bytes += m->puts[i].len;
-	return np ? fep_fab_put_signal_many(m->comm->fab, m->puts, np) : 0;
+	ret = np ? fep_fab_put_signal_many(m->comm->fab, m->puts, np) : 0;
+	return fep_ep_fab(m, ret);
 }
 
 void fep_ep_idle(void *arg)
@@ -618,8 +632,8 @@ int fep_ep_wait_with(struct fabep_moe *m, const char *what, uint64_t ctr,
 {
 	if (m->size == 1)
 		return work ? work(work_ctx) : 0;
-	return fep_comm_wait_with(m->comm, what, ctr, target, slots, stride, seq,
-				  work, work_ctx);
+	return fep_ep_fab(m, fep_comm_wait_with(m->comm, what, ctr, target, slots,
+						stride, seq, work, work_ctx));
 }
 
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,

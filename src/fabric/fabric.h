@@ -98,6 +98,8 @@ typedef struct fep_fabric {
 	void *heap;
 	size_t heap_size;
 	size_t heap_used;
+	struct fep_hblock *hb;  /* the handles' blocks (chan[0]'s), by offset */
+	int nhb;
 	bool heap_numa;
 	struct fid_mr *heap_mr;
 	void *heap_desc;
@@ -227,6 +229,47 @@ int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of);
 void fep_heap_destroy(fep_fabric_t *fab);
 int fep_heap_bind(fep_fabric_t *fab);    /* FI_MR_ENDPOINT: after ep enable */
 int fep_heap_alloc_(fep_fabric_t *fab, size_t size, size_t align, uint64_t *off);
+
+/*
+ * Handle blocks: the heap space of a collective handle (MoE, allreduce).
+ * Its destroy gives the block back, locally; a later creation reuses it
+ * once every rank has given it back cleanly (no call of the handle left
+ * half done or failed, so no peer's write can still land in it).  The
+ * ranks agree at creation: each sends the mask of the blocks it gave back
+ * cleanly (fep_hb_mask), and fep_hb_alloc, given the AND of all the
+ * masks, makes the same choice on every rank: adjacent blocks given back
+ * everywhere merge, the first that fits is reused (what it does not need
+ * stays free), else free blocks at the heap's end are taken back and the
+ * block comes from the end.  A
+ * block given back after a failure is kept for the communicator's
+ * lifetime; past FEP_HB_MAX blocks, new ones are never reused.
+ */
+#define FEP_HB_MAX 256
+#define FEP_HB_WORDS (FEP_HB_MAX / 64)
+enum fep_hb_state { FEP_HB_LIVE = 0, FEP_HB_FREE, FEP_HB_KEPT };
+struct fep_hblock {
+	uint64_t off, size;
+	int state;              /* this rank's */
+};
+struct fep_hb_hello {           /* part of a creation's exchange */
+	uint64_t free[FEP_HB_WORDS];
+	uint64_t heap_used;
+	uint32_t nhb;
+	uint32_t pad;
+};
+void fep_hb_hello(const fep_fabric_t *fab, struct fep_hb_hello *h);
+/* The heaps' state agrees (else -FABEP_ERR_MISMATCH, logged with what);
+ * all: every rank's hello (stride bytes apart); and = the AND of the masks. */
+int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
+		 struct fep_hb_hello *and_);
+/* A block of size bytes, the same on every rank given the same and_:
+ * 0 with *off (and *reused: the space held data before, whose counters
+ * the handle must zero before any peer writes), or -FABEP_ERR_HEAP_FULL
+ * (logged; the table may have merged blocks, identically everywhere). */
+int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *and_, size_t size,
+		 uint64_t *off, bool *reused);
+/* Give the block at off back: clean, or kept (never reused). */
+void fep_hb_free(fep_fabric_t *fab, uint64_t off, bool clean);
 static inline void *fep_heap_at(fep_fabric_t *fab, uint64_t off)
 {
 	return (char *)fab->heap + off;

@@ -3,11 +3,13 @@
  * registered once for FI_REMOTE_WRITE, holding every remotely written
  * object (receive regions, counters) at the same offset everywhere, and the
  * send staging.  Allocation is a bump allocator: every rank makes the same
- * sequence of allocations, so offsets agree.
+ * sequence of allocations, so offsets agree.  The handles' blocks are given
+ * back and reused by agreement at creation (fep_hb_*, fabric.h).
  */
 #include "config.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <numa.h>
@@ -70,10 +72,13 @@ int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node)
 	fab->heap = p;
 	fab->heap_size = size;
 	fab->heap_used = 0;
-	ret = fep_heap_register(fab, p, size);
+	fab->hb = calloc(FEP_HB_MAX, sizeof(*fab->hb));
+	ret = fab->hb ? fep_heap_register(fab, p, size) : -ENOMEM;
 	if (ret) {
 		munmap(p, size);
 		fab->heap = NULL;
+		free(fab->hb);
+		fab->hb = NULL;
 	}
 	return ret;
 }
@@ -119,6 +124,9 @@ int fep_heap_bind(fep_fabric_t *fab)
 
 void fep_heap_destroy(fep_fabric_t *fab)
 {
+	free(fab->hb);
+	fab->hb = NULL;
+	fab->nhb = 0;
 	if (fab->heap_mr)
 		fi_close(&fab->heap_mr->fid);
 	fab->heap_mr = NULL;
@@ -150,4 +158,144 @@ int fep_heap_alloc_(fep_fabric_t *fab, size_t size, size_t align, uint64_t *off)
 	fab->heap_used = start + (size ? size : 0);
 	*off = start;
 	return 0;
+}
+
+/* ---- handle blocks ---- */
+
+static bool hb_bit(const uint64_t *mask, int i)
+{
+	return (mask[i / 64] >> (i % 64)) & 1;
+}
+
+void fep_hb_hello(const fep_fabric_t *fab, struct fep_hb_hello *h)
+{
+	int i;
+
+	memset(h, 0, sizeof(*h));
+	for (i = 0; i < fab->nhb; i++)
+		if (fab->hb[i].state == FEP_HB_FREE)
+			h->free[i / 64] |= 1ull << (i % 64);
+	h->heap_used = fab->heap_used;
+	h->nhb = (uint32_t)fab->nhb;
+}
+
+int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
+		 struct fep_hb_hello *and_)
+{
+	const struct fep_hb_hello *h0 = all;
+	int r, w;
+
+	*and_ = *h0;
+	for (r = 1; r < nranks; r++) {
+		const struct fep_hb_hello *h =
+			(const void *)((const char *)all + (size_t)r * stride);
+
+		if (h->heap_used != h0->heap_used || h->nhb != h0->nhb) {
+			fep_err("%s: the heaps differ (rank 0: %llu bytes used, %u "
+				"handle blocks; rank %d: %llu, %u): every rank must "
+				"make the same heap allocations and handles", what,
+				(unsigned long long)h0->heap_used, h0->nhb, r,
+				(unsigned long long)h->heap_used, h->nhb);
+			return -FABEP_ERR_MISMATCH;
+		}
+		for (w = 0; w < FEP_HB_WORDS; w++)
+			and_->free[w] &= h->free[w];
+	}
+	return 0;
+}
+
+/* Merge runs of adjacent blocks given back everywhere (and_ follows). */
+static void hb_merge(fep_fabric_t *fab, struct fep_hb_hello *and_)
+{
+	int i, j, k, n = fab->nhb;
+
+	for (i = 0; i < n; i++) {
+		if (!hb_bit(and_->free, i))
+			continue;
+		for (j = i; j + 1 < n && hb_bit(and_->free, j + 1) &&
+			    fab->hb[j].off + fab->hb[j].size == fab->hb[j + 1].off; j++)
+			;
+		if (j == i)
+			continue;
+		fab->hb[i].size = fab->hb[j].off + fab->hb[j].size - fab->hb[i].off;
+		/* drop entries i+1..j, and their bits */
+		for (k = i + 1; k + (j - i) < n; k++) {
+			int from = k + (j - i);
+
+			fab->hb[k] = fab->hb[from];
+			and_->free[k / 64] &= ~(1ull << (k % 64));
+			and_->free[k / 64] |=
+				(uint64_t)hb_bit(and_->free, from) << (k % 64);
+		}
+		for (k = n - (j - i); k < n; k++)
+			and_->free[k / 64] &= ~(1ull << (k % 64));
+		n -= j - i;
+	}
+	fab->nhb = n;
+}
+
+int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *all_free,
+		 size_t size, uint64_t *off, bool *reused)
+{
+	struct fep_hb_hello and_ = *all_free;
+	size_t used = fab->heap_used;
+	int i, n, ret;
+	bool top = false;
+
+	size = FEP_ALIGN_UP(size ? size : 1, 64);
+	hb_merge(fab, &and_);
+	n = fab->nhb;
+	for (i = 0; i < n; i++)
+		if (hb_bit(and_.free, i) && fab->hb[i].size >= size) {
+			/* the rest stays free everywhere, as the block was */
+			if (fab->hb[i].size > size && n < FEP_HB_MAX) {
+				memmove(&fab->hb[i + 2], &fab->hb[i + 1],
+					(size_t)(n - i - 1) * sizeof(*fab->hb));
+				fab->hb[i + 1].off = fab->hb[i].off + size;
+				fab->hb[i + 1].size = fab->hb[i].size - size;
+				fab->hb[i + 1].state = FEP_HB_FREE;
+				fab->hb[i].size = size;
+				fab->nhb = n + 1;
+			}
+			fab->hb[i].state = FEP_HB_LIVE;
+			*off = fab->hb[i].off;
+			*reused = true;
+			return 0;
+		}
+	/* free blocks at the heap's end: the new one starts there */
+	if (n && hb_bit(and_.free, n - 1) &&
+	    fab->hb[n - 1].off + fab->hb[n - 1].size == fab->heap_used) {
+		fab->heap_used = fab->hb[n - 1].off;
+		n--;
+		top = true;
+	}
+	if (FEP_ALIGN_UP(fab->heap_used, 64) + size > fab->heap_size) {
+		fab->heap_used = used;  /* as it was: the block stays free */
+		return -FABEP_ERR_HEAP_FULL;  /* the caller says what it needed */
+	}
+	ret = fep_heap_alloc_(fab, size, 64, off);
+	if (ret)
+		return ret;
+	fab->nhb = n;
+	/* the heap's end only grows: space below it held an earlier block,
+	 * and fabep_heap_alloc always takes fresh (zero) space */
+	*reused = top;
+	if (fab->hb && n < FEP_HB_MAX) {  /* past it, never reused */
+		fab->hb[n].off = *off;
+		fab->hb[n].size = size;
+		fab->hb[n].state = FEP_HB_LIVE;
+		fab->nhb = n + 1;
+	}
+	return 0;
+}
+
+void fep_hb_free(fep_fabric_t *fab, uint64_t off, bool clean)
+{
+	int i;
+
+	for (i = 0; i < fab->nhb; i++)
+		if (fab->hb[i].off == off && fab->hb[i].state == FEP_HB_LIVE) {
+			fab->hb[i].state = clean ? FEP_HB_FREE : FEP_HB_KEPT;
+			return;
+		}
 }
