@@ -1061,15 +1061,21 @@ END_TEST
  *      space on both (A's is not free everywhere) and works;
  *   4. A and S given back everywhere: a handle B larger than A fits (the
  *      two merge, or are taken back at the heap's end);
- *   5. a dispatch that times out on rank 0 (rank 1 makes none): the
+ *   5. S destroyed after a dispatch_send without its dispatch_recv: the
+ *      next S lies elsewhere (its send buffer, in the heap, says where),
+ *      where after a complete call it lies in the same place;
+ *   6. a dispatch that times out on rank 0 (rank 1 makes none): the
  *      handle's space is never reused, so A no longer fits anywhere and
- *      every rank gets -FABEP_ERR_HEAP_FULL; S still fits. */
+ *      every rank gets -FABEP_ERR_HEAP_FULL. */
 struct reuse_arg {
 	char dir[64];
 };
 
-#define REUSE_FAIL(...) do { fprintf(stderr, "rank %d: ", rank);             \
-	fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); goto out; } while (0)
+static void *reuse_where;
+
+#define REUSE_FAIL(...) do { char m_[256];                                 \
+	snprintf(m_, sizeof(m_), __VA_ARGS__);                                 \
+	fprintf(stderr, "rank %d: %s\n", rank, m_); goto out; } while (0)
 
 static int reuse_moe(fabep_comm_t *comm, const struct params *p, int rank,
 		     int size, int rounds, fabep_moe_t **moe)
@@ -1081,6 +1087,8 @@ static int reuse_moe(fabep_comm_t *comm, const struct params *p, int rank,
 	ret = fabep_moe_create(comm, &cfg, moe);
 	if (ret)
 		return ret;
+	if (!rounds)  /* where it lies: its first send buffer */
+		return fabep_moe_send_buffer(*moe, &reuse_where, NULL, NULL, NULL);
 	for (r = 1; r <= rounds; r++)
 		if (round_trip(p, *moe, rank, size, r, 0))
 			return -EIO;
@@ -1120,7 +1128,7 @@ static int reuse_rank(int rank, int size, void *arg)
 	struct input in;
 	char path[96];
 	size_t na;
-	int ret, rc = 1;
+	int ret, rc = 1, i;
 
 	fill_cfg(&pa, &ca);
 	fill_cfg(&pb, &cb);
@@ -1175,6 +1183,33 @@ static int reuse_rank(int rank, int size, void *arg)
 	fabep_moe_destroy(moe);
 	moe = NULL;
 	/* 5. */
+	for (i = 0; i < 2; i++) {
+		void *was;
+
+		fabep_moe_destroy(small);
+		small = NULL;
+		if ((ret = reuse_moe(comm, &ps, rank, size, 0, &small)))
+			REUSE_FAIL("S: %s", fabep_strerror(ret));
+		was = reuse_where;
+		gen(&ps, size, rank, 1, &in);
+		ret = fabep_moe_dispatch_send(small, in.x, NULL, in.n, in.ids, in.w);
+		if (!ret && i == 0)
+			ret = fabep_moe_dispatch_recv(small, &rv);
+		free_input(&in);
+		if (ret)
+			REUSE_FAIL("S's dispatch: %s", fabep_strerror(ret));
+		fabep_moe_destroy(small);
+		small = NULL;
+		if ((ret = reuse_moe(comm, &ps, rank, size, 0, &small)))
+			REUSE_FAIL("S after S: %s", fabep_strerror(ret));
+		if ((reuse_where == was) != (i == 0))
+			REUSE_FAIL("S after S %s: %s space", i ? "with a send half "
+				   "never received" : "with a complete dispatch",
+				   i ? "the same" : "other");
+	}
+	fabep_moe_destroy(small);
+	small = NULL;
+	/* 6. */
 	if ((ret = reuse_moe(comm, &pa, rank, size, 1, &moe)))
 		REUSE_FAIL("A before the timeout: %s", fabep_strerror(ret));
 	snprintf(path, sizeof(path), "%s/timedout", d->dir);
@@ -1200,8 +1235,6 @@ static int reuse_rank(int rank, int size, void *arg)
 		REUSE_FAIL("A after a failed call's destroy gave %d (%s), want "
 			   "-FABEP_ERR_HEAP_FULL", ret, fabep_strerror(ret));
 	moe = NULL;
-	if ((ret = reuse_moe(comm, &ps, rank, size, 2, &small)))
-		REUSE_FAIL("S after the timeout: %s", fabep_strerror(ret));
 	rc = 0;
 out:
 	fabep_moe_destroy(moe);
