@@ -675,6 +675,54 @@ START_TEST(blob_exchange)
 }
 END_TEST
 
+/* Agreement rounds back to back, nothing else between them: each rank
+ * gets the agreed status of every round (a peer's error as
+ * -FABEP_ERR_PEER, its own as itself), while the last rank, never held
+ * up, runs a round ahead of rank 0, which pauses before some rounds and
+ * yields inside others.  A rank that starts its next round may write its
+ * next slot before a slower peer has read this one. */
+static int agree_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	int i, ret, want, rc = 0;
+
+	(void)arg;
+	ret = make_comm(FABEP_SIGNAL_AUTO, 1 << 20, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: comm: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	for (i = 0; i < 3000 && !rc; i++) {
+		int st = i % 97 == 3 && rank == size - 1 ? -EINVAL : 0;
+
+		if (rank == 0 && i % 5 == 0) {
+			struct timespec ts = { 0, 20000L * (i % 3) };
+
+			nanosleep(&ts, NULL);
+		}
+		ret = fep_comm_agree(comm, st);
+		want = st ? st : i % 97 == 3 ? -FABEP_ERR_PEER : 0;
+		if (ret != want) {
+			fprintf(stderr, "rank %d round %d: %d (%s), want %d\n", rank,
+				i, ret, fabep_strerror(ret), want);
+			rc = 1;
+		}
+	}
+	/* the last round, then at once the destroy's own */
+	ret = fabep_comm_destroy(comm);
+	return rc ? rc : ret ? 1 : 0;
+}
+
+START_TEST(shm_agree_rounds)
+{
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	ck_assert_int_eq(fep_test_run_ranks(2, 120, agree_rank, NULL), 0);
+	ck_assert_int_eq(fep_test_run_ranks(3, 120, agree_rank, NULL), 0);
+}
+END_TEST
+
 /* Handle blocks (fep_hb_*) against a model, three ranks' tables side by
  * side: random creations, and destroys on random subsets of the ranks (one
  * in twenty after a failure), in episodes of 300 steps on a fresh 4 MiB
@@ -908,7 +956,9 @@ static Suite *suite(void)
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("heap");
+	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, heap_blocks_model);
+	tcase_add_test(tc, shm_agree_rounds);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failures");

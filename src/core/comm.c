@@ -246,9 +246,9 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 {
 	fep_fabric_t *fab = comm->fab;
 	struct fep_xslot *src = fep_heap_at(fab, comm->bar_src);
-	struct fep_xslot *slots = fep_heap_at(fab, comm->bar_slots);
+	struct fep_xslot *slots;
 	struct fep_put *puts;
-	uint64_t seq;
+	uint64_t seq, base;
 	int r, n = 0, ret;
 
 	/* the source slot must not change under a write still in flight */
@@ -256,6 +256,11 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	if (ret)
 		return ret;
 	seq = ++comm->bar_seq;
+	/* the round's slots, by its parity: a peer that has read ours may
+	 * already write its next round, never the one after (that needs
+	 * this rank's next write, which comes after reading these) */
+	base = comm->bar_slots + (seq & 1) * (uint64_t)comm->size * sizeof(*src);
+	slots = fep_heap_at(fab, base);
 	src->seq = seq;
 	src->value = value;
 	slots[comm->rank] = *src;
@@ -271,7 +276,7 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 		    (dir == XCHG_UP && peer < comm->rank))
 			continue;
 		puts[n].peer = peer;
-		puts[n].dst = comm->bar_slots + (uint64_t)comm->rank * sizeof(*src);
+		puts[n].dst = base + (uint64_t)comm->rank * sizeof(*src);
 		puts[n].src = comm->bar_src;
 		puts[n].len = sizeof(*src);
 		puts[n].sig = comm->bar_ctr;
@@ -286,7 +291,7 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 			  : dir == XCHG_UP ? (uint64_t)comm->rank
 			  : (uint64_t)(comm->size - 1);
 	ret = fep_comm_wait(comm, what, comm->bar_ctr, comm->bar_expect,
-			    dir != XCHG_ALL ? UINT64_MAX : comm->bar_slots,
+			    dir != XCHG_ALL ? UINT64_MAX : base,
 			    sizeof(struct fep_xslot), seq);
 	if (ret)
 		return ret;
@@ -710,8 +715,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	/* 5. barrier objects, then the warm-up exchange (first contact on
 	 * every pair, so the first real transfer never stalls) */
 	if ((ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->bar_ctr)) ||
-	    (ret = fep_heap_alloc_(comm->fab, (size_t)comm->size * sizeof(struct fep_xslot),
-				   64, &comm->bar_slots)) ||
+	    (ret = fep_heap_alloc_(comm->fab, 2 * (size_t)comm->size *
+				   sizeof(struct fep_xslot), 64, &comm->bar_slots)) ||
 	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
 				   &comm->bar_src)))
 		goto err_fabric;

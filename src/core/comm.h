@@ -30,8 +30,9 @@ struct fabep_comm {
 				 namespace (the liveness check; negated once
 				 it was reported gone), else 0 */
 
-	/* barrier: a counter, one sequence slot per source (read only to
-	 * name missing peers on timeout), and a source word */
+	/* barrier and agreement: a counter, two slots per source (round
+	 * parity; sequence and value: the agreement's values, and the
+	 * sequence names missing peers on timeout), and a source word */
 	uint64_t bar_ctr;
 	uint64_t bar_slots;
 	uint64_t bar_src;

@@ -372,6 +372,8 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 			"FABEP_HEAP_SIZE)", need, fab->heap_used, fab->heap_size);
 		goto err;
 	}
+	fep_dbg("fabep_moe_create: heap block at %llu, %zu bytes%s",
+		(unsigned long long)m->block, need, reused ? ", reused" : "");
 	S = (size_t)m->sets;
 	m->ctrs = m->block;
 	m->drecv = m->ctrs + FEP_ALIGN_UP(24 * S, 64);
