@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -903,9 +904,34 @@ END_TEST
  * as a server computing its experts.  Then the same for combine, the
  * other way: rank 1 returns the rows to rank 0 and calls nothing until
  * rank 0's combine has returned, and rank 0 checks what came back. */
-struct drain_arg {
+/* A folder of marks that ranks leave for each other (files). */
+struct marks {
 	char dir[64];
 };
+
+static void marks_make(struct marks *d, const char *name)
+{
+	snprintf(d->dir, sizeof(d->dir), "/tmp/%s.XXXXXX", name);
+	ck_assert_ptr_nonnull(mkdtemp(d->dir));
+}
+
+/* Remove the marks and their folder. */
+static void marks_remove(struct marks *d)
+{
+	DIR *dir = opendir(d->dir);
+	struct dirent *e;
+	char path[340];
+
+	while (dir && (e = readdir(dir))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", d->dir, e->d_name);
+		unlink(path);
+	}
+	if (dir)
+		closedir(dir);
+	rmdir(d->dir);
+}
 
 static int wait_file(const char *path, int seconds)
 {
@@ -923,7 +949,7 @@ static int wait_file(const char *path, int seconds)
 /* After a call named @what: mark it done for @rank; the rank @waiter then
  * makes no call until its peer has marked the same (a file), and says so
  * if that does not come. */
-static int drain_mark(const struct drain_arg *d, const char *what, int rank,
+static int drain_mark(const struct marks *d, const char *what, int rank,
 		      int waiter)
 {
 	char path[96];
@@ -947,7 +973,7 @@ static int drain_mark(const struct drain_arg *d, const char *what, int rank,
 
 static int drain_rank(int rank, int size, void *arg)
 {
-	const struct drain_arg *d = arg;
+	const struct marks *d = arg;
 	const size_t n = 2048, H = 7168;
 	fabep_comm_attr_t a;
 	fabep_moe_config_t cfg;
@@ -1026,27 +1052,15 @@ out:
 
 START_TEST(tcp2_drain)
 {
-	struct drain_arg d;
+	struct marks d;
 	int status[2];
 
 	if (!fep_test_have_provider("tcp"))
 		return;
 	fep_test_use_provider("tcp");
-	snprintf(d.dir, sizeof(d.dir), "/tmp/fep_drain.XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(d.dir));
+	marks_make(&d, "fep_drain");
 	fep_test_run_ranks_status(2, 120, drain_rank, &d, status);
-	{
-		static const char *const what[] = { "dispatch", "combine" };
-		char path[96];
-		int i;
-
-		for (i = 0; i < 4; i++) {
-			snprintf(path, sizeof(path), "%s/%s%d", d.dir,
-				 what[i / 2], i % 2);
-			unlink(path);
-		}
-		rmdir(d.dir);
-	}
+	marks_remove(&d);
 	ck_assert_msg(status[0] == 0 && status[1] == 0,
 		      "ranks exited %d and %d", status[0], status[1]);
 }
@@ -1067,10 +1081,6 @@ END_TEST
  *   6. a dispatch that times out on rank 0 (rank 1 makes none): the
  *      handle's space is never reused, so A no longer fits anywhere and
  *      every rank gets -FABEP_ERR_HEAP_FULL. */
-struct reuse_arg {
-	char dir[64];
-};
-
 static void *reuse_where;
 
 #define REUSE_FAIL(...) do { char m_[256];                                 \
@@ -1116,7 +1126,7 @@ static int reuse_ar(fabep_comm_t *comm, int rank, int size)
 
 static int reuse_rank(int rank, int size, void *arg)
 {
-	const struct reuse_arg *d = arg;
+	const struct marks *d = arg;
 	struct params pa = P(.hidden = 2880, .max_tokens = 48, .topk = 4),
 		      pb = P(.hidden = 2880, .max_tokens = 64, .topk = 4),
 		      ps = P(.hidden = 100, .max_tokens = 16);
@@ -1247,18 +1257,16 @@ out:
 
 START_TEST(shm2_heap_reuse)
 {
-	struct reuse_arg d;
-	char path[96];
+	struct marks d;
+	int ret;
 
 	if (!fep_test_have_provider("shm"))
 		return;
 	fep_test_use_provider("shm");
-	snprintf(d.dir, sizeof(d.dir), "/tmp/fep_reuse.XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(d.dir));
-	ck_assert_int_eq(fep_test_run_ranks(2, 120, reuse_rank, &d), 0);
-	snprintf(path, sizeof(path), "%s/timedout", d.dir);
-	unlink(path);
-	rmdir(d.dir);
+	marks_make(&d, "fep_reuse");
+	ret = fep_test_run_ranks(2, 120, reuse_rank, &d);
+	marks_remove(&d);
+	ck_assert_int_eq(ret, 0);
 }
 END_TEST
 
