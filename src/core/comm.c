@@ -279,7 +279,7 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 		puts[n].dst = base + (uint64_t)comm->rank * sizeof(*src);
 		puts[n].src = comm->bar_src;
 		puts[n].len = sizeof(*src);
-		puts[n].sig = comm->bar_ctr;
+		puts[n].sig = comm->bar_ctr + 8 * (uint64_t)comm->rank;
 		puts[n].add = 1;
 		n++;
 	}
@@ -287,14 +287,25 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	free(puts);
 	if (ret)
 		return ret;
-	comm->bar_expect += dir == XCHG_DOWN ? (uint64_t)(comm->size - 1 - comm->rank)
-			  : dir == XCHG_UP ? (uint64_t)comm->rank
-			  : (uint64_t)(comm->size - 1);
-	ret = fep_comm_wait(comm, what, comm->bar_ctr, comm->bar_expect,
-			    dir != XCHG_ALL ? UINT64_MAX : base,
-			    sizeof(struct fep_xslot), seq);
-	if (ret)
-		return ret;
+	/* each source's own counter: one sum over the sources could be
+	 * reached by a fast peer's next round before a slow one's write of
+	 * this round has landed */
+	for (r = 1; r < comm->size; r++) {
+		int peer = (comm->rank + r) % comm->size;
+		uint64_t ctr = comm->bar_ctr + 8 * (uint64_t)peer;
+
+		if ((dir == XCHG_DOWN && peer < comm->rank) ||
+		    (dir == XCHG_UP && peer > comm->rank))
+			continue;  /* it writes to no rank on this side */
+		comm->bar_exp[peer]++;
+		if (fep_counter_load(fab, ctr) >= comm->bar_exp[peer])
+			continue;
+		ret = fep_comm_wait(comm, what, ctr, comm->bar_exp[peer],
+				    dir != XCHG_ALL ? UINT64_MAX : base,
+				    sizeof(struct fep_xslot), seq);
+		if (ret)
+			return ret;
+	}
 done:
 	if (out && dir == XCHG_ALL)
 		for (r = 0; r < comm->size; r++) {
@@ -641,7 +652,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	comm->size = comm->boot->size;
 	fep_log_set_rank(comm->rank);
 	comm->peer_pid = calloc((size_t)comm->size, sizeof(*comm->peer_pid));
-	if (!comm->peer_pid) {
+	comm->bar_exp = calloc((size_t)comm->size, sizeof(*comm->bar_exp));
+	if (!comm->peer_pid || !comm->bar_exp) {
 		ret = -ENOMEM;
 		goto err_boot;
 	}
@@ -714,7 +726,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 
 	/* 5. barrier objects, then the warm-up exchange (first contact on
 	 * every pair, so the first real transfer never stalls) */
-	if ((ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->bar_ctr)) ||
+	if ((ret = fep_heap_alloc_(comm->fab, 8 * (size_t)comm->size, 64,
+				   &comm->bar_ctr)) ||
 	    (ret = fep_heap_alloc_(comm->fab, 2 * (size_t)comm->size *
 				   sizeof(struct fep_xslot), 64, &comm->bar_slots)) ||
 	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
@@ -755,6 +768,7 @@ err_free:
 	free(hellos);
 	free(blobs);
 	free(comm->peer_pid);
+	free(comm->bar_exp);
 	free(comm);
 	return ret;
 }
@@ -781,6 +795,7 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 	fep_fabric_close(comm->fab);
 	fep_boot_destroy(comm->boot);
 	free(comm->peer_pid);
+	free(comm->bar_exp);
 	free(comm);
 	return ret;
 }

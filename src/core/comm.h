@@ -30,14 +30,15 @@ struct fabep_comm {
 				 namespace (the liveness check; negated once
 				 it was reported gone), else 0 */
 
-	/* barrier and agreement: a counter, two slots per source (round
-	 * parity; sequence and value: the agreement's values, and the
-	 * sequence names missing peers on timeout), and a source word */
-	uint64_t bar_ctr;
+	/* barrier and agreement: a counter per source, two slots per
+	 * source (round parity; sequence and value: the agreement's values,
+	 * and the sequence names missing peers on timeout), and a source
+	 * word */
+	uint64_t bar_ctr;     /* [size] */
 	uint64_t bar_slots;
 	uint64_t bar_src;
 	uint64_t bar_seq;
-	uint64_t bar_expect;  /* what bar_ctr must reach this round */
+	uint64_t *bar_exp;    /* [size]: what each source's counter must reach */
 };
 
 /*
