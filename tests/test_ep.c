@@ -1078,9 +1078,10 @@ END_TEST
  *   5. S destroyed after a dispatch_send without its dispatch_recv: the
  *      next S lies elsewhere (its send buffer, in the heap, says where),
  *      where after a complete call it lies in the same place;
- *   6. a dispatch that times out on rank 0 (rank 1 makes none): the
- *      handle's space is never reused, so A no longer fits anywhere and
- *      every rank gets -FABEP_ERR_HEAP_FULL. */
+ *   6. a dispatch that times out on rank 0 (rank 1 makes none): later
+ *      calls of the handle fail at once with -FABEP_ERR_PEER_LOST, and
+ *      its space is never reused, so A no longer fits anywhere and every
+ *      rank gets -FABEP_ERR_HEAP_FULL. */
 static void *reuse_where;
 
 #define REUSE_FAIL(...) do { char m_[256];                                 \
@@ -1232,6 +1233,18 @@ static int reuse_rank(int rank, int size, void *arg)
 		if (ret != -ETIMEDOUT)
 			REUSE_FAIL("the lone dispatch gave %d (%s), want a timeout",
 				   ret, fabep_strerror(ret));
+		/* the ranks' calls are out of step: the handle refuses more,
+		 * at once */
+		gen(&pa, size, rank, 2, &in);
+		ret = fabep_moe_dispatch(moe, in.x, NULL, in.n, in.ids, in.w, &rv);
+		free_input(&in);
+		if (ret != -FABEP_ERR_PEER_LOST)
+			REUSE_FAIL("a dispatch after the timeout gave %d (%s)", ret,
+				   fabep_strerror(ret));
+		ret = fabep_moe_combine(moe, NULL, 0, 0, NULL, 0, NULL, NULL);
+		if (ret != -FABEP_ERR_PEER_LOST)
+			REUSE_FAIL("a combine after the timeout gave %d (%s)", ret,
+				   fabep_strerror(ret));
 		if (!(f = fopen(path, "w")))
 			REUSE_FAIL("%s: %s", path, strerror(errno));
 		fclose(f);

@@ -124,6 +124,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	size_t np_all, pb, pe, blk;
 	int b = 0, d, ret;
 
+	if ((ret = fep_ep_usable(m, "fabep_moe_combine_send")))
+		return ret;
 	if (m->pending_recv || m->pending_crecv) {
 		fep_err("fabep_moe_combine_send: the previous %s_send awaits its "
 			"%s_recv", m->pending_recv ? "dispatch" : "combine",
@@ -269,6 +271,8 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	uint64_t t0, t1;
 	int b = 0, ret;
 
+	if ((ret = fep_ep_usable(m, "fabep_moe_combine_recv")))
+		return ret;
 	if (!m->pending_crecv) {
 		fep_err("fabep_moe_combine_recv: no combine_send to complete");
 		return -EINVAL;

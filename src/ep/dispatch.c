@@ -360,6 +360,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	size_t tb, te;
 	int b, d, ret;
 
+	if ((ret = fep_ep_usable(m, "fabep_moe_dispatch_send")))
+		return ret;
 	if (m->pending_recv || m->pending_crecv) {
 		fep_err("fabep_moe_dispatch_send: the previous %s_send awaits its "
 			"%s_recv", m->pending_recv ? "dispatch" : "combine",
@@ -859,6 +861,8 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	uint64_t t0, t1, t2, t3;
 	int b, ret, hret;
 
+	if ((ret = fep_ep_usable(m, "fabep_moe_dispatch_recv")))
+		return ret;
 	if (!m->pending_recv) {
 		fep_err("fabep_moe_dispatch_recv: no dispatch_send to complete");
 		return -EINVAL;

@@ -172,6 +172,10 @@ struct fabep_moe {
 	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */
 };
 
+/* 0, or -FABEP_ERR_PEER_LOST (logged) once a wait or a transfer of m
+ * failed: the ranks' calls are no longer in step, so m is unusable. */
+int fep_ep_usable(struct fabep_moe *m, const char *what);
+
 /* ret of a transfer or a wait of m's: a failure leaves m unclean */
 static inline int fep_ep_fab(struct fabep_moe *m, int ret)
 {

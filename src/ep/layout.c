@@ -409,6 +409,15 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 	return 0;
 }
 
+int fep_ep_usable(struct fabep_moe *m, const char *what)
+{
+	if (!m->unclean)
+		return 0;
+	fep_err("%s: the handle is unusable after an earlier failed wait or "
+		"transfer (destroy it)", what);
+	return -FABEP_ERR_PEER_LOST;
+}
+
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 {
 	size_t cap;
