@@ -915,6 +915,49 @@ START_TEST(heap_blocks_model)
 }
 END_TEST
 
+/* Past FEP_HB_MAX blocks, new ones work but are never reused: one rank,
+ * 300 blocks of 64 bytes, all given back; then 300 more: the first 256
+ * land in the tracked space again (merged into one block and split), the
+ * rest come from the heap's end. */
+START_TEST(heap_blocks_table_full)
+{
+	fep_fabric_t fab;
+	struct fep_hb_hello hello, and_;
+	uint64_t off[300], top;
+	bool reused;
+	int i;
+
+	memset(&fab, 0, sizeof(fab));
+	fab.heap_size = 1u << 20;
+	fab.heap_used = 4096;
+	fab.hb = calloc(FEP_HB_MAX, sizeof(*fab.hb));
+	ck_assert_ptr_nonnull(fab.hb);
+	for (i = 0; i < 300; i++) {
+		fep_hb_hello(&fab, &hello);
+		ck_assert_int_eq(fep_hb_agree("full", 1, &hello, sizeof(hello), &and_), 0);
+		ck_assert_int_eq(fep_hb_alloc(&fab, &and_, 64, &off[i], &reused), 0);
+		ck_assert(!reused);
+		ck_assert_uint_eq(off[i], 4096 + 64 * (uint64_t)i);
+	}
+	ck_assert_int_eq(fab.nhb, FEP_HB_MAX);
+	top = fab.heap_used;
+	for (i = 0; i < 300; i++)
+		fep_hb_free(&fab, off[i], true);  /* past 256: nothing to free */
+	for (i = 0; i < 300; i++) {
+		fep_hb_hello(&fab, &hello);
+		ck_assert_int_eq(fep_hb_agree("full", 1, &hello, sizeof(hello), &and_), 0);
+		ck_assert_int_eq(fep_hb_alloc(&fab, &and_, 64, &off[i], &reused), 0);
+		if (i < FEP_HB_MAX) {
+			ck_assert(reused);
+			ck_assert_uint_eq(off[i], 4096 + 64 * (uint64_t)i);
+		} else {
+			ck_assert_uint_eq(off[i], top + 64 * (uint64_t)(i - FEP_HB_MAX));
+		}
+	}
+	free(fab.hb);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("signal");
@@ -958,6 +1001,7 @@ static Suite *suite(void)
 	tc = tcase_create("heap");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, heap_blocks_model);
+	tcase_add_test(tc, heap_blocks_table_full);
 	tcase_add_test(tc, shm_agree_rounds);
 	suite_add_tcase(s, tc);
 
