@@ -1082,8 +1082,6 @@ END_TEST
  *      calls of the handle fail at once with -FABEP_ERR_PEER_LOST, and
  *      its space is never reused, so A no longer fits anywhere and every
  *      rank gets -FABEP_ERR_HEAP_FULL. */
-static void *reuse_where;
-
 #define REUSE_FAIL(...) do { char m_[256];                                 \
 	snprintf(m_, sizeof(m_), __VA_ARGS__);                                 \
 	fprintf(stderr, "rank %d: %s\n", rank, m_); goto out; } while (0)
@@ -1098,12 +1096,19 @@ static int reuse_moe(fabep_comm_t *comm, const struct params *p, int rank,
 	ret = fabep_moe_create(comm, &cfg, moe);
 	if (ret)
 		return ret;
-	if (!rounds)  /* where it lies: its first send buffer */
-		return fabep_moe_send_buffer(*moe, &reuse_where, NULL, NULL, NULL);
 	for (r = 1; r <= rounds; r++)
 		if (round_trip(p, *moe, rank, size, r, 0))
 			return -EIO;
 	return 0;
+}
+
+/* Where a new handle lies in the heap: its first send buffer. */
+static void *reuse_where(fabep_moe_t *moe)
+{
+	void *x = NULL;
+
+	fabep_moe_send_buffer(moe, &x, NULL, NULL, NULL);
+	return x;
 }
 
 static int reuse_ar(fabep_comm_t *comm, int rank, int size)
@@ -1201,7 +1206,7 @@ static int reuse_rank(int rank, int size, void *arg)
 		small = NULL;
 		if ((ret = reuse_moe(comm, &ps, rank, size, 0, &small)))
 			REUSE_FAIL("S: %s", fabep_strerror(ret));
-		was = reuse_where;
+		was = reuse_where(small);
 		gen(&ps, size, rank, 1, &in);
 		ret = fabep_moe_dispatch_send(small, in.x, NULL, in.n, in.ids, in.w);
 		if (!ret && i == 0)
@@ -1213,7 +1218,7 @@ static int reuse_rank(int rank, int size, void *arg)
 		small = NULL;
 		if ((ret = reuse_moe(comm, &ps, rank, size, 0, &small)))
 			REUSE_FAIL("S after S: %s", fabep_strerror(ret));
-		if ((reuse_where == was) != (i == 0))
+		if (!was || (reuse_where(small) == was) != (i == 0))
 			REUSE_FAIL("S after S %s: %s space", i ? "with a send half "
 				   "never received" : "with a complete dispatch",
 				   i ? "the same" : "other");

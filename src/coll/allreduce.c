@@ -206,7 +206,6 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	struct fep_hb_hello hb;
 	struct fabep_allreduce *h = NULL;
 	fep_fabric_t *fab;
-	bool reused;
 	size_t es = 0, os_max = 0;
 	fep_k_dtype_t dt = FEP_K_F32;
 	int r, ret, status = 0, first = -1;
@@ -307,16 +306,16 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		goto err;
 
 	/* Every heap is in the same state: the same verdict everywhere. */
-	ret = fep_hb_alloc(fab, &hb, h->lay.total, &h->base, &reused);
-	if (ret) {
+	ret = fep_comm_block(comm, &hb, h->lay.total, h->lay.o_ctr + 24, &h->base);
+	if (ret == -FABEP_ERR_HEAP_FULL)
 		fep_err("fabep_allreduce_create: a %zu x %zu %s handle on %d ranks "
 			"needs %zu heap bytes, %zu of %zu are in use and no block "
 			"given back on every rank fits (fabep_allreduce_heap_bytes; "
 			"raise FABEP_HEAP_SIZE or attr.heap_size)", max_rows,
 			max_cols, dt == FEP_K_BF16 ? "bf16" : "fp32", comm->size,
 			h->lay.total, fab->heap_used, fab->heap_size);
+	if (ret)
 		goto err;
-	}
 
 	h->comm = comm;
 	h->dt = dt;
@@ -330,17 +329,6 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->slots1[1] = h->slots1[0] + (uint64_t)comm->size * h->lay.blk1;
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
-	if (reused) {
-		/* a block a destroyed handle held: its counters from zero on
-		 * every rank before any peer adds to them */
-		memset(fep_heap_at(fab, h->ctr1[0]), 0, 24);
-		ret = fep_comm_agree(comm, 0);
-		if (ret) {
-			fep_err("fabep_allreduce_create: %s", fabep_strerror(ret));
-			fep_hb_free(fab, h->base, false);
-			goto err;
-		}
-	}
 	free(all);
 	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
 		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,

@@ -480,6 +480,27 @@ int fep_comm_agree(fabep_comm_t *comm, int status)
 	return ret;
 }
 
+int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
+		   size_t size, size_t ctr_bytes, uint64_t *off)
+{
+	bool reused;
+	int ret = fep_hb_alloc(comm->fab, all_free, size, off, &reused);
+
+	if (ret)
+		return ret;
+	fep_dbg("heap block at %llu, %zu bytes%s", (unsigned long long)*off,
+		size, reused ? ", reused" : "");
+	if (!reused)
+		return 0;
+	memset(fep_heap_at(comm->fab, *off), 0, ctr_bytes);
+	ret = fep_comm_agree(comm, 0);
+	if (ret) {
+		fep_err("taking a heap block back: %s", fabep_strerror(ret));
+		fep_hb_free(comm->fab, *off, false);
+	}
+	return ret;
+}
+
 FEP_EXPORT int fabep_barrier(fabep_comm_t *comm)
 {
 	if (!comm) {

@@ -69,4 +69,16 @@ int fep_comm_allgather(fabep_comm_t *comm, const void *in, void *out, size_t len
  */
 int fep_comm_agree(fabep_comm_t *comm, int status);
 
+/*
+ * Take a collective handle's heap block (fep_hb_alloc: the same on every
+ * rank, given the AND of the ranks' masks from the creation's exchange).
+ * The handle's counters are its first ctr_bytes: a block that held data
+ * before gets them zeroed on every rank, then a barrier, before any peer
+ * can add to them.  0 with *off; -FABEP_ERR_HEAP_FULL (nothing taken, for
+ * the caller to explain); or the barrier's error (logged; the block is
+ * kept, never reused).
+ */
+int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
+		   size_t size, size_t ctr_bytes, uint64_t *off);
+
 #endif

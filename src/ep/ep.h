@@ -136,8 +136,8 @@ struct fabep_moe {
 	uint8_t *chunk_direct; /* [size][dchunks]: chunk leaves from the input slot */
 
 	/* heap offsets */
-	uint64_t block;      /* the handle's heap block (fep_hb_*) */
-	uint64_t ctrs;       /* dctr[sets], cctr[sets], hctr[sets] */
+	uint64_t ctrs;       /* dctr[sets], cctr[sets], hctr[sets]: the start
+				of the handle's heap block (fep_hb_*) */
 	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size] slots */
 
 	/* calls */

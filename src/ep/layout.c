@@ -275,7 +275,6 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	struct fep_hb_hello hb;
 	fep_fabric_t *fab;
 	size_t need, S;
-	bool reused;
 	int r, ret, status;
 
 	if (!comm || !cfg || !out) {
@@ -362,33 +361,21 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	if (ret)
 		goto err;
 
-	/* the same choice on every rank, from the same heaps */
+	/* the same choice on every rank, from the same heaps; the block
+	 * opens with the counters (ep_heap_need's order) */
 	need = ep_heap_need(m);
-	ret = fep_hb_alloc(fab, &hb, need, &m->block, &reused);
-	if (ret) {
+	S = (size_t)m->sets;
+	ret = fep_comm_block(comm, &hb, need, 24 * S, &m->ctrs);
+	if (ret == -FABEP_ERR_HEAP_FULL)
 		fep_err("fabep_moe_create: the handle needs %zu heap bytes, %zu of "
 			"%zu are in use and no block given back on every rank "
 			"fits (fabep_moe_heap_bytes(); raise heap_size or "
 			"FABEP_HEAP_SIZE)", need, fab->heap_used, fab->heap_size);
+	if (ret)
 		goto err;
-	}
-	fep_dbg("fabep_moe_create: heap block at %llu, %zu bytes%s",
-		(unsigned long long)m->block, need, reused ? ", reused" : "");
-	S = (size_t)m->sets;
-	m->ctrs = m->block;
 	m->drecv = m->ctrs + FEP_ALIGN_UP(24 * S, 64);
 	m->crecv = m->drecv + FEP_ALIGN_UP(S * 2 * (size_t)m->size * m->dslot_bytes, 64);
 	m->cstage = m->crecv + FEP_ALIGN_UP(S * (size_t)m->size * m->cslot_bytes, 64);
-	if (reused) {
-		/* counters from zero on every rank before any peer adds to them */
-		memset(fep_heap_at(fab, m->ctrs), 0, 24 * S);
-		ret = fep_comm_agree(comm, 0);
-		if (ret) {
-			fep_err("fabep_moe_create: %s", fabep_strerror(ret));
-			fep_hb_free(fab, m->block, false);
-			goto err;
-		}
-	}
 	*out = m;
 	return 0;
 err:
@@ -403,7 +390,7 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 		return 0;
 	/* the block is free for a later handle once no peer can write to it
 	 * any more: every call of this handle completed, none failed */
-	fep_hb_free(m->comm->fab, m->block, !m->unclean && !m->pending_recv &&
+	fep_hb_free(m->comm->fab, m->ctrs, !m->unclean && !m->pending_recv &&
 		    !m->pending_crecv);
 	ep_free(m);
 	return 0;
@@ -468,7 +455,6 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes)
 {
 	size_t i;
-
 	int ret;
 
 	for (i = 0; i < np; i++)

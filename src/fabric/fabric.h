@@ -236,13 +236,14 @@ int fep_heap_alloc_(fep_fabric_t *fab, size_t size, size_t align, uint64_t *off)
  * once every rank has given it back cleanly (no call of the handle left
  * half done or failed, so no peer's write can still land in it).  The
  * ranks agree at creation: each sends the mask of the blocks it gave back
- * cleanly (fep_hb_mask), and fep_hb_alloc, given the AND of all the
- * masks, makes the same choice on every rank: adjacent blocks given back
- * everywhere merge, the first that fits is reused (what it does not need
- * stays free), else free blocks at the heap's end are taken back and the
- * block comes from the end.  A
- * block given back after a failure is kept for the communicator's
- * lifetime; past FEP_HB_MAX blocks, new ones are never reused.
+ * cleanly (fep_hb_hello), and fep_hb_alloc, given the AND of all the
+ * masks (fep_hb_agree), makes the same choice on every rank: adjacent
+ * blocks given back everywhere merge, the first that fits is reused (what
+ * it does not need stays free), else free blocks at the heap's end are
+ * taken back and the block comes from the end.  A block given back after
+ * a failure is kept for the communicator's lifetime; past FEP_HB_MAX
+ * blocks, new ones are never reused.  Handles take their blocks through
+ * fep_comm_block (core/comm.h).
  */
 #define FEP_HB_MAX 256
 #define FEP_HB_WORDS (FEP_HB_MAX / 64)
@@ -265,7 +266,7 @@ int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
 /* A block of size bytes, the same on every rank given the same and_:
  * 0 with *off (and *reused: the space held data before, whose counters
  * the handle must zero before any peer writes), or -FABEP_ERR_HEAP_FULL
- * (logged; the table may have merged blocks, identically everywhere). */
+ * (not logged; the table may have merged blocks, identically everywhere). */
 int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *and_, size_t size,
 		 uint64_t *off, bool *reused);
 /* Give the block at off back: clean, or kept (never reused). */
