@@ -239,7 +239,7 @@ int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *all_free,
 {
 	struct fep_hb_hello and_ = *all_free;
 	size_t used = fab->heap_used;
-	int i, n, ret;
+	int i, n;
 	bool top = false;
 
 	size = FEP_ALIGN_UP(size ? size : 1, 64);
@@ -269,13 +269,12 @@ int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *all_free,
 		n--;
 		top = true;
 	}
-	if (FEP_ALIGN_UP(fab->heap_used, 64) + size > fab->heap_size) {
+	*off = FEP_ALIGN_UP(fab->heap_used, 64);
+	if (*off > fab->heap_size || size > fab->heap_size - *off) {
 		fab->heap_used = used;  /* as it was: the block stays free */
 		return -FABEP_ERR_HEAP_FULL;  /* the caller says what it needed */
 	}
-	ret = fep_heap_alloc_(fab, size, 64, off);
-	if (ret)
-		return ret;
+	fab->heap_used = *off + size;
 	fab->nhb = n;
 	/* the heap's end only grows: space below it held an earlier block,
 	 * and fabep_heap_alloc always takes fresh (zero) space */
