@@ -13,6 +13,14 @@
  * the same kernel, calling the caller's callback per row.  Receiving
  * every peer's combine is also the credit: they have finished reading
  * this set's dispatch slots, so the set is free for a later dispatch.
+ *
+ * fabep_moe_combine, which knows the output when it sends, moves that
+ * final sum into the own run: once every peer's rows are in (counter
+ * reached, headers as combine_recv will find them), each claim of the
+ * own run also sums its tokens' rows into out while their own partial
+ * is hot, with the same kernel and the same arguments (the same bits);
+ * combine_recv then sums only the tokens left (those of the claims
+ * before the rows came, and those with no expert here).
  */
 #include "config.h"
 
@@ -48,6 +56,12 @@ struct red_ctx {
 	size_t skip0, skip;   /* tokens [skip0, skip0 + skip) not in this pass */
 	size_t p0;            /* first token (of this pass) of the block */
 	struct fep_ep_idle idle;
+	/* the own run's final sums (fabep_moe_combine) */
+	int fuse;             /* this pass (the own run) sums into out too */
+	fep_k_topk_args_t fin; /* combine_recv's sum, applied per token */
+	uint64_t ctr, target; /* the set's combine counter and wait target */
+	int ready;            /* atomic: 1 every peer's rows are in, -1 never */
+	size_t nfused;        /* atomic: tokens summed into out */
 };
 
 static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
@@ -74,11 +88,116 @@ static void reduce_range(void *arg, size_t t0, size_t t1)
 		reduce_flat(c, t0 + c->skip, t1 + c->skip);
 }
 
+/* Whether every peer's rows of this combine are here, with headers that
+ * combine_recv will accept (call, magic, status 0, the count this rank
+ * sent there).  Silent: combine_recv checks again and names what is
+ * wrong; until then, or after a bad header, no token is fused. */
+static int peers_in(struct red_ctx *c)
+{
+	struct fabep_moe *m = c->m;
+	fep_fabric_t *fab = m->comm->fab;
+	int v = __atomic_load_n(&c->ready, __ATOMIC_ACQUIRE), r;
+
+	if (v)
+		return v > 0;
+	if (fep_counter_load(fab, c->ctr) < c->target)
+		return 0;
+	v = 1;
+	for (r = 0; r < m->size && v > 0; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(fab, fep_ep_cslot(m, c->b, r)), sizeof(h));
+		if (h.seq != c->s->seq || h.magic != FEP_EP_MAGIC || h.status ||
+		    h.count != c->s->sent[r])
+			v = -1;
+	}
+	__atomic_store_n(&c->ready, v, __ATOMIC_RELEASE);
+	return v > 0;
+}
+
 static void reduce_block(void *arg, size_t r0, size_t r1)
 {
 	struct red_ctx *c = arg;
+	struct fabep_moe *m = c->m;
+	size_t p, nf = 0;
 
 	reduce_range(c, c->p0 + r0, c->p0 + r1);
+	if (!c->fuse || !peers_in(c))
+		return;
+	/* own rows [r0, r1) are done: their tokens' final sums */
+	for (p = r0; p < r1; p++) {
+		int32_t t = m->own_tok[p];
+
+		if (t < 0)
+			continue;
+		c->ops->topk_sum(&c->fin, (size_t)t, (size_t)t + 1);
+		m->fused[t] = 1;
+		nf++;
+	}
+	__atomic_add_fetch(&c->nfused, nf, __ATOMIC_RELAXED);
+}
+
+/* combine_recv's final sum of set b into out. */
+static void fin_args(struct fabep_moe *m, int b, const struct fep_ep_set *s,
+		     void *out, size_t ld_out, fabep_moe_row_fn cb, void *cb_ctx,
+		     fep_k_topk_args_t *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->y = fep_heap_at(m->comm->fab, fep_ep_cslot(m, b, 0));
+	a->y_dt = m->cdt;
+	a->ld_y = m->hidden;
+	a->idx = s->ret_idx;
+	a->w = NULL;
+	a->k = m->kk;
+	a->out = out;
+	a->out_dt = m->cdt;
+	a->ld_out = ld_out;
+	a->cols = m->hidden;
+	a->cb = (fep_k_row_cb)cb;
+	a->cb_ctx = cb_ctx;
+}
+
+/* Whether [a, a + an) and [b, b + bn) share a byte. */
+static int overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+
+	return an && bn && x < y + bn && y < x + an;
+}
+
+/* Whether the own run can fuse the final sums (then c is set up for it):
+ * it has tokens, out is given and shares no byte with y (the own run
+ * writes out while other threads still read y), and the kernel takes
+ * the arguments.  own_tok maps own row p to its token. */
+static int fuse_setup(struct red_ctx *c, void *out, size_t ld_out,
+		       fabep_moe_row_fn cb, void *cb_ctx)
+{
+	struct fabep_moe *m = c->m;
+	struct fep_ep_set *s = c->s;
+	size_t kk = (size_t)m->kk, base, own = s->rcount[m->rank], i;
+	size_t elt = fep_k_dtype_size(m->cdt);
+
+	if (!out || !s->n || !own || s->status ||
+	    overlap(out, ((s->n - 1) * ld_out + m->hidden) * elt, c->y,
+		    s->rows ? ((s->rows - 1) * c->ld_y + m->hidden) * elt : 0))
+		return 0;
+	fin_args(m, c->b, s, out, ld_out, cb, cb_ctx, &c->fin);
+	if (fep_k_topk_check(&c->fin))
+		return 0;  /* logged; combine_recv meets it again */
+	base = (size_t)m->rank * m->cslot_rows + m->chdr_rows;
+	for (i = 0; i < own; i++)
+		m->own_tok[i] = -1;
+	for (i = 0; i < s->n * kk; i++) {
+		int32_t r = s->ret_idx[i];
+
+		if (r >= 0 && (size_t)r >= base && (size_t)r < base + own)
+			m->own_tok[(size_t)r - base] = (int32_t)(i / kk);
+	}
+	memset(m->fused, 0, s->n);
+	c->ctr = fep_ep_cctr(m, c->b);
+	c->target = (uint64_t)(m->size - 1) * m->cchunks * s->cuses;
+	m->cfuse = 1;
+	return 1;
 }
 
 /* Reduce received tokens [t0, t1) (flattened over sources). */
@@ -113,8 +232,11 @@ static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
 	}
 }
 
+/* out, ld_out, cb, cb_ctx: combine_recv's, when the caller gave them
+ * now (fabep_moe_combine); out NULL otherwise. */
 static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
-			unsigned flags, int status)
+			unsigned flags, int status, void *out, size_t ld_out,
+			fabep_moe_row_fn cb, void *cb_ctx)
 {
 	fabep_comm_t *comm = m->comm;
 	fep_fabric_t *fab = comm->fab;
@@ -160,6 +282,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	s->cuses++;
 	s->status = status;
 	m->pending_crecv = 1;
+	m->cfuse = 0;
 	memset(&c, 0, sizeof(c));
 	c.m = m;
 	c.s = s;
@@ -175,6 +298,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	m->tm.c_put = t1 - t0;
 	m->tm.c_bytes = 0;
 	m->tm.c_reduce = m->tm.c_wait = m->tm.c_sum = m->tm.c_own = 0;
+	m->tm.c_fused = 0;
 
 	/* pass 0, pipelined: reduce the other ranks' tokens a block at a time
 	 * (on the workers, the caller driving the fabric), last block first,
@@ -241,12 +365,14 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.skip0 = 0;
 		c.skip = s->tbase[m->rank];
 		c.p0 = 0;
+		c.fuse = fuse_setup(&c, out, ld_out, cb, cb_ctx);
 		ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, s->rcount[m->rank],
 						    1, reduce_block, &c, &c.idle));
 		if (ret)
 			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;
 		m->tm.c_reduce += m->tm.c_own;
+		m->tm.c_fused = c.nfused;
 	}
 	return status;
 fail:
@@ -261,7 +387,32 @@ FEP_EXPORT int fabep_moe_combine_send(fabep_moe_t *m, const void *y,
 		fep_err("fabep_moe_combine_send: NULL handle");
 		return -EINVAL;
 	}
-	return combine_send(m, y, ld_y, flags, 0);
+	return combine_send(m, y, ld_y, flags, 0, NULL, 0, NULL, NULL);
+}
+
+/* The final sum of the tokens the own run did not fuse. */
+struct rest_ctx {
+	const fep_k_topk_args_t *a;
+	const struct fep_k_ops *ops;
+	const uint8_t *fused;
+};
+
+static void sum_rest(void *arg, size_t t0, size_t t1)
+{
+	struct rest_ctx *c = arg;
+
+	while (t0 < t1) {
+		size_t e;
+
+		if (c->fused[t0]) {
+			t0++;
+			continue;
+		}
+		for (e = t0 + 1; e < t1 && !c->fused[e]; e++)
+			;
+		c->ops->topk_sum(c->a, t0, e);
+		t0 = e;
+	}
 }
 
 static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
@@ -269,6 +420,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 {
 	struct fep_ep_set *s;
 	uint64_t t0, t1;
+	size_t fused;
 	int b = 0, ret;
 
 	if ((ret = fep_ep_usable(m, "fabep_moe_combine_recv")))
@@ -281,7 +433,9 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (!s)
 		return -FABEP_ERR_PROTOCOL;
 	m->pending_crecv = 0;
-	if (s->n)
+	fused = m->cfuse ? (size_t)m->tm.c_fused : 0;
+	m->cfuse = 0;
+	if (s->n > fused)
 		fep_pool_wake(m->comm->pool);  /* for the sum after the wait */
 	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
@@ -295,30 +449,28 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (!ret)
 		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));
 	t1 = fep_now_ns();
-	if (!ret && s->n) {
+	/* (a fused token's row is in out: its rows were all here, so only a
+	 * fabric failure of the drain can still fail the call) */
+	if (!ret && s->n > fused) {
 		fep_k_topk_args_t a;
 
-		memset(&a, 0, sizeof(a));
-		a.y = fep_heap_at(m->comm->fab, fep_ep_cslot(m, b, 0));
-		a.y_dt = m->cdt;
-		a.ld_y = m->hidden;
-		a.idx = s->ret_idx;
-		a.w = NULL;
-		a.k = m->kk;
-		a.out = out;
-		a.out_dt = m->cdt;
-		a.ld_out = ld_out;
-		a.cols = m->hidden;
-		a.cb = (fep_k_row_cb)cb;
-		a.cb_ctx = cb_ctx;
-		ret = fep_k_topk_sum_mt(m->comm->pool, &a, s->n);
+		fin_args(m, b, s, out, ld_out, cb, cb_ctx, &a);
+		if (!fused) {
+			ret = fep_k_topk_sum_mt(m->comm->pool, &a, s->n);
+		} else {
+			struct rest_ctx rc = { &a, fep_k_ops(), m->fused };
+
+			ret = fep_pool_for(m->comm->pool, s->n, 1, sum_rest, &rc);
+		}
 	}
 	m->tm.c_wait = t1 - t0;
 	m->tm.c_sum = fep_now_ns() - t1;
 	if (m->timing)
-		fep_dbg("fabep_moe_combine: call %llu: reduce %.1f (own run %.1f) put "
-			"%.1f wait %.1f sum %.1f total %.1f us, %llu wire bytes",
-			(unsigned long long)s->seq, m->tm.c_reduce / 1e3, m->tm.c_own / 1e3, m->tm.c_put / 1e3, m->tm.c_wait / 1e3,
+		fep_dbg("fabep_moe_combine: call %llu: reduce %.1f (own run %.1f, "
+			"%zu of %zu tokens summed there) put %.1f wait %.1f sum %.1f "
+			"total %.1f us, %llu wire bytes",
+			(unsigned long long)s->seq, m->tm.c_reduce / 1e3, m->tm.c_own / 1e3,
+			fused, s->n, m->tm.c_put / 1e3, m->tm.c_wait / 1e3,
 			m->tm.c_sum / 1e3, (fep_now_ns() - m->tm.c_begin) / 1e3,
 			(unsigned long long)m->tm.c_bytes);
 	s->state = FEP_EP_FREE;
@@ -361,7 +513,7 @@ FEP_EXPORT int fabep_moe_combine(fabep_moe_t *m, const void *y, size_t ld_y,
 			!out ? "NULL output" : "ld_out below hidden", s->n);
 		status = -EINVAL;
 	}
-	ret = combine_send(m, y, ld_y, flags, status);
+	ret = combine_send(m, y, ld_y, flags, status, out, ld_out, cb, cb_ctx);
 	if (ret && (!m->pending_crecv || !s || s->status != ret))
 		return ret;
 	return combine_recv(m, out, ld_out, cb, cb_ctx);

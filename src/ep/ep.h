@@ -98,6 +98,7 @@ struct fep_ep_timing {
 	uint64_t d_pack, d_put, d_wait, d_build;
 	uint64_t c_own;          /* of c_reduce: the own run (overlapped) */
 	uint64_t c_reduce, c_put, c_wait, c_sum;
+	uint64_t c_fused;        /* tokens summed into out by the own run */
 	uint64_t d_bytes, c_bytes;
 	uint64_t d_begin, c_begin; /* when the send half was called (debug log) */
 };
@@ -170,6 +171,11 @@ struct fabep_moe {
 	uint32_t *ecnt;      /* [size * L]: rows for each destination's experts */
 	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
 	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */
+	/* combine's final sum, done per token by the own run once every
+	 * peer's rows are in (fabep_moe_combine, which knows out): */
+	int cfuse;           /* the pending combine_recv sums only the rest */
+	int32_t *own_tok;    /* [max_tokens]: source token of own row p */
+	uint8_t *fused;      /* [max_tokens]: token t's row is in out */
 };
 
 /* 0, or -FABEP_ERR_PEER_LOST (logged) once a wait or a transfer of m

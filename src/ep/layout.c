@@ -212,6 +212,8 @@ static void ep_free(struct fabep_moe *m)
 	free(m->rend);
 	free(m->blk_start);
 	free(m->blk_pre);
+	free(m->own_tok);
+	free(m->fused);
 	free(m);
 }
 
@@ -239,7 +241,10 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->rend = calloc(R * L, sizeof(uint32_t));
 	m->blk_start = calloc(2 * L + 1, sizeof(uint32_t));
 	m->blk_pre = calloc(2 * L + 2, sizeof(uint32_t));
-	if (!m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
+	m->own_tok = malloc(T1 * sizeof(int32_t));
+	m->fused = calloc(T1, 1);
+	if (!m->own_tok || !m->fused ||
+	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
 	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
