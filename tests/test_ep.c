@@ -45,6 +45,7 @@ struct params {
 	const char *chunk; /* FABEP_MOE_CHUNK (mismatch 2: only rank 1's) */
 	int sendbuf;      /* tokens go through fabep_moe_send_buffer */
 	const char *channels; /* FABEP_CHANNELS */
+	int fused;        /* fused_round: fabep_moe_combine against the halves */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -644,6 +645,76 @@ out:
 	return rc;
 }
 
+/* fabep_moe_combine, whose own run sums into out the tokens whose rows
+ * have all come, against the halves, which sum after the wait: the same
+ * tokens, routing and expert rows must give the same bits (and the
+ * reference's values).  Rank 0 starts its combine late, so that the
+ * peers' rows come during its own run.  Returns the tokens this rank's
+ * own run summed into out (>= 0), or -1 (logged). */
+static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
+			int size, int round)
+{
+	struct input *all = calloc((size_t)size, sizeof(*all));
+	size_t H = (size_t)p->hidden, elt = p->ct == FABEP_MOE_FP32 ? 4 : 2;
+	fabep_moe_recv_t rv;
+	void *y = NULL, *y2 = NULL, *out = NULL, *out2 = NULL;
+	long rows_seen = 0, fused = -1;
+	struct input *me;
+	int s, ret;
+
+	for (s = 0; s < size; s++)
+		gen(p, size, s, round, &all[s]);
+	me = &all[rank];
+	ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n, me->ids, me->w, &rv);
+	if (ret || check_recv(p, rank, size, all, &rv)) {
+		fprintf(stderr, "rank %d round %d: dispatch: %s\n", rank, round,
+			fabep_strerror(ret));
+		goto out;
+	}
+	y = experts(p, &rv);
+	out = calloc(me->n + 1, H * elt);
+	out2 = calloc(me->n + 1, H * elt);
+	if (!rank)
+		usleep(20000);
+	ret = fabep_moe_combine(moe, y, H, 0, out, H, count_row, &rows_seen);
+	if (ret || rows_seen != (long)me->n) {
+		fprintf(stderr, "rank %d round %d: combine: %s, callback saw %ld "
+			"rows of %zu\n", rank, round, fabep_strerror(ret),
+			rows_seen, me->n);
+		goto out;
+	}
+	if (check_out(p, rank, me, out, 1))
+		goto out;
+	fused = (long)moe->tm.c_fused;
+	/* the same call again (previous routing), combined by the halves */
+	ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n, NULL, NULL, &rv);
+	if (!ret) {
+		y2 = experts(p, &rv);
+		ret = fabep_moe_combine_send(moe, y2, H, 0);
+	}
+	if (!ret)
+		ret = fabep_moe_combine_recv(moe, out2, H, NULL, NULL);
+	if (ret || moe->tm.c_fused) {
+		fprintf(stderr, "rank %d round %d: the halves: %s, %llu tokens "
+			"fused\n", rank, round, fabep_strerror(ret),
+			(unsigned long long)moe->tm.c_fused);
+		fused = -1;
+	} else if (memcmp(out, out2, me->n * H * elt)) {
+		fprintf(stderr, "rank %d round %d: fabep_moe_combine (%ld tokens "
+			"fused) and the halves differ\n", rank, round, fused);
+		fused = -1;
+	}
+out:
+	for (s = 0; s < size; s++)
+		free_input(&all[s]);
+	free(all);
+	free(y);
+	free(y2);
+	free(out);
+	free(out2);
+	return fused;
+}
+
 static int ep_rank(int rank, int size, void *arg)
 {
 	const struct params *p = arg;
@@ -651,6 +722,7 @@ static int ep_rank(int rank, int size, void *arg)
 	fabep_moe_t *moe = NULL;
 	fabep_moe_config_t cfg;
 	int round, ret, rc = 1;
+	long fused = 0, f;
 
 	ret = make(p, rank, size, &comm, &moe, &cfg);
 	if (ret == 2) {
@@ -659,7 +731,17 @@ static int ep_rank(int rank, int size, void *arg)
 	}
 	if (ret)
 		return ret == 77 ? 77 : 1;
-	for (round = 1; round <= p->rounds; round++) {
+	for (round = 1; p->fused && round <= p->rounds; round++) {
+		if ((f = fused_round(p, moe, rank, size, round)) < 0)
+			goto done;
+		fused += f;
+	}
+	if (p->fused && !rank && !fused) {
+		fprintf(stderr, "rank 0: its own run summed no token into out in "
+			"%d rounds (the peers' rows came during it)\n", p->rounds);
+		goto done;
+	}
+	for (round = 1; !p->fused && round <= p->rounds; round++) {
 		if (p->bad && round == 2)
 			ret = bad_round(p, moe, rank, size, round);
 		else if (p->outstanding && round % 3 == 0)
@@ -766,6 +848,15 @@ EP_TEST(chan_shm3_fp8_zc, "shm", 3, .rounds = 4, .hidden = 4096, .topk = 6,
 EP_TEST(chan_tcp2_chunks, "tcp", 2, .rounds = 4, .hidden = 4096, .topk = 4,
 	.experts = 8, .max_tokens = 32, .threads = 2, .channels = "2",
 	.chunk = "200000", .routing = R_NEG)
+/* combine's final sum in the own run (rank 0 late): the same bits as
+ * the halves, on threads with channels, with one channel, on tcp */
+EP_TEST(fused_shm2, "shm", 2, .rounds = 8, .hidden = 2880, .topk = 8,
+	.experts = 16, .max_tokens = 48, .threads = 2, .fused = 1)
+EP_TEST(fused_shm3_fp32, "shm", 3, .rounds = 8, .hidden = 300, .topk = 4,
+	.experts = 12, .max_tokens = 40, .threads = 2, .channels = "1",
+	.tt = FABEP_MOE_FP32, .ct = FABEP_MOE_FP32, .routing = R_NEG, .fused = 1)
+EP_TEST(fused_tcp2, "tcp", 2, .rounds = 6, .hidden = 1024, .topk = 4,
+	.experts = 8, .max_tokens = 32, .threads = 2, .fused = 1)
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -1339,6 +1430,9 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, shm3_early_copy);
 	tcase_add_test(tc, zc_shm4_early);
 	tcase_add_test(tc, bad_flags);
+	tcase_add_test(tc, fused_shm2);
+	tcase_add_test(tc, fused_shm3_fp32);
+	tcase_add_test(tc, fused_tcp2);
 	tcase_add_test(tc, zc_one_rank);
 	tcase_add_test(tc, zc_shm2_bf16);
 	tcase_add_test(tc, zc_shm3_fp32_neg_split);
