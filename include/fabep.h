@@ -428,7 +428,10 @@ FABEP_API int fabep_moe_combine_send(fabep_moe_t *moe, const void *y,
  * set for a later dispatch. */
 FABEP_API int fabep_moe_combine_recv(fabep_moe_t *moe, void *out, size_t ld_out,
 				     fabep_moe_row_fn cb, void *cb_ctx);
-/* Both halves. */
+/* Both halves.  Knowing out before it sends, it sums a token's partial
+ * rows into out already while it reduces this rank's own tokens, once
+ * every peer's rows have come (the same bits as the halves); the rest
+ * after the wait.  out must not overlap y for that (else all after). */
 FABEP_API int fabep_moe_combine(fabep_moe_t *moe, const void *y, size_t ld_y,
 				unsigned flags, void *out, size_t ld_out,
 				fabep_moe_row_fn cb, void *cb_ctx);
@@ -441,7 +444,8 @@ FABEP_API int fabep_moe_combine(fabep_moe_t *moe, const void *y, size_t ld_y,
  *     arrived, with the header checks), build (the expert-major rows and
  *     their metadata);
  *   combine: reduce (the weighted sums on the expert rank), put, wait,
- *     sum (the final sum into out).
+ *     sum (the final sum into out, of the tokens that fabep_moe_combine's
+ *     reduce did not already sum there).
  * put + wait is the wire time; wire_bytes what this rank wrote to other
  * ranks (headers included).  Not collective; NULL arguments give -EINVAL.
  */
