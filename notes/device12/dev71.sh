@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 11 device run 71: decode combine, fused (88e3028) against base
+# session 12 device run 71: decode combine, fused (88e3028) against base
 # (d336468), five more alternating repetitions and per-call parts twice
 # (dev70 was mixed at decode); then the table with fb_fused.
 C=$PWD/.carry

@@ -1,5 +1,5 @@
 #!/bin/bash
-# session 11 device run 70: combine's final sum in the own run (49348b5,
+# session 12 device run 70: combine's final sum in the own run (49348b5,
 # fb_fused = 88e3028) against the library before it (fb_base = d336468),
 # alternating within each repetition on one lease; then how many tokens
 # the own run summed per call (debug line), decode and prefill.
