@@ -88,6 +88,13 @@ static void reduce_range(void *arg, size_t t0, size_t t1)
 		reduce_flat(c, t0 + c->skip, t1 + c->skip);
 }
 
+/* What set s's combine counter reaches once every peer's rows of the
+ * pending combine are in (the counter never resets: s->cuses calls). */
+static uint64_t comb_target(const struct fabep_moe *m, const struct fep_ep_set *s)
+{
+	return (uint64_t)(m->size - 1) * m->cchunks * s->cuses;
+}
+
 /* Whether every peer's rows of this combine are here, with headers that
  * combine_recv will accept (call, magic, status 0, the count this rank
  * sent there).  Silent: combine_recv checks again and names what is
@@ -195,8 +202,7 @@ static int fuse_setup(struct red_ctx *c, void *out, size_t ld_out,
 	}
 	memset(m->fused, 0, s->n);
 	c->ctr = fep_ep_cctr(m, c->b);
-	c->target = (uint64_t)(m->size - 1) * m->cchunks * s->cuses;
-	m->cfuse = 1;
+	c->target = comb_target(m, s);
 	return 1;
 }
 
@@ -282,7 +288,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	s->cuses++;
 	s->status = status;
 	m->pending_crecv = 1;
-	m->cfuse = 0;
+	m->cfused = 0;
 	memset(&c, 0, sizeof(c));
 	c.m = m;
 	c.s = s;
@@ -372,7 +378,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			goto fail;
 		m->tm.c_own = fep_now_ns() - t3;
 		m->tm.c_reduce += m->tm.c_own;
-		m->tm.c_fused = c.nfused;
+		m->cfused = m->tm.c_fused = c.nfused;
 	}
 	return status;
 fail:
@@ -433,13 +439,13 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (!s)
 		return -FABEP_ERR_PROTOCOL;
 	m->pending_crecv = 0;
-	fused = m->cfuse ? (size_t)m->tm.c_fused : 0;
-	m->cfuse = 0;
+	fused = m->cfused;
+	m->cfused = 0;
 	if (s->n > fused)
 		fep_pool_wake(m->comm->pool);  /* for the sum after the wait */
 	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
-			  (uint64_t)(m->size - 1) * m->cchunks * s->cuses, fep_ep_cslot(m, b, 0),
+			  comb_target(m, s), fep_ep_cslot(m, b, 0),
 			  m->cslot_bytes, s->seq);
 	if (!ret)
 		ret = fep_ep_check_hdrs(m, "fabep_moe_combine", fep_ep_cslot(m, b, 0),

@@ -173,7 +173,8 @@ struct fabep_moe {
 	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */
 	/* combine's final sum, done per token by the own run once every
 	 * peer's rows are in (fabep_moe_combine, which knows out): */
-	int cfuse;           /* the pending combine_recv sums only the rest */
+	size_t cfused;       /* tokens the own run summed: the pending
+	                      * combine_recv sums only the rest */
 	int32_t *own_tok;    /* [max_tokens]: source token of own row p */
 	uint8_t *fused;      /* [max_tokens]: token t's row is in out */
 };
