@@ -5,9 +5,10 @@
  * table of latency and bandwidth.  Uses only the public API.
  *
  *   fabep_demo [-n RANKS] [-t TOKENS] [-H HIDDEN] [-k TOPK] [-e EXPERTS]
- *              [-I LAYERS] [-p PROVIDER]
+ *              [-I LAYERS] [-p PROVIDER]   (the tools' common options)
  *
- * Exit status 0 only when every rank's results were correct.
+ * Exit status 0 only when every rank's results were correct, 2 for a bad
+ * command line.
  */
 #include "config.h"
 
@@ -25,6 +26,7 @@
 #include <sys/wait.h>
 
 #include "fabep.h"
+#include "utils/common.h"
 #include "utils/tool_data.h"
 
 struct demo {
@@ -269,46 +271,62 @@ static int free_port(void)
 	return port;
 }
 
-static int arg_int(const char *s, int lo, int hi, int *out)
-{
-	char *end;
-	long v = strtol(s, &end, 10);
+static const int demo_accept[] = { 'n', 't', 'H', 'k', 'e', 'I', 'p', 'h', 0 };
 
-	if (*s == '\0' || *end || v < lo || v > hi)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
+static const struct tool_help demo_help[] = {
+	{ 'n', NULL, "fork N local ranks, 1 to 64 (default 4)" },
+	{ 't', NULL, "the most tokens a rank sends per layer; each rank sends a "
+		     "random number from 0 to N (default 64)" },
+	{ 'H', NULL, "hidden size, elements per token row (default 1024)" },
+	{ 'k', NULL, "experts per token, at most 32 (default 4)" },
+	{ 'e', NULL, "experts in all, rounded up to a multiple of the ranks "
+		     "(default 16)" },
+	{ 'I', "LAYERS", "MoE layers (dispatch + expert + combine) to run "
+			 "(default 50)" },
+	{ 'p', NULL, "libfabric provider (default shm)" },
+	{ 0, NULL, NULL },
+};
+
+static const struct tool_desc demo_desc = {
+	.name = "fabep_demo",
+	.args = NULL,
+	.summary = "Run a small MoE layer over fabep: local ranks, random tokens "
+		   "and routing, a toy expert per rank, every dispatch and combine "
+		   "checked against a single-process reference; print the latency "
+		   "and bandwidth of each.",
+	.accept = demo_accept,
+	.help = demo_help,
+	.max_args = 0,
+	.epilog = "Exit status: 0 every result correct, 1 a rank failed or a "
+		  "result was wrong, 2 bad command line.\n",
+};
 
 int main(int argc, char **argv)
 {
 	struct demo d = { 4, 64, 1024, 4, 16, 50, "shm" };
+	struct tool_opts o;
 	pid_t pids[64];
-	int fds[2], opt, r, port, failed = 0, bad;
+	int fds[2], r, port, failed = 0, bad;
 	char buf[64];
 
-	while ((opt = getopt(argc, argv, "n:t:H:k:e:I:p:h")) != -1) {
-		int ok = 0;
-
-		switch (opt) {
-		case 'n': ok = arg_int(optarg, 1, 64, &d.ranks); break;
-		case 't': ok = arg_int(optarg, 0, 1 << 20, &d.tokens); break;
-		case 'H': ok = arg_int(optarg, 1, 1 << 20, &d.hidden); break;
-		case 'k': ok = arg_int(optarg, 1, FABEP_MOE_MAX_TOPK, &d.topk); break;
-		case 'e': ok = arg_int(optarg, 1, 1 << 20, &d.experts); break;
-		case 'I': ok = arg_int(optarg, 1, 1000000, &d.layers); break;
-		case 'p': d.provider = optarg; break;
-		case 'h':
-			printf("usage: %s [-n RANKS] [-t TOKENS] [-H HIDDEN] [-k TOPK] "
-			       "[-e EXPERTS] [-I LAYERS] [-p PROVIDER]\n", argv[0]);
-			return 0;
-		default: ok = -1;
-		}
-		if (ok) {
-			fprintf(stderr, "%s: bad option -%c (see -h)\n", argv[0], opt);
-			return 2;
-		}
+	tool_parse(&demo_desc, argc, argv, &o);
+	if (o.nranks) {
+		if (o.nranks > 64)
+			tool_usage_error(&demo_desc, "-n %d: at most 64 ranks", o.nranks);
+		d.ranks = o.nranks;
 	}
+	if (o.tokens)
+		d.tokens = o.tokens;
+	if (o.hidden)
+		d.hidden = o.hidden;
+	if (o.topk)
+		d.topk = o.topk;
+	if (o.experts)
+		d.experts = o.experts;
+	if (o.iters)
+		d.layers = o.iters;
+	if (o.provider)
+		d.provider = o.provider;
 	if (d.experts % d.ranks) {
 		d.experts = (d.experts + d.ranks - 1) / d.ranks * d.ranks;
 		fprintf(stderr, "fabep_demo: experts rounded up to %d (a multiple of "
