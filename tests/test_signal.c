@@ -323,6 +323,49 @@ START_TEST(bad_signal)
 }
 END_TEST
 
+/* FABEP_NUMA_NODE=-1 is the attribute's -1: the default node, as unset */
+static int numa_default_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm = NULL;
+	int ret = fabep_comm_create(NULL, &comm), node;
+
+	(void)size;
+	(void)arg;
+	if (ret) {
+		fprintf(stderr, "rank %d: FABEP_NUMA_NODE=-1: %s\n", rank,
+			fabep_strerror(ret));
+		return 1;
+	}
+	node = fabep_comm_numa_node(comm);
+	fabep_comm_destroy(comm);
+	if (node < 0) {
+		fprintf(stderr, "rank %d: FABEP_NUMA_NODE=-1 gave node %d\n", rank,
+			node);
+		return 2;
+	}
+	return 0;
+}
+
+START_TEST(numa_node_env)
+{
+	static const char *bad[] = { "-2", "4096", "near", "1x" };
+	int expect = -EINVAL;
+	size_t i;
+
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	setenv("FABEP_NUMA_NODE", "-1", 1);
+	ck_assert_int_eq(fep_test_run_ranks(1, 30, numa_default_rank, NULL), 0);
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("FABEP_NUMA_NODE", bad[i], 1);
+		ck_assert_msg(fep_test_run_ranks(1, 30, bad_env_rank, &expect) == 0,
+			      "FABEP_NUMA_NODE=%s accepted", bad[i]);
+	}
+	unsetenv("FABEP_NUMA_NODE");
+}
+END_TEST
+
 START_TEST(unsupported_signal)
 {
 	int expect = -FABEP_ERR_NO_SIGNAL;
@@ -1011,6 +1054,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, killed_tcp);
 	tcase_add_test(tc, bad_provider);
 	tcase_add_test(tc, bad_signal);
+	tcase_add_test(tc, numa_node_env);
 	tcase_add_test(tc, unsupported_signal);
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);

@@ -94,7 +94,8 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 		a->threads = ret ? (int)v : 0;
 	}
 	if (a->numa_node < 0) {
-		ret = fep_env_long("FABEP_NUMA_NODE", 0, 4095, &v);
+		/* -1, as in the attribute: the default (the NIC's node) */
+		ret = fep_env_long("FABEP_NUMA_NODE", -1, 4095, &v);
 		if (ret < 0)
 			return ret;
 		if (ret)
