@@ -46,4 +46,10 @@ size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks);
 int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
 size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks);
 
+/* --check: rank 0 learns whether every rank's check passed (*all_ok, set
+ * on rank 0 only).  words: a heap word per rank; ctr: a counter that
+ * reaches round * (ranks - 1) at this call (one round per call). */
+int bench_gather_ok(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
+		    uint64_t round, int mine, int *all_ok);
+
 #endif

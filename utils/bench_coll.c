@@ -12,6 +12,10 @@
  *              RMSNorm pass and an FP8 quantization pass with the same
  *              kernels and threads (ratio = separate / fused).
  *
+ * --check: after each size's timed calls, one more call, whose result
+ * every rank compares with a scalar reference made from every rank's
+ * inputs (coll_check); rank 0 prints whether all ranks agreed.
+ *
  * Rows: --rows N, else 1, 16, 128, 1024, 8192; cols: --cols, else 7168;
  * -f bf16 (default) or fp32.  Times are medians over -I calls (default
  * 200 below 1 MiB of input, 50 below 16 MiB, 20 above) after -w warm-up
@@ -30,6 +34,7 @@
 
 #include "utils/common.h"
 #include "utils/bench.h"
+#include "utils/tool_data.h"
 #include "core/comm.h"
 #include "kernels/kernels.h"
 
@@ -52,6 +57,100 @@ struct bc_bufs {
 	uint8_t *q;
 	float *scales, *gamma32;
 };
+
+/* Rank r's input value i (before rounding to the dtype): every rank can
+ * make every rank's, for the check. */
+static float coll_in(size_t i, int r)
+{
+	return (float)((i * 2654435761u + (size_t)r * 977u) % 2001) / 1000.0f - 1.0f;
+}
+
+static float coll_in_dt(size_t i, int r, int bf16)
+{
+	return bf16 ? bf2f(f2bf(coll_in(i, r))) : coll_in(i, r);
+}
+
+/*
+ * --check: this rank's result of the last call against a scalar reference
+ * in double from every rank's inputs.  allreduce: each sum within half a
+ * unit in the last place of the dtype (bf16: 2^-8 of it; fp32: the
+ * rounding of a sum of `size` terms).  arnorm: h = the sum rounded to the
+ * dtype, y = h / sqrt(mean(h^2) + eps) * gamma; each row's scale within
+ * 1e-4 of max|y| / 448, each dequantized code within FP8's rounding of y
+ * (1/16 of |y|, or half the smallest subnormal step).  Prints the first
+ * miss; returns 1 when all match.
+ */
+static int coll_check(const struct bc_bufs *b, size_t rows, int size, int arnorm,
+		      int rank, const char *op)
+{
+	int bf16 = b->es == 2, s;
+	double *h = malloc(b->cols * sizeof(double));
+	float lut[256];
+	size_t r, j;
+	int ok = 1;
+
+	if (!h) {
+		fprintf(stderr, "%s: rank %d: --check: out of memory\n", tool_name, rank);
+		return 0;
+	}
+	e4m3_lut(lut);
+	for (r = 0; r < rows && ok; r++) {
+		double ss = 0, amax = 0, inv, scale;
+
+		for (j = 0; j < b->cols; j++) {
+			double sum = 0;
+
+			for (s = 0; s < size; s++)
+				sum += coll_in_dt(r * b->cols + j, s, bf16);
+			h[j] = sum;
+			if (arnorm && bf16)
+				h[j] = bf2f(f2bf((float)sum));
+			ss += h[j] * h[j];
+		}
+		if (!arnorm) {
+			for (j = 0; j < b->cols && ok; j++) {
+				size_t at = r * b->cols + j;
+				double got = bf16 ? bf2f(((const uint16_t *)b->sum)[at])
+						  : ((const float *)b->sum)[at];
+				double tol = bf16 ? fabs(h[j]) / 256 * 1.001 + 1e-6
+						  : 1e-6 * size * size + 1e-6 * fabs(h[j]);
+
+				if (!(fabs(got - h[j]) <= tol)) {
+					fprintf(stderr, "%s: rank %d: --check: %s row %zu col %zu: "
+						"%.9g, want %.9g\n", tool_name, rank, op, r, j,
+						got, h[j]);
+					ok = 0;
+				}
+			}
+			continue;
+		}
+		inv = 1.0 / sqrt(ss / (double)b->cols + 1e-6);
+		for (j = 0; j < b->cols; j++) {
+			h[j] = h[j] * inv * b->gamma32[j];  /* y */
+			amax = fabs(h[j]) > amax ? fabs(h[j]) : amax;
+		}
+		scale = b->scales[r];
+		if (amax > 0 && !(fabs(scale - amax / 448) <= 1e-4 * amax / 448)) {
+			fprintf(stderr, "%s: rank %d: --check: %s row %zu: scale %.9g, "
+				"want %.9g\n", tool_name, rank, op, r, scale, amax / 448);
+			ok = 0;
+		}
+		for (j = 0; j < b->cols && ok; j++) {
+			uint8_t c = b->q[r * b->cols + j];
+			double got = lut[c] * scale;
+			double tol = fabs(h[j]) / 16 + scale / 1024 + 1e-4 * amax;
+
+			if ((c & 0x7f) == 0x7f || !(fabs(got - h[j]) <= tol)) {
+				fprintf(stderr, "%s: rank %d: --check: %s row %zu col %zu: "
+					"code 0x%02x x scale %.6g = %.6g, want %.6g\n",
+					tool_name, rank, op, r, j, c, scale, got, h[j]);
+				ok = 0;
+			}
+		}
+	}
+	free(h);
+	return ok;
+}
 
 /* The separate steps: allreduce to dtype rows, RMSNorm pass, FP8 pass. */
 static int separate(fabep_comm_t *comm, fabep_allreduce_t *ar,
@@ -137,8 +236,9 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	fep_k_dtype_t dt = FEP_K_BF16;
 	fabep_allreduce_t *ar = NULL;
 	fabep_rmsnorm_params_t p;
-	fabep_off_t wsrc = 0, wdst = 0;
+	fabep_off_t wsrc = 0, wdst = 0, okw = 0, okc = 0;
 	struct bc_bufs b;
+	int failed = 0;
 	uint64_t *t = NULL, *tr = NULL;
 	int ret;
 
@@ -184,6 +284,15 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			goto out;
 		}
 	}
+	if (o->check) {  /* a word per rank and a counter: the verdicts */
+		ret = fabep_heap_alloc(comm, (size_t)size * 8, 64, &okw);
+		if (!ret)
+			ret = fabep_heap_alloc(comm, 8, 64, &okc);
+		if (ret) {
+			ret = tool_fail("fabep_heap_alloc", ret);
+			goto out;
+		}
+	}
 	b.in = calloc(maxr * b.cols, b.es);
 	b.sum = calloc(maxr * b.cols, b.es);
 	b.normed = calloc(maxr * b.cols, b.es);
@@ -197,12 +306,10 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		goto out;
 	}
 	for (i = 0; i < maxr * b.cols; i++) {
-		float v = (float)((i * 2654435761u + (size_t)rank * 977u) % 2001) / 1000.0f - 1.0f;
-
 		if (adt == FABEP_AR_BF16)
-			((uint16_t *)b.in)[i] = fep_f32_to_bf16(v);
+			((uint16_t *)b.in)[i] = f2bf(coll_in(i, rank));
 		else
-			((float *)b.in)[i] = v;
+			((float *)b.in)[i] = coll_in(i, rank);
 	}
 	for (i = 0; i < b.cols; i++) {
 		b.gamma32[i] = 1.0f + (float)(i % 17) / 64.0f;
@@ -225,9 +332,9 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		fprintf(out, "# ref: %s\n", arnorm ?
 			"allreduce, then separate RMSNorm and FP8 passes (ratio = ref / fused)" :
 			"fabep_put + fabep_flush of the same bytes to one peer (ratio = ref / allreduce)");
-		fprintf(out, "%-9s %6s %6s %11s %6s %-10s %12s %14s %7s\n", "op", "rows",
-			"cols", "bytes", "iters", "path", "median_us", "ref_median_us",
-			"ratio");
+		fprintf(out, "%-9s %6s %6s %11s %6s %-10s %12s %14s %7s %6s\n", "op",
+			"rows", "cols", "bytes", "iters", "path", "median_us",
+			"ref_median_us", "ratio", "check");
 	}
 	for (i = 0; i < nrows; i++) {
 		size_t rows = rows_list[i], bytes = rows * b.cols * b.es;
@@ -236,6 +343,7 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		long warm = o->warmup >= 0 ? o->warmup : (iters / 10 > 3 ? iters / 10 : 3);
 		const char *path = size == 1 || bytes <= fabep_allreduce_onestage_max(ar) ?
 				   "one-stage" : "two-stage";
+		const char *chk = "off";
 		double med, ref;
 		long k;
 
@@ -289,21 +397,44 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		}
 		med = median_us(t, iters);
 		ref = median_us(tr, iters);
+		if (o->check) {  /* one more call, its result checked everywhere */
+			int all_ok = 0;
+
+			ret = fabep_barrier(comm);
+			if (!ret)
+				ret = arnorm ? fabep_allreduce_rmsnorm_fp8(ar, b.in, rows, b.cols,
+									   &p, b.q, b.scales)
+					     : fabep_allreduce(ar, b.in, b.sum, rows, b.cols);
+			if (ret) {
+				ret = tool_fail(o->op, ret);
+				goto out;
+			}
+			ret = bench_gather_ok(comm, okw, okc, (uint64_t)i + 1,
+					      coll_check(&b, rows, size, arnorm, rank,
+							 o->op), &all_ok);
+			if (ret) {
+				ret = tool_fail("gathering the checks", ret);
+				goto out;
+			}
+			chk = rank || all_ok ? "ok" : "failed";
+			failed |= !rank && !all_ok;
+		}
 		if (rank == 0) {
 			if (o->machine)
-				fprintf(out, "op: %s, provider: %s, signal: %s, ranks: %d, "
-					"threads: %d, dtype: %s, rows: %zu, cols: %zu, bytes: %zu, "
-					"iters: %ld, path: %s, median_us: %.2f, "
-					"ref_median_us: %.2f, ratio: %.3f\n", o->op,
+				fprintf(out, "op: %s provider: %s signal: %s ranks: %d "
+					"threads: %d dtype: %s rows: %zu cols: %zu bytes: %zu "
+					"iters: %ld path: %s median_us: %.2f "
+					"ref_median_us: %.2f ratio: %.3f check: %s\n", o->op,
 					fabep_comm_provider(comm),
 					fabep_signal_name(fabep_comm_signal(comm)), size,
 					fabep_comm_threads(comm),
 					adt == FABEP_AR_BF16 ? "bf16" : "fp32", rows, b.cols,
-					bytes, iters, path, med, ref, med > 0 ? ref / med : 0);
+					bytes, iters, path, med, ref, med > 0 ? ref / med : 0,
+					chk);
 			else
-				fprintf(out, "%-9s %6zu %6zu %11zu %6ld %-10s %12.2f %14.2f %7.3f\n",
-					o->op, rows, b.cols, bytes, iters, path, med, ref,
-					med > 0 ? ref / med : 0);
+				fprintf(out, "%-9s %6zu %6zu %11zu %6ld %-10s %12.2f %14.2f "
+					"%7.3f %6s\n", o->op, rows, b.cols, bytes, iters, path,
+					med, ref, med > 0 ? ref / med : 0, chk);
 			fflush(out);
 		}
 		free(t);
@@ -313,6 +444,8 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	ret = fabep_barrier(comm);
 	if (ret)
 		ret = tool_fail("fabep_barrier", ret);
+	else if (failed)
+		ret = -FABEP_ERR_PEER;  /* rank 0: a check failed (printed) */
 out:
 	free(t);
 	free(tr);

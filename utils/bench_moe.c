@@ -47,17 +47,6 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* e4m3fn code -> value (NaN codes 0x7f, 0xff not used) */
-static void e4m3_lut(float lut[256])
-{
-	for (int c = 0; c < 256; c++) {
-		int ex = (c >> 3) & 15, mt = c & 7;
-		float v = ex ? ldexpf(1.0f + mt / 8.0f, ex - 7) : ldexpf((float)mt, -9);
-
-		lut[c] = c & 0x80 ? -v : v;
-	}
-}
-
 static void bench_cfg(const struct bench_opts *o, fabep_moe_config_t *cfg)
 {
 	fabep_moe_config_init(cfg);
@@ -141,13 +130,14 @@ static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
 	return 0;
 }
 
-/* Rank 0 learns whether every rank's check passed (flag words). */
-static int gather_flags(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
-			int mine, int *all_ok)
+/* Rank 0 learns whether every rank's check passed: round `round` of ctr
+ * (one per call), a word per rank in `words`. */
+int bench_gather_ok(fabep_comm_t *comm, fabep_off_t words, fabep_off_t ctr,
+		    uint64_t round, int mine, int *all_ok)
 {
 	const uint64_t *w = fabep_heap_ptr(comm, words);
 	uint64_t f = (uint64_t)(mine ? 2 : 1);
-	int r, ret = to_root(comm, words, ctr, 1, &f, 1);
+	int r, ret = to_root(comm, words, ctr, round, &f, 1);
 
 	if (ret || fabep_comm_rank(comm))
 		return ret;
@@ -835,7 +825,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			if (do_c)
 				bytes += cbytes[d];
 		}
-	ret = gather_flags(comm, flags, fctr, ok, &all_ok);
+	ret = bench_gather_ok(comm, flags, fctr, 1, ok, &all_ok);
 	if (ret)
 		goto fail_call;
 	if (!rank) {
