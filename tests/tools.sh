@@ -1,16 +1,17 @@
 #!/bin/sh
 # tools.sh - the command-line tools: fabep_info, fabep_pingpong on shm with
-# -m output, and bad command lines (exit 2).  Runs from the build
+# -m output, fabep_bench, fabep_demo, and bad command lines (exit 2).  Runs from the build
 # directory; exit 77 = skip (no shm provider).
 top_builddir=${top_builddir:-.}
 info=$top_builddir/utils/fabep_info
 pp=$top_builddir/utils/fabep_pingpong
 bench=$top_builddir/utils/fabep_bench
+demo=$top_builddir/utils/fabep_demo
 tmp=${TMPDIR:-/tmp}/fabep-tools.$$
 fails=0
 trap 'rm -f "$tmp".*' EXIT
 
-for t in "$info" "$pp" "$bench"; do
+for t in "$info" "$pp" "$bench" "$demo"; do
 	if [ ! -x "$t" ]; then
 		echo "FAIL: $t not built"
 		exit 1
@@ -39,7 +40,7 @@ expect() {
 }
 
 # --- help and bad command lines ---
-for t in "$info" "$pp" "$bench"; do
+for t in "$info" "$pp" "$bench" "$demo"; do
 	expect 0 "$t" --help && grep -q '^Usage: ' "$tmp.out" ||
 		fail "$t --help prints no usage"
 	expect 2 "$t" -Z && grep -q 'unknown option' "$tmp.err" ||
@@ -62,6 +63,13 @@ expect 2 "$bench" -f int4
 expect 2 "$bench" -o allreduce -f fp8pre && grep -q 'fp8pre is for' "$tmp.err" ||
 	fail "-o allreduce -f fp8pre: no message"
 expect 2 "$bench" --soak -1
+expect 2 "$bench" -o dispatch -k 33 && grep -q -- '-k (--topk)' "$tmp.err" ||
+	fail "fabep_bench -k 33: no message naming -k"
+expect 2 "$demo" -n 65 && grep -q 'at most 64 ranks' "$tmp.err" ||
+	fail "fabep_demo -n 65: no message"
+expect 2 "$demo" -k 33
+expect 2 "$demo" -t 0
+expect 2 "$demo" extra
 
 # --- fabep_info ---
 if expect 0 "$info"; then
@@ -116,10 +124,28 @@ if expect 0 "$pp" -p shm -S 64 -I 20 -b; then
 		"$tmp.out" || fail "pingpong: no fabtests table header"
 fi
 
+# fabep_demo: its long options, every layer checked
+expect 0 "$demo" --ranks 3 --tokens 9 --hidden 100 --topk 3 --experts 7 \
+	--iterations 4 --provider shm &&
+	grep -q '^result: correct$' "$tmp.out" &&
+	grep -q '^# fabep_demo: 3 ranks on shm, 4 layers, up to 9 tokens' \
+		"$tmp.out" || fail "fabep_demo with long options: not correct"
+
 # fabep_bench -o write, checked
 expect 0 "$bench" -p shm -o write -S 4k,64k -I 5 --check -m &&
 	[ "$(grep -c '^op: write ' "$tmp.out")" -eq 2 ] ||
 	fail "fabep_bench -o write: want 2 rows"
+
+# fabep_bench -o allreduce|arnorm, checked against the scalar reference:
+# one -m line per size, "key: value" pairs separated by spaces
+for op in allreduce arnorm; do
+	if expect 0 "$bench" -p shm -o $op -n 3 --rows 5 --cols 300 -I 2 \
+		-f fp32 --check -m; then
+		line=$(grep "^op: $op " "$tmp.out")
+		echo "$line" | grep -Eq '^op: [a-z]+ provider: shm signal: [a-z]+ ranks: 3 threads: [0-9]+ dtype: fp32 rows: 5 cols: 300 bytes: 6000 iters: 2 path: [a-z-]+ median_us: [0-9.]+ ref_median_us: [0-9.]+ ratio: [0-9.]+ check: ok$' ||
+			fail "fabep_bench -o $op -m: bad line: $line"
+	fi
+done
 
 # fabep_bench -o moe with caller-quantized FP8 from the send buffer, checked
 expect 0 env FABEP_BENCH_SEND_BUFFER=1 "$bench" -p shm -o moe -n 2 -t 16 \

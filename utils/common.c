@@ -54,8 +54,8 @@ static const struct tool_optdef tool_optdefs[] = {
 	  "bandwidth mode: a window of transfers, then one signal and an answer" },
 	{ 'W', "window", "N", "transfers per window with -b (default 64)" },
 	{ 's', "server", NULL,
-	  "server: be rank 0 of 2 and wait for a client on FABEP_ROOT, "
-	  "else 0.0.0.0:PORT" },
+	  "server: be rank 0 of 2 and wait for a client on 0.0.0.0:PORT when "
+	  "-P is given, else on FABEP_ROOT, else on 0.0.0.0:47592" },
 	{ 'P', "port", "PORT",
 	  "rendezvous port for -s and HOST (default 47592)" },
 	{ 'T', "threads", "N", "worker threads per rank (default: FABEP_THREADS, else fabep's choice)" },
@@ -409,7 +409,7 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		case 'P': o->port = opt_int(d, od, val, 1, 65535); break;
 		case 't': o->tokens = opt_int(d, od, val, 1, INT_MAX); break;
 		case 'H': o->hidden = opt_int(d, od, val, 1, INT_MAX); break;
-		case 'k': o->topk = opt_int(d, od, val, 1, 1024); break;
+		case 'k': o->topk = opt_int(d, od, val, 1, FABEP_MOE_MAX_TOPK); break;
 		case 'e': o->experts = opt_int(d, od, val, 1, 1 << 20); break;
 		case TOOL_OPT_ROWS: o->rows = opt_int(d, od, val, 1, INT_MAX); break;
 		case TOOL_OPT_COLS: o->cols = opt_int(d, od, val, 1, INT_MAX); break;
