@@ -181,10 +181,14 @@ FABEP_API int fabep_barrier(fabep_comm_t *comm);
 typedef uint64_t fabep_off_t;
 
 /*
- * Allocate `size` bytes (aligned to `align`, a power of two, 0 = 64) from
- * the symmetric heap.  Collective in effect: every rank must make the same
- * sequence of allocations so offsets agree (checked in debug builds).
- * The memory is zeroed.  -FABEP_ERR_HEAP_FULL when it does not fit.
+ * Allocate `size` bytes (aligned to `align`, a power of two up to 4096,
+ * 0 = 64) from the symmetric heap.  Collective in effect: every rank must
+ * make the same sequence of allocations so offsets agree.  Nothing checks
+ * that here: the next fabep_moe_create() or fabep_allreduce_create()
+ * compares the ranks' heaps (bytes in use, handle blocks) and fails on
+ * every rank with -FABEP_ERR_MISMATCH when they differ.  The memory is
+ * zeroed.  -EINVAL for an align that is not a power of two or exceeds
+ * 4096; -FABEP_ERR_HEAP_FULL when it does not fit.
  */
 FABEP_API int fabep_heap_alloc(fabep_comm_t *comm, size_t size, size_t align,
 			       fabep_off_t *off);
@@ -269,7 +273,9 @@ FABEP_API int fabep_comm_channels(const fabep_comm_t *comm);
  * tokens than max_tokens, an expert id outside [-1, E)) is caught before a
  * byte is sent; the rank still completes the exchange with an error flag,
  * and every rank returns the same code (the one of the lowest failing
- * rank, logged with its rank).
+ * rank, logged with its rank).  The exception: the output arguments of
+ * the receive halves (dispatch_recv, combine_recv) are checked on the
+ * calling rank alone (see each).
  */
 
 /* Element formats of tokens and expert outputs. */
@@ -322,8 +328,11 @@ FABEP_API size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks)
 
 /*
  * Create a handle.  Collective.  Configurations that differ between ranks
- * give -FABEP_ERR_MISMATCH on every rank; a heap without room gives
- * -FABEP_ERR_HEAP_FULL (the message names the bytes needed).
+ * give -FABEP_ERR_MISMATCH on every rank; a configuration out of range on
+ * any rank, or a malformed FABEP_MOE_CHUNK, -EINVAL on every rank; a heap
+ * without room -FABEP_ERR_HEAP_FULL (the message names the bytes needed);
+ * host memory that runs out, -ENOMEM (see fabep_moe(3) for the cases
+ * that fail on one rank alone).
  */
 FABEP_API int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
 			       fabep_moe_t **moe);
@@ -398,7 +407,9 @@ FABEP_API int fabep_moe_dispatch_send(fabep_moe_t *moe, const void *x,
 FABEP_API int fabep_moe_send_buffer(fabep_moe_t *moe, void **x, size_t *stride,
 				    float **scales, size_t *scale_stride);
 /* Receive half: wait for every peer's run, build *out.  Output written
- * only on success. */
+ * only on success.  A NULL out fails with -EINVAL on this rank alone,
+ * before anything is consumed: the dispatch stays pending, and the call
+ * may be repeated with a valid out. */
 FABEP_API int fabep_moe_dispatch_recv(fabep_moe_t *moe, fabep_moe_recv_t *out);
 /* Both halves. */
 FABEP_API int fabep_moe_dispatch(fabep_moe_t *moe, const void *x,
@@ -425,7 +436,10 @@ FABEP_API int fabep_moe_combine_send(fabep_moe_t *moe, const void *y,
 /* Receive half: out [n, ld_out] of combine_type (n of the matching
  * dispatch; out may be NULL when n == 0); each row the fp32 sum of its
  * partial rows; cb (optional) sees each finished row.  Frees the buffer
- * set for a later dispatch. */
+ * set for a later dispatch.  A NULL out or ld_out < hidden (with n > 0,
+ * after a send half that accepted its input) fails with -EINVAL on this
+ * rank alone, before anything is consumed: the combine stays pending, and
+ * the call may be repeated with valid arguments. */
 FABEP_API int fabep_moe_combine_recv(fabep_moe_t *moe, void *out, size_t ld_out,
 				     fabep_moe_row_fn cb, void *cb_ctx);
 /* Both halves.  Knowing out before it sends, it sums a token's partial

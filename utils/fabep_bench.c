@@ -86,8 +86,12 @@ static const struct tool_help bench_help[] = {
 	  "+ allreduce, every result checked; the default with --soak)" },
 	{ 'I', NULL,
 	  "timed iterations (kernels: default 11, the median is shown; write: 1000 "
-	  "windows below 64k, 100 below 1M, 10 from 1M)" },
-	{ 'w', NULL, "warm-up iterations (kernels: 2; write: a tenth of -I, 10 to 1000)" },
+	  "windows below 64k, 100 below 1M, 10 from 1M; dispatch, combine, moe: "
+	  "20; allreduce, arnorm: 200 below 1M of input, 50 below 16M, 20 from "
+	  "16M)" },
+	{ 'w', NULL, "warm-up iterations (kernels: 2; write: a tenth of -I, 10 to "
+		     "1000; dispatch, combine, moe: 3; allreduce, arnorm: a tenth of "
+		     "-I, at least 3)" },
 	{ 'T', NULL, "worker threads per rank (default: FABEP_THREADS, else fabep's "
 		     "choice); kernels run with 1 thread and with N" },
 	{ 'n', NULL, "fork N local ranks (default 2 for the parts that need ranks, "
@@ -100,15 +104,21 @@ static const struct tool_help bench_help[] = {
 	{ 'K', NULL, "kernels: run only this kernel, e.g. bf16_to_f32, "
 		     "fp8_quant_bf16_b128, rmsnorm_bf16_fp8, topk8_sum_bf16 "
 		     "(an unknown name lists them all; default: all)" },
-	{ 't', NULL, "dispatch, combine, moe: tokens per rank" },
-	{ 'H', NULL, "hidden size, elements per row (kernels: default 7168)" },
-	{ 'k', NULL, "dispatch, combine, moe: experts per token (top-k)" },
-	{ 'e', NULL, "dispatch, combine, moe: experts in all" },
+	{ 't', NULL, "dispatch, combine, moe: tokens per rank (default 128; "
+		     "soak: 64, the most a rank sends in a round)" },
+	{ 'H', NULL, "hidden size, elements per row (kernels, dispatch, combine, "
+		     "moe: default 7168; soak: 256)" },
+	{ 'k', NULL, "dispatch, combine, moe: experts per token (top-k), at most "
+		     "32 (default 8; soak: 3)" },
+	{ 'e', NULL, "dispatch, combine, moe: experts in all, a multiple of the "
+		     "ranks (default 256; soak: 4 per rank)" },
 	{ 'f', NULL, "data format: bf16, fp8 (quantized in dispatch), fp8pre "
 		     "(dispatch, combine, moe: FP8 the caller quantized) or fp32 "
 		     "(default: the part's)" },
 	{ TOOL_OPT_CHECK, NULL,
-	  "check results (write: the receiver compares the data after each size)" },
+	  "check results (write: the receiver compares the data after each size; "
+	  "dispatch, combine, moe: the combine outputs; allreduce, arnorm: one "
+	  "more call per shape against a reference in double)" },
 	{ TOOL_OPT_SOAK, NULL,
 	  "without -o (or with -o soak): run dispatch + combine + allreduce "
 	  "with fresh random routing every round for SECONDS, checking every "
@@ -154,7 +164,7 @@ static const struct tool_desc bench_desc = {
 		"phases split theirs over FABEP_CHANNELS (fabep(7)).\n"
 		"allreduce and arnorm compare with a raw write of the same bytes and with\n"
 		"the separate steps; -m: op, provider, signal, ranks, threads, dtype,\n"
-		"rows, cols, bytes, iters, path, median_us, ref_median_us, ratio.\n"
+		"rows, cols, bytes, iters, path, median_us, ref_median_us, ratio, check.\n"
 		"\n"
 		"--soak (-o soak) prints rounds, errors and each rank's VmRSS after the\n"
 		"warm-up (a tenth of the run, at least 20 rounds) and at the end; with -m\n"
