@@ -331,8 +331,9 @@ FABEP_API size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks)
  * give -FABEP_ERR_MISMATCH on every rank; a configuration out of range on
  * any rank, or a malformed FABEP_MOE_CHUNK, -EINVAL on every rank; a heap
  * without room -FABEP_ERR_HEAP_FULL (the message names the bytes needed);
- * host memory that runs out, -ENOMEM (see fabep_moe(3) for the cases
- * that fail on one rank alone).
+ * host memory that runs out or a NULL cfg or moe on any rank, -ENOMEM or
+ * -EINVAL on every rank (fabep_moe(3) names the two cases that fail on
+ * one rank alone).
  */
 FABEP_API int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
 			       fabep_moe_t **moe);

@@ -917,6 +917,9 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_moe_create(NULL, &cfg, &moe), -EINVAL);
 	EXPECT(fabep_moe_create(comm, NULL, &moe), -EINVAL);
 	EXPECT(fabep_moe_create(comm, &cfg, NULL), -EINVAL);
+	/* one rank's NULL configuration or output: every rank gets -EINVAL */
+	EXPECT(fabep_moe_create(comm, rank == 1 ? NULL : &cfg, &moe), -EINVAL);
+	EXPECT(fabep_moe_create(comm, &cfg, rank == 1 ? NULL : &moe), -EINVAL);
 	bad = cfg; bad.top_k = 0;
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
 	bad = cfg; bad.top_k = FABEP_MOE_MAX_TOPK + 1;

@@ -278,24 +278,45 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	struct fabep_moe *m;
 	struct ep_hello me, *all = NULL;
 	struct fep_hb_hello hb;
+	fabep_moe_config_t none;
 	fep_fabric_t *fab;
 	size_t need, S;
-	int r, ret, status;
+	int r, ret, status = 0;
 
-	if (!comm || !cfg || !out) {
-		fep_err("fabep_moe_create: NULL %s", !comm ? "communicator" :
-			!cfg ? "configuration" : "output pointer");
+	if (!comm) {
+		fep_err("fabep_moe_create: NULL communicator");
 		return -EINVAL;
 	}
 	fab = comm->fab;
+	/* Every local failure from here on still takes part in the exchange,
+	 * so that every rank returns the same code and none waits for it. */
+	all = calloc((size_t)comm->size, sizeof(*all));
 	m = calloc(1, sizeof(*m));
-	if (!m)
+	if (!all) {  /* nothing to exchange into: the peers' wait times out */
+		fep_err("fabep_moe_create: out of memory before the exchange");
+		free(m);
 		return -ENOMEM;
-	m->comm = comm;
-	m->rank = comm->rank;
-	status = ep_geometry(m, cfg, comm->size, 0);
-	if (!status)
-		status = ep_alloc_host(m);
+	}
+	if (!cfg || !out) {
+		fep_err("fabep_moe_create: NULL %s", !cfg ? "configuration" :
+			"output pointer");
+		status = -EINVAL;
+	}
+	if (!cfg) {
+		memset(&none, 0, sizeof(none));
+		cfg = &none;
+	}
+	if (!m) {
+		fep_err("fabep_moe_create: out of memory");
+		status = status ? status : -ENOMEM;
+	} else {
+		m->comm = comm;
+		m->rank = comm->rank;
+		if (!status)
+			status = ep_geometry(m, cfg, comm->size, 0);
+		if (!status)
+			status = ep_alloc_host(m);
+	}
 
 	/* every rank learns every rank's status and configuration */
 	memset(&me, 0, sizeof(me));
@@ -306,17 +327,12 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	me.num_experts = cfg->num_experts;
 	me.top_k = cfg->top_k;
 	me.max_tokens = cfg->max_tokens;
-	me.fp8_block = m->fp8 ? cfg->fp8_block : 0;
+	me.fp8_block = m && m->fp8 ? cfg->fp8_block : 0;
 	me.buffer_sets = cfg->buffer_sets ? cfg->buffer_sets : 2;
 	me.flags = (int32_t)cfg->flags;
 	me.hidden = cfg->hidden;
-	me.chunk_bytes = m->chunk_bytes;
+	me.chunk_bytes = m ? m->chunk_bytes : 0;
 	fep_hb_hello(fab, &me.hb);
-	all = calloc((size_t)comm->size, sizeof(*all));
-	if (!all) {
-		ret = -ENOMEM;
-		goto err;
-	}
 	ret = fep_comm_allgather(comm, &me, all, sizeof(me));
 	if (ret) {
 		fep_err("fabep_moe_create: exchanging configurations: %s",
@@ -385,7 +401,8 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	return 0;
 err:
 	free(all);
-	ep_free(m);
+	if (m)
+		ep_free(m);
 	return ret;
 }
 
