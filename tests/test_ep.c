@@ -8,7 +8,9 @@
  * combine must return.  The toy expert multiplies a row by 1 + (e % 4) / 4.
  * Rows are read through row_index / row_stride / scale_stride, so the same
  * checks cover the default (copied, row_index the identity, checked) and
- * the FABEP_MOE_ZERO_COPY result.
+ * the FABEP_MOE_ZERO_COPY result.  Combine's bf16 output may differ from
+ * the reference by one rounding per stage (check_out), and its row
+ * callback must see each token once, with its finished row of out.
  */
 #include "config.h"
 
@@ -26,7 +28,11 @@
 #include "harness.h"
 #include "ep/ep.h"
 
-enum { R_RANDOM, R_ONE, R_ZERO, R_NEG };
+/* R_CANCEL: top-k 3, each token's two large contributions cancel exactly
+ * (weights +-2^7 or +-2^8 on experts of one expert scale) and leave a
+ * small one; values chosen so that fp32 sums are exact in any order
+ * (see cancel_token) */
+enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL };
 enum { B_NONE, B_RANGE, B_TOO_MANY, B_NULL_X };
 
 struct params {
@@ -46,6 +52,7 @@ struct params {
 	int sendbuf;      /* tokens go through fabep_moe_send_buffer */
 	const char *channels; /* FABEP_CHANNELS */
 	int fused;        /* fused_round: fabep_moe_combine against the halves */
+	int noweights;    /* dispatch with topk_weights NULL (all 1) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -100,12 +107,111 @@ static double urand(uint64_t *s)
 	return (double)(fep_test_rand(s) >> 11) / 9007199254740992.0;
 }
 
+/* Token t's rows (and PREQUANT scales) of in. */
+static void gen_row(const struct params *p, struct input *in, size_t t,
+		    uint64_t *seed)
+{
+	size_t H = (size_t)p->hidden, h;
+	size_t nsc = p->block ? (H + (size_t)p->block - 1) / (size_t)p->block : 1;
+	fabep_moe_type_t xt = p->tt == FABEP_MOE_FP8 ? p->it : p->tt;
+
+	for (h = 0; h < nsc; h++)
+		in->xs[t * nsc + h] = (float)ldexp(1.0 + urand(seed), -(int)(fep_test_rand(seed) % 6));
+	for (h = 0; h < H; h++) {
+		float v = (float)(urand(seed) * 4.0 - 2.0);
+
+		if (p->routing == R_CANCEL) {
+			/* 8 significant bits, |v| in [1/4, 4): exact in bf16 */
+			uint64_t r = fep_test_rand(seed);
+
+			v = (float)ldexp(1.0 + (double)(r % 128) / 128.0,
+					 (int)((r >> 7) % 4) - 2);
+			if ((r >> 9) & 1)
+				v = -v;
+		}
+		if (p->tt == FABEP_MOE_FP8_PREQUANT) {
+			uint8_t q = (uint8_t)(fep_test_rand(seed) & 0xff);
+
+			if ((q & 0x7f) == 0x7f)
+				q = 0x3c;
+			((uint8_t *)in->x)[t * H + h] = q;
+			in->xf[t * H + h] = e4m3_dec(q) *
+				in->xs[t * nsc + (p->block ? h / (size_t)p->block : 0)];
+		} else if (xt == FABEP_MOE_BF16) {
+			uint16_t b = f_to_bf16(v);
+
+			((uint16_t *)in->x)[t * H + h] = b;
+			in->xf[t * H + h] = bf16_to_f(b);
+		} else {
+			((float *)in->x)[t * H + h] = v;
+			in->xf[t * H + h] = v;
+		}
+	}
+}
+
+/* R_CANCEL routing of token t (top-k 3, L = experts / size a multiple of
+ * 4 and at least 8): a small term s (weight +-1/2 or +-1) and two large
+ * ones, +A and -A (weights +-2^7 or +-2^8 and their negation, on two
+ * experts of the same expert scale), in a random order of the k slots,
+ * on one rank, on two (s apart), or on three.  Every partial sum an
+ * expert rank can form holds s alone, +-A alone, A - A or s + A - A, so
+ * each partial row is exact in bf16 and the token's sum is s.  The rows'
+ * values (gen_row) have 8 significant bits and exponents -2..1, so every
+ * term is a multiple of 2^-12 below 2^10, every sum of them one below
+ * 2^11, exact in fp32 (24 bits), in any order: a combine that accumulates in fp32 and rounds
+ * once per stage returns s exactly, one that rounds its running sum to
+ * bf16 loses s into +-A for most orders. */
+static void cancel_token(const struct params *p, int size, struct input *in,
+			 size_t t, uint64_t *seed)
+{
+	int L = p->experts / size, mode, ds, d1, d2, i, is, role[3] = { 0, 1, 2 };
+	int32_t e[3];
+	float w[3], wa;
+	size_t j;
+
+	if (p->topk != 3 || L < 8 || L % 4)
+		abort();  /* the test's parameters do not make the case */
+	mode = (int)(fep_test_rand(seed) % (uint64_t)(size >= 3 ? 3 : size));
+	ds = (int)(fep_test_rand(seed) % (uint64_t)size);
+	d1 = d2 = ds;
+	if (mode >= 1)
+		d1 = d2 = (ds + 1 + (int)(fep_test_rand(seed) % (uint64_t)(size - 1))) % size;
+	if (mode == 2)
+		do
+			d2 = (int)(fep_test_rand(seed) % (uint64_t)size);
+		while (d2 == ds || d2 == d1);
+	i = (int)(fep_test_rand(seed) % 4);
+	is = (i + 1 + (int)(fep_test_rand(seed) % 3)) % 4 + 4 * (int)(fep_test_rand(seed) % 2);
+	e[0] = ds * L + is;
+	e[1] = d1 * L + i;
+	e[2] = d2 * L + i + (d1 == d2 ? 4 : 0);
+	w[0] = fep_test_rand(seed) & 1 ? 0.5f : 1.0f;
+	if (fep_test_rand(seed) & 1)
+		w[0] = -w[0];
+	wa = fep_test_rand(seed) & 1 ? 128.0f : 256.0f;
+	if (fep_test_rand(seed) & 1)
+		wa = -wa;
+	w[1] = wa;
+	w[2] = -wa;
+	for (j = 2; j > 0; j--) {  /* the roles in a random order */
+		size_t o = (size_t)(fep_test_rand(seed) % (j + 1));
+		int r = role[j];
+
+		role[j] = role[o];
+		role[o] = r;
+	}
+	for (j = 0; j < 3; j++) {
+		in->ids[t * 3 + j] = e[role[j]];
+		in->w[t * 3 + j] = w[role[j]];
+	}
+}
+
 static void gen(const struct params *p, int size, int src, int round,
 		struct input *in)
 {
 	uint64_t seed = 0x1234567ull + (uint64_t)src * 1000003ull +
 			(uint64_t)round * 7919ull;
-	size_t H = (size_t)p->hidden, k = (size_t)p->topk, t, h, j;
+	size_t H = (size_t)p->hidden, k = (size_t)p->topk, t, j;
 	size_t nsc = p->block ? (H + (size_t)p->block - 1) / (size_t)p->block : 1;
 	fabep_moe_type_t xt = p->tt == FABEP_MOE_FP8 ? p->it : p->tt;
 	int hot;
@@ -123,7 +229,9 @@ static void gen(const struct params *p, int size, int src, int round,
 	in->xs = malloc((in->n + 1) * nsc * sizeof(float));
 	in->xf = malloc((in->n + 1) * H * sizeof(float));
 	for (t = 0; t < in->n; t++) {
-		for (j = 0; j < k; j++) {
+		if (p->routing == R_CANCEL)
+			cancel_token(p, size, in, t, &seed);
+		for (j = 0; j < k && p->routing != R_CANCEL; j++) {
 			int32_t e = (int32_t)(fep_test_rand(&seed) % (uint64_t)p->experts);
 
 			if (p->routing == R_ONE)
@@ -132,31 +240,25 @@ static void gen(const struct params *p, int size, int src, int round,
 				e = -1;
 			in->ids[t * k + j] = e;
 			in->w[t * k + j] = (float)(0.1 + urand(&seed));
+			if (p->noweights)
+				in->w[t * k + j] = 1.0f;  /* dispatch gets NULL */
 		}
-		for (h = 0; h < nsc; h++)
-			in->xs[t * nsc + h] = (float)ldexp(1.0 + urand(&seed), -(int)(fep_test_rand(&seed) % 6));
-		for (h = 0; h < H; h++) {
-			float v = (float)(urand(&seed) * 4.0 - 2.0);
-
-			if (p->tt == FABEP_MOE_FP8_PREQUANT) {
-				uint8_t q = (uint8_t)(fep_test_rand(&seed) & 0xff);
-
-				if ((q & 0x7f) == 0x7f)
-					q = 0x3c;
-				((uint8_t *)in->x)[t * H + h] = q;
-				in->xf[t * H + h] = e4m3_dec(q) *
-					in->xs[t * nsc + (p->block ? h / (size_t)p->block : 0)];
-			} else if (xt == FABEP_MOE_BF16) {
-				uint16_t b = f_to_bf16(v);
-
-				((uint16_t *)in->x)[t * H + h] = b;
-				in->xf[t * H + h] = bf16_to_f(b);
-			} else {
-				((float *)in->x)[t * H + h] = v;
-				in->xf[t * H + h] = v;
-			}
-		}
+		gen_row(p, in, t, &seed);
 	}
+}
+
+/* New rows for in's tokens (its routing kept), from another stream: what
+ * a backward dispatch with the previous routing sends. */
+static void gen_fresh_rows(const struct params *p, int src, int round,
+			   struct input *in)
+{
+	uint64_t seed = 0xbac4a2dull + (uint64_t)src * 1000003ull +
+			(uint64_t)round * 7919ull;
+	size_t t;
+
+	fep_test_rand(&seed);
+	for (t = 0; t < in->n; t++)
+		gen_row(p, in, t, &seed);
 }
 
 static void free_input(struct input *in)
@@ -322,42 +424,180 @@ static void *experts(const struct params *p, const fabep_moe_recv_t *rv)
 	return y;
 }
 
-static int check_out(const struct params *p, int rank, const struct input *in,
-		     const void *out, int weighted)
+/* The toy expert's output for value x of a token, as experts() makes it
+ * (FP8 tokens: unrounded, their received values are not known here). */
+static double expert_out(const struct params *p, float x, int e)
+{
+	float v = x * expert_scale(e);
+
+	if (p->ct == FABEP_MOE_BF16 && p->tt != FABEP_MOE_FP8)
+		return bf16_to_f(f_to_bf16(v));
+	return v;
+}
+
+/*
+ * Check combine's output against the reference, the sum over k of
+ * c_k * y_k (c_k = w_k, or 1 unweighted) with the experts' y as they
+ * were made.  The error allowed is what the documented arithmetic makes:
+ *   fp32 output: fp32 sums, 1e-5 of sum |terms|;
+ *   bf16 output: each expert rank d sums its terms in fp32 and rounds the
+ *     partial row P_d once to bf16; the source sums its at most
+ *     min(top_k, ranks) partial rows in fp32 and rounds once: at most
+ *     u * (sum_d |P_d| + |sum|) with u = 2^-8 (bf16's unit roundoff),
+ *     plus the fp32 sums' (k + 2) * 2^-23 of sum |terms|;
+ *   FP8 tokens: their quantization (fp8_bound) for each term, and for
+ *     bf16 output the expert's rounding of y (u of each term), which go
+ *     into the partials.
+ * A combine that rounds its running sum to bf16 exceeds this where terms
+ * of one partial cancel, or add one rounding per term; R_CANCEL makes
+ * every sum exact in fp32, and then the output must be exactly the sum.
+ */
+static int check_out(const struct params *p, int rank, int size,
+		     const struct input *in, const void *out, int weighted)
 {
 	size_t H = (size_t)p->hidden, k = (size_t)p->topk, t, h, j;
-	double rel = p->ct == FABEP_MOE_BF16 ? 4.0 / 256 : 1e-5;
+	int L = p->experts / size, pr[FABEP_MOE_MAX_TOPK];
+	double u = 1.0 / 256, ps[FABEP_MOE_MAX_TOPK];
 
 	for (t = 0; t < in->n; t++)
 		for (h = 0; h < H; h++) {
-			double want = 0, mag = 0, qerr = 0, v;
+			double want = 0, mag = 0, qerr = 0, psum = 0, tol, e1, slop, v;
+			int np = 0, q;
 
 			for (j = 0; j < k; j++) {
 				int32_t e = in->ids[t * k + j];
-				double c;
+				double c, term;
 
 				if (e < 0)
 					continue;
-				c = (weighted ? in->w[t * k + j] : 1.0) * expert_scale(e);
-				want += c * in->xf[t * H + h];
-				mag += fabs(c * in->xf[t * H + h]);
-				qerr += fabs(c) * fp8_bound(p, in->xf + t * H, h);
+				c = weighted ? in->w[t * k + j] : 1.0;
+				term = c * expert_out(p, in->xf[t * H + h], e);
+				for (q = 0; q < np && pr[q] != e / L; q++)
+					;
+				if (q == np) {
+					pr[np] = e / L;
+					ps[np++] = 0;
+				}
+				ps[q] += term;
+				want += term;
+				mag += fabs(term);
+				qerr += fabs(c) * expert_scale(e) *
+					fp8_bound(p, in->xf + t * H, h);
+			}
+			for (q = 0; q < np; q++)
+				psum += fabs(ps[q]);
+			slop = (double)(k + 2) * ldexp(1.0, -23) * mag;
+			if (p->routing == R_CANCEL && weighted)
+				tol = 0;
+			else if (p->ct == FABEP_MOE_FP32)
+				tol = qerr * 1.01 + 1e-5 * mag + 1e-6;
+			else {
+				e1 = qerr + (p->tt == FABEP_MOE_FP8 ? u * (mag + qerr) : 0);
+				tol = (e1 + u * (psum + fabs(want) + 2 * (e1 + slop))) * 1.01 +
+				      slop + 1e-6;
 			}
 			v = p->ct == FABEP_MOE_FP32 ? ((const float *)out)[t * H + h]
 			    : bf16_to_f(((const uint16_t *)out)[t * H + h]);
-			if (!(fabs(v - want) <= qerr * 1.01 + rel * mag + 1e-6)) {
-				fprintf(stderr, "rank %d: combine token %zu col %zu: %g, "
-					"want %g\n", rank, t, h, v, want);
+			if (!(fabs(v - want) <= tol)) {
+				fprintf(stderr, "rank %d: combine token %zu col %zu: %.9g, "
+					"want %.9g (tol %.3g: %d partial rows, sum of their "
+					"|values| %.9g, of the terms' %.9g)\n", rank, t, h, v,
+					want, tol, np, psum, mag);
 				return -1;
 			}
 		}
 	return 0;
 }
 
+/* What the row callback of one combine saw: each token at most once, a
+ * token below n, the row of out that belongs to it, and (copied at the
+ * call) its values, which must be the final ones. */
+struct rows_seen {
+	size_t n, row_bytes;
+	char *out;
+	unsigned char *seen;
+	char *snap;
+	long calls;
+	int bad;             /* the first fault: 1 token >= n, 2 twice, 3 row */
+	size_t bad_token;
+	void *bad_row;
+};
+
+static void rows_init(struct rows_seen *c, const struct params *p, size_t n,
+		      void *out)
+{
+	memset(c, 0, sizeof(*c));
+	c->n = n;
+	c->row_bytes = (size_t)p->hidden * (p->ct == FABEP_MOE_FP32 ? 4 : 2);
+	c->out = out;
+	c->seen = calloc(n + 1, 1);
+	c->snap = calloc(n + 1, c->row_bytes);
+}
+
+static void rows_fault(struct rows_seen *c, int why, size_t token, void *row)
+{
+	int none = 0;
+
+	if (__atomic_compare_exchange_n(&c->bad, &none, why, 0, __ATOMIC_RELAXED,
+					__ATOMIC_RELAXED)) {
+		c->bad_token = token;
+		c->bad_row = row;
+	}
+}
+
 static void count_row(void *ctx, size_t token, void *row)
 {
-	__atomic_add_fetch((long *)ctx + token % 1, 1, __ATOMIC_RELAXED);
-	(void)row;
+	struct rows_seen *c = ctx;
+
+	__atomic_add_fetch(&c->calls, 1, __ATOMIC_RELAXED);
+	if (token >= c->n) {
+		rows_fault(c, 1, token, row);
+		return;
+	}
+	if (__atomic_exchange_n(&c->seen[token], 1, __ATOMIC_RELAXED)) {
+		rows_fault(c, 2, token, row);
+		return;
+	}
+	if ((char *)row != c->out + token * c->row_bytes)  /* ld_out is hidden */
+		rows_fault(c, 3, token, row);
+	memcpy(c->snap + token * c->row_bytes, row, c->row_bytes);
+}
+
+/* After the combine: every token's row seen once, with its final values.
+ * Frees c's buffers.  0 or -1 (logged). */
+static int rows_check(struct rows_seen *c, int rank, int round)
+{
+	size_t t;
+	int rc = -1;
+
+	if (c->bad) {
+		fprintf(stderr, "rank %d round %d: the row callback got token %zu "
+			"row %p: %s (out %p, %zu tokens)\n", rank, round, c->bad_token,
+			c->bad_row, c->bad == 1 ? "not a token of the call" :
+			c->bad == 2 ? "a token seen twice" : "not the token's row of out",
+			(void *)c->out, c->n);
+		goto out;
+	}
+	if (c->calls != (long)c->n) {
+		fprintf(stderr, "rank %d round %d: the row callback saw %ld rows of "
+			"%zu\n", rank, round, c->calls, c->n);
+		goto out;
+	}
+	for (t = 0; t < c->n; t++)
+		if (memcmp(c->snap + t * c->row_bytes, c->out + t * c->row_bytes,
+			   c->row_bytes)) {
+			fprintf(stderr, "rank %d round %d: token %zu's row when the "
+				"callback saw it differs from the row in out\n", rank,
+				round, t);
+			goto out;
+		}
+	rc = 0;
+out:
+	free(c->seen);
+	free(c->snap);
+	c->seen = NULL;
+	c->snap = NULL;
+	return rc;
 }
 
 /* Some local work between the halves. */
@@ -468,35 +708,43 @@ static int send_input(const struct params *p, fabep_moe_t *moe, int rank,
 	return 0;
 }
 
-/* One full round: dispatch, check, experts, combine, check. */
+/* One full round: dispatch, check, experts, combine, check.  A backward
+ * round dispatches new rows with the previous round's routing (topk_ids
+ * NULL) and sums them back unweighted. */
 static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		      int size, int round, int backward)
 {
 	struct input *all = calloc((size_t)size, sizeof(*all));
 	fabep_moe_recv_t rv;
+	struct rows_seen rs;
 	void *y = NULL, *out = NULL;
-	long rows_seen = 0;
 	int s, ret, rc = 1, weighted = !backward;
 	struct input *me;
 	const void *sx;
 	const float *sxs;
+	const float *w;
 
-	for (s = 0; s < size; s++)
+	memset(&rs, 0, sizeof(rs));
+	for (s = 0; s < size; s++) {
 		gen(p, size, s, backward ? round - 1 : round, &all[s]);
+		if (backward)
+			gen_fresh_rows(p, s, round, &all[s]);
+	}
 	me = &all[rank];
+	w = p->noweights ? NULL : me->w;
 	if (send_input(p, moe, rank, me, &sx, &sxs))
 		goto out;
 	if (p->split) {
 		ret = fabep_moe_dispatch_send(moe, sx, sxs, me->n,
 					      backward ? NULL : me->ids,
-					      backward ? NULL : me->w);
+					      backward ? NULL : w);
 		busy_work(20000);
 		if (!ret)
 			ret = fabep_moe_dispatch_recv(moe, &rv);
 	} else {
 		ret = fabep_moe_dispatch(moe, sx, sxs, me->n,
 					 backward ? NULL : me->ids,
-					 backward ? NULL : me->w, &rv);
+					 backward ? NULL : w, &rv);
 	}
 	if (ret) {
 		fprintf(stderr, "rank %d round %d: dispatch: %s\n", rank, round,
@@ -507,29 +755,27 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		goto out;
 	y = experts(p, &rv);
 	out = malloc((me->n + 1) * (size_t)p->hidden * 4);
+	rows_init(&rs, p, me->n, out);
 	if (p->split) {
 		ret = fabep_moe_combine_send(moe, y, (size_t)p->hidden,
 					     weighted ? 0 : FABEP_MOE_UNWEIGHTED);
 		busy_work(20000);
 		if (!ret)
 			ret = fabep_moe_combine_recv(moe, out, (size_t)p->hidden,
-						     count_row, &rows_seen);
+						     count_row, &rs);
 	} else {
 		ret = fabep_moe_combine(moe, y, (size_t)p->hidden,
 					weighted ? 0 : FABEP_MOE_UNWEIGHTED, out,
-					(size_t)p->hidden, count_row, &rows_seen);
+					(size_t)p->hidden, count_row, &rs);
 	}
 	if (ret) {
 		fprintf(stderr, "rank %d round %d: combine: %s\n", rank, round,
 			fabep_strerror(ret));
 		goto out;
 	}
-	if (rows_seen != (long)me->n) {
-		fprintf(stderr, "rank %d: callback saw %ld rows of %zu\n", rank,
-			rows_seen, me->n);
+	if (rows_check(&rs, rank, round))
 		goto out;
-	}
-	if (check_out(p, rank, me, out, weighted))
+	if (check_out(p, rank, size, me, out, weighted))
 		goto out;
 	rc = 0;
 out:
@@ -538,6 +784,8 @@ out:
 	free(all);
 	free(y);
 	free(out);
+	free(rs.seen);
+	free(rs.snap);
 	return rc;
 }
 
@@ -598,7 +846,8 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 
 		if (send_input(p, moe, rank, me, &sx, &sxs))
 			goto out;
-		ret = fabep_moe_dispatch(moe, sx, sxs, me->n, me->ids, me->w, &rv[i]);
+		ret = fabep_moe_dispatch(moe, sx, sxs, me->n, me->ids,
+					 p->noweights ? NULL : me->w, &rv[i]);
 		if (ret) {
 			fprintf(stderr, "rank %d: outstanding dispatch %d: %s\n", rank,
 				i, fabep_strerror(ret));
@@ -631,7 +880,7 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 				i, fabep_strerror(ret));
 			goto out;
 		}
-		if (check_out(p, rank, &all[i][rank], out, 1))
+		if (check_out(p, rank, size, &all[i][rank], out, 1))
 			goto out;
 	}
 	rc = 0;
@@ -658,14 +907,17 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 	size_t H = (size_t)p->hidden, elt = p->ct == FABEP_MOE_FP32 ? 4 : 2;
 	fabep_moe_recv_t rv;
 	void *y = NULL, *y2 = NULL, *out = NULL, *out2 = NULL;
-	long rows_seen = 0, fused = -1;
+	struct rows_seen rs;
+	long fused = -1;
 	struct input *me;
 	int s, ret;
 
+	memset(&rs, 0, sizeof(rs));
 	for (s = 0; s < size; s++)
 		gen(p, size, s, round, &all[s]);
 	me = &all[rank];
-	ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n, me->ids, me->w, &rv);
+	ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n, me->ids,
+				 p->noweights ? NULL : me->w, &rv);
 	if (ret || check_recv(p, rank, size, all, &rv)) {
 		fprintf(stderr, "rank %d round %d: dispatch: %s\n", rank, round,
 			fabep_strerror(ret));
@@ -674,16 +926,16 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 	y = experts(p, &rv);
 	out = calloc(me->n + 1, H * elt);
 	out2 = calloc(me->n + 1, H * elt);
+	rows_init(&rs, p, me->n, out);
 	if (!rank)
 		usleep(20000);
-	ret = fabep_moe_combine(moe, y, H, 0, out, H, count_row, &rows_seen);
-	if (ret || rows_seen != (long)me->n) {
-		fprintf(stderr, "rank %d round %d: combine: %s, callback saw %ld "
-			"rows of %zu\n", rank, round, fabep_strerror(ret),
-			rows_seen, me->n);
+	ret = fabep_moe_combine(moe, y, H, 0, out, H, count_row, &rs);
+	if (ret) {
+		fprintf(stderr, "rank %d round %d: combine: %s\n", rank, round,
+			fabep_strerror(ret));
 		goto out;
 	}
-	if (check_out(p, rank, me, out, 1))
+	if (rows_check(&rs, rank, round) || check_out(p, rank, size, me, out, 1))
 		goto out;
 	fused = (long)moe->tm.c_fused;
 	/* the same call again (previous routing), combined by the halves */
@@ -712,6 +964,8 @@ out:
 	free(y2);
 	free(out);
 	free(out2);
+	free(rs.seen);
+	free(rs.snap);
 	return fused;
 }
 
@@ -876,6 +1130,36 @@ EP_TEST(zc_shm2_fp8_tok, "shm", 2, .rounds = 20, .tt = FABEP_MOE_FP8,
 EP_TEST(zc_shm2_outstanding, "shm", 2, .rounds = 12, .outstanding = 1, .zcopy = 1)
 EP_TEST(zc_tcp2_fp8, "tcp", 2, .rounds = 10, .tt = FABEP_MOE_FP8, .block = 128,
 	.hidden = 256, .split = 1, .zcopy = 1)
+/* combine's sums in fp32, rounded once per stage: terms that cancel
+ * exactly leave a small one, which must come back exact (R_CANCEL) */
+EP_TEST(cancel_shm3, "shm", 3, .rounds = 6, .hidden = 64, .topk = 3,
+	.experts = 24, .routing = R_CANCEL)
+EP_TEST(cancel_shm4_fp32_tok, "shm", 4, .rounds = 4, .hidden = 48, .topk = 3,
+	.experts = 32, .routing = R_CANCEL, .tt = FABEP_MOE_FP32, .split = 1,
+	.zcopy = 1, .chunk = "1000")
+/* topk_weights NULL (all 1) with top-k > 1; backward rounds send new rows */
+EP_TEST(shm3_noweights, "shm", 3, .rounds = 12, .topk = 4, .experts = 12,
+	.routing = R_NEG, .noweights = 1, .split = 1, .backward = 1)
+EP_TEST(shm2_noweights_top5, "shm", 2, .rounds = 9, .topk = 5, .noweights = 1,
+	.outstanding = 1)
+/* 5, 6 and 7 ranks, top-k 7 */
+EP_TEST(shm5_top7, "shm", 5, .rounds = 4, .hidden = 40, .topk = 7,
+	.experts = 10, .routing = R_NEG, .split = 1, .backward = 1)
+EP_TEST(shm6_top7_fp8, "shm", 6, .rounds = 3, .hidden = 200, .topk = 7,
+	.experts = 12, .max_tokens = 12, .tt = FABEP_MOE_FP8, .block = 128)
+EP_TEST(shm7_top7_fp32, "shm", 7, .rounds = 3, .hidden = 24, .topk = 7,
+	.experts = 21, .tt = FABEP_MOE_FP32, .ct = FABEP_MOE_FP32, .zcopy = 1)
+/* caller-quantized FP8 with one scale per token and per 128 values; bf16
+ * tokens with an fp32 combine and fp32 tokens with a bf16 one */
+EP_TEST(pre_shm2_token, "shm", 2, .rounds = 8, .tt = FABEP_MOE_FP8_PREQUANT,
+	.block = 0, .topk = 3, .split = 1, .backward = 1, .zcopy = 1)
+EP_TEST(pre_shm3_b128, "shm", 3, .rounds = 6, .tt = FABEP_MOE_FP8_PREQUANT,
+	.block = 128, .hidden = 300, .topk = 4, .experts = 12,
+	.ct = FABEP_MOE_FP32, .routing = R_NEG, .split = 1, .backward = 1)
+EP_TEST(shm2_bf16_fp32, "shm", 2, .rounds = 8, .ct = FABEP_MOE_FP32,
+	.topk = 4, .routing = R_NEG, .outstanding = 1)
+EP_TEST(shm3_fp32_bf16, "shm", 3, .rounds = 8, .tt = FABEP_MOE_FP32,
+	.topk = 5, .experts = 9, .split = 1, .backward = 1)
 /* errors */
 EP_TEST(bad_range, "shm", 3, .rounds = 3, .experts = 12, .bad = B_RANGE, .bad_rank = 1)
 EP_TEST(bad_too_many, "shm", 4, .rounds = 3, .bad = B_TOO_MANY, .bad_rank = 3)
@@ -1455,6 +1739,17 @@ static Suite *ep_suite(void)
 	tcase_add_test(tc, tcp2_fp8);
 	tcase_add_test(tc, tcp2_bad);
 	tcase_add_test(tc, sockets2_small);
+	tcase_add_test(tc, cancel_shm3);
+	tcase_add_test(tc, cancel_shm4_fp32_tok);
+	tcase_add_test(tc, shm3_noweights);
+	tcase_add_test(tc, shm2_noweights_top5);
+	tcase_add_test(tc, shm5_top7);
+	tcase_add_test(tc, shm6_top7_fp8);
+	tcase_add_test(tc, shm7_top7_fp32);
+	tcase_add_test(tc, pre_shm2_token);
+	tcase_add_test(tc, pre_shm3_b128);
+	tcase_add_test(tc, shm2_bf16_fp32);
+	tcase_add_test(tc, shm3_fp32_bf16);
 	suite_add_tcase(s, tc);
 	/* the run schedule alone (no ranks) */
 	tc = tcase_create("chunks");
