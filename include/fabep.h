@@ -21,6 +21,8 @@
  *   - Calls marked "collective" must be made by every rank of the
  *     communicator, in the same order.
  *   - A communicator is used by one thread at a time.
+ *   - Every struct the caller allocates and passes in opens with
+ *     `size_t size`, see "Extensible structs" below.
  */
 #ifndef FABEP_H
 #define FABEP_H
@@ -39,7 +41,7 @@ extern "C" {
 #endif
 
 #define FABEP_VERSION_MAJOR 0
-#define FABEP_VERSION_MINOR 1
+#define FABEP_VERSION_MINOR 2
 #define FABEP_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ */
@@ -67,6 +69,33 @@ FABEP_API const char *fabep_strerror(int err);
 FABEP_API const char *fabep_version(void);
 
 /* ------------------------------------------------------------------ */
+/* Extensible structs                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Every struct the caller allocates and passes to the library
+ * (fabep_comm_attr_t, fabep_moe_config_t, fabep_rmsnorm_params_t,
+ * fabep_moe_recv_t, fabep_moe_timing_t, fabep_provider_desc_t) opens with
+ * `size_t size`: sizeof the struct as the caller compiled it.  Later
+ * versions only append fields, so the library can tell an older or newer
+ * caller's layout from it (the rule of Linux's copy_struct_from_user):
+ *   - the *_init() functions set it; for an output struct the caller sets
+ *     `.size = sizeof(x)` before the call (zero the struct first when it
+ *     may have fields this library does not know: they are left alone);
+ *   - size 0, smaller than the first extensible layout (fabep 0.2's), or
+ *     larger than FABEP_STRUCT_SIZE_MAX: -EINVAL, logged naming the
+ *     struct; nothing is read or written past the size field;
+ *   - an input larger than the library knows is accepted only if every
+ *     byte past the fields it knows is zero, else -E2BIG (the caller
+ *     asked for something this library cannot do); a field it knows that
+ *     a smaller (older) input lacks counts as 0, which is always its
+ *     default;
+ *   - an output is written only up to min(size, what the library knows);
+ *     its size field is left as the caller set it.
+ */
+#define FABEP_STRUCT_SIZE_MAX 4096
+
+/* ------------------------------------------------------------------ */
 /* Communicator                                                       */
 /* ------------------------------------------------------------------ */
 
@@ -91,6 +120,7 @@ typedef enum {
 } fabep_signal_t;
 
 typedef struct fabep_comm_attr {
+	size_t size;      /* sizeof(fabep_comm_attr_t): fabep_comm_attr_init */
 	/* Bootstrap.  With allgather == NULL the communicator is made from the
 	 * environment: FABEP_RANK, FABEP_WORLD_SIZE, FABEP_ROOT (host:port of
 	 * rank 0's rendezvous), else OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE,
@@ -98,7 +128,7 @@ typedef struct fabep_comm_attr {
 	fabep_allgather_fn allgather;
 	void *allgather_ctx;
 	int rank;         /* with allgather: this rank */
-	int size;         /* with allgather: number of ranks */
+	int nranks;       /* with allgather: number of ranks */
 
 	/* Fabric.  NULL / 0 / AUTO means "from the environment, else chosen". */
 	const char *provider;   /* FABEP_PROVIDER, e.g. "shm", "tcp", "sockets", "verbs" */
@@ -113,10 +143,14 @@ typedef struct fabep_comm_attr {
 	int numa_node;
 } fabep_comm_attr_t;
 
-/* Fill attr with defaults (everything from the environment). */
+/* Fill attr with defaults (everything from the environment) and set
+ * attr->size. */
 FABEP_API void fabep_comm_attr_init(fabep_comm_attr_t *attr);
 
-/* Create a communicator.  Collective.  attr may be NULL (all defaults). */
+/* Create a communicator.  Collective.  attr may be NULL (all defaults).
+ * An attr refused on one rank (its size, a field out of range) fails
+ * there before any exchange, as a bootstrap error does: the other ranks
+ * wait for it until their timeout. */
 FABEP_API int fabep_comm_create(const fabep_comm_attr_t *attr,
 				fabep_comm_t **comm);
 /* Destroy it.  Collective when every rank is alive; returns after a
@@ -139,6 +173,7 @@ FABEP_API int fabep_signal_parse(const char *name, fabep_signal_t *sig);
  * FI_ATOMIC where offered, FI_EP_RDM, FI_AV_TABLE).
  */
 typedef struct fabep_provider_desc {
+	size_t size;             /* the caller sets it: see fabep_provider_list */
 	char provider[64];       /* e.g. "shm", "tcp;ofi_rxm", "sockets" */
 	char fabric[64];
 	char domain[64];
@@ -163,7 +198,10 @@ typedef struct fabep_provider_desc {
 /*
  * List the providers fabep can use (FI_RMA, FI_EP_RDM), at most `max`,
  * with `provider` (NULL = all) as a filter.  *count gets the number
- * written.  Opens no endpoint.
+ * written.  Opens no endpoint.  With max > 0 the caller sets descs[0].size
+ * to sizeof(fabep_provider_desc_t): it is the size of every element (the
+ * array's stride); entry i is written up to that size, its size field
+ * included (set to descs[0].size).
  */
 FABEP_API int fabep_provider_list(const char *provider,
 				  fabep_provider_desc_t *descs, int max,
@@ -294,6 +332,7 @@ typedef enum {
 #define FABEP_MOE_MAX_TOPK 32
 
 typedef struct fabep_moe_config {
+	size_t size;       /* sizeof(fabep_moe_config_t): fabep_moe_config_init */
 	int num_experts;   /* E, a multiple of the number of ranks */
 	int top_k;         /* 1 .. FABEP_MOE_MAX_TOPK */
 	size_t hidden;     /* values per token row */
@@ -317,12 +356,13 @@ typedef struct fabep_moe_config {
 
 typedef struct fabep_moe fabep_moe_t;
 
-/* Defaults: bf16 tokens and combine, 2 buffer sets; the sizes are 0 and
- * must be set. */
+/* Defaults: bf16 tokens and combine, 2 buffer sets, cfg->size set; the
+ * sizes are 0 and must be set. */
 FABEP_API void fabep_moe_config_init(fabep_moe_config_t *cfg);
 
 /* Symmetric-heap bytes a handle with this configuration takes on a
- * communicator of `nranks` ranks (0 if the configuration is invalid).
+ * communicator of `nranks` ranks (0 if the configuration is invalid;
+ * a bad cfg->size is logged).
  * Add it to fabep_comm_attr_t.heap_size (or FABEP_HEAP_SIZE). */
 FABEP_API size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks);
 
@@ -333,7 +373,8 @@ FABEP_API size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks)
  * without room -FABEP_ERR_HEAP_FULL (the message names the bytes needed);
  * host memory that runs out or a NULL cfg or moe on any rank, -ENOMEM or
  * -EINVAL on every rank (fabep_moe(3) names the two cases that fail on
- * one rank alone).
+ * one rank alone).  A cfg->size refused on one rank (-EINVAL, or -E2BIG
+ * for unknown nonzero fields) gives that code on every rank.
  */
 FABEP_API int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
 			       fabep_moe_t **moe);
@@ -357,9 +398,11 @@ FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
  * FABEP_MOE_ZERO_COPY nothing is copied: x and scales point into the
  * receive slots (a row received once for several local experts appears
  * once per expert in row_index, with the same slot row), and they stay
- * valid until this dispatch's combine (send half) begins.
+ * valid until this dispatch's combine (send half) begins.  The caller
+ * sets out->size = sizeof(fabep_moe_recv_t) before the call.
  */
 typedef struct fabep_moe_recv {
+	size_t size;                 /* the caller's sizeof(fabep_moe_recv_t) */
 	size_t rows;                 /* rows received */
 	int local_experts;           /* E / size */
 	int first_expert;            /* global id of local expert 0 */
@@ -408,9 +451,9 @@ FABEP_API int fabep_moe_dispatch_send(fabep_moe_t *moe, const void *x,
 FABEP_API int fabep_moe_send_buffer(fabep_moe_t *moe, void **x, size_t *stride,
 				    float **scales, size_t *scale_stride);
 /* Receive half: wait for every peer's run, build *out.  Output written
- * only on success.  A NULL out fails with -EINVAL on this rank alone,
- * before anything is consumed: the dispatch stays pending, and the call
- * may be repeated with a valid out. */
+ * only on success.  A NULL out or a bad out->size fails with -EINVAL on
+ * this rank alone, before anything is consumed: the dispatch stays
+ * pending, and the call may be repeated with a valid out. */
 FABEP_API int fabep_moe_dispatch_recv(fabep_moe_t *moe, fabep_moe_recv_t *out);
 /* Both halves. */
 FABEP_API int fabep_moe_dispatch(fabep_moe_t *moe, const void *x,
@@ -463,8 +506,10 @@ FABEP_API int fabep_moe_combine(fabep_moe_t *moe, const void *y, size_t ld_y,
  *     reduce did not already sum there).
  * put + wait is the wire time; wire_bytes what this rank wrote to other
  * ranks (headers included).  Not collective; NULL arguments give -EINVAL.
+ * The caller sets out->size = sizeof(fabep_moe_timing_t) before the call.
  */
 typedef struct fabep_moe_timing {
+	size_t size;     /* the caller's sizeof(fabep_moe_timing_t) */
 	uint64_t dispatch_pack_ns, dispatch_put_ns, dispatch_wait_ns,
 		 dispatch_build_ns;
 	uint64_t combine_reduce_ns, combine_put_ns, combine_wait_ns,
@@ -544,8 +589,11 @@ FABEP_API size_t fabep_allreduce_onestage_max(const fabep_allreduce_t *ar);
 FABEP_API int fabep_allreduce(fabep_allreduce_t *ar, const void *in,
 			      void *out, size_t rows, size_t cols);
 
-/* Parameters of the RMSNorm calls. */
+/* Parameters of the RMSNorm calls.  A p->size refused on one rank
+ * (-EINVAL, or -E2BIG for unknown nonzero fields) gives that code on
+ * every rank, as any bad argument does. */
 typedef struct fabep_rmsnorm_params {
+	size_t size;          /* sizeof(fabep_rmsnorm_params_t): fabep_rmsnorm_params_init */
 	const void *gamma;    /* cols values of the handle's dtype */
 	float eps;            /* e.g. 1e-6 */
 	float weight_offset;  /* 0, or 1 for (1 + gamma) models */
@@ -555,6 +603,10 @@ typedef struct fabep_rmsnorm_params {
 	 * (rounded to the dtype), the value that was normalized. */
 	void *residual;
 } fabep_rmsnorm_params_t;
+
+/* Zero p and set p->size (eps, weight_offset, scale_ub and residual 0,
+ * gamma NULL: the caller sets gamma, and eps as its model needs). */
+FABEP_API void fabep_rmsnorm_params_init(fabep_rmsnorm_params_t *p);
 
 /*
  * Allreduce, then RMSNorm, then FP8 e4m3fn: out[rows, cols] bytes and

@@ -206,7 +206,7 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	fill(res0, dt, n, seed * 64 + 62, -1.0, 1.0);
 	memcpy(res, res0, n * es);
 	in = ins[rank];
-	memset(&p, 0, sizeof(p));
+	fabep_rmsnorm_params_init(&p);
 	p.gamma = gamma;
 	p.eps = (float)eps;
 	p.weight_offset = c->woff;
@@ -487,7 +487,8 @@ static int err_rank(int rank, int size, void *arg)
 	uint16_t in[64 * 8], out[64 * 8], gamma[8];
 	uint8_t q[64 * 8];
 	float sc[64];
-	fabep_rmsnorm_params_t p = { .gamma = gamma, .eps = 1e-5f };
+	fabep_rmsnorm_params_t p = { .size = sizeof(p), .gamma = gamma,
+				    .eps = 1e-5f };
 	int ret, i;
 
 	unsetenv("FABEP_AR_ONESTAGE_MAX");

@@ -715,7 +715,7 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		      int size, int round, int backward)
 {
 	struct input *all = calloc((size_t)size, sizeof(*all));
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	struct rows_seen rs;
 	void *y = NULL, *out = NULL;
 	int s, ret, rc = 1, weighted = !backward;
@@ -794,7 +794,7 @@ static int bad_round(const struct params *p, fabep_moe_t *moe, int rank,
 		     int size, int round)
 {
 	struct input in;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	int ret, want;
 	size_t n;
 	const void *x;
@@ -832,7 +832,8 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 			      int rank, int size, int round)
 {
 	struct input all[2][8];
-	fabep_moe_recv_t rv[2], extra;
+	fabep_moe_recv_t rv[2] = { { .size = sizeof(rv[0]) }, { .size = sizeof(rv[1]) } };
+	fabep_moe_recv_t extra = { .size = sizeof(extra) };
 	void *y[2] = { NULL, NULL }, *out = NULL;
 	int s, i, ret, rc = 1;
 
@@ -905,7 +906,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 {
 	struct input *all = calloc((size_t)size, sizeof(*all));
 	size_t H = (size_t)p->hidden, elt = p->ct == FABEP_MOE_FP32 ? 4 : 2;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	void *y = NULL, *y2 = NULL, *out = NULL, *out2 = NULL;
 	struct rows_seen rs;
 	long fused = -1;
@@ -1354,7 +1355,7 @@ static int drain_rank(int rank, int size, void *arg)
 	fabep_moe_config_t cfg;
 	fabep_comm_t *comm = NULL;
 	fabep_moe_t *moe = NULL;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	uint16_t *x = NULL, *y = NULL, *out = NULL;
 	int32_t *ids = NULL;
 	size_t t, h;
@@ -1515,7 +1516,7 @@ static int reuse_rank(int rank, int size, void *arg)
 	fabep_comm_attr_t a;
 	fabep_comm_t *comm = NULL;
 	fabep_moe_t *moe = NULL, *small = NULL;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	struct input in;
 	char path[96];
 	size_t na;
@@ -1666,7 +1667,7 @@ END_TEST
 START_TEST(bad_flags)
 {
 	fabep_moe_config_t c;
-	fabep_moe_timing_t t;
+	fabep_moe_timing_t t = { .size = sizeof(t) };
 
 	fabep_moe_config_init(&c);
 	c.num_experts = 4;

@@ -42,6 +42,7 @@
 
 #include "fabep.h"
 #include "harness.h"
+#include "util/util.h"
 
 /* With --enable-sanitizers, survivors check for leaks after they freed
  * everything (the ranks leave with _exit, which skips LeakSanitizer's own
@@ -352,7 +353,7 @@ static int fault_rank(int rank, int size, void *arg)
 	int during = fc->fault == F_KILL_DURING || fc->fault == F_STOP;
 	struct capture cap;
 	struct world wd;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	int round, op = 0, ret = 0, rc = 0;
 	int64_t t_call = 0, tf;
 	char *log;
@@ -773,7 +774,7 @@ static int good_moe_round(fabep_moe_t *moe, int rank, int size)
 	float w[E_TOKENS * E_TOPK];
 	uint16_t x[E_TOKENS * E_HIDDEN], out[E_TOKENS * E_HIDDEN];
 	static uint16_t y[E_TOKENS * E_TOPK * NRANKS * E_HIDDEN];
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	int i, ret;
 
 	for (i = 0; i < E_TOKENS * E_TOPK; i++) {
@@ -820,7 +821,7 @@ static int args_rank(int rank, int size, void *arg)
 	fabep_moe_config_t cfg, bad;
 	fabep_moe_t *moe = NULL, *m2 = (fabep_moe_t *)&cfg;
 	fabep_allreduce_t *ar = NULL, *a2 = (fabep_allreduce_t *)&cfg;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	fabep_rmsnorm_params_t p;
 	fabep_provider_desc_t desc[2];
 	fabep_signal_t sig;
@@ -1016,7 +1017,7 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_allreduce(ar, in, out, A_ROWS - rank, A_COLS), -FABEP_ERR_MISMATCH);
 	EXPECT(fabep_allreduce(ar, rank == 1 ? NULL : in, out, A_ROWS, A_COLS), -EINVAL);
 	EXPECT(good_ar(ar, size), 0);
-	memset(&p, 0, sizeof(p));
+	fabep_rmsnorm_params_init(&p);
 	p.gamma = gamma;
 	p.eps = 1e-6f;
 	p.scale_ub = 1000.0f;
@@ -1061,6 +1062,293 @@ static void run_args(const char *prov)
 
 START_TEST(args_shm) { run_args("shm"); } END_TEST
 START_TEST(args_tcp) { run_args("tcp"); } END_TEST
+
+/* ---- the size field of caller-allocated structs (fabep.h) ---- */
+
+/* A caller's struct of `size` bytes: the library's layout `src` (known
+ * bytes), then `tail` bytes past it (a later version's fields). */
+#define ABI_MAX 2048
+union abi_buf {
+	size_t size;
+	max_align_t align_;
+	unsigned char b[ABI_MAX];
+};
+
+static void *abi_make(union abi_buf *u, const void *src, size_t known,
+		      size_t size, unsigned char tail)
+{
+	memset(u->b, tail, sizeof(u->b));
+	memcpy(u->b, src, FEP_MIN(known, size));
+	u->size = size;
+	return u->b;
+}
+
+/* No byte of u at or past `from` differs from c. */
+static int abi_untouched(const union abi_buf *u, size_t from, unsigned char c)
+{
+	size_t i;
+
+	for (i = from; i < sizeof(u->b); i++)
+		if (u->b[i] != c)
+			return 0;
+	return 1;
+}
+
+/* Calls that need no communicator, on rank 0's side of the test. */
+static int abi_local(int rank)
+{
+	fabep_comm_attr_t a;
+	fabep_moe_config_t cfg;
+	fabep_rmsnorm_params_t p;
+	fabep_provider_desc_t d[2], ref[2];
+	fabep_comm_t *comm = NULL;
+	union abi_buf u, v;
+	size_t bytes;
+	int n = 0, m = 0;
+
+	/* the init functions set the size, and only what they document */
+	memset(&a, 0x5a, sizeof(a));
+	fabep_comm_attr_init(&a);
+	EXPECT(a.size, sizeof(a));
+	EXPECT(a.nranks, -1);
+	memset(&cfg, 0x5a, sizeof(cfg));
+	fabep_moe_config_init(&cfg);
+	EXPECT(cfg.size, sizeof(cfg));
+	memset(&p, 0x5a, sizeof(p));
+	fabep_rmsnorm_params_init(&p);
+	EXPECT(p.size, sizeof(p));
+	EXPECT(p.gamma == NULL && p.residual == NULL && p.eps == 0.0f, 1);
+	fabep_rmsnorm_params_init(NULL);
+
+	/* an input refused by its size: 0, an older smaller layout, garbage,
+	 * and unknown nonzero fields; before anything else is looked at */
+	fabep_comm_attr_init(&a);
+	a.size = 0;
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	a.size = FEP_COMM_ATTR_SIZE0 - sizeof(int);
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	a.size = FABEP_STRUCT_SIZE_MAX + 1;
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	fabep_comm_attr_init(&a);
+	EXPECT(fabep_comm_create(abi_make(&u, &a, sizeof(a), sizeof(a) + 8, 0x01),
+				 &comm), -E2BIG);
+	EXPECT(comm == NULL, 1);
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = E_EXPERTS;
+	cfg.top_k = E_TOPK;
+	cfg.hidden = E_HIDDEN;
+	cfg.max_tokens = E_TOKENS;
+	bytes = fabep_moe_heap_bytes(&cfg, 2);
+	EXPECT(bytes > 0, 1);
+	EXPECT(fabep_moe_heap_bytes(abi_make(&u, &cfg, sizeof(cfg), sizeof(cfg) + 24,
+					     0), 2), bytes);
+	EXPECT(fabep_moe_heap_bytes(abi_make(&u, &cfg, sizeof(cfg), sizeof(cfg) + 24,
+					     0x80), 2), 0);
+	EXPECT(fabep_moe_heap_bytes(abi_make(&u, &cfg, sizeof(cfg),
+					     FEP_MOE_CONFIG_SIZE0 - 4, 0), 2), 0);
+	EXPECT(fabep_moe_heap_bytes(abi_make(&u, &cfg, sizeof(cfg), 0, 0), 2), 0);
+
+	/* outputs: descs[0].size is the element size */
+	d[0].size = sizeof(d[0]);
+	EXPECT(fabep_provider_list("shm", d, 0, &n), 0);
+	EXPECT(n, 0);
+	memset(ref, 0, sizeof(ref));
+	ref[0].size = sizeof(ref[0]);
+	EXPECT(fabep_provider_list(NULL, ref, 2, &n), 0);
+	EXPECT(n >= 1 && ref[0].size == sizeof(ref[0]), 1);
+	EXPECT(n < 2 || ref[1].size == sizeof(ref[1]), 1);
+	memset(d, 0, sizeof(d));
+	EXPECT(fabep_provider_list(NULL, d, 2, &m), -EINVAL);
+	d[0].size = FEP_PROVIDER_DESC_SIZE0 - 8;
+	EXPECT(fabep_provider_list(NULL, d, 2, &m), -EINVAL);
+	d[0].size = FABEP_STRUCT_SIZE_MAX * 2;
+	EXPECT(fabep_provider_list(NULL, d, 2, &m), -EINVAL);
+	EXPECT(m, 0);
+	/* a later caller's larger elements: each written up to what the
+	 * library knows, its size field set, the rest left alone */
+	{
+		size_t es = sizeof(d[0]) + 40;
+		unsigned char *e;
+		int i;
+
+		EXPECT(2 * es <= sizeof(u.b), 1);
+		memset(u.b, 0xee, sizeof(u.b));
+		u.size = es;
+		EXPECT(fabep_provider_list(NULL, (fabep_provider_desc_t *)u.b, 2, &m), 0);
+		EXPECT(m, n);
+		for (i = 0; i < m; i++) {
+			size_t j;
+
+			e = u.b + (size_t)i * es;
+			memcpy(&v.size, e, sizeof(size_t));
+			EXPECT(v.size, es);
+			EXPECT(memcmp(e + sizeof(size_t), (char *)&ref[i] + sizeof(size_t),
+				      sizeof(ref[i]) - sizeof(size_t)), 0);
+			for (j = sizeof(d[0]); j < es; j++)
+				EXPECT(e[j], 0xee);
+		}
+		EXPECT(abi_untouched(&u, (size_t)m * es, 0xee), 1);
+	}
+
+	/* the rule for a struct that has grown since an older caller's
+	 * layout (min < known): an input's missing fields read as 0, an
+	 * output is written up to the caller's size only */
+	{
+		unsigned char src[64], dst[64];
+		size_t sz = 24, i;
+
+		memset(u.b, 0x11, sizeof(u.b));
+		u.size = sz;
+		memset(dst, 0x77, sizeof(dst));
+		EXPECT(fep_struct_in("test", "t", dst, 40, 16, u.b), 0);
+		for (i = 0; i < 40; i++)
+			EXPECT(dst[i], i < sizeof(size_t) ? u.b[i] : i < sz ? 0x11 : 0);
+		EXPECT(dst[40], 0x77);
+		u.size = 8;
+		EXPECT(fep_struct_in("test", "t", dst, 40, 16, u.b), -EINVAL);
+		memset(src, 0x22, sizeof(src));
+		memset(u.b, 0x33, sizeof(u.b));
+		u.size = sz;
+		fep_struct_out(u.b, sz, src, 40);
+		EXPECT(u.size, sz);
+		for (i = sizeof(size_t); i < sz; i++)
+			EXPECT(u.b[i], 0x22);
+		EXPECT(abi_untouched(&u, sz, 0x33), 1);
+	}
+	(void)rank;
+	return 0;
+}
+
+/* Collective calls: a struct refused on one rank gives its code on every
+ * rank, and the handle still works. */
+static int abi_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_config_t cfg;
+	fabep_moe_t *moe = NULL;
+	fabep_allreduce_t *ar = NULL;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) }, ref;
+	fabep_moe_timing_t tm = { .size = sizeof(tm) };
+	fabep_rmsnorm_params_t p;
+	union abi_buf u;
+	int32_t ids[E_TOKENS * E_TOPK];
+	float in[A_ROWS * A_COLS], out[A_ROWS * A_COLS], gamma[A_COLS];
+	uint16_t x[E_TOKENS * E_HIDDEN];
+	int i, ret;
+
+	(void)arg;
+	if ((ret = abi_local(rank)))
+		return ret;
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = E_EXPERTS;
+	cfg.top_k = E_TOPK;
+	cfg.hidden = E_HIDDEN;
+	cfg.max_tokens = E_TOKENS;
+
+	/* a later caller's attr with zero tail is accepted */
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 10000;
+	a.heap_size = 2 * fabep_moe_heap_bytes(&cfg, size) +
+		      fabep_allreduce_heap_bytes(A_ROWS, A_COLS, FABEP_AR_F32, size) +
+		      (1u << 20);
+	EXPECT(fabep_comm_create(abi_make(&u, &a, sizeof(a), sizeof(a) + 64, 0),
+				 &comm), 0);
+
+	/* moe_create: one rank's bad size, every rank its code */
+	EXPECT(fabep_moe_create(comm, rank == 1 ? abi_make(&u, &cfg, sizeof(cfg), 0, 0) :
+				(void *)&cfg, &moe), -EINVAL);
+	EXPECT(fabep_moe_create(comm, rank == 1 ? abi_make(&u, &cfg, sizeof(cfg),
+							   FEP_MOE_CONFIG_SIZE0 - 8, 0) :
+				(void *)&cfg, &moe), -EINVAL);
+	EXPECT(fabep_moe_create(comm, rank == 1 ? abi_make(&u, &cfg, sizeof(cfg),
+							   sizeof(cfg) + 8, 0x02) :
+				(void *)&cfg, &moe), -E2BIG);
+	EXPECT(moe == NULL, 1);
+	EXPECT(fabep_moe_create(comm, abi_make(&u, &cfg, sizeof(cfg), sizeof(cfg) + 8, 0),
+				&moe), 0);
+
+	/* dispatch's output: a bad size on one rank */
+	for (i = 0; i < E_TOKENS * E_TOPK; i++)
+		ids[i] = (int32_t)(i % E_EXPERTS);
+	memset(x, 0, sizeof(x));
+	rv.size = rank == 1 ? 0 : sizeof(rv);
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -EINVAL);
+	EXPECT(good_moe_round(moe, rank, size), 0);
+	/* dispatch_recv: refused on this rank alone, the dispatch pending */
+	EXPECT(fabep_moe_dispatch_send(moe, x, NULL, 2, ids, NULL), 0);
+	rv.size = FEP_MOE_RECV_SIZE0 - 8;
+	EXPECT(fabep_moe_dispatch_recv(moe, &rv), -EINVAL);
+	rv.size = FABEP_STRUCT_SIZE_MAX + 8;
+	EXPECT(fabep_moe_dispatch_recv(moe, &rv), -EINVAL);
+	/* a larger one: written up to what the library knows */
+	memset(u.b, 0xcd, sizeof(u.b));
+	u.size = sizeof(rv) + 32;
+	EXPECT(fabep_moe_dispatch_recv(moe, (fabep_moe_recv_t *)u.b), 0);
+	memcpy(&ref, u.b, sizeof(ref));
+	EXPECT(ref.size, sizeof(rv) + 32);
+	EXPECT(ref.rows > 0 && ref.row_offsets != NULL && ref.x != NULL, 1);
+	EXPECT(ref.local_experts, E_EXPERTS / size);
+	EXPECT(abi_untouched(&u, sizeof(rv), 0xcd), 1);
+	EXPECT(fabep_moe_combine(moe, ref.x, E_HIDDEN, 0, x, E_HIDDEN, NULL, NULL), 0);
+
+	/* timing: local */
+	tm.size = 0;
+	EXPECT(fabep_moe_timing(moe, &tm), -EINVAL);
+	tm.size = sizeof(tm) - 8;
+	EXPECT(fabep_moe_timing(moe, &tm), -EINVAL);
+	tm.size = sizeof(tm);
+	EXPECT(fabep_moe_timing(moe, &tm), 0);
+	memset(u.b, 0xcd, sizeof(u.b));
+	u.size = sizeof(tm) + 16;
+	EXPECT(fabep_moe_timing(moe, (fabep_moe_timing_t *)u.b), 0);
+	EXPECT(memcmp(u.b + sizeof(size_t), (char *)&tm + sizeof(size_t),
+		      sizeof(tm) - sizeof(size_t)), 0);
+	EXPECT(u.size, sizeof(tm) + 16);
+	EXPECT(abi_untouched(&u, sizeof(tm), 0xcd), 1);
+	EXPECT(good_moe_round(moe, rank, size), 0);
+
+	/* allreduce + RMSNorm: one rank's bad size, every rank its code */
+	EXPECT(fabep_allreduce_create(comm, A_ROWS, A_COLS, FABEP_AR_F32, &ar), 0);
+	for (i = 0; i < A_ROWS * A_COLS; i++)
+		in[i] = (float)(i % 7) - 3.0f;
+	for (i = 0; i < A_COLS; i++)
+		gamma[i] = 1.0f;
+	fabep_rmsnorm_params_init(&p);
+	p.gamma = gamma;
+	p.eps = 1e-6f;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS,
+				       rank == 1 ? abi_make(&u, &p, sizeof(p), 0, 0) :
+				       (void *)&p, out), -EINVAL);
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS,
+				       rank == 0 ? abi_make(&u, &p, sizeof(p),
+							    FEP_RMSNORM_PARAMS_SIZE0 - 8, 0) :
+				       (void *)&p, out), -EINVAL);
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS,
+				       rank == 1 ? abi_make(&u, &p, sizeof(p),
+							    sizeof(p) + 8, 0x03) :
+				       (void *)&p, out), -E2BIG);
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS,
+				       abi_make(&u, &p, sizeof(p), sizeof(p) + 8, 0),
+				       out), 0);
+	EXPECT(good_ar(ar, size), 0);
+
+	EXPECT(fabep_allreduce_destroy(ar), 0);
+	EXPECT(fabep_moe_destroy(moe), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+START_TEST(abi_shm)
+{
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	setenv("FABEP_LOG", "error", 1);
+	ck_assert_int_eq(fep_test_run_ranks(2, 60, abi_rank, NULL), 0);
+}
+END_TEST
 
 /* FEP_FAULTS_ONLY=substring runs only the tests whose names contain it. */
 #define ADD(tc, t)                                                     \
@@ -1121,6 +1409,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 90);
 	ADD(tc, args_shm);
 	ADD(tc, args_tcp);
+	ADD(tc, abi_shm);
 	suite_add_tcase(s, tc);
 	return s;
 }

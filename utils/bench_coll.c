@@ -318,7 +318,7 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		else
 			((float *)b.gamma)[i] = b.gamma32[i];
 	}
-	memset(&p, 0, sizeof(p));
+	fabep_rmsnorm_params_init(&p);
 	p.gamma = b.gamma;
 	p.eps = 1e-6f;
 

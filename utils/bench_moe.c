@@ -385,7 +385,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	int do_d = strcmp(o->op, "combine") != 0, do_c = strcmp(o->op, "dispatch") != 0;
 	fabep_moe_config_t cfg;
 	fabep_moe_t *moe = NULL;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	long iters = o->iters > 0 ? o->iters : 20;
 	long warmup = o->warmup >= 0 ? o->warmup : 3, it, citers;
 	size_t n, H, k, t, j, h, elt, rec, maxrun = 0, *dbytes = NULL;
@@ -405,7 +405,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	char *evict = NULL;
 	size_t evsz = 0;
 	struct ref_mode lrm = { 0 };  /* the live reference's buffers */
-	fabep_moe_timing_t tm;
+	fabep_moe_timing_t tm = { .size = sizeof(tm) };
 	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0, fbytes = 0;
 	char *mbuf = NULL;
 	int32_t *ids = NULL;

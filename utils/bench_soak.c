@@ -284,7 +284,7 @@ int bench_soak(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	struct soak S;
 	fabep_moe_t *moe = NULL;
 	fabep_allreduce_t *ar = NULL, *ctl = NULL;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	float *cin = NULL, *cout = NULL;
 	size_t es, nctl, i;
 	uint64_t round = 0, t_start, t_end, t_warm, errors_all = 0;

@@ -145,7 +145,7 @@ static int rank_main(const struct demo *d, int result_fd)
 	fabep_comm_t *comm = NULL;
 	fabep_moe_config_t cfg;
 	fabep_moe_t *moe = NULL;
-	fabep_moe_recv_t rv;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	struct input *all;
 	uint64_t *td, *tc;
 	double bytes_d = 0, bytes_c = 0;

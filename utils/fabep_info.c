@@ -132,6 +132,7 @@ int main(int argc, char **argv)
 
 	tool_parse(&info_desc, argc, argv, &o);
 
+	descs[0].size = sizeof(descs[0]);  /* the element size */
 	ret = fabep_provider_list(o.provider, descs, MAX_DESCS, &count);
 	if (ret) {
 		fprintf(stderr, "%s: fabep_provider_list: %s\n", tool_name,

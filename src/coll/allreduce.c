@@ -544,11 +544,15 @@ static const char *fep_ar_op_name(int op)
 	}
 }
 
+/* Check the arguments; the caller's parameters are copied into *pin by
+ * their size (fabep.h, "Extensible structs"). */
 static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
 			size_t rows, size_t cols, const fabep_rmsnorm_params_t *p,
-			const void *out, const float *scales)
+			const void *out, const float *scales,
+			fabep_rmsnorm_params_t *pin)
 {
 	const char *name = fep_ar_op_name(op);
+	int ret;
 
 	if (cols == 0 || cols > h->max_cols || rows > h->max_rows) {
 		fep_err("%s: %zu x %zu is outside the handle's 1..%zu cols, "
@@ -556,8 +560,17 @@ static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
 		return -EINVAL;
 	}
 	if (op != FEP_AR_SUM) {
-		if (!p || !p->gamma) {
-			fep_err("%s: NULL %s", name, p ? "gamma" : "parameters");
+		if (!p) {
+			fep_err("%s: NULL parameters", name);
+			return -EINVAL;
+		}
+		ret = fep_struct_in(name, "fabep_rmsnorm_params_t", pin,
+				    sizeof(*pin), FEP_RMSNORM_PARAMS_SIZE0, p);
+		if (ret)
+			return ret;
+		p = pin;
+		if (!p->gamma) {
+			fep_err("%s: NULL gamma", name);
 			return -EINVAL;
 		}
 		if (!(p->eps >= 0.0f) || p->eps > 1e30f) {
@@ -641,6 +654,7 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 	struct fep_ar_hdr hdr;
 	struct fep_ar_copy cp;
 	struct fep_ar_job job;
+	fabep_rmsnorm_params_t pin;
 	size_t es, rb, q = 0, my0 = 0, myn = 0, i;
 	uint8_t *st, *slots;
 	const float *gamma = NULL;
@@ -662,7 +676,9 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 	P = comm->size;
 	me = comm->rank;
 	es = h->lay.esize;
-	status = fep_ar_check(h, op, in, rows, cols, p, out, scales);
+	status = fep_ar_check(h, op, in, rows, cols, p, out, scales, &pin);
+	if (!status && op != FEP_AR_SUM)
+		p = &pin;
 	res = !status && op != FEP_AR_SUM && p->residual && rows;
 	rb = cols * es;
 	one = status || !h->lay.two_stage || rows * rb <= h->os_max;
@@ -846,6 +862,14 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 	cp.scales = scales;
 	cp.residual = res ? p->residual : NULL;
 	return fep_pool_for(comm->pool, rows, 1, fep_ar_gather_rows, &cp);
+}
+
+FEP_EXPORT void fabep_rmsnorm_params_init(fabep_rmsnorm_params_t *p)
+{
+	if (!p)
+		return;
+	memset(p, 0, sizeof(*p));
+	p->size = sizeof(*p);
 }
 
 FEP_EXPORT int fabep_allreduce(fabep_allreduce_t *ar, const void *in,

@@ -48,8 +48,9 @@ FEP_EXPORT void fabep_comm_attr_init(fabep_comm_attr_t *attr)
 	if (!attr)
 		return;
 	memset(attr, 0, sizeof(*attr));
+	attr->size = sizeof(*attr);
 	attr->rank = -1;
-	attr->size = -1;
+	attr->nranks = -1;
 	attr->numa_node = -1;
 }
 
@@ -198,12 +199,12 @@ static int fep_comm_boot(const fabep_comm_attr_t *a, fabep_comm_t *comm)
 	int ret;
 
 	if (a->allgather) {
-		if (a->size < 1 || a->rank < 0 || a->rank >= a->size) {
-			fep_err("with an allgather callback, rank (%d) and size (%d) "
-				"must satisfy 0 <= rank < size", a->rank, a->size);
+		if (a->nranks < 1 || a->rank < 0 || a->rank >= a->nranks) {
+			fep_err("with an allgather callback, rank (%d) and nranks (%d) "
+				"must satisfy 0 <= rank < nranks", a->rank, a->nranks);
 			return -EINVAL;
 		}
-		return fep_boot_callback_create(a->rank, a->size, a->allgather,
+		return fep_boot_callback_create(a->rank, a->nranks, a->allgather,
 						a->allgather_ctx, a->timeout_ms,
 						&comm->boot);
 	}
@@ -639,7 +640,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	struct fep_hello hello, *hellos = NULL;
 	struct fep_fab_params fp;
 	struct fep_fab_blob blob, *blobs = NULL;
-	int ret, status, channels = 0;
+	int ret = 0, status, channels = 0;
 	long v;
 
 	if (!out) {
@@ -647,10 +648,12 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		return -EINVAL;
 	}
 	if (attr)
-		a = *attr;
+		ret = fep_struct_in("fabep_comm_create", "fabep_comm_attr_t", &a,
+				    sizeof(a), FEP_COMM_ATTR_SIZE0, attr);
 	else
 		fabep_comm_attr_init(&a);
-	ret = fep_attr_from_env(&a);
+	if (!ret)
+		ret = fep_attr_from_env(&a);
 	if (ret)
 		return ret;
 	ret = fep_env_long("FABEP_CHANNELS", 1, FEP_MAX_CHANNELS, &v);

@@ -921,7 +921,10 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	s->state = FEP_EP_RECEIVED;
 	if (out) {
 		const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
+		fabep_moe_recv_t r, *user = out;
 
+		/* built here, written up to the caller's size (checked) */
+		out = &r;
 		memset(out, 0, sizeof(*out));
 		out->rows = s->rows;
 		out->local_experts = m->L;
@@ -945,16 +948,24 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		out->expert_counts = s->counts;
 		out->src_info = s->src_info;
 		out->weights = s->weights;
+		fep_struct_out(user, user->size, out, sizeof(*out));
 	}
 	return 0;
 }
 
 FEP_EXPORT int fabep_moe_dispatch_recv(fabep_moe_t *m, fabep_moe_recv_t *out)
 {
+	size_t size;
+	int ret;
+
 	if (!m || !out) {
 		fep_err("fabep_moe_dispatch_recv: NULL %s", !m ? "handle" : "output");
 		return -EINVAL;
 	}
+	ret = fep_struct_out_size("fabep_moe_dispatch_recv", "fabep_moe_recv_t",
+				  out, FEP_MOE_RECV_SIZE0, &size);
+	if (ret)
+		return ret;
 	return dispatch_recv(m, out);
 }
 
@@ -963,6 +974,7 @@ FEP_EXPORT int fabep_moe_dispatch(fabep_moe_t *m, const void *x,
 				  const int32_t *topk_ids, const float *topk_weights,
 				  fabep_moe_recv_t *out)
 {
+	size_t size;
 	int ret, status = 0;
 
 	if (!m) {
@@ -972,6 +984,9 @@ FEP_EXPORT int fabep_moe_dispatch(fabep_moe_t *m, const void *x,
 	if (!out) {
 		fep_err("fabep_moe_dispatch: NULL output");
 		status = -EINVAL;
+	} else {
+		status = fep_struct_out_size("fabep_moe_dispatch", "fabep_moe_recv_t",
+					     out, FEP_MOE_RECV_SIZE0, &size);
 	}
 	ret = dispatch_send(m, x, scales, n, topk_ids, topk_weights, status);
 	if (ret && (!m->pending_recv ||

@@ -16,6 +16,7 @@ FEP_EXPORT void fabep_moe_config_init(fabep_moe_config_t *cfg)
 	if (!cfg)
 		return;
 	memset(cfg, 0, sizeof(*cfg));
+	cfg->size = sizeof(*cfg);
 	cfg->token_type = FABEP_MOE_BF16;
 	cfg->input_type = FABEP_MOE_BF16;
 	cfg->combine_type = FABEP_MOE_BF16;
@@ -148,11 +149,13 @@ static size_t ep_heap_need(const struct fabep_moe *m)
 FEP_EXPORT size_t fabep_moe_heap_bytes(const fabep_moe_config_t *cfg, int nranks)
 {
 	struct fabep_moe m;
+	fabep_moe_config_t c;
 
-	if (!cfg)
+	if (!cfg || fep_struct_in("fabep_moe_heap_bytes", "fabep_moe_config_t",
+				  &c, sizeof(c), FEP_MOE_CONFIG_SIZE0, cfg))
 		return 0;
 	memset(&m, 0, sizeof(m));
-	if (ep_geometry(&m, cfg, nranks, 1))
+	if (ep_geometry(&m, &c, nranks, 1))
 		return 0;
 	return ep_heap_need(&m);
 }
@@ -278,7 +281,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	struct fabep_moe *m;
 	struct ep_hello me, *all = NULL;
 	struct fep_hb_hello hb;
-	fabep_moe_config_t none;
+	fabep_moe_config_t c;
 	fep_fabric_t *fab;
 	size_t need, S;
 	int r, ret, status = 0;
@@ -302,10 +305,14 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 			"output pointer");
 		status = -EINVAL;
 	}
-	if (!cfg) {
-		memset(&none, 0, sizeof(none));
-		cfg = &none;
-	}
+	/* the caller's layout, checked and copied (a refused one takes part
+	 * in the exchange as zeros) */
+	if (cfg && !status)
+		status = fep_struct_in("fabep_moe_create", "fabep_moe_config_t",
+				       &c, sizeof(c), FEP_MOE_CONFIG_SIZE0, cfg);
+	if (!cfg || status)
+		memset(&c, 0, sizeof(c));
+	cfg = &c;
 	if (!m) {
 		fep_err("fabep_moe_create: out of memory");
 		status = status ? status : -ENOMEM;
@@ -703,20 +710,29 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 
 FEP_EXPORT int fabep_moe_timing(const fabep_moe_t *m, fabep_moe_timing_t *out)
 {
+	fabep_moe_timing_t t;
+	size_t size;
+	int ret;
+
 	if (!m || !out) {
 		fep_err("fabep_moe_timing: NULL %s", !m ? "handle" : "output");
 		return -EINVAL;
 	}
-	memset(out, 0, sizeof(*out));
-	out->dispatch_pack_ns = m->tm.d_pack;
-	out->dispatch_put_ns = m->tm.d_put;
-	out->dispatch_wait_ns = m->tm.d_wait;
-	out->dispatch_build_ns = m->tm.d_build;
-	out->combine_reduce_ns = m->tm.c_reduce;
-	out->combine_put_ns = m->tm.c_put;
-	out->combine_wait_ns = m->tm.c_wait;
-	out->combine_sum_ns = m->tm.c_sum;
-	out->dispatch_wire_bytes = m->tm.d_bytes;
-	out->combine_wire_bytes = m->tm.c_bytes;
+	ret = fep_struct_out_size("fabep_moe_timing", "fabep_moe_timing_t", out,
+				  FEP_MOE_TIMING_SIZE0, &size);
+	if (ret)
+		return ret;
+	memset(&t, 0, sizeof(t));
+	t.dispatch_pack_ns = m->tm.d_pack;
+	t.dispatch_put_ns = m->tm.d_put;
+	t.dispatch_wait_ns = m->tm.d_wait;
+	t.dispatch_build_ns = m->tm.d_build;
+	t.combine_reduce_ns = m->tm.c_reduce;
+	t.combine_put_ns = m->tm.c_put;
+	t.combine_wait_ns = m->tm.c_wait;
+	t.combine_sum_ns = m->tm.c_sum;
+	t.dispatch_wire_bytes = m->tm.d_bytes;
+	t.combine_wire_bytes = m->tm.c_bytes;
+	fep_struct_out(out, size, &t, sizeof(t));
 	return 0;
 }

@@ -214,6 +214,7 @@ int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d)
 	int s;
 
 	memset(d, 0, sizeof(*d));
+	d->size = sizeof(*d);
 	snprintf(d->provider, sizeof(d->provider), "%s",
 		 info->fabric_attr->prov_name);
 	snprintf(d->fabric, sizeof(d->fabric), "%s",
@@ -260,11 +261,21 @@ FEP_EXPORT int fabep_provider_list(const char *provider,
 				   int *count)
 {
 	struct fi_info *list = NULL, *it;
-	int n = 0, ret;
+	fabep_provider_desc_t *d = NULL;
+	size_t stride = 0, len = 0;
+	int n = 0, i, ret;
 
 	if (!count || max < 0 || (max > 0 && !descs)) {
 		fep_err("fabep_provider_list: NULL count or descs, or max < 0");
 		return -EINVAL;
+	}
+	/* descs[0].size is the caller's element size, the array's stride */
+	if (max > 0) {
+		ret = fep_struct_out_size("fabep_provider_list",
+					  "fabep_provider_desc_t", descs,
+					  FEP_PROVIDER_DESC_SIZE0, &stride);
+		if (ret)
+			return ret;
 	}
 	ret = fep_getinfo(provider, NULL, NULL, 0, &list);
 	if (ret == -FI_ENODATA) {
@@ -275,21 +286,35 @@ FEP_EXPORT int fabep_provider_list(const char *provider,
 		fep_err("fi_getinfo: %s", fi_strerror(-ret));
 		return ret;
 	}
+	for (it = list; it; it = it->next)
+		len++;
+	/* described here, written to the caller's array on success */
+	if (max > 0 && !(d = calloc(FEP_MIN(len, (size_t)max), sizeof(*d)))) {
+		fi_freeinfo(list);
+		return -ENOMEM;
+	}
 	for (it = list; it && n < max; it = it->next) {
 		int j, dup = 0;
 
 		/* one row per provider + domain + address format */
 		for (j = 0; j < n; j++)
-			if (!strcmp(descs[j].provider, it->fabric_attr->prov_name) &&
-			    !strcmp(descs[j].fabric, it->fabric_attr->name) &&
-			    !strcmp(descs[j].domain, it->domain_attr->name))
+			if (!strcmp(d[j].provider, it->fabric_attr->prov_name) &&
+			    !strcmp(d[j].fabric, it->fabric_attr->name) &&
+			    !strcmp(d[j].domain, it->domain_attr->name))
 				dup = 1;
 		if (dup)
 			continue;
-		fep_fabric_describe(it, &descs[n]);
+		fep_fabric_describe(it, &d[n]);
 		n++;
 	}
 	fi_freeinfo(list);
+	for (i = 0; i < n; i++) {
+		char *e = (char *)descs + (size_t)i * stride;
+
+		fep_struct_out(e, stride, &d[i], sizeof(d[i]));
+		memcpy(e, &stride, sizeof(stride));
+	}
+	free(d);
 	*count = n;
 	return 0;
 }

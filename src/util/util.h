@@ -58,6 +58,36 @@ int fep_parse_long(const char *s, long min, long max, long *out);
 /* "host:port" (IPv4, IPv6 in [brackets], or a name). */
 int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port);
 
+/* ---- caller-allocated structs (fabep.h, "Extensible structs") ---- */
+/* The size of a layout of `type` that ends with member m: its end,
+ * rounded up to the alignment of the struct (as sizeof is). */
+#define FEP_SIZEOF_TO(type, m)                                               \
+	FEP_ALIGN_UP(offsetof(type, m) + sizeof(((type *)0)->m), _Alignof(type))
+/* The first extensible layouts (fabep 0.2): the smallest size accepted,
+ * sizeof each struct in 0.2.  Fields appended later start at or after
+ * these ends (never in 0.2's tail padding, which callers need not zero)
+ * and raise no struct's alignment. */
+#define FEP_COMM_ATTR_SIZE0 FEP_SIZEOF_TO(fabep_comm_attr_t, numa_node)
+#define FEP_MOE_CONFIG_SIZE0 FEP_SIZEOF_TO(fabep_moe_config_t, flags)
+#define FEP_RMSNORM_PARAMS_SIZE0 FEP_SIZEOF_TO(fabep_rmsnorm_params_t, residual)
+#define FEP_MOE_RECV_SIZE0 FEP_SIZEOF_TO(fabep_moe_recv_t, scale_stride)
+#define FEP_MOE_TIMING_SIZE0 FEP_SIZEOF_TO(fabep_moe_timing_t, combine_wire_bytes)
+#define FEP_PROVIDER_DESC_SIZE0 FEP_SIZEOF_TO(fabep_provider_desc_t, numa_node)
+
+/* Copy the caller's input struct src (of type name `type`, checked for
+ * function fn) into dst, `known` bytes: its size checked against `min`,
+ * bytes past `known` required zero, fields past its size zeroed.  0,
+ * -EINVAL or -E2BIG, logged. */
+int fep_struct_in(const char *fn, const char *type, void *dst, size_t known,
+		  size_t min, const void *src);
+/* Check the size field of the caller's output struct dst; *size gets it.
+ * 0 or -EINVAL, logged. */
+int fep_struct_out_size(const char *fn, const char *type, const void *dst,
+			size_t min, size_t *size);
+/* Write src (`known` bytes) to dst up to min(size, known), leaving
+ * dst's size field alone. */
+void fep_struct_out(void *dst, size_t size, const void *src, size_t known);
+
 /* ---- time ---- */
 static inline uint64_t fep_now_ns(void)
 {
