@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # Build the libFuzzer targets (fuzz/fuzz_*.c) with clang, straight from the
 # sources: no configure, and nothing of the automake build is touched.
 #

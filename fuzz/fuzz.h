@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz.h - what the libFuzzer targets in fuzz/ share: a reader over the
  * input bytes, quiet logging, and a check that turns a broken invariant

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_boot_msg.c - the TCP rendezvous messages (src/bootstrap/tcp.c):
  * the byte stream a peer sends, fed through a socket pair to the real

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_coll_hdrs.c - the slot headers peers write in an allreduce
  * (src/coll/allreduce.c: struct fep_ar_hdr: call number, rows, cols,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_comm_hello.c - what every rank sends at communicator creation
  * (struct fep_hello: host, provider, domain, signal, heap size, pid and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_env.c - everything fabep reads from the environment: the value
  * parsers of src/util/env.c (fep_parse_long, fep_parse_size,

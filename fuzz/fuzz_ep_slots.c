@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_ep_slots.c - what peers write into a rank's MoE receive slots
  * (src/ep): the dispatch slot headers and token records (sequence, magic,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_tool_opts.c - the tools' command line (utils/common.c): tool_parse
  * with every option and with a tool's subset, the size lists, and the

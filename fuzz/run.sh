@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # Build the fuzz targets and run each for a bounded time; fail on a crash.
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]   (default 60 s each, every fuzz_*.c)

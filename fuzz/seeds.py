@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """Write the seed corpora in fuzz/corpus/<target>/seed-* (valid inputs the
 fuzzer mutates).  Run again after a message or struct layout changes;
 crash reproducers (crash-*) in the same folders are kept as they are."""

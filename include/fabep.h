@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fabep.h - Mixture-of-Experts communication over libfabric RMA.
  *

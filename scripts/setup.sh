@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # Install what fabep needs (Debian/Ubuntu), then configure and build it in
 # the source tree.  Safe to run again: installs only what is missing and
 # rebuilds only what changed.  Extra arguments go to ./configure.

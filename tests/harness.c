@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * harness.c - multi-rank tests: ranks are forked children that bootstrap
  * through the TCP rendezvous on 127.0.0.1; a run that outlives its time

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * harness.h - helpers for multi-rank tests: ranks are forked processes
  * that bootstrap through the TCP rendezvous on 127.0.0.1.

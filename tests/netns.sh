@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # netns.sh - several "hosts" on one machine: 3 network namespaces (each
 # with its own hostname, through unshare --uts) joined by veth pairs to a
 # bridge that lives in a fourth namespace, with private addresses

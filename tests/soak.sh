@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # soak.sh - a short soak: fabep_bench --soak runs dispatch + combine +
 # allreduce with fresh random routing every round on 2 forked ranks,
 # checking every result; its -m line must report errors 0 and a resident

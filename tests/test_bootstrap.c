@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_bootstrap.c - environment parsing, the option parsers of util, the
  * TCP rendezvous (forked ranks on 127.0.0.1) and the callback bootstrap.

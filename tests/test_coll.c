@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_coll.c - allreduce, allreduce + RMSNorm and allreduce + RMSNorm +
  * FP8 with forked ranks on shm, tcp and sockets.

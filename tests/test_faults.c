@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_faults.c - what survivors see when a rank dies or stalls, bad
  * rendezvous peers, and bad arguments to every public call.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_fuzz_regress.c - replays the corpus of one fuzz target
  * (fuzz/corpus/<target>/: its seeds, and the input of every crash the

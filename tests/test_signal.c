@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_signal.c - the communicator and put + signal, with forked ranks on
  * shm, tcp and sockets, for every signal strategy each provider supports.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # tools.sh - the command-line tools: fabep_info, fabep_pingpong on shm with
 # -m output, fabep_bench, fabep_demo, and bad command lines (exit 2).  Runs from the build
 # directory; exit 77 = skip (no shm provider).

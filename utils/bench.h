@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bench.h - what fabep_bench's parts share: options and result rows.
  * fabep_bench.c parses the options (utils/common.c) and calls the part

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bench_coll.c - fabep_bench -o allreduce | arnorm: latency of the
  * allreduce calls, on every rank of a communicator (rank 0 prints).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bench_kernels.c - fabep_bench -o kernels: time each local compute kernel
  * on rows totalling -B bytes of input (default 64 MiB, well beyond the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bench_moe.c - fabep_bench -o dispatch|combine|moe: latency and rate of
  * expert-parallel dispatch and combine, next to the raw fabep_put rate for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bench_soak.c - fabep_bench --soak SECONDS (-o soak): dispatch, combine
  * and allreduce over and over with fresh random routing and data every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * common.c - option parsing, size lists, result printing and rank running
  * shared by fabep_pingpong, fabep_info and fabep_bench.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * common.h - what the fabep tools share: one option parser (a flag means
  * the same in every tool), size lists, the results printer (fabtests'

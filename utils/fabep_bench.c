@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fabep_bench - benchmarks of fabep's parts, one per -o:
  *

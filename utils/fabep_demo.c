@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fabep_demo - a small MoE layer over fabep: N local ranks (forked, shm
  * by default), random tokens and routing, a toy expert per rank, every

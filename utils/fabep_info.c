@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fabep_info - what fabep sees in each libfabric provider it can use:
  * memory registration mode, ordering, fence, delivery complete, atomics,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fabep_pingpong - latency and bandwidth of fabep's one-sided layer
  * between two ranks, in the look of fabtests' fi_rma_pingpong / fi_rma_bw.

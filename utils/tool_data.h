@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * tool_data.h - the test data helpers the tools share (header only, so
  * tools that do not link common.c can use them): a xorshift64* generator

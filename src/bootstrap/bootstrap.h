@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bootstrap.h - out-of-band exchange used once at start-up (and for
  * collective error agreement at creation): allgather and barrier between

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * callback.c - bootstrap over an allgather the caller supplies (servers
  * with their own control plane).  Barrier = allgather of one byte.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * env.c - where this process sits in the world, from the environment:
  * FABEP_RANK / FABEP_WORLD_SIZE / FABEP_ROOT first, else what mpirun

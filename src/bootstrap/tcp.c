@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * tcp.c - the TCP rendezvous: rank 0 listens on FABEP_ROOT, every other
  * rank connects to it, and collectives go through rank 0 (a star:

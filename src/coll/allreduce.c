@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * allreduce.c - allreduce, and allreduce + RMSNorm (+ FP8), over the
  * symmetric heap (DESIGN.md, mechanism 8).

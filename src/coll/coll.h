@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * coll.h - collectives on top of the communicator: the allreduce handle
  * (allreduce.c).  Internal (not installed).  Layer: coll, using core,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * comm.c - the communicator: configuration from attributes and the
  * environment, bootstrap, fabric and heap, the warm-up exchange, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * comm.h - the communicator: ties bootstrap, fabric, heap and the kernel
  * thread pool together.  What ep/ and coll/ build on.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * ep.h - expert parallelism: the MoE handle shared by layout.c (creation,
  * heap layout, routing), dispatch.c and combine.c.  Internal.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * layout.c - the MoE handle: configuration checks and agreement, the heap
  * layout of its slots and counters, per-set output buffers, and the

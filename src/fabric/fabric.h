@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fabric.h - the libfabric layer: provider choice, endpoint, AV, CQs,
  * progress (fabric.c); the symmetric heap and keys (mr.c); put + signal

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * mr.c - the symmetric heap: one region of the same size on every rank,
  * registered once for FI_REMOTE_WRITE, holding every remotely written

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * bf16.c - bf16 <-> fp32 conversion: round to nearest even, NaN kept NaN,
  * subnormals kept.  Scalar reference, AVX2 and AVX-512 versions.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * cpu.c - CPU feature detection and the kernel dispatch table, filled
  * once (pthread_once) from the CPU's features and FABEP_ISA.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fp8.c - FP8 e4m3fn (OCP) quantization of rows with one fp32 scale per
  * row or per block, and dequantization to bf16/fp32.  The rules (scale,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * kernels.h - the local compute around every transfer: bf16 <-> fp32,
  * FP8 e4m3 quantization, RMSNorm, weighted top-k sums, n-way sums, row

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * permute.c - row gather and scatter by index list (the permutes of
  * dispatch and combine).  Large calls stream their output with

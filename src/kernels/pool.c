@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * pool.c - the worker pool of a communicator: threads pinned to the CPUs
  * of one NUMA node (libnuma), work split by rows, the caller taking part

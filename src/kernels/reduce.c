@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * reduce.c - the weighted top-k sum of the combine (rows read through an
  * index list) and the n-way sum of the allreduce (fixed order, bitwise

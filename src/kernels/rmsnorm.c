@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * rmsnorm.c - RMSNorm of rows, x / sqrt(mean(x^2) + eps) * (gamma +
  * weight_offset), with optional residual add and output in fp32, bf16 or

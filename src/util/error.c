@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /* error.c - fabep_strerror, fabep_version. */
 #include "config.h"
 

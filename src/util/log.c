@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /* log.c - leveled logging to stderr, level from FABEP_LOG. */
 #include "config.h"
 

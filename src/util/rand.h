@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * rand.h - the xorshift64* generator the tests and tools make their
  * deterministic data with (header only; not used by the library).

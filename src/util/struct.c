@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * struct.c - the size rule of the structs a caller allocates (fabep.h,
  * "Extensible structs"): each opens with size_t size, inputs are copied

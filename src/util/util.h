@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * util.h - logging, environment parsing, errors, time.  The bottom layer:
  * uses nothing else of fabep.
