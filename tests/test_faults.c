@@ -15,7 +15,7 @@
  * is resumed (SIGCONT) once the survivors are done and must itself fail
  * cleanly.  Each case prints one table row ("FAULTROW | ...") to stderr:
  * fault, operation, provider, the error, and the milliseconds from the
- * fault to the error (collected into notes/faults.md).
+ * fault to the error (grep FAULTROW in the test's log).
  *
  * "During" is between the send and receive halves for dispatch and
  * combine; for allreduce (no halves) the victim's input pages are
@@ -63,7 +63,7 @@ const char *__lsan_default_suppressions(void)
 #endif
 
 #define TIMEOUT_MS 1000
-/* slack over the timeout for a loaded 2-core machine */
+/* slack over the timeout when ranks outnumber the cores */
 #define SLACK_MS 1500
 #define NRANKS 3
 #define VICTIM (NRANKS - 1)

@@ -32,8 +32,8 @@
 #include "utils/tool_data.h"
 
 /* Allowed growth of VmRSS between the warm-up and the end, per rank.
- * tcp;ofi_rxm grows its buffer pools for a while under load (2.5 MB seen
- * over 4 s on a busy 2-core machine, flat afterwards); a leak of even one
+ * tcp;ofi_rxm grows its buffer pools for a while under load (a few MiB in
+ * the first seconds, flat afterwards); a leak of even one
  * small row per round exceeds 8 MiB within the shortest soak. */
 #define SOAK_GROWTH_KB 8192
 

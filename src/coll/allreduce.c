@@ -80,17 +80,12 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
 
 /*
  * The one-stage threshold (FEP_AR_ONESTAGE_DEFAULT, 32 KiB of input per
- * rank).  Measured with fabep_bench -o arnorm -n 2 -p shm, cols 7168
- * bf16, 1 thread per rank, the path forced with FABEP_AR_ONESTAGE_MAX=0
- * (two-stage) and =1G (one-stage), median latency in us, 5 runs each, on
- * a 2-core machine shared with other jobs (load 4-8, so noisy):
- *     rows 1 (14 KiB):  two-stage 15-27,  one-stage 21-43
- *     rows 2 (28 KiB):  two-stage 38-57,  one-stage 17-39
- *     rows 4 (56 KiB):  two-stage 34-54,  one-stage 76-88
- *     rows 16 (224 KiB): two-stage ~119,  one-stage ~254
- * The crossover lies between 2 and 4 rows; more ranks move it lower (the
- * one-stage path moves and sums ranks x the data).  Re-measure on a quiet
- * machine and on real NICs; FABEP_AR_ONESTAGE_MAX overrides it.
+ * rank): below it one round trip beats the two-stage path's two, although
+ * the one-stage path moves and sums ranks x the data; above it that
+ * traffic costs more than the extra round trip.  On 2 shm ranks the
+ * crossover lies between 2 and 4 rows of 7168 bf16 values (fabep_bench
+ * -o arnorm with the path forced each way, docs/performance.md); more
+ * ranks move it lower.  FABEP_AR_ONESTAGE_MAX overrides it.
  */
 int fep_ar_onestage_env(size_t *os_max)
 {

@@ -583,8 +583,8 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
  * asked: FABEP_CHANNELS (the same on every rank, checked with the hellos),
  * or 0: with the cqdata strategy on shm as many as the pool has threads,
  * at most 8, on tcp at most 4 (each connection pushed by its own
- * thread: a prefill run in 13-15 ms against 17-18 over one, dev64), the
- * fewest of any rank; elsewhere one. */
+ * thread, so a large run is not bound by one socket), the fewest of any
+ * rank; elsewhere one. */
 static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 {
 	struct fep_fab_blob *mine, *all;

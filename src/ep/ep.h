@@ -45,7 +45,8 @@ struct fep_ep_hdr {
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
 /* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run (0: one
- * write per run; pipelining did not pay on shm, see notes/ep_bench.md) */
+ * write per run; on shm the wire is a copy by the threads that pack, so
+ * pipelining a run only adds posts) */
 #define FEP_MOE_CHUNK_DEFAULT ((size_t)0)
 
 /* Dispatch posts its headers before packing when it packs at least this

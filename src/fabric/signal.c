@@ -62,13 +62,11 @@ bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s)
 }
 
 /*
- * The default, from fabep_pingpong runs of every strategy on libfabric
- * 1.17 (16-core machine, notes/device_run.md; signal vs write MB/s at
- * 64 B): shm cqdata 1.25, ordered 0.56, delivery 0.53; tcp;ofi_rxm cqdata
- * 0.89, delivery 0.21.  Remote CQ data carries data and signal in one
- * operation and needs no software-emulated atomic, so it is first
- * wherever it exists; then native ordering, then a fence, then
- * delivery-complete (one extra round trip per batch).
+ * The default.  Remote CQ data carries data and signal in one operation
+ * and needs no software-emulated atomic, so it is first wherever it
+ * exists (docs/performance.md has the pingpong figures of each strategy);
+ * then native ordering, then a fence, then delivery-complete (one extra
+ * round trip per batch).
  */
 fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 				 size_t len)
