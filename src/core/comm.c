@@ -633,40 +633,155 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 	return ret;
 }
 
+/* The attributes in force: the caller's (checked by their size) or the
+ * defaults, completed from the environment; *channels gets
+ * FABEP_CHANNELS (0 when unset). */
+static int fep_comm_config(const fabep_comm_attr_t *attr, fabep_comm_attr_t *a,
+			   int *channels)
+{
+	int ret = 0;
+	long v;
+
+	if (attr)
+		ret = fep_struct_in("fabep_comm_create", "fabep_comm_attr_t", a,
+				    sizeof(*a), FEP_COMM_ATTR_SIZE0, attr);
+	else
+		fabep_comm_attr_init(a);
+	if (!ret)
+		ret = fep_attr_from_env(a);
+	if (ret)
+		return ret;
+	*channels = 0;
+	ret = fep_env_long("FABEP_CHANNELS", 1, FEP_MAX_CHANNELS, &v);
+	if (ret < 0)
+		return ret;
+	if (ret)
+		*channels = (int)v;
+	if (a->signal < FABEP_SIGNAL_AUTO || a->signal > FABEP_SIGNAL_CQDATA) {
+		fep_err("fabep_comm_create: signal %d is not a fabep_signal_t",
+			(int)a->signal);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Who is where, and what each rank was configured with. */
+static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
+			      int channels)
+{
+	struct fep_hello hello, *hellos;
+	int ret;
+
+	memset(&hello, 0, sizeof(hello));
+	fep_host_id(hello.host, sizeof(hello.host));
+	snprintf(hello.provider, sizeof(hello.provider), "%s", a->provider ? a->provider : "");
+	snprintf(hello.domain, sizeof(hello.domain), "%s", a->domain ? a->domain : "");
+	hello.signal = a->signal;
+	hello.heap_size = a->heap_size;
+	hello.pid = (int32_t)getpid();
+	hello.channels = channels;
+	hello.pidns = fep_pidns();
+	hellos = calloc((size_t)comm->size, sizeof(*hellos));
+	if (!hellos)
+		return -ENOMEM;
+	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
+	if (!ret)
+		ret = fep_comm_check_hellos(comm, hellos);
+	free(hellos);
+	return ret;
+}
+
+/* The fabric, opened, its addresses exchanged and connected;
+ * every rank learns whether every rank succeeded.  On failure
+ * comm->fab may be open: the caller closes it. */
+static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a)
+{
+	struct fep_fab_params fp;
+	struct fep_fab_blob blob, *blobs;
+	int ret, status;
+
+	blobs = calloc((size_t)comm->size, sizeof(*blobs));
+	memset(&fp, 0, sizeof(fp));
+	fp.provider = a->provider;
+	fp.domain = a->domain;
+	fp.signal = a->signal;
+	fp.all_local = comm->all_local;
+	fp.rank = comm->rank;
+	fp.size = comm->size;
+	fp.timeout_ms = a->timeout_ms;
+	fp.heap_size = a->heap_size;
+	fp.numa_node = a->numa_node;
+	status = blobs ? fep_fabric_open(&fp, &comm->fab) : -ENOMEM;
+	if (!status)
+		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
+	memset(&blob, 0, sizeof(blob));
+	if (!status)
+		status = fep_fabric_blob(comm->fab, &blob);
+	ret = fep_boot_agree(comm, status, "opening the fabric");
+	if (!ret)
+		ret = fep_boot_allgather(comm->boot, &blob, blobs, sizeof(blob));
+	if (!ret) {
+		status = fep_fabric_connect(comm->fab, blobs);
+		ret = fep_boot_agree(comm, status, "connecting");
+	}
+	free(blobs);
+	return ret;
+}
+
+/* The kernel thread pool, near the NIC (or the caller, for shm). */
+static int fep_comm_pool(fabep_comm_t *comm, const fabep_comm_attr_t *a)
+{
+	int ret;
+
+	comm->numa_node = fep_comm_pick_numa(comm, a);
+	ret = fep_pool_create(a->threads, comm->numa_node, comm->local_size,
+			      &comm->pool);
+	ret = fep_boot_agree(comm, ret, "creating the thread pool");
+	if (ret)
+		return ret;
+	comm->numa_node = fep_pool_node(comm->pool);
+	return 0;
+}
+
+/* Barrier objects, then the warm-up exchange (first contact on
+ * every pair, so the first real transfer never stalls). */
+static int fep_comm_warm_up(fabep_comm_t *comm)
+{
+	int ret;
+
+	if ((ret = fep_heap_alloc_(comm->fab, 8 * (size_t)comm->size, 64,
+				   &comm->bar_ctr)) ||
+	    (ret = fep_heap_alloc_(comm->fab, 2 * (size_t)comm->size *
+				   sizeof(struct fep_xslot), 64, &comm->bar_slots)) ||
+	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
+				   &comm->bar_src)))
+		return ret;
+	/* First contact one direction at a time, higher to lower ranks and
+	 * then back, so no pair connects from both ends at once (the sockets
+	 * provider drops one of two crossing connections, failing what was
+	 * posted on it), then every pair both ways. */
+	ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_DOWN);
+	if (!ret)
+		ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_UP);
+	if (!ret)
+		ret = fep_comm_xchg(comm, "warm-up exchange", 0, NULL);
+	return fep_boot_agree(comm, ret, "the warm-up exchange");
+}
+
 FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 				 fabep_comm_t **out)
 {
 	fabep_comm_attr_t a;
 	fabep_comm_t *comm;
-	struct fep_hello hello, *hellos = NULL;
-	struct fep_fab_params fp;
-	struct fep_fab_blob blob, *blobs = NULL;
-	int ret = 0, status, channels = 0;
-	long v;
+	int ret, channels;
 
 	if (!out) {
 		fep_err("fabep_comm_create: NULL output pointer");
 		return -EINVAL;
 	}
-	if (attr)
-		ret = fep_struct_in("fabep_comm_create", "fabep_comm_attr_t", &a,
-				    sizeof(a), FEP_COMM_ATTR_SIZE0, attr);
-	else
-		fabep_comm_attr_init(&a);
-	if (!ret)
-		ret = fep_attr_from_env(&a);
+	ret = fep_comm_config(attr, &a, &channels);
 	if (ret)
 		return ret;
-	ret = fep_env_long("FABEP_CHANNELS", 1, FEP_MAX_CHANNELS, &v);
-	if (ret < 0)
-		return ret;
-	if (ret)
-		channels = (int)v;
-	if (a.signal < FABEP_SIGNAL_AUTO || a.signal > FABEP_SIGNAL_CQDATA) {
-		fep_err("fabep_comm_create: signal %d is not a fabep_signal_t",
-			(int)a.signal);
-		return -EINVAL;
-	}
 	comm = calloc(1, sizeof(*comm));
 	if (!comm)
 		return -ENOMEM;
@@ -684,96 +799,24 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		goto err_boot;
 	}
 
-	/* 1. who is where, and what each rank was configured with */
-	memset(&hello, 0, sizeof(hello));
-	fep_host_id(hello.host, sizeof(hello.host));
-	snprintf(hello.provider, sizeof(hello.provider), "%s", a.provider ? a.provider : "");
-	snprintf(hello.domain, sizeof(hello.domain), "%s", a.domain ? a.domain : "");
-	hello.signal = a.signal;
-	hello.heap_size = a.heap_size;
-	hello.pid = (int32_t)getpid();
-	hello.channels = channels;
-	hello.pidns = fep_pidns();
-	hellos = calloc((size_t)comm->size, sizeof(*hellos));
-	blobs = calloc((size_t)comm->size, sizeof(*blobs));
-	if (!hellos || !blobs) {
-		ret = -ENOMEM;
-		goto err_boot;
-	}
-	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
+	ret = fep_comm_hello_all(comm, &a, channels);
 	if (ret)
 		goto err_boot;
-	ret = fep_comm_check_hellos(comm, hellos);
-	if (ret)
-		goto err_boot;
-
-	/* 2. the fabric; every rank learns whether every rank succeeded */
-	memset(&fp, 0, sizeof(fp));
-	fp.provider = a.provider;
-	fp.domain = a.domain;
-	fp.signal = a.signal;
-	fp.all_local = comm->all_local;
-	fp.rank = comm->rank;
-	fp.size = comm->size;
-	fp.timeout_ms = a.timeout_ms;
-	fp.heap_size = a.heap_size;
-	fp.numa_node = a.numa_node;
-	status = fep_fabric_open(&fp, &comm->fab);
-	if (!status)
-		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
-	memset(&blob, 0, sizeof(blob));
-	if (!status)
-		status = fep_fabric_blob(comm->fab, &blob);
-	ret = fep_boot_agree(comm, status, "opening the fabric");
+	ret = fep_comm_fabric(comm, &a);
 	if (ret)
 		goto err_fabric;
-	ret = fep_boot_allgather(comm->boot, &blob, blobs, sizeof(blob));
+	ret = fep_comm_pool(comm, &a);
 	if (ret)
 		goto err_fabric;
-	status = fep_fabric_connect(comm->fab, blobs);
-	ret = fep_boot_agree(comm, status, "connecting");
-	if (ret)
-		goto err_fabric;
-
-	/* 3. the kernel thread pool, near the NIC (or the caller, for shm) */
-	comm->numa_node = fep_comm_pick_numa(comm, &a);
-	ret = fep_pool_create(a.threads, comm->numa_node, comm->local_size,
-			      &comm->pool);
-	ret = fep_boot_agree(comm, ret, "creating the thread pool");
-	if (ret)
-		goto err_fabric;
-	comm->numa_node = fep_pool_node(comm->pool);
-
-	/* 4. the channels, one per pool thread by default on shm (before
-	 * any counter counts: they count in units of the channels) */
+	/* the channels before any counter counts: they count in units of
+	 * the channels */
 	ret = fep_comm_open_channels(comm, channels);
 	if (ret)
 		goto err_fabric;
-
-	/* 5. barrier objects, then the warm-up exchange (first contact on
-	 * every pair, so the first real transfer never stalls) */
-	if ((ret = fep_heap_alloc_(comm->fab, 8 * (size_t)comm->size, 64,
-				   &comm->bar_ctr)) ||
-	    (ret = fep_heap_alloc_(comm->fab, 2 * (size_t)comm->size *
-				   sizeof(struct fep_xslot), 64, &comm->bar_slots)) ||
-	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
-				   &comm->bar_src)))
-		goto err_fabric;
-	/* First contact one direction at a time, higher to lower ranks and
-	 * then back, so no pair connects from both ends at once (the sockets
-	 * provider drops one of two crossing connections, failing what was
-	 * posted on it), then every pair both ways. */
-	ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_DOWN);
-	if (!ret)
-		ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_UP);
-	if (!ret)
-		ret = fep_comm_xchg(comm, "warm-up exchange", 0, NULL);
-	ret = fep_boot_agree(comm, ret, "the warm-up exchange");
+	ret = fep_comm_warm_up(comm);
 	if (ret)
 		goto err_fabric;
 
-	free(hellos);
-	free(blobs);
 	fep_info("rank %d of %d: provider %s domain %s signal %s, %d channel%s, "
 		 "%d threads on node %d", comm->rank, comm->size,
 		 comm->fab->desc.provider, comm->fab->desc.domain,
@@ -791,8 +834,6 @@ err_fabric:
 err_boot:
 	fep_boot_destroy(comm->boot);
 err_free:
-	free(hellos);
-	free(blobs);
 	free(comm->peer_pid);
 	free(comm->bar_exp);
 	free(comm);
