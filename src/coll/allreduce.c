@@ -640,78 +640,102 @@ static int fep_ar_fail(struct fabep_allreduce *h, int ret)
 	return ret;
 }
 
-static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
-		       size_t rows, size_t cols, const fabep_rmsnorm_params_t *p,
-		       void *out, float *scales)
-{
-	fabep_comm_t *comm;
-	fep_fabric_t *fab;
-	const char *name = fep_ar_op_name(op);
-	struct fep_ar_hdr hdr;
-	struct fep_ar_copy cp;
-	struct fep_ar_job job;
+/* One call, as its steps see it. */
+struct fep_ar_state {
+	struct fabep_allreduce *h;
+	int op;
+	const char *name;
+	const void *in;
+	size_t rows, cols;
+	const fabep_rmsnorm_params_t *p; /* the checked copy, or NULL */
 	fabep_rmsnorm_params_t pin;
-	size_t es, rb, q = 0, my0 = 0, myn = 0, i;
-	uint8_t *st, *slots;
-	const float *gamma = NULL;
-	bool one, res;
-	int P, me, par, r, n, ret, status;
+	void *out;
+	float *scales;
+	size_t rb;             /* bytes per row */
+	size_t q, my0, myn;    /* two-stage: rows per owner, this rank's rows */
+	bool one;              /* the one-stage path (or an error to agree on) */
+	bool res;              /* a residual is added */
+	int par;               /* the slots' parity */
+	struct fep_ar_hdr hdr; /* this rank's header */
+	struct fep_ar_copy cp; /* staging and gather */
 	char what[96];
+};
 
+/* Check the arguments and the handle, and fill c and this rank's header;
+ * an argument error becomes the header's status, for every rank to see. */
+static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
+			int op, const void *in, size_t rows, size_t cols,
+			const fabep_rmsnorm_params_t *p, void *out, float *scales)
+{
+	int status, ret;
+
+	memset(c, 0, sizeof(*c));
+	c->name = fep_ar_op_name(op);
 	if (!h) {
-		fep_err("%s: NULL handle", name);
+		fep_err("%s: NULL handle", c->name);
 		return -EINVAL;
 	}
 	if (h->broken) {
 		fep_err("%s: the handle is unusable after an earlier failure (%s)",
-			name, fabep_strerror(h->broken));
+			c->name, fabep_strerror(h->broken));
 		return -FABEP_ERR_PEER_LOST;
 	}
-	comm = h->comm;
-	fab = comm->fab;
-	P = comm->size;
-	me = comm->rank;
-	es = h->lay.esize;
-	status = fep_ar_check(h, op, in, rows, cols, p, out, scales, &pin);
+	c->h = h;
+	c->op = op;
+	c->in = in;
+	c->rows = rows;
+	c->cols = cols;
+	c->out = out;
+	c->scales = scales;
+	status = fep_ar_check(h, op, in, rows, cols, p, out, scales, &c->pin);
 	if (!status && op != FEP_AR_SUM)
-		p = &pin;
-	res = !status && op != FEP_AR_SUM && p->residual && rows;
-	rb = cols * es;
-	one = status || !h->lay.two_stage || rows * rb <= h->os_max;
-	par = (int)((h->seq + 1) & 1);
+		c->p = &c->pin;
+	c->res = !status && c->p && c->p->residual && rows;
+	c->rb = cols * h->lay.esize;
+	c->one = status || !h->lay.two_stage || rows * c->rb <= h->os_max;
+	c->par = (int)((h->seq + 1) & 1);
 
 	/* the staging must not change under a write still in flight */
-	ret = fep_fabric_quiet(fab);
+	ret = fep_fabric_quiet(h->comm->fab);
 	if (ret)
 		return fep_ar_fail(h, ret);
-	memset(&hdr, 0, sizeof(hdr));
-	hdr.seq = ++h->seq;
-	hdr.rows = rows;
-	hdr.cols = cols;
-	hdr.status = status;
-	hdr.op = (uint32_t)op | (res ? FEP_AR_F_RESIDUAL : 0);
-	st = fep_heap_at(fab, h->stage);
-	memset(&cp, 0, sizeof(cp));
-	cp.h = h;
-	cp.me = me;
-	cp.rb = rb;
-	cp.cols = cols;
-	cp.in = in;
+	c->hdr.seq = ++h->seq;
+	c->hdr.rows = rows;
+	c->hdr.cols = cols;
+	c->hdr.status = status;
+	c->hdr.op = (uint32_t)op | (c->res ? FEP_AR_F_RESIDUAL : 0);
+	c->cp.h = h;
+	c->cp.me = h->comm->rank;
+	c->cp.rb = c->rb;
+	c->cp.cols = cols;
+	c->cp.in = in;
+	return 0;
+}
 
-	/* 1. phase 1: stage and write */
-	n = 0;
-	if (one) {
-		memcpy(st, &hdr, sizeof(hdr));
-		if (!status && rows && P > 1)
-			fep_pool_for(comm->pool, rows, 1, fep_ar_stage_flat, &cp);
+/* Phase 1: stage this rank's rows (all of them, one-stage; each owner's,
+ * two-stage) with the header, write them to every peer, and wait for
+ * every peer's. */
+static int fep_ar_phase1(struct fep_ar_state *c)
+{
+	struct fabep_allreduce *h = c->h;
+	fep_fabric_t *fab = h->comm->fab;
+	int P = h->comm->size, me = h->comm->rank, r, n = 0, ret;
+	uint8_t *st = fep_heap_at(fab, h->stage);
+	size_t i;
+
+	if (c->one) {
+		memcpy(st, &c->hdr, sizeof(c->hdr));
+		if (!c->hdr.status && c->rows && P > 1)
+			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_flat,
+				     &c->cp);
 	} else {
-		q = (rows + (size_t)P - 1) / (size_t)P;
-		cp.q = q;
+		c->q = (c->rows + (size_t)P - 1) / (size_t)P;
+		c->cp.q = c->q;
 		for (r = 0; r < P; r++)
-			memcpy(st + (size_t)r * h->lay.blk1, &hdr, sizeof(hdr));
-		fep_pool_for(comm->pool, rows, 1, fep_ar_stage_rows, &cp);
-		my0 = FEP_MIN(rows, (size_t)me * q);
-		myn = FEP_MIN(rows - my0, q);
+			memcpy(st + (size_t)r * h->lay.blk1, &c->hdr, sizeof(c->hdr));
+		fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_rows, &c->cp);
+		c->my0 = FEP_MIN(c->rows, (size_t)me * c->q);
+		c->myn = FEP_MIN(c->rows - c->my0, c->q);
 	}
 	for (i = 1; i < (size_t)P; i++) {
 		struct fep_put *pu = &h->puts[n++];
@@ -719,123 +743,133 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 		size_t o0, on;
 
 		pu->peer = o;
-		pu->dst = h->slots1[par] + (uint64_t)me * h->lay.blk1;
-		pu->sig = h->ctr1[par];
+		pu->dst = h->slots1[c->par] + (uint64_t)me * h->lay.blk1;
+		pu->sig = h->ctr1[c->par];
 		pu->add = 1;
-		if (one) {
+		if (c->one) {
 			pu->src = h->stage;
-			pu->len = FEP_AR_HDR + (status ? 0 : rows * rb);
+			pu->len = FEP_AR_HDR + (c->hdr.status ? 0 : c->rows * c->rb);
 		} else {
-			o0 = FEP_MIN(rows, (size_t)o * q);
-			on = FEP_MIN(rows - o0, q);
+			o0 = FEP_MIN(c->rows, (size_t)o * c->q);
+			on = FEP_MIN(c->rows - o0, c->q);
 			pu->src = h->stage + (uint64_t)o * h->lay.blk1;
-			pu->len = FEP_AR_HDR + on * rb;
+			pu->len = FEP_AR_HDR + on * c->rb;
 		}
 	}
-	if (n) {
-		ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
-		if (ret) {
-			fep_err("%s: posting phase 1: %s", name, fabep_strerror(ret));
-			return fep_ar_fail(h, ret);
-		}
-		h->expect1[par] += (uint64_t)(P - 1);
-		snprintf(what, sizeof(what), "%s (call %llu, %s)", name,
-			 (unsigned long long)hdr.seq, one ? "one-stage" : "reduce-scatter");
-		ret = fep_comm_wait(comm, what, h->ctr1[par], h->expect1[par],
-				    h->slots1[par], h->lay.blk1, hdr.seq);
-		if (!ret)  /* the peers wait for these rows (tcp) */
-			ret = fep_fabric_drain(fab);
-		if (ret)
-			return fep_ar_fail(h, ret);
-	}
-
-	/* 2. the verdict */
-	slots = fep_heap_at(fab, h->slots1[par]);
-	ret = fep_ar_verdict(h, &hdr, slots, name);
-	if (ret)
-		return ret;
-	if (!rows)
+	if (!n)
 		return 0;
+	ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
+	if (ret) {
+		fep_err("%s: posting phase 1: %s", c->name, fabep_strerror(ret));
+		return fep_ar_fail(h, ret);
+	}
+	h->expect1[c->par] += (uint64_t)(P - 1);
+	snprintf(c->what, sizeof(c->what), "%s (call %llu, %s)", c->name,
+		 (unsigned long long)c->hdr.seq,
+		 c->one ? "one-stage" : "reduce-scatter");
+	ret = fep_comm_wait(h->comm, c->what, h->ctr1[c->par], h->expect1[c->par],
+			    h->slots1[c->par], h->lay.blk1, c->hdr.seq);
+	if (!ret)  /* the peers wait for these rows (tcp) */
+		ret = fep_fabric_drain(fab);
+	if (ret)
+		return fep_ar_fail(h, ret);
+	return 0;
+}
 
-	/* 3. reduce (and normalize) */
-	if (op != FEP_AR_SUM) {
+/* Reduce (and normalize) every row (one-stage: into out) or this rank's
+ * owned rows (two-stage: into its allgather block, header last). */
+static int fep_ar_reduce(struct fep_ar_state *c, const uint8_t *slots)
+{
+	struct fabep_allreduce *h = c->h;
+	fep_fabric_t *fab = h->comm->fab;
+	int P = h->comm->size, me = h->comm->rank, r, ret;
+	const float *gamma = NULL;
+	struct fep_ar_job job;
+	/* the per-thread pointer arrays of the job double as the row-0 list */
+	const void *base[P];
+	uint8_t *mine;
+	size_t q = c->q;
+
+	if (c->op != FEP_AR_SUM) {
 		if (h->dt == FEP_K_F32)
-			gamma = p->gamma;
+			gamma = c->p->gamma;
 		else {
-			fep_k_ops()->bf16_to_f32(p->gamma, h->gamma32, 0, cols);
+			fep_k_ops()->bf16_to_f32(c->p->gamma, h->gamma32, 0, c->cols);
 			gamma = h->gamma32;
 		}
 	}
-	/* the per-thread pointer arrays of the job double as the row-0 list */
-	{
-		const void *base[P];
-
-		memset(&job, 0, sizeof(job));
-		job.h = h;
-		job.op = op;
-		job.n = P;
-		job.in = base;
-		job.cols = cols;
-		job.gamma = gamma;
-		job.p = p;
-		if (one) {
-			for (r = 0; r < P; r++)
-				base[r] = r == me ? in : slots + (size_t)r * h->lay.blk1 +
-								 FEP_AR_HDR;
-			job.rows = rows;
-			job.out = out;
-			job.scales = scales;
-			job.res_src = job.res = res ? p->residual : NULL;
-			ret = fep_pool_run(comm->pool, fep_ar_job_run, &job);
-			return ret;
-		}
-		uint8_t *mine = (uint8_t *)fep_heap_at(fab, h->ag) +
-				(size_t)me * h->lay.blkag;
-
+	memset(&job, 0, sizeof(job));
+	job.h = h;
+	job.op = c->op;
+	job.n = P;
+	job.in = base;
+	job.cols = c->cols;
+	job.gamma = gamma;
+	job.p = c->p;
+	if (c->one) {
 		for (r = 0; r < P; r++)
-			base[r] = r == me ? (const uint8_t *)in + my0 * rb :
-				slots + (size_t)r * h->lay.blk1 + FEP_AR_HDR;
-		job.rows = myn;
-		job.out = mine + FEP_AR_HDR;
-		if (op == FEP_AR_NORM_FP8) {
-			job.scales = (float *)(mine + FEP_AR_HDR + A64(q * cols));
-			if (res)
-				job.res = mine + FEP_AR_HDR + A64(q * cols) + A64(q * 4);
-		} else if (res) {
-			job.res = mine + FEP_AR_HDR + A64(q * rb);
-		}
-		if (res)
-			job.res_src = (const uint8_t *)p->residual + my0 * rb;
-		if (myn) {
-			ret = fep_pool_run(comm->pool, fep_ar_job_run, &job);
-			if (ret)
-				return fep_ar_fail(h, ret);
-		}
-		memcpy(mine, &hdr, sizeof(hdr));
+			base[r] = r == me ? c->in : slots + (size_t)r * h->lay.blk1 +
+							 FEP_AR_HDR;
+		job.rows = c->rows;
+		job.out = c->out;
+		job.scales = c->scales;
+		job.res_src = job.res = c->res ? c->p->residual : NULL;
+		return fep_pool_run(h->comm->pool, fep_ar_job_run, &job);
 	}
+	mine = (uint8_t *)fep_heap_at(fab, h->ag) + (size_t)me * h->lay.blkag;
+	for (r = 0; r < P; r++)
+		base[r] = r == me ? (const uint8_t *)c->in + c->my0 * c->rb :
+			slots + (size_t)r * h->lay.blk1 + FEP_AR_HDR;
+	job.rows = c->myn;
+	job.out = mine + FEP_AR_HDR;
+	if (c->op == FEP_AR_NORM_FP8) {
+		job.scales = (float *)(mine + FEP_AR_HDR + A64(q * c->cols));
+		if (c->res)
+			job.res = mine + FEP_AR_HDR + A64(q * c->cols) + A64(q * 4);
+	} else if (c->res) {
+		job.res = mine + FEP_AR_HDR + A64(q * c->rb);
+	}
+	if (c->res)
+		job.res_src = (const uint8_t *)c->p->residual + c->my0 * c->rb;
+	if (c->myn) {
+		ret = fep_pool_run(h->comm->pool, fep_ar_job_run, &job);
+		if (ret)
+			return fep_ar_fail(h, ret);
+	}
+	memcpy(mine, &c->hdr, sizeof(c->hdr));
+	return 0;
+}
 
-	/* 4. allgather of the owned results */
-	n = 0;
+/* Two-stage: write this rank's results to every peer, wait for every
+ * peer's, check that each block is of this call. */
+static int fep_ar_allgather(struct fep_ar_state *c)
+{
+	struct fabep_allreduce *h = c->h;
+	fep_fabric_t *fab = h->comm->fab;
+	int P = h->comm->size, me = h->comm->rank, r, n = 0, ret;
+	size_t es = h->lay.esize, i;
+
 	for (i = 1; i < (size_t)P; i++) {
 		struct fep_put *pu = &h->puts[n++];
 
 		pu->peer = (int)((me + i) % (size_t)P);
 		pu->dst = h->ag + (uint64_t)me * h->lay.blkag;
 		pu->src = pu->dst;
-		pu->len = FEP_AR_HDR + (myn ? ag_bytes(op, res, q, cols, es) : 0);
+		pu->len = FEP_AR_HDR + (c->myn ? ag_bytes(c->op, c->res, c->q,
+							  c->cols, es) : 0);
 		pu->sig = h->ctr_ag;
 		pu->add = 1;
 	}
 	ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
 	if (ret) {
-		fep_err("%s: posting the allgather: %s", name, fabep_strerror(ret));
+		fep_err("%s: posting the allgather: %s", c->name, fabep_strerror(ret));
 		return fep_ar_fail(h, ret);
 	}
 	h->expect_ag += (uint64_t)(P - 1);
-	snprintf(what, sizeof(what), "%s (call %llu, allgather)", name,
-		 (unsigned long long)hdr.seq);
-	ret = fep_comm_wait(comm, what, h->ctr_ag, h->expect_ag, h->ag,
-			    h->lay.blkag, hdr.seq);
+	snprintf(c->what, sizeof(c->what), "%s (call %llu, allgather)", c->name,
+		 (unsigned long long)c->hdr.seq);
+	ret = fep_comm_wait(h->comm, c->what, h->ctr_ag, h->expect_ag, h->ag,
+			    h->lay.blkag, c->hdr.seq);
 	if (!ret)
 		ret = fep_fabric_drain(fab);
 	if (ret)
@@ -844,20 +878,53 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 		const struct fep_ar_hdr *b = (const struct fep_ar_hdr *)(
 			(uint8_t *)fep_heap_at(fab, h->ag) + (size_t)r * h->lay.blkag);
 
-		if (b->seq != hdr.seq) {
+		if (b->seq != c->hdr.seq) {
 			fep_err("%s: rank %d's allgather block holds call %llu, "
-				"expected %llu", name, r, (unsigned long long)b->seq,
-				(unsigned long long)hdr.seq);
+				"expected %llu", c->name, r, (unsigned long long)b->seq,
+				(unsigned long long)c->hdr.seq);
 			return fep_ar_fail(h, -FABEP_ERR_PROTOCOL);
 		}
 	}
-	cp.op = op;
-	cp.q = q;
-	cp.res = res;
-	cp.out = out;
-	cp.scales = scales;
-	cp.residual = res ? p->residual : NULL;
-	return fep_pool_for(comm->pool, rows, 1, fep_ar_gather_rows, &cp);
+	return 0;
+}
+
+static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
+		       size_t rows, size_t cols, const fabep_rmsnorm_params_t *p,
+		       void *out, float *scales)
+{
+	struct fep_ar_state c;
+	const uint8_t *slots;
+	int ret;
+
+	ret = fep_ar_begin(&c, h, op, in, rows, cols, p, out, scales);
+	if (ret)
+		return ret;
+	/* 1. phase 1: stage and write */
+	ret = fep_ar_phase1(&c);
+	if (ret)
+		return ret;
+	/* 2. the verdict, the same on every rank */
+	slots = fep_heap_at(h->comm->fab, h->slots1[c.par]);
+	ret = fep_ar_verdict(h, &c.hdr, slots, c.name);
+	if (ret)
+		return ret;
+	if (!rows)
+		return 0;
+	/* 3. reduce (and normalize): the result, or this rank's share */
+	ret = fep_ar_reduce(&c, slots);
+	if (ret || c.one)
+		return ret;
+	/* 4. two-stage: allgather of the owned results, then out */
+	ret = fep_ar_allgather(&c);
+	if (ret)
+		return ret;
+	c.cp.op = op;
+	c.cp.q = c.q;
+	c.cp.res = c.res;
+	c.cp.out = out;
+	c.cp.scales = scales;
+	c.cp.residual = c.res ? c.p->residual : NULL;
+	return fep_pool_for(h->comm->pool, rows, 1, fep_ar_gather_rows, &c.cp);
 }
 
 FEP_EXPORT void fabep_rmsnorm_params_init(fabep_rmsnorm_params_t *p)
