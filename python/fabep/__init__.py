@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""fabep: Mixture-of-Experts communication over libfabric RMA, from Python.
+
+A pure-Python binding (ctypes) of libfabep's public C API:
+
+    Comm        a communicator (from the environment, torchrun, or a
+                torch.distributed process group), its symmetric heap,
+                put / put_signal / wait, barrier
+    MoE         dispatch / combine and their send / recv halves, the
+                receive view (RecvView), the send buffer, the backward
+                passes, timing
+    AllReduce   allreduce, allreduce_rmsnorm, allreduce_rmsnorm_fp8
+    FabepError  and one subclass per error code (fabep.errors)
+
+Tensors go in and out without copies: torch CPU tensors (bfloat16,
+float32, uint8 FP8 codes with fp32 scales) and numpy arrays (float32,
+uint16 holding bf16 bits, uint8).  Library-owned outputs (the receive
+view's arrays, the send buffer, heap blocks) view the library's memory
+and are valid until the next call on the handle that made them.
+
+Every foreign call releases the GIL (ctypes.CDLL), so waits on the
+fabric let other Python threads run.  ``python3 -m fabep.run -n 4
+script.py`` starts local ranks.
+"""
+from ._lib import VERSION as __version__  # noqa: F401
+from ._lib import lib as _clib
+from .errors import (FabepError, InvalidArgumentError,  # noqa: F401
+                     RangeError,
+                     MessageSizeError, NoMemoryError, NotSupportedError,
+                     TimeoutError, MismatchError, PeerError, PeerLostError,
+                     ProtocolError, NoProviderError, NoSignalError,
+                     HeapFullError, BusyError, StaleViewError)
+from .comm import Comm, HeapBlock  # noqa: F401
+from .moe import MoE, RecvView, Timing  # noqa: F401
+from .allreduce import AllReduce  # noqa: F401
+
+
+def version():
+    """The version of the C library loaded, "MAJOR.MINOR.PATCH"."""
+    return __version__
+
+
+def isa():
+    """The instruction-set level of the local kernels ("scalar", "avx2",
+    "avx512")."""
+    return _clib.fabep_isa_name(_clib.fabep_isa()).decode()
+
+
+def strerror(code):
+    """The text of a fabep error code."""
+    return _clib.fabep_strerror(code).decode(errors="replace")
+
+
+def providers(name=None, max_count=32):
+    """The libfabric providers fabep can use (fabep_provider_list), as
+    dicts of what each grants."""
+    import ctypes
+    from . import _lib
+    from .errors import raise_for
+    descs = (_lib.ProviderDesc * max_count)()
+    descs[0].size = ctypes.sizeof(_lib.ProviderDesc)  # the stride
+    count = ctypes.c_int()
+    ret = _clib.fabep_provider_list(name.encode() if name else None, descs,
+                                    max_count, ctypes.byref(count))
+    if ret:
+        raise_for(ret, "fabep_provider_list")
+    out = []
+    for d in descs[:count.value]:
+        r = {}
+        for f, _t in d._fields_:
+            if f == "size":
+                continue
+            v = getattr(d, f)
+            r[f] = v.decode(errors="replace") if isinstance(v, bytes) else v
+        r["signal"] = _lib.SIGNALS[d.signal] if 0 <= d.signal < 5 else d.signal
+        out.append(r)
+    return out
+
+
+__all__ = ["Comm", "HeapBlock", "MoE", "RecvView", "Timing", "AllReduce",
+           "FabepError", "InvalidArgumentError", "RangeError",
+           "MessageSizeError", "NoMemoryError", "NotSupportedError",
+           "TimeoutError", "MismatchError", "PeerError", "PeerLostError",
+           "ProtocolError", "NoProviderError", "NoSignalError",
+           "HeapFullError", "BusyError", "StaleViewError", "version", "isa",
+           "strerror", "providers"]

@@ -1,0 +1,174 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""Collectives: allreduce, allreduce + RMSNorm (+ FP8)."""
+import ctypes
+
+from . import _lib
+from . import _tensor
+from .errors import InvalidArgumentError, invalid, raise_for, log
+
+lib = _lib.lib
+_DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
+
+
+class AllReduce:
+    """An allreduce handle for [rows, cols] tensors of up to max_rows x
+    max_cols elements of dtype "bf16" (torch.bfloat16 / numpy uint16) or
+    "fp32" (fabep_allreduce_create).  Collective.
+
+    Sums are taken in fp32 in rank order, so every rank gets bitwise the
+    same result.  Inputs are checked for dtype, shape, contiguity and
+    device; a refusal is passed to the C call (as a missing buffer) so
+    every rank raises InvalidArgumentError and none waits.  Outputs are
+    the caller's (`out`) or new tensors of the kind of the input.
+    """
+
+    def __init__(self, comm, max_rows, max_cols, dtype="bf16"):
+        self._h = None
+        if dtype not in _DT:
+            raise invalid("dtype=%r: expected bf16 or fp32"
+                          % (dtype,))
+        self.comm, self.dtype = comm, dtype
+        self.max_rows, self.max_cols = max_rows, max_cols
+        h = ctypes.c_void_p()
+        mark = log.seq
+        ret = lib.fabep_allreduce_create(comm._handle(), max_rows, max_cols,
+                                         _DT[dtype], ctypes.byref(h))
+        if ret:
+            raise_for(ret, "fabep_allreduce_create", mark)
+        self._h = h.value
+        comm._handles.add(self)
+
+    @staticmethod
+    def heap_bytes(nranks, max_rows, max_cols, dtype="bf16"):
+        """Symmetric-heap bytes one handle takes (add it to Comm's
+        heap_size)."""
+        return lib.fabep_allreduce_heap_bytes(max_rows, max_cols, _DT[dtype],
+                                              nranks)
+
+    @property
+    def onestage_max(self):
+        """The one-stage threshold in force, in input bytes per rank."""
+        return lib.fabep_allreduce_onestage_max(self._handle())
+
+    def close(self):
+        """Free the handle (not collective)."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            lib.fabep_allreduce_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def _handle(self):
+        if self._h is None:
+            raise invalid("the AllReduce handle is closed")
+        return self._h
+
+    def _refuse(self, err, call):
+        """Make the C call with no input buffer: every rank fails with
+        -EINVAL, none waits; this rank raises its own reason."""
+        mark = log.seq
+        rows, cols = 1, self.max_cols
+        if call == "plain":
+            ret = lib.fabep_allreduce(self._h, None, None, rows, cols)
+        else:
+            p = _lib.rmsnorm_params()
+            p.scale_ub = 1.0
+            if call == "fp8":
+                ret = lib.fabep_allreduce_rmsnorm_fp8(
+                    self._h, None, rows, cols, ctypes.byref(p), None, None)
+            else:
+                ret = lib.fabep_allreduce_rmsnorm(self._h, None, rows, cols,
+                                                  ctypes.byref(p), None)
+        if ret and ret != err.code:
+            raise_for(ret, "fabep_allreduce", mark)
+        raise err
+
+    def _input(self, x):
+        a = _tensor.check(x, "x", (self.dtype,), ndim=2)
+        return a
+
+    def allreduce(self, x, out=None):
+        """out[rows, cols] = the sum over ranks of x[rows, cols].
+        Collective.  out may be x (in place) or None (a new tensor)."""
+        h = self._handle()
+        try:
+            a = self._input(x)
+            if out is None:
+                out = _tensor.empty(a.kind, a.shape, self.dtype)
+            o = _tensor.check(out, "out", (self.dtype,), a.shape)
+        except InvalidArgumentError as e:
+            self._refuse(e, "plain")
+        mark = log.seq
+        ret = lib.fabep_allreduce(h, a.ptr, o.ptr, a.shape[0], a.shape[1])
+        if ret:
+            raise_for(ret, "fabep_allreduce", mark)
+        return out
+
+    def _params(self, a, gamma, eps, weight_offset, scale_ub, residual):
+        g = _tensor.check(gamma, "gamma", (self.dtype,), (a.shape[1],))
+        p = _lib.rmsnorm_params()
+        p.gamma = g.ptr
+        p.eps = eps
+        p.weight_offset = weight_offset
+        p.scale_ub = scale_ub
+        if residual is not None:
+            p.residual = _tensor.check(residual, "residual", (self.dtype,),
+                                       a.shape).ptr
+        return p
+
+    def allreduce_rmsnorm(self, x, gamma, eps=1e-6, weight_offset=0.0,
+                          residual=None, out=None):
+        """Allreduce, then RMSNorm of each row:
+        h = sum (+ residual); out = h / sqrt(mean(h^2) + eps) *
+        (gamma + weight_offset), in fp32, rounded to the dtype.
+        gamma: [cols]; residual: None or [rows, cols] (the same on every
+        rank), overwritten with h.  out may be x or None.  Collective."""
+        h = self._handle()
+        try:
+            a = self._input(x)
+            p = self._params(a, gamma, eps, weight_offset, 1.0, residual)
+            if out is None:
+                out = _tensor.empty(a.kind, a.shape, self.dtype)
+            o = _tensor.check(out, "out", (self.dtype,), a.shape)
+        except InvalidArgumentError as e:
+            self._refuse(e, "rmsnorm")
+        mark = log.seq
+        ret = lib.fabep_allreduce_rmsnorm(h, a.ptr, a.shape[0], a.shape[1],
+                                          ctypes.byref(p), o.ptr)
+        if ret:
+            raise_for(ret, "fabep_allreduce_rmsnorm", mark)
+        return out
+
+    def allreduce_rmsnorm_fp8(self, x, gamma, eps=1e-6, weight_offset=0.0,
+                              scale_ub=1e4, residual=None, out=None,
+                              scales=None):
+        """Allreduce, RMSNorm (as allreduce_rmsnorm), then FP8 e4m3fn with
+        one fp32 scale per row (max|y| / 448, clamped to scale_ub > 0).
+        Returns (out uint8 [rows, cols], scales fp32 [rows]), the same on
+        every rank.  Collective."""
+        h = self._handle()
+        try:
+            a = self._input(x)
+            p = self._params(a, gamma, eps, weight_offset, scale_ub, residual)
+            if out is None:
+                out = _tensor.empty(a.kind, a.shape, "u8")
+            if scales is None:
+                scales = _tensor.empty(a.kind, (a.shape[0],), "fp32")
+            o = _tensor.check(out, "out", ("u8",), a.shape)
+            s = _tensor.check(scales, "scales", ("fp32",), (a.shape[0],))
+        except InvalidArgumentError as e:
+            self._refuse(e, "fp8")
+        mark = log.seq
+        ret = lib.fabep_allreduce_rmsnorm_fp8(h, a.ptr, a.shape[0], a.shape[1],
+                                              ctypes.byref(p), o.ptr, s.ptr)
+        if ret:
+            raise_for(ret, "fabep_allreduce_rmsnorm_fp8", mark)
+        return out, scales

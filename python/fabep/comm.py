@@ -1,0 +1,404 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""The communicator: bootstrap, the symmetric heap, one-sided puts."""
+import ctypes
+import os
+import weakref
+
+from . import _lib
+from . import _tensor
+from .errors import FabepError, invalid, raise_for, log, \
+    start_log_capture
+
+lib = _lib.lib
+
+
+def _call(ret, what, mark):
+    if ret < 0:
+        raise_for(ret, what, mark)
+    return ret
+
+
+def _signal_code(signal):
+    if signal is None:
+        return 0
+    if isinstance(signal, int):
+        return signal
+    try:
+        return _lib.SIGNALS.index(signal)
+    except ValueError:
+        raise invalid("signal=%r: expected one of %s" % (
+            signal, ", ".join(_lib.SIGNALS))) from None
+
+
+def _torchrun_env():
+    """(rank, size, host, port) from torchrun's variables, or None."""
+    e = os.environ
+    if not all(k in e for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                "MASTER_PORT")):
+        return None
+    return int(e["RANK"]), int(e["WORLD_SIZE"]), e["MASTER_ADDR"], \
+        int(e["MASTER_PORT"])
+
+
+class _StoreAllgather:
+    """The C allgather over a torch.distributed Store (set/get by key)."""
+
+    def __init__(self, store, rank, size, prefix):
+        self.store, self.rank, self.size = store, rank, size
+        self.prefix, self.calls = prefix, 0
+
+    def __call__(self, data):
+        key = "%s/%d/" % (self.prefix, self.calls)
+        self.calls += 1
+        self.store.set(key + str(self.rank), data)
+        out = [self.store.get(key + str(r)) for r in range(self.size)]
+        # every rank has read every block once it reaches this counter,
+        # so the last one to arrive removes this call's keys
+        if self.store.add(key + "done", 1) == self.size:
+            for r in range(self.size):
+                self.store.delete_key(key + str(r))
+            self.store.delete_key(key + "done")
+        return b"".join(out)
+
+
+class _GroupAllgather:
+    """The C allgather as an all_gather over a torch.distributed group."""
+
+    def __init__(self, group):
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist, self.group = torch, dist, group
+        self.device = "cpu"
+        if dist.get_backend(group) == "nccl":
+            self.device = "cuda:%d" % torch.cuda.current_device()
+
+    def __call__(self, data):
+        torch, dist = self.torch, self.dist
+        n = dist.get_world_size(self.group)
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        t = t.to(self.device)
+        outs = [torch.empty_like(t) for _ in range(n)]
+        dist.all_gather(outs, t, group=self.group)
+        return b"".join(bytes(o.cpu().numpy()) for o in outs)
+
+
+class HeapBlock:
+    """A block of the symmetric heap: the same offset on every rank.
+
+    ``offset`` names it in put/put_signal/wait; ``numpy(dtype)`` and
+    ``torch(dtype)`` view this rank's copy without copying (valid as long
+    as the communicator lives).
+    """
+
+    def __init__(self, comm, offset, nbytes):
+        self.comm, self.offset, self.nbytes = comm, offset, nbytes
+
+    def __int__(self):
+        return self.offset
+
+    __index__ = __int__
+
+    def __repr__(self):
+        return "HeapBlock(offset=%d, nbytes=%d)" % (self.offset, self.nbytes)
+
+    def numpy(self, dtype="u8"):
+        """This rank's bytes as a 1-D numpy array of dtype (a name of
+        fabep._tensor: fp32, bf16, u8, i32)."""
+        return self._view("numpy", dtype)
+
+    def torch(self, dtype="u8"):
+        """This rank's bytes as a 1-D torch tensor of dtype."""
+        return self._view("torch", dtype)
+
+    def _view(self, kind, dtype):
+        n = self.nbytes // _tensor.ITEMSIZE[dtype]
+        addr = lib.fabep_heap_ptr(self.comm._h, self.offset)
+        return _tensor.view(kind, addr, (n,), dtype, self.comm)
+
+
+def _off(x):
+    return x.offset if isinstance(x, HeapBlock) else int(x)
+
+
+class Comm:
+    """A fabep communicator (fabep_comm_create).  Collective.
+
+    Without `allgather` the ranks meet through the environment: FABEP_RANK,
+    FABEP_WORLD_SIZE and FABEP_ROOT (host:port of rank 0's rendezvous),
+    else mpirun's OMPI_COMM_WORLD_*, PMI_* or Slurm's SLURM_* with
+    FABEP_ROOT.  Comm.from_env adds torchrun's variables;
+    Comm.from_process_group reuses a torch.distributed group.
+
+    allgather(data: bytes) -> bytes, when given, must return every rank's
+    `data` concatenated in rank order (it is called collectively, and
+    from the thread that made the fabep call); rank and size then say
+    where this process stands.
+
+    Keyword arguments set fabep_comm_attr_t (None or 0 = environment or
+    default): provider ("shm", "tcp", ...), domain, signal ("ordered",
+    "fence", "delivery", "cqdata"), timeout_ms, heap_size (bytes; size it
+    with MoE.heap_bytes and AllReduce.heap_bytes), threads, numa_node.
+
+    close() (or leaving a ``with`` block) destroys it; it is collective
+    as long as every rank is alive.  A communicator is used by one thread
+    at a time.
+    """
+
+    def __init__(self, *, allgather=None, rank=None, size=None, provider=None,
+                 domain=None, signal=None, timeout_ms=0, heap_size=0,
+                 threads=0, numa_node=-1):
+        start_log_capture()
+        self._h = None
+        self._handles = weakref.WeakSet()
+        a = _lib.CommAttr()
+        lib.fabep_comm_attr_init(ctypes.byref(a))
+        self._cb = None
+        if allgather is not None:
+            if rank is None or size is None:
+                raise invalid("Comm: allgather needs rank and "
+                              "size")
+            self._allgather_fn = allgather
+            self._size_arg = size
+            self._cb_error = None
+            self._cb = _lib.ALLGATHER_FN(self._allgather_cb)
+            a.allgather = self._cb
+            a.rank = rank
+            a.nranks = size
+        self._provider = provider.encode() if provider else None
+        self._domain = domain.encode() if domain else None
+        a.provider = self._provider
+        a.domain = self._domain
+        a.signal = _signal_code(signal)
+        if timeout_ms:
+            a.timeout_ms = timeout_ms
+        if heap_size:
+            a.heap_size = heap_size
+        if threads:
+            a.threads = threads
+        if numa_node != -1:
+            a.numa_node = numa_node
+        h = ctypes.c_void_p()
+        mark = log.seq
+        ret = lib.fabep_comm_create(ctypes.byref(a), ctypes.byref(h))
+        if ret < 0:
+            err = self._cb_error if self._cb is not None else None
+            try:
+                raise_for(ret, "fabep_comm_create", mark)
+            except FabepError as e:
+                if err is not None:
+                    raise e from err
+                raise
+        self._h = h.value
+
+    def _allgather_cb(self, sendbuf, recvbuf, length, ctx):
+        # Runs with the GIL (ctypes takes it back for the callback) while
+        # the C call that called it has released it: no lock is held.
+        try:
+            data = ctypes.string_at(sendbuf, length) if length else b""
+            out = self._allgather_fn(data)
+            if len(out) != length * self._size_arg:
+                raise ValueError("allgather returned %d bytes, expected %d"
+                                 % (len(out), length * self._size_arg))
+            ctypes.memmove(recvbuf, out, len(out))
+            return 0
+        except BaseException as e:  # noqa: B902 - reported to C as a code
+            self._cb_error = e
+            # -FABEP_ERR_PEER: the caller's control plane failed
+            return -(_lib.ERR_BASE + 2)
+
+    @classmethod
+    def from_env(cls, **kw):
+        """A communicator from the environment: FABEP_*, mpirun, PMI and
+        Slurm (as fabep_comm_create reads them), or torchrun's RANK,
+        WORLD_SIZE, MASTER_ADDR and MASTER_PORT.  Under torchrun the ranks
+        meet through a torch TCPStore at MASTER_ADDR:MASTER_PORT (the
+        agent's store when torchrun runs one), or through the default
+        process group's store when torch.distributed is initialized."""
+        launcher = any(os.environ.get(v) for v in (
+            "FABEP_RANK", "FABEP_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK", "SLURM_PROCID"))
+        tr = _torchrun_env()
+        if launcher or tr is None:
+            return cls(**kw)
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return cls.from_process_group(None, **kw)
+        rank, size, host, port = tr
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        from datetime import timedelta
+        store = dist.TCPStore(host, port, size, rank == 0 and not agent,
+                              timeout=timedelta(seconds=300))
+        return cls._from_store(store, rank, size, "fabep", kw)
+
+    @classmethod
+    def from_process_group(cls, group=None, use_store=None, **kw):
+        """A communicator over the ranks of a torch.distributed process
+        group (None: the default group), with no second rendezvous.
+
+        The bootstrap's allgather runs as torch.distributed.all_gather on
+        the group, or, for the default group with use_store=True, as
+        set/get on its store (the key prefix fabep/<n>)."""
+        import torch.distributed as dist
+        rank = dist.get_rank(group)
+        size = dist.get_world_size(group)
+        if use_store:
+            from torch.distributed import distributed_c10d as c10d
+            store = c10d._get_default_store()
+            cls._store_seq = getattr(cls, "_store_seq", 0) + 1
+            return cls._from_store(store, rank, size, "fabep/%d" %
+                                   cls._store_seq, kw)
+        return cls(allgather=_GroupAllgather(group), rank=rank, size=size,
+                   **kw)
+
+    @classmethod
+    def _from_store(cls, store, rank, size, prefix, kw):
+        return cls(allgather=_StoreAllgather(store, rank, size, prefix),
+                   rank=rank, size=size, **kw)
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self):
+        """Destroy the handles made on it, then the communicator
+        (collective while every rank is alive).  Safe to call twice."""
+        if self._h is None:
+            return
+        for hnd in list(self._handles):
+            hnd.close()
+        h, self._h = self._h, None
+        mark = log.seq
+        _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy", mark)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def _handle(self):
+        if self._h is None:
+            raise invalid("the communicator is closed")
+        return self._h
+
+    # -- queries --------------------------------------------------------------
+    @property
+    def rank(self):
+        """This process's rank."""
+        return lib.fabep_comm_rank(self._handle())
+
+    @property
+    def size(self):
+        """The number of ranks."""
+        return lib.fabep_comm_size(self._handle())
+
+    @property
+    def provider(self):
+        """The libfabric provider in use, e.g. "shm"."""
+        return lib.fabep_comm_provider(self._handle()).decode()
+
+    @property
+    def domain(self):
+        """The libfabric domain in use."""
+        return lib.fabep_comm_domain(self._handle()).decode()
+
+    @property
+    def signal(self):
+        """The put + signal strategy in use ("ordered", "fence", ...)."""
+        return lib.fabep_signal_name(
+            lib.fabep_comm_signal(self._handle())).decode()
+
+    @property
+    def threads(self):
+        """Worker threads of the communicator's pool."""
+        return lib.fabep_comm_threads(self._handle())
+
+    @property
+    def numa_node(self):
+        """NUMA node of the pool and the heap."""
+        return lib.fabep_comm_numa_node(self._handle())
+
+    @property
+    def channels(self):
+        """Endpoints per rank that large puts are split over."""
+        return lib.fabep_comm_channels(self._handle())
+
+    @property
+    def heap_size(self):
+        """Bytes of the symmetric heap."""
+        return lib.fabep_heap_size(self._handle())
+
+    def __repr__(self):
+        if self._h is None:
+            return "<fabep.Comm closed>"
+        return "<fabep.Comm rank %d of %d on %s>" % (self.rank, self.size,
+                                                   self.provider)
+
+    # -- collectives and one-sided operations ---------------------------------
+    def barrier(self):
+        """Wait until every rank has reached the barrier.  Collective."""
+        mark = log.seq
+        ret = lib.fabep_barrier(self._handle())
+        if ret:
+            raise_for(ret, "fabep_barrier", mark)
+
+    def heap_alloc(self, nbytes, align=0):
+        """Allocate `nbytes` (zeroed) from the symmetric heap; every rank
+        makes the same allocations in the same order.  align: a power of
+        two up to 4096 (0 = 64).  Returns a HeapBlock."""
+        off = ctypes.c_uint64()
+        mark = log.seq
+        _call(lib.fabep_heap_alloc(self._handle(), nbytes, align,
+                                   ctypes.byref(off)),
+              "fabep_heap_alloc", mark)
+        return HeapBlock(self, off.value, nbytes)
+
+    def put(self, peer, dst, src, nbytes):
+        """Write nbytes from this rank's heap offset `src` to offset `dst`
+        on `peer` (offsets or HeapBlocks).  Returns once posted; call
+        flush() before reusing the source."""
+        mark = log.seq
+        ret = lib.fabep_put(self._handle(), peer, _off(dst), _off(src), nbytes)
+        if ret:
+            raise_for(ret, "fabep_put", mark)
+
+    def put_signal(self, peer, dst, src, nbytes, sig, add=1):
+        """put(), then add `add` to the uint64 counter at heap offset
+        `sig` on `peer`: when the peer sees the counter move, the data is
+        there.  nbytes may be 0 (signal only)."""
+        mark = log.seq
+        ret = lib.fabep_put_signal(self._handle(), peer, _off(dst), _off(src),
+                                   nbytes, _off(sig), add)
+        if ret:
+            raise_for(ret, "fabep_put_signal", mark)
+
+    def flush(self):
+        """Wait until this rank's puts have completed locally."""
+        mark = log.seq
+        ret = lib.fabep_flush(self._handle())
+        if ret:
+            raise_for(ret, "fabep_flush", mark)
+
+    def wait(self, sig, target):
+        """Wait until the local counter at heap offset `sig` reaches
+        `target` (counters only grow).  The GIL is released meanwhile.
+        Raises fabep.TimeoutError after the communicator's timeout."""
+        mark = log.seq
+        ret = lib.fabep_wait(self._handle(), _off(sig), target)
+        if ret:
+            raise_for(ret, "fabep_wait", mark)
+
+    def counter(self, sig):
+        """The local counter at heap offset `sig` now."""
+        return lib.fabep_counter_read(self._handle(), _off(sig))
+
+    def progress(self):
+        """Drive the fabric's progress once."""
+        mark = log.seq
+        ret = lib.fabep_progress(self._handle())
+        if ret < 0:
+            raise_for(ret, "fabep_progress", mark)

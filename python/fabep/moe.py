@@ -1,0 +1,604 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""Expert parallelism: the MoE handle (dispatch and combine)."""
+import collections
+import ctypes
+import errno
+
+from . import _lib
+from . import _tensor
+from .errors import InvalidArgumentError, StaleViewError, invalid, \
+    raise_for, log
+
+lib = _lib.lib
+
+_TYPES = {"fp32": _lib.MOE_FP32, "bf16": _lib.MOE_BF16, "fp8": _lib.MOE_FP8,
+          "fp8_prequant": _lib.MOE_FP8_PREQUANT}
+# a flag no library version defines: makes the C combine refuse the call
+# on every rank, so a refusal found here never leaves the peers waiting
+_BAD_FLAGS = 0x40000000
+# topk_ids of a rank with no tokens: an empty tensor may have no address,
+# and NULL would mean "the previous routing"
+_NO_IDS = (ctypes.c_int32 * _lib.MOE_MAX_TOPK)(*([-1] * _lib.MOE_MAX_TOPK))
+_NO_IDS_PTR = ctypes.addressof(_NO_IDS)
+_NO_ROW_FN = _lib.ROW_FN()
+
+# errors of a send half found in its input after the call counted: the
+# exchange still runs to its receive half (the caller's pending checks
+# above keep -EINVAL from meaning anything else)
+_COUNTED = (errno.EINVAL, errno.ERANGE, errno.EMSGSIZE)
+
+Timing = collections.namedtuple("Timing", _lib.TIMING_FIELDS)
+Timing.__doc__ = """Where this rank's last dispatch and combine spent their
+time (ns) and the bytes each wrote to other ranks (fabep_moe_timing)."""
+
+
+def _type(name, what, allowed):
+    if name not in allowed:
+        raise invalid("%s=%r: expected one of %s" % (
+            what, name, ", ".join(allowed)))
+    return _TYPES[name]
+
+
+class RecvView:
+    """What a dispatch delivered to this rank (fabep_moe_recv_t).
+
+    Every array attribute views memory of the library without a copy, as
+    a torch tensor or a numpy array (the kind of the dispatch's input,
+    or MoE's `output`).  They are valid until the next call on the same
+    MoE handle (dispatch, combine or one of their halves): reading an
+    attribute of this view after that raises StaleViewError, and arrays
+    taken from it earlier then hold whatever the library wrote since.
+    Copy what must live longer.
+
+    rows            rows received (int)
+    local_experts   E / ranks; first_expert: global id of local expert 0
+    x               the rows, [rows, hidden] of the token type (FP8: uint8
+                    codes) in expert-major order; with zero_copy the
+                    receive slots [slots, hidden] as they landed (rows
+                    row_stride bytes apart), row r being x[row_index[r]]
+    scales          FP8: fp32 [rows (or slots), scales_per_row], else None
+    row_offsets     [local_experts + 1]: local expert i has rows
+                    row_offsets[i]:row_offsets[i + 1]  (uint32; int32 in torch)
+    expert_ids      [local_experts] int32: global id of each group
+    expert_counts   [local_experts]: rows per local expert
+    src_info        [rows, 3] int32: source rank, token index, k
+    weights         [rows] fp32: the router weight of each row
+    row_index       [rows] int32: the slot row of expert-major row r
+    """
+
+    _SCALARS = ("local_experts", "first_expert", "scales_per_row",
+                "row_stride", "scale_stride")
+    _ARRAYS = ("x", "scales", "row_offsets", "expert_ids", "expert_counts",
+               "src_info", "weights", "row_index")
+
+    __slots__ = ("_moe", "_gen", "_kind", "_rec", "_cache", "rows",
+                 "local_experts", "first_expert", "scales_per_row",
+                 "row_stride", "scale_stride")
+
+    def __init__(self, moe, rec, kind):
+        self._moe = moe
+        self._gen = moe._gen
+        self._kind = kind
+        self._rec = rec
+        self._cache = None
+        self.rows = rec.rows
+
+    def __getattr__(self, name):
+        if name in RecvView._SCALARS:
+            # read from the record on first use, while the view is valid
+            if self._cache is None:
+                self._scalars()
+            return object.__getattribute__(self, name)
+        if name not in RecvView._ARRAYS:
+            raise AttributeError(name)
+        if not self.valid():
+            raise StaleViewError(
+                "RecvView.%s: the view's MoE handle has made a call since "
+                "this dispatch (or was closed); its rows are no longer "
+                "this dispatch's" % name)
+        if self._cache is None:
+            self._scalars()
+        c = self._cache
+        if name not in c:
+            c[name] = self._make(name)
+        return c[name]
+
+    def _scalars(self):
+        if not self.valid():
+            raise StaleViewError("RecvView: read its fields before the next "
+                                 "call on its handle")
+        r = self._rec
+        self.local_experts = r.local_experts
+        self.first_expert = r.first_expert
+        self.scales_per_row = r.scales_per_row
+        self.row_stride = r.row_stride
+        self.scale_stride = r.scale_stride
+        self._cache = {}
+
+    def valid(self):
+        """True while no later call on the handle has been made."""
+        return self._gen == self._moe._gen and self._moe._h is not None
+
+    def _slots(self):
+        m = self._moe
+        if not m.zero_copy or not self.rows:
+            return self.rows
+        idx = _tensor.view("numpy", self._rec.row_index, (self.rows,), "i32",
+                           m)
+        return int(idx.max()) + 1
+
+    def _make(self, name):
+        m, r, k, le = self._moe, self._rec, self._kind, self.local_experts
+        if name == "x":
+            return _tensor.view(k, r.x, (self._slots(), m.hidden), m._row_dt,
+                                m, row_stride=r.row_stride or None)
+        if name == "scales":
+            if not r.scales:
+                return None
+            return _tensor.view(k, r.scales, (self._slots(),
+                                              self.scales_per_row), "fp32", m,
+                                row_stride=4 * (r.scale_stride or
+                                                self.scales_per_row))
+        if name == "row_offsets":
+            return _tensor.view(k, r.row_offsets, (le + 1,), "u32", m)
+        if name == "expert_ids":
+            return _tensor.view(k, r.expert_ids, (le,), "i32", m)
+        if name == "expert_counts":
+            return _tensor.view(k, r.expert_counts, (le,), "u32", m)
+        if name == "src_info":
+            return _tensor.view(k, r.src_info, (self.rows, 3), "i32", m)
+        if name == "weights":
+            return _tensor.view(k, r.weights, (self.rows,), "fp32", m)
+        return _tensor.view(k, r.row_index, (self.rows,), "i32", m)
+
+    def offsets(self):
+        """row_offsets as a list of Python ints (for slicing by expert)."""
+        return [int(v) for v in _tensor.view(
+            "numpy", self._rec.row_offsets, (self.local_experts + 1,), "u32",
+            self._moe)] if self.valid() else self.row_offsets
+
+    def __repr__(self):
+        return "<fabep.RecvView rows=%d%s>" % (
+            self.rows, "" if self.valid() else " stale")
+
+
+class MoE:
+    """A MoE dispatch/combine handle (fabep_moe_create).  Collective.
+
+    Experts are split in equal contiguous blocks: rank r owns experts
+    [r * E / size, (r + 1) * E / size).  Every call on the handle is
+    collective (every rank makes the same sequence of calls).
+
+    num_experts, top_k, hidden, max_tokens: the sizes; every rank passes
+    the same.  token_type: what travels, "bf16" (default), "fp32", "fp8"
+    (quantized during dispatch from rows of input_type "bf16" or "fp32",
+    one fp32 scale per token, or per fp8_block values) or "fp8_prequant"
+    (uint8 e4m3fn rows the caller quantized, with their fp32 scales).
+    combine_type: "bf16" (default) or "fp32", the expert outputs and the
+    combine output.  buffer_sets: dispatches that may be outstanding
+    (0 = 2).  zero_copy: leave the received rows in the receive slots
+    (RecvView.row_index).  output: "torch" or "numpy" for the receive
+    view's arrays (default: the kind of the last dispatch's input).
+
+    Inputs are torch CPU tensors or numpy arrays, checked for dtype,
+    shape, contiguity and device before anything is sent; a refusal is
+    passed to the C call so that every rank raises the same error class
+    (the refusing rank with the reason, the others with the code) and
+    none waits.  Nothing is copied on the way in.
+    """
+
+    def __init__(self, comm, num_experts, top_k, hidden, max_tokens, *,
+                 token_type="bf16", input_type=None, fp8_block=0,
+                 combine_type="bf16", buffer_sets=0, zero_copy=False,
+                 output=None):
+        self._h = None
+        self.comm = comm
+        cfg = self._config(num_experts, top_k, hidden, max_tokens, token_type,
+                           input_type, fp8_block, combine_type, buffer_sets,
+                           zero_copy)
+        self.num_experts, self.top_k = num_experts, top_k
+        self.hidden, self.max_tokens = hidden, max_tokens
+        self.token_type, self.combine_type = token_type, combine_type
+        self.fp8_block, self.zero_copy = fp8_block, bool(zero_copy)
+        fp8 = token_type in ("fp8", "fp8_prequant")
+        self.input_type = ((input_type or "bf16") if token_type == "fp8"
+                           else None)
+        self._x_dt = {"fp32": "fp32", "bf16": "bf16", "fp8": self.input_type,
+                      "fp8_prequant": "u8"}[token_type]
+        self._row_dt = "u8" if fp8 else token_type
+        self.scales_per_row = (0 if not fp8 else 1 if not fp8_block else
+                               -(-hidden // fp8_block))
+        self._output = output
+        self._kind = output or "torch"
+        self._gen = 0
+        self._sent = collections.deque()      # n per dispatch sent
+        self._received = collections.deque()  # (n, rows) received, uncombined
+        self._csent = collections.deque()     # n per combine sent
+        self._sendbuf = None
+        h = ctypes.c_void_p()
+        mark = log.seq
+        ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
+                                   ctypes.byref(h))
+        if ret:
+            raise_for(ret, "fabep_moe_create", mark)
+        self._h = h.value
+        self._recv = _lib.new_output(_lib.MoeRecv)
+        comm._handles.add(self)
+
+    @staticmethod
+    def _config(num_experts, top_k, hidden, max_tokens, token_type="bf16",
+                input_type=None, fp8_block=0, combine_type="bf16",
+                buffer_sets=0, zero_copy=False):
+        cfg = _lib.MoeConfig()
+        lib.fabep_moe_config_init(ctypes.byref(cfg))
+        cfg.num_experts, cfg.top_k = num_experts, top_k
+        cfg.hidden, cfg.max_tokens = hidden, max_tokens
+        cfg.token_type = _type(token_type, "token_type", _TYPES)
+        if token_type == "fp8":
+            cfg.input_type = _type(input_type or "bf16", "input_type",
+                                   ("fp32", "bf16"))
+        cfg.fp8_block = fp8_block
+        cfg.combine_type = _type(combine_type, "combine_type",
+                                 ("fp32", "bf16"))
+        cfg.buffer_sets = buffer_sets
+        cfg.flags = _lib.MOE_ZERO_COPY if zero_copy else 0
+        return cfg
+
+    @staticmethod
+    def heap_bytes(nranks, num_experts, top_k, hidden, max_tokens, **kw):
+        """Symmetric-heap bytes a handle of this configuration takes on
+        `nranks` ranks (add it to Comm's heap_size).  Same keywords as
+        MoE()."""
+        kw.pop("output", None)
+        cfg = MoE._config(num_experts, top_k, hidden, max_tokens, **kw)
+        return lib.fabep_moe_heap_bytes(ctypes.byref(cfg), nranks)
+
+    def close(self):
+        """Free the handle (not collective).  Views of it must not be
+        used afterwards."""
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        self._gen += 1
+        lib.fabep_moe_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def _handle(self):
+        if self._h is None:
+            raise invalid("the MoE handle is closed")
+        return self._h
+
+    # -- input checks ---------------------------------------------------------
+    def _check_dispatch(self, x, topk_ids, topk_weights, scales):
+        if topk_ids is None:
+            n = self._prev_n
+        else:
+            ids = _tensor.check(topk_ids, "topk_ids", ("i32",),
+                                (None, self.top_k))
+            n = ids.shape[0]
+        if n > self.max_tokens:
+            # the C call reports it on every rank (-EMSGSIZE)
+            return (_ptr(x), None, _ptr(topk_ids), None), n
+        xa = None
+        if x is not None:
+            sb = self._sendbuf
+            strided = sb is not None and _tensor.kind_of(x) is not None and \
+                _ptr(x) == sb[0]
+            xa = _tensor.check(x, "x", (self._x_dt,), (n, self.hidden),
+                               rows_strided=strided)
+            if strided and xa.ld * _tensor.ITEMSIZE[self._x_dt] not in \
+                    (sb[1], self.hidden * _tensor.ITEMSIZE[self._x_dt]):
+                raise invalid("x: the send buffer's rows are "
+                              "%d bytes apart" % sb[1])
+            self._kind = self._output or xa.kind
+        elif n:
+            raise invalid("x: None with %d tokens" % n)
+        sa = None
+        if self.token_type == "fp8_prequant":
+            if scales is None:
+                if n:
+                    raise invalid("scales: fp8_prequant needs "
+                                  "the scales")
+            else:
+                sa = _tensor.check(scales, "scales", ("fp32",),
+                                   (n, self.scales_per_row),
+                                   rows_strided=self._sendbuf is not None)
+        elif scales is not None:
+            raise invalid("scales: only fp8_prequant takes "
+                          "scales")
+        wp = None
+        if topk_weights is not None:
+            if topk_ids is None:
+                raise invalid("topk_weights without topk_ids "
+                              "(None reuses the previous routing "
+                              "and weights)")
+            wp = _tensor.check(topk_weights, "topk_weights", ("fp32",),
+                               (n, self.top_k)).ptr
+        return (xa.ptr if xa else None, sa.ptr if sa else None,
+                (ids.ptr or _NO_IDS_PTR) if topk_ids is not None else None,
+                wp), n
+
+    def _refuse_dispatch(self, err):
+        """Pass a refusal found here to every rank: the C dispatch with
+        tokens but no rows fails with -EINVAL on every rank."""
+        mark = log.seq
+        ret = lib.fabep_moe_dispatch(self._h, None, None, 1, _NO_IDS_PTR,
+                                     None, ctypes.byref(self._recv))
+        self._gen += 1
+        if ret == 0:  # cannot happen: C refuses NULL rows
+            raise err
+        if ret != err.code:
+            raise_for(ret, "fabep_moe_dispatch", mark)
+        raise err
+
+    @property
+    def _prev_n(self):
+        return getattr(self, "_last_n", 0)
+
+    # -- dispatch -------------------------------------------------------------
+    def dispatch(self, x, topk_ids, topk_weights=None, scales=None):
+        """Send each token to the ranks of its top-k experts and return
+        what this rank received (a RecvView).  Collective.
+
+        x: [n, hidden] of the input dtype (bf16 / fp32 tokens: bf16 as
+        torch.bfloat16 or numpy uint16, fp32; "fp8": input_type; 
+        "fp8_prequant": uint8 codes with `scales` fp32 [n, scales_per_row]);
+        topk_ids: int32 [n, top_k], -1 = not routed, None = the previous
+        dispatch's routing and weights (the backward of combine);
+        topk_weights: fp32 [n, top_k] or None (all 1).  0 <= n <=
+        max_tokens.  The inputs may be reused as soon as this returns.
+        """
+        h = self._handle()
+        try:
+            args, n = self._check_dispatch(x, topk_ids, topk_weights, scales)
+        except InvalidArgumentError as e:
+            self._refuse_dispatch(e)
+        xp, sp, ip, wp = args
+        mark = log.seq
+        self._gen += 1
+        ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp,
+                                     ctypes.byref(self._recv))
+        if ret:
+            raise_for(ret, "fabep_moe_dispatch", mark)
+        self._last_n = n
+        self._received.append((n, self._recv.rows))
+        return self._view()
+
+    def dispatch_send(self, x, topk_ids, topk_weights=None, scales=None):
+        """Send half of dispatch (see dispatch): returns once the rows are
+        on their way, so the caller can compute while they travel; then
+        dispatch_recv().  x may be the send buffer's rows (send_buffer)."""
+        h = self._handle()
+        if self._sent:
+            raise invalid("dispatch_send: the previous "
+                          "dispatch_send awaits its dispatch_recv")
+        try:
+            args, n = self._check_dispatch(x, topk_ids, topk_weights, scales)
+        except InvalidArgumentError as e:
+            self._refuse_dispatch(e)
+        mark = log.seq
+        self._gen += 1
+        self._sendbuf = None
+        ret = lib.fabep_moe_dispatch_send(h, args[0], args[1], n, args[2],
+                                          args[3])
+        if ret:
+            if -ret in _COUNTED:
+                # the refusal went to every rank in the exchange, which
+                # the receive half completes: do it, so the handle is
+                # ready for the next call (the peers' dispatch_recv
+                # raises the same error)
+                lib.fabep_moe_dispatch_recv(h, ctypes.byref(self._recv))
+            raise_for(ret, "fabep_moe_dispatch_send", mark)
+        self._last_n = n
+        self._sent.append(n)
+        return None
+
+    def dispatch_recv(self):
+        """Receive half of dispatch: wait for every peer's rows and return
+        the RecvView."""
+        h = self._handle()
+        mark = log.seq
+        self._gen += 1
+        ret = lib.fabep_moe_dispatch_recv(h, ctypes.byref(self._recv))
+        n = self._sent.popleft() if self._sent else 0
+        if ret:
+            raise_for(ret, "fabep_moe_dispatch_recv", mark)
+        self._received.append((n, self._recv.rows))
+        return self._view()
+
+    def _view(self):
+        # the view reads the handle's record itself: any later call bumps
+        # _gen, which the view checks before it reads
+        return RecvView(self, self._recv, self._kind)
+
+    def send_buffer(self, kind=None):
+        """Registered memory where the next dispatch_send finds its tokens
+        without a copy: returns (x, scales), x [max_tokens, hidden] of the
+        input dtype (rows possibly apart: write token t into x[t]) and,
+        for fp8_prequant, scales [max_tokens, scales_per_row] (else None).
+        Pass x[:n] (and scales[:n]) to dispatch_send.  Valid for that one
+        call.  Not for token_type "fp8" (NotSupportedError)."""
+        h = self._handle()
+        xp, stride = ctypes.c_void_p(), ctypes.c_size_t()
+        sp, sstride = ctypes.c_void_p(), ctypes.c_size_t()
+        mark = log.seq
+        ret = lib.fabep_moe_send_buffer(h, ctypes.byref(xp),
+                                        ctypes.byref(stride), ctypes.byref(sp),
+                                        ctypes.byref(sstride))
+        if ret:
+            raise_for(ret, "fabep_moe_send_buffer", mark)
+        kind = kind or self._output or self._kind
+        x = _tensor.view(kind, xp.value, (self.max_tokens, self.hidden),
+                         self._x_dt, self, row_stride=stride.value)
+        s = None
+        if sp.value:
+            s = _tensor.view(kind, sp.value, (self.max_tokens,
+                                              self.scales_per_row), "fp32",
+                             self, row_stride=4 * sstride.value)
+        self._sendbuf = (xp.value, stride.value)
+        return x, s
+
+    # -- combine --------------------------------------------------------------
+    def _check_y(self, y):
+        rows = self._received[0][1] if self._received else None
+        if y is None:
+            if rows:
+                raise invalid("y: None for %d rows" % rows)
+            return None, self.hidden
+        a = _tensor.check(y, "y", (self.combine_type,), (rows, self.hidden),
+                          rows_strided=True)
+        return a.ptr, a.ld
+
+    def _check_out(self, out, n, like):
+        """like: a kind name, or the input whose kind a new out takes."""
+        if out is None:
+            if not isinstance(like, str):
+                like = _tensor.kind_of(like) or self._kind
+            out = _tensor.empty(like, (n, self.hidden), self.combine_type)
+        a = _tensor.check(out, "out", (self.combine_type,), (n, self.hidden),
+                          rows_strided=True)
+        return out, a.ptr, a.ld
+
+    def _refuse_combine(self, err):
+        mark = log.seq
+        self._gen += 1
+        ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None, 0,
+                                    _lib.ROW_FN(), None)
+        if self._received:
+            self._received.popleft()
+        if ret and ret != err.code:
+            raise_for(ret, "fabep_moe_combine", mark)
+        raise err
+
+    def combine(self, y, out=None, weighted=True, row_callback=None):
+        """Bring the expert outputs back and sum them per token with the
+        router weights (weighted=False: a plain sum, the backward of
+        dispatch).  Collective; combines the oldest dispatch not yet
+        combined.
+
+        y: [rows, hidden] of combine_type (torch.bfloat16 / numpy uint16,
+        or fp32) in the order the dispatch delivered; its rows may be
+        apart (y[:, :hidden] of a wider tensor).  out: [n, hidden] of
+        combine_type (n of that dispatch), or None for a new one of the
+        kind of y.  row_callback(token, row) is called once per finished
+        row (from the library's worker threads, holding the GIL while it
+        runs; an exception in it is raised after the call).  Returns out.
+        """
+        h = self._handle()
+        n = self._received[0][0] if self._received else 0
+        try:
+            yp, ld_y = self._check_y(y)
+            out, op, ld_out = self._check_out(out, n, y)
+        except InvalidArgumentError as e:
+            self._refuse_combine(e)
+        cb, holder = self._row_cb(row_callback, out)
+        mark = log.seq
+        self._gen += 1
+        ret = lib.fabep_moe_combine(h, yp, ld_y, 0 if weighted else
+                                    _lib.MOE_UNWEIGHTED, op, ld_out, cb, None)
+        if self._received:
+            self._received.popleft()
+        if ret:
+            raise_for(ret, "fabep_moe_combine", mark)
+        if holder and holder[0] is not None:
+            raise holder[0]
+        return out
+
+    def combine_send(self, y, weighted=True):
+        """Send half of combine (see combine): reduce this rank's expert
+        outputs per token and send them back; then combine_recv()."""
+        h = self._handle()
+        if self._csent:
+            raise invalid("combine_send: the previous "
+                          "combine_send awaits its combine_recv")
+        try:
+            yp, ld_y = self._check_y(y)
+        except InvalidArgumentError as e:
+            self._refuse_combine(e)
+        mark = log.seq
+        self._gen += 1
+        ret = lib.fabep_moe_combine_send(h, yp, ld_y, 0 if weighted else
+                                         _lib.MOE_UNWEIGHTED)
+        n = self._received.popleft()[0] if self._received else 0
+        if ret:
+            if -ret in _COUNTED:
+                # as in dispatch_send: complete the refused exchange
+                lib.fabep_moe_combine_recv(h, None, 0, _lib.ROW_FN(), None)
+            raise_for(ret, "fabep_moe_combine_send", mark)
+        self._csent.append(n)
+        self._ylike = _tensor.kind_of(y) or self._kind
+
+    def combine_recv(self, out=None, row_callback=None):
+        """Receive half of combine: wait for the partial rows and sum them
+        into out ([n, hidden] of combine_type, or None for a new one).
+        A bad `out` raises on this rank alone before anything is
+        consumed (the combine stays pending: call again), as in C."""
+        h = self._handle()
+        n = self._csent[0] if self._csent else 0
+        out, op, ld_out = self._check_out(out, n, getattr(self, "_ylike",
+                                                          self._kind))
+        cb, holder = self._row_cb(row_callback, out)
+        mark = log.seq
+        self._gen += 1
+        ret = lib.fabep_moe_combine_recv(h, op, ld_out, cb, None)
+        if self._csent:
+            self._csent.popleft()
+        if ret:
+            raise_for(ret, "fabep_moe_combine_recv", mark)
+        if holder and holder[0] is not None:
+            raise holder[0]
+        return out
+
+    def _row_cb(self, fn, out):
+        if fn is None:
+            return _NO_ROW_FN, None
+        holder = [None]
+
+        def cb(ctx, token, row):
+            try:
+                fn(token, out[token])
+            except BaseException as e:  # noqa: B902 - raised after the call
+                if holder[0] is None:
+                    holder[0] = e
+        c = _lib.ROW_FN(cb)
+        holder.append(c)
+        return c, holder
+
+    # -- backward -------------------------------------------------------------
+    def combine_backward(self, grad_out):
+        """The backward of combine: dispatch the output gradient
+        [n, hidden] with the previous dispatch's routing and weights;
+        returns the RecvView of the gradient rows."""
+        return self.dispatch(grad_out, None)
+
+    def dispatch_backward(self, grad_rows, out=None):
+        """The backward of dispatch: send the gradient of the received
+        rows back and sum them per token without weights."""
+        return self.combine(grad_rows, out=out, weighted=False)
+
+    def timing(self):
+        """Timing of this rank's last dispatch and combine (not collective)."""
+        t = _lib.new_output(_lib.MoeTiming)
+        mark = log.seq
+        ret = lib.fabep_moe_timing(self._handle(), ctypes.byref(t))
+        if ret:
+            raise_for(ret, "fabep_moe_timing", mark)
+        return Timing(*(getattr(t, f) for f in _lib.TIMING_FIELDS))
+
+
+def _ptr(a):
+    k = _tensor.kind_of(a)
+    if k == "torch":
+        return a.data_ptr()
+    if k == "numpy":
+        return a.__array_interface__["data"][0]
+    return None

@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""Start N local ranks of a Python program, as the C tools' -n does.
+
+    python3 -m fabep.run -n 4 script.py [args...]
+    python3 -m fabep.run -n 4 -m package.module [args...]
+
+Each rank is a new interpreter (sys.executable) with FABEP_RANK,
+FABEP_WORLD_SIZE, FABEP_LOCAL_RANK, FABEP_LOCAL_SIZE and FABEP_ROOT
+(127.0.0.1 and a free port, or --root) set, so fabep.Comm.from_env()
+needs nothing else.  When a rank fails (nonzero exit or a signal) or
+--timeout passes, the others are stopped (SIGTERM, then SIGKILL), and
+the launcher exits nonzero: with the failing rank's status (128 + the
+signal for a signal), 124 on a timeout; 0 when every rank succeeded.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _stop(procs, grace=2.0):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _status(rc):
+    return 128 - rc if rc < 0 else rc
+
+
+def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
+    """Run argv (a list, after the interpreter) on nranks local ranks.
+    Returns the launcher's exit status (see the module's text)."""
+    base = dict(os.environ if env is None else env)
+    root = root or "127.0.0.1:%d" % _free_port()
+    procs = []
+    for r in range(nranks):
+        e = dict(base, FABEP_RANK=str(r), FABEP_WORLD_SIZE=str(nranks),
+                 FABEP_LOCAL_RANK=str(r), FABEP_LOCAL_SIZE=str(nranks),
+                 FABEP_ROOT=root)
+        procs.append(subprocess.Popen([sys.executable] + list(argv), env=e))
+    deadline = time.monotonic() + timeout if timeout else None
+    status = 0
+    try:
+        while True:
+            running = 0
+            for r, p in enumerate(procs):
+                rc = p.poll()
+                if rc is None:
+                    running += 1
+                elif rc != 0:
+                    if not quiet:
+                        print("fabep.run: rank %d %s; stopping the others" % (
+                            r, "exited with %d" % rc if rc > 0 else
+                            "killed by signal %d" % -rc), file=sys.stderr)
+                    _stop(procs)
+                    return _status(rc)
+            if not running:
+                return status
+            if deadline and time.monotonic() > deadline:
+                if not quiet:
+                    print("fabep.run: timeout after %g s; stopping every "
+                          "rank" % timeout, file=sys.stderr)
+                _stop(procs)
+                return 124
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        _stop(procs)
+        return 130
+
+
+def main(args=None):
+    ap = argparse.ArgumentParser(
+        prog="python3 -m fabep.run",
+        description="Run a Python program on N local fabep ranks.")
+    ap.add_argument("-n", "--ranks", type=int, required=True,
+                    help="number of ranks (processes) to start")
+    ap.add_argument("-t", "--timeout", type=float, default=0,
+                    help="stop every rank after this many seconds (0: never)")
+    ap.add_argument("--root", help="FABEP_ROOT host:port (default: "
+                    "127.0.0.1 and a free port)")
+    ap.add_argument("-m", dest="module", help="run a module, as python3 -m")
+    ap.add_argument("program", nargs=argparse.REMAINDER,
+                    help="script.py and its arguments")
+    a = ap.parse_args(args)
+    if a.ranks < 1:
+        ap.error("-n must be at least 1")
+    argv = list(a.program)
+    if a.module:
+        argv = ["-m", a.module] + argv
+    if not argv:
+        ap.error("no program given")
+    return launch(a.ranks, argv, a.timeout, a.root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
