@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""The communicator: bootstrap from the environment, torchrun's variables
+and a torch.distributed group; the heap and one-sided calls; the GIL."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import ranks
+
+
+def test_library_queries():
+    import fabep
+    assert fabep.version().count(".") == 2
+    assert fabep.isa() in ("scalar", "avx2", "avx512")
+    assert "shm" in [p["provider"] for p in fabep.providers("shm")]
+    assert fabep.strerror(-110)
+
+
+def _heap_body(me, n, kind):
+    import fabep
+    with fabep.Comm.from_env() as comm:
+        assert (comm.rank, comm.size) == (me, n)
+        assert comm.provider == "shm" and comm.heap_size > 0
+        comm.barrier()
+        data = comm.heap_alloc(64 * 4)
+        recv = comm.heap_alloc(64 * 4 * n)
+        sig = comm.heap_alloc(8, 8)
+        mine = data.numpy("fp32") if kind == "numpy" else data.torch("fp32")
+        mine[:] = (np.arange(64) + 1000 * me) if kind == "numpy" else \
+            torch.arange(64).float() + 1000 * me
+        # every rank writes its block into slot `me` of every peer, then
+        # signals; then waits for n - 1 signals
+        for rounds in (1, 2):
+            for p in range(n):
+                if p != me:
+                    comm.put_signal(p, recv.offset + me * 256, data, 256, sig)
+            comm.flush()
+            comm.wait(sig, (n - 1) * rounds)
+            assert comm.counter(sig) >= (n - 1) * rounds
+            got = recv.numpy("fp32").reshape(n, 64)
+            for p in range(n):
+                if p != me:
+                    assert (got[p] == np.arange(64) + 1000 * p).all()
+            comm.barrier()
+        # plain put, then a barrier orders it for the reader
+        if n > 1:
+            comm.put((me + 1) % n, recv.offset, data, 4)
+            comm.flush()
+            comm.barrier()
+            assert recv.numpy("fp32")[0] == 1000 * ((me - 1) % n)
+        with pytest.raises(fabep.InvalidArgumentError):
+            comm.heap_alloc(8, align=3)
+        with pytest.raises(fabep.HeapFullError):
+            comm.heap_alloc(1 << 40)
+        comm.progress()
+    return True
+
+
+@pytest.mark.parametrize("n,kind", [(1, "numpy"), (2, "torch"), (4, "numpy")])
+def test_heap_put_signal_wait(n, kind):
+    assert all(ranks.run(n, _heap_body, kind))
+
+
+def _gil_body(me, n):
+    """While rank 0 waits in a barrier that rank 1 enters late, another
+    Python thread of rank 0 runs: the foreign call released the GIL."""
+    import fabep
+    comm = fabep.Comm.from_env()
+    comm.barrier()
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+    if me == 0:
+        t = threading.Thread(target=spin)
+        t.start()
+        time.sleep(0.05)
+        before = ticks[0]
+        comm.barrier()
+        during = ticks[0] - before
+        stop.set()
+        t.join()
+    else:
+        time.sleep(1.0)
+        comm.barrier()
+        during = None
+    comm.close()
+    return during
+
+
+def test_gil_released_during_waits():
+    res = ranks.run(2, _gil_body)
+    assert res[0] > 100, res  # about 1 s of 1 ms ticks ran meanwhile
+
+
+def _pg_body(me, n, use_store, port):
+    import torch.distributed as dist
+    import fabep
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+                            rank=me, world_size=n)
+    for k in ("FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_ROOT"):
+        os.environ.pop(k)
+    comm = fabep.Comm.from_process_group(use_store=use_store)
+    assert (comm.rank, comm.size) == (me, n)
+    ar = fabep.AllReduce(comm, 4, 8, "fp32")
+    out = ar.allreduce(torch.full((2, 8), float(me + 1)))
+    comm.close()
+    dist.destroy_process_group()
+    return float(out[0, 0])
+
+
+@pytest.mark.parametrize("use_store", [False, True])
+def test_from_process_group(use_store):
+    n = 3
+    res = ranks.run(n, _pg_body, use_store, ranks._port())
+    assert res == [float(n * (n + 1) / 2)] * n
+
+
+def _torchrun_body(me, n, port):
+    import fabep
+    for k in ("FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_ROOT"):
+        os.environ.pop(k)
+    os.environ.update(RANK=str(me), WORLD_SIZE=str(n),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    comm = fabep.Comm.from_env()
+    r = (comm.rank, comm.size)
+    comm.barrier()
+    comm.close()
+    return r
+
+
+def test_from_torchrun_env():
+    n = 2
+    assert ranks.run(n, _torchrun_body, ranks._port()) == \
+        [(r, n) for r in range(n)]
+
+
+def _cb_error_body(me, n):
+    import fabep
+
+    def bad(data):
+        raise RuntimeError("control plane down")
+    with pytest.raises(fabep.FabepError) as ei:
+        fabep.Comm(allgather=bad, rank=me, size=n)
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    return True
+
+
+def test_allgather_callback_error():
+    assert ranks.run(1, _cb_error_body) == [True]

@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""Bad input on one rank raises the same error class on every rank, and
+none waits; the handle works again afterwards; a killed rank gives a
+timeout that names it."""
+import os
+import signal
+
+import pytest
+import torch
+
+import ranks
+from helpers import tokens, to_numpy
+
+E, K, H, MAXT = 12, 2, 32, 6
+
+
+def _bad_inputs(kind):
+    """(name, mutate(x, ids, w) -> (x, ids, w), expected class name)."""
+    def conv(t):
+        return to_numpy(t) if kind == "numpy" else t
+    return [
+        ("dtype_x", lambda x, i, w: (conv(x.float()), conv(i), conv(w)),
+         "InvalidArgumentError", "dtype"),
+        ("dtype_ids", lambda x, i, w: (conv(x), conv(i.long()), conv(w)),
+         "InvalidArgumentError", "dtype"),
+        ("noncontig_x", lambda x, i, w: (
+            conv(torch.cat([x, x], 1)[:, ::2]), conv(i), conv(w)),
+         "InvalidArgumentError", "contiguous"),
+        ("shape_x", lambda x, i, w: (conv(x[:, :-1].contiguous()), conv(i),
+                                     conv(w)),
+         "InvalidArgumentError", "shape"),
+        ("shape_w", lambda x, i, w: (conv(x), conv(i), conv(w[:-1])),
+         "InvalidArgumentError", "shape"),
+        ("not_a_tensor", lambda x, i, w: (x.tolist(), conv(i), conv(w)),
+         "InvalidArgumentError", "expected a torch tensor"),
+        ("expert_range", lambda x, i, w: (conv(x), conv(_oob(i)), conv(w)),
+         "RangeError", "expert id"),
+        ("too_many", lambda x, i, w: (conv(torch.cat([x, x])),
+                                      conv(torch.cat([i, i])),
+                                      conv(torch.cat([w, w]))),
+         "MessageSizeError", ""),
+    ]
+
+
+def _oob(ids):
+    ids = ids.clone()
+    ids[0, 0] = E
+    return ids
+
+
+def _bad_body(me, nranks, kind, bad_rank):
+    import fabep
+    comm = fabep.Comm.from_env()
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    x, ids, w = tokens(me, 4, H, E, K, 5)
+    xb = x.bfloat16()
+    conv = (lambda t: to_numpy(t)) if kind == "numpy" else (lambda t: t)
+    seen = []
+    for half in (False, True):
+        for name, mutate, cls, text in _bad_inputs(kind):
+            args = mutate(xb, ids, w) if me == bad_rank else \
+                (conv(xb), conv(ids), conv(w))
+            with pytest.raises(fabep.FabepError) as ei:
+                if half:
+                    moe.dispatch_send(*args)
+                    moe.dispatch_recv()
+                else:
+                    moe.dispatch(*args)
+            e = ei.value
+            assert type(e).__name__ == cls, (name, type(e), str(e))
+            assert e.code < 0
+            if me == bad_rank:
+                assert text in str(e), (name, str(e))
+            seen.append(name)
+            # the handle works again on every rank
+            v = moe.dispatch(conv(xb), conv(ids), conv(w))
+            y = v.x.clone() if kind == "torch" else v.x.copy()
+            moe.combine(y)
+    # combine with a bad y on one rank: the same error everywhere
+    for half in (False, True):
+        v = moe.dispatch(conv(xb), conv(ids), conv(w))
+        y = v.x.clone() if kind == "torch" else v.x.copy()
+        if me == bad_rank:
+            y = conv(torch.zeros(v.rows, H + 1).bfloat16())
+        with pytest.raises(fabep.InvalidArgumentError):
+            if half:
+                moe.combine_send(y)
+                moe.combine_recv()
+            else:
+                moe.combine(y)
+    # combine_recv's output is checked on this rank alone, before
+    # anything is consumed: the combine stays pending, a retry works
+    v = moe.dispatch(conv(xb), conv(ids), conv(w))
+    moe.combine_send(v.x.clone() if kind == "torch" else v.x.copy())
+    with pytest.raises(fabep.InvalidArgumentError, match="out"):
+        moe.combine_recv(out=conv(torch.zeros(4, H)))
+    out = moe.combine_recv()
+    assert out.shape[0] == 4
+    # a tensor on another device
+    if kind == "torch":
+        args = (torch.empty(4, H, dtype=torch.bfloat16, device="meta"),
+                ids, w) if me == bad_rank else (xb, ids, w)
+        with pytest.raises(fabep.InvalidArgumentError) as ei:
+            moe.dispatch(*args)
+        if me == bad_rank:
+            assert "device" in str(ei.value)
+    # allreduce: a bad input on one rank
+    ar = fabep.AllReduce(comm, 8, H, "fp32")
+    a = torch.ones(4, H)
+    for bad in (a.bfloat16(), torch.ones(H, 4).t(), a.reshape(-1),
+                torch.ones(4, H + 1)):
+        arg = conv(bad) if me == bad_rank else conv(a)
+        with pytest.raises(fabep.InvalidArgumentError):
+            ar.allreduce(arg)
+    assert float((ar.allreduce(conv(a)))[0, 0]) == nranks
+    comm.close()
+    return len(seen)
+
+
+@pytest.mark.parametrize("nranks,bad_rank,kind", [(1, 0, "torch"),
+                                                  (3, 1, "torch"),
+                                                  (2, 1, "numpy")])
+def test_bad_input_same_error_everywhere(nranks, bad_rank, kind):
+    assert ranks.run(nranks, _bad_body, kind, bad_rank, timeout=90) == \
+        [16] * nranks
+
+
+def _lost_body(me, nranks, mode):
+    import time
+    import fabep
+    comm = fabep.Comm.from_env()
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    comm.barrier()
+    if me == 1:
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(3.0)  # past the others' timeout: they give up on it
+        comm._h = None   # its peers are gone: no collective destroy
+        return None
+    x, ids, w = tokens(me, 4, H, E, K, 5)
+    with pytest.raises(fabep.FabepError) as ei:
+        moe.dispatch(x.bfloat16(), ids, w)
+    comm._h = None
+    return type(ei.value).__name__, ei.value.code, str(ei.value)
+
+
+@pytest.mark.parametrize("mode,cls", [("kill", "PeerLostError"),
+                                      ("stall", "TimeoutError")])
+def test_lost_rank_is_named(mode, cls):
+    """A killed rank: PeerLostError; a rank that stops answering:
+    TimeoutError; on every other rank, with a message naming rank 1."""
+    res = ranks.run(3, _lost_body, mode, env={"FABEP_TIMEOUT_MS": "1500"},
+                    allow_killed=True, timeout=60)
+    if mode == "kill":
+        assert isinstance(res[1], ranks.Killed)
+    for r in (0, 2):
+        name, code, msg = res[r]
+        assert name == cls, msg
+        assert "rank 1" in msg or "ranks 1" in msg or "peer 1" in msg, msg
+
+
+def test_error_classes():
+    import errno
+    import fabep
+    from fabep.errors import error_class
+    assert error_class(-errno.EINVAL) is fabep.InvalidArgumentError
+    assert error_class(-errno.ETIMEDOUT) is fabep.TimeoutError
+    assert issubclass(fabep.TimeoutError, TimeoutError)
+    assert issubclass(fabep.InvalidArgumentError, ValueError)
+    assert error_class(-10007) is fabep.HeapFullError
+    assert error_class(-10008) is fabep.BusyError
+    e = fabep.FabepError(-errno.ETIMEDOUT)
+    assert e.code == -errno.ETIMEDOUT and "timed out" in str(e)

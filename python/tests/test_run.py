@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
+"""python3 -m fabep.run: ranks see their variables; a failing rank stops
+the others and the exit status says so; a timeout stops every rank."""
+import os
+import subprocess
+import sys
+import time
+
+import fabep.run as frun
+
+
+def _env():
+    """This environment, with the package under test on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(frun.__file__))] +
+        env.get("PYTHONPATH", "").split(os.pathsep))
+    return env
+
+
+def _script(tmp_path, body):
+    p = tmp_path / "prog.py"
+    p.write_text(body)
+    return str(p)
+
+
+def test_ranks_and_comm(tmp_path):
+    out = tmp_path / "out"
+    prog = _script(tmp_path, """
+import os, sys
+import fabep
+c = fabep.Comm.from_env()
+c.barrier()
+open(sys.argv[1] + str(c.rank), "w").write("%d %d %s" % (
+    c.rank, c.size, os.environ["FABEP_LOCAL_SIZE"]))
+c.close()
+""")
+    assert frun.launch(3, [prog, str(out)], env=_env()) == 0
+    for r in range(3):
+        assert (tmp_path / ("out%d" % r)).read_text() == "%d 3 3" % r
+
+
+def test_failure_stops_the_others(tmp_path):
+    prog = _script(tmp_path, """
+import os, sys, time
+if os.environ["FABEP_RANK"] == "1":
+    sys.exit(3)
+time.sleep(60)
+""")
+    t0 = time.monotonic()
+    assert frun.launch(3, [prog], quiet=True) == 3
+    assert time.monotonic() - t0 < 20
+
+
+def test_signal_and_timeout(tmp_path):
+    prog = _script(tmp_path, """
+import os, signal, time
+if os.environ["FABEP_RANK"] == "0":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+""")
+    assert frun.launch(2, [prog], quiet=True) == 128 + 9
+    prog = _script(tmp_path, "import time\ntime.sleep(60)\n")
+    t0 = time.monotonic()
+    assert frun.launch(2, [prog], timeout=1, quiet=True) == 124
+    assert time.monotonic() - t0 < 15
+
+
+def test_command_line(tmp_path):
+    prog = _script(tmp_path, "import sys\nsys.exit(0)\n")
+    env = _env()
+    r = subprocess.run([sys.executable, "-m", "fabep.run", "-n", "2", prog],
+                       env=env)
+    assert r.returncode == 0
+    r = subprocess.run([sys.executable, "-m", "fabep.run", "-n", "0", prog],
+                       env=env, stderr=subprocess.DEVNULL)
+    assert r.returncode == 2
