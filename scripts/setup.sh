@@ -7,7 +7,8 @@ set -eu
 cd "$(dirname "$0")/.."
 
 pkgs="build-essential autoconf automake libtool pkg-config libfabric-dev
-libfabric-bin librdmacm-dev libibverbs-dev libnuma-dev check"
+libfabric-bin librdmacm-dev libibverbs-dev libnuma-dev check
+python3 python3-numpy python3-torch python3-pytest"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
