@@ -25,6 +25,12 @@ struct fep_boot {
 	/* Between collectives, without blocking: 0 while every rank is
 	 * there, else the code of a loss (logged once).  NULL: cannot tell. */
 	int (*watch)(fep_boot_t *b);
+	/* Called while a TCP collective waits (between polls of at most
+	 * 1 ms), so that the fabric above keeps progressing: a peer's
+	 * transfer to this rank may need this rank's progress to complete
+	 * before that peer can join the collective.  NULL: none. */
+	void (*idle)(void *ctx);
+	void *idle_ctx;
 };
 
 static inline int fep_boot_allgather(fep_boot_t *b, const void *in, void *out,

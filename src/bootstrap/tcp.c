@@ -418,7 +418,10 @@ static int xfer_run(struct boot_tcp *t, struct boot_xfer *xs, int n,
 			*failed = xs[idx[0]].peer;
 			return -ETIMEDOUT;
 		}
-		ret = poll(pfd, (nfds_t)np, ms_left(deadline));
+		if (t->base.idle)
+			t->base.idle(t->base.idle_ctx);
+		ret = poll(pfd, (nfds_t)np, t->base.idle ?
+			   FEP_MIN(ms_left(deadline), 1) : ms_left(deadline));
 		if (ret < 0 && errno != EINTR) {
 			ret = -errno;
 			fep_err("bootstrap %s: poll: %s", what, strerror(errno));

@@ -241,6 +241,19 @@ static int fep_comm_pick_numa(fabep_comm_t *comm, const fabep_comm_attr_t *a)
 	return cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
 }
 
+/* The bootstrap's collectives (handle creations' exchanges) progress the
+ * fabric while they wait: a peer may still be in its previous call,
+ * waiting for a transfer to this rank that completes only through this
+ * rank's progress (a delivery-complete write, shm's segmented writes),
+ * and join the exchange only after it.  Errors surface at the next
+ * fabric call (tx_error, lost peers). */
+static void comm_boot_idle(void *ctx)
+{
+	fabep_comm_t *comm = ctx;
+
+	(void)fep_fabric_progress_all(comm->fab);
+}
+
 /* Exchange one int64 with every rank over the fabric: out[size]. */
 enum { XCHG_ALL, XCHG_DOWN, XCHG_UP };
 
@@ -817,6 +830,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	if (ret)
 		goto err_fabric;
 
+	comm->boot->idle = comm_boot_idle;
+	comm->boot->idle_ctx = comm;
 	fep_info("rank %d of %d: provider %s domain %s signal %s, %d channel%s, "
 		 "%d threads on node %d", comm->rank, comm->size,
 		 comm->fab->desc.provider, comm->fab->desc.domain,
@@ -859,6 +874,7 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 	}
 	if (comm->pool)
 		fep_pool_destroy(comm->pool);
+	comm->boot->idle = NULL;
 	fep_fabric_close(comm->fab);
 	fep_boot_destroy(comm->boot);
 	free(comm->peer_pid);
