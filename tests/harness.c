@@ -320,9 +320,10 @@ int fep_test_threads(int dflt)
 	return fep_env_long("FEP_TEST_THREADS", 1, 64, &v) > 0 ? (int)v : dflt;
 }
 
-int fep_test_have_provider(const char *prov)
+/* Whether prov is here; why: the reason when not (cached per provider). */
+static int provider_probe(const char *prov, const char **whyp)
 {
-	static char seen[16][32];
+	static char seen[16][32], seen_why[16][512];
 	static int seen_ok[16], nseen;
 	char why[512] = "";
 	int pfd[2], st, i, ok = 0;
@@ -330,11 +331,14 @@ int fep_test_have_provider(const char *prov)
 	pid_t pid;
 	uint64_t deadline;
 
+	*whyp = "no provider named";
 	if (!prov || !*prov)
 		return 0;
 	for (i = 0; i < nseen; i++)
-		if (!strcmp(seen[i], prov))
+		if (!strcmp(seen[i], prov)) {
+			*whyp = seen_why[i];
 			return seen_ok[i];
+		}
 
 	if (pipe(pfd)) {
 		fprintf(stderr, "SKIP: provider %s: pipe: %s\n", prov,
@@ -396,14 +400,127 @@ int fep_test_have_provider(const char *prov)
 				 "0x%x", st);
 	}
 	close(pfd[0]);
+	if (nseen < 16) {
+		snprintf(seen[nseen], sizeof(seen[nseen]), "%s", prov);
+		snprintf(seen_why[nseen], sizeof(seen_why[nseen]), "%s", why);
+		*whyp = seen_why[nseen];
+		seen_ok[nseen++] = ok;
+	} else {
+		*whyp = "probe table full";
+	}
+	return ok;
+}
+
+int fep_test_have_provider(const char *prov)
+{
+	const char *why;
+	int ok = provider_probe(prov, &why);
+
 	if (!ok)
 		fprintf(stderr, "SKIP: libfabric provider %s with FI_RMA and "
 			"FI_EP_RDM is not available here (%s)\n", prov, why);
+	return ok;
+}
+
+void fep_test_need_provider(const char *prov)
+{
+	const char *why;
+
+	if (!provider_probe(prov, &why))
+		fep_test_skip("libfabric provider %s with FI_RMA and FI_EP_RDM "
+			      "is not available here (%s)", prov, why);
+}
+
+/* ---- signal strategies ---- */
+
+const char *const fep_test_providers[FEP_TEST_NPROVIDERS] = {
+	"shm", "tcp", "sockets",
+};
+
+int fep_test_signal_list(fabep_signal_t *out, int max)
+{
+	int s, n = 0;
+
+	for (s = 1; s < FEP_TEST_MAX_SIGNALS && n < max; s++) {
+		fabep_signal_t back;
+
+		if (!fabep_signal_parse(fabep_signal_name((fabep_signal_t)s),
+					&back) && back == (fabep_signal_t)s)
+			out[n++] = (fabep_signal_t)s;
+	}
+	return n;
+}
+
+int fep_test_signals(const char *prov, unsigned *mask)
+{
+	static char seen[16][32];
+	static unsigned seen_mask[16];
+	static int nseen;
+	int pfd[2], st, i, ok;
+	pid_t pid;
+
+	*mask = 0;
+	for (i = 0; i < nseen; i++)
+		if (!strcmp(seen[i], prov)) {
+			*mask = seen_mask[i];
+			return 0;
+		}
+	if (pipe(pfd))
+		return -1;
+	fflush(stdout);
+	fflush(stderr);
+	pid = fork();
+	if (pid < 0) {
+		close(pfd[0]);
+		close(pfd[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		fabep_provider_desc_t d[32];
+		int n = 0, k;
+		unsigned m = ~0u;
+
+		close(pfd[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		d[0].size = sizeof(d[0]);
+		if (fabep_provider_list(prov, d, 32, &n))
+			_exit(2);  /* logged */
+		if (n <= 0)
+			m = 0;
+		for (k = 0; k < n; k++)
+			m &= d[k].signals;
+		_exit(write(pfd[1], &m, sizeof(m)) == sizeof(m) ? 0 : 1);
+	}
+	close(pfd[1]);
+	ok = read(pfd[0], mask, sizeof(*mask)) == sizeof(*mask);
+	close(pfd[0]);
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (!ok || !WIFEXITED(st) || WEXITSTATUS(st)) {
+		fprintf(stderr, "harness: fabep_provider_list(\"%s\") failed in "
+			"the probe (status 0x%x)\n", prov, st);
+		*mask = 0;
+		return -1;
+	}
 	if (nseen < 16) {
 		snprintf(seen[nseen], sizeof(seen[nseen]), "%s", prov);
-		seen_ok[nseen++] = ok;
+		seen_mask[nseen++] = *mask;
 	}
-	return ok;
+	return 0;
+}
+
+void fep_test_use_signal(const char *prov, fabep_signal_t sig)
+{
+	unsigned mask;
+
+	fep_test_need_provider(prov);
+	ck_assert_msg(!fep_test_signals(prov, &mask), "probing the strategies "
+		      "of %s failed", prov);
+	if (!(mask & (1u << sig)))
+		fep_test_skip("fabep offers no signal strategy %s with provider %s "
+			      "here", fabep_signal_name(sig), prov);
+	fep_test_use_provider(prov);
+	setenv("FABEP_SIGNAL", fabep_signal_name(sig), 1);
 }
 
 void fep_test_use_provider(const char *prov)
@@ -413,13 +530,76 @@ void fep_test_use_provider(const char *prov)
 		setenv("FI_SOCKETS_PE_WAITTIME", "0", 1);
 }
 
+/* One line of Check's TAP log ("[not ]ok N - <file>:<tcase>:<test>:
+ * <message>"), rewritten: a pass as "ok N - <tcase>:<test>", a case that
+ * ended with fep_test_skip (a failure to Check) as "ok N - <tcase>:<test>
+ * # SKIP <reason>", a failure with Check's message.  Counts them. */
+static void tap_line(char *line, int *pass, int *fail, int *skip)
+{
+	char *mark = strstr(line, FEP_TEST_SKIP_MARK), *desc, *end;
+	int num, ok = sscanf(line, "ok %d - ", &num) == 1;
+
+	if (!ok && sscanf(line, "not ok %d - ", &num) != 1) {
+		fputs(line, stdout);   /* the plan, or anything else */
+		return;
+	}
+	desc = strstr(line, " - ") + 3;
+	end = strchr(desc, ':');
+	if (end)
+		desc = end + 1;   /* the file is in the log's name */
+	if (!ok && !mark) {
+		printf("not ok %d - %s", num, desc);
+		(*fail)++;
+		return;
+	}
+	/* the name ends at the second ':' */
+	end = strchr(desc, ':');
+	end = end ? strchr(end + 1, ':') : NULL;
+	if (!end)
+		end = desc + strcspn(desc, "\n");
+	if (ok) {
+		printf("ok %d - %.*s\n", num, (int)(end - desc), desc);
+		(*pass)++;
+	} else {
+		printf("ok %d - %.*s # SKIP %s", num, (int)(end - desc), desc,
+		       mark + strlen(FEP_TEST_SKIP_MARK));
+		(*skip)++;
+	}
+}
+
 int fep_test_run_suite(Suite *s)
 {
+	char path[] = "/tmp/fep_tap_XXXXXX", line[4096];
+	int fd, pass = 0, fail = 0, skip = 0, failed;
 	SRunner *sr = srunner_create(s);
-	int failed;
+	FILE *f;
 
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
+	fd = mkstemp(path);
+	if (fd < 0) {
+		/* no TAP log: Check's own report, and its status */
+		fprintf(stderr, "harness: mkstemp: %s\n", strerror(errno));
+		srunner_run_all(sr, CK_NORMAL);
+		failed = srunner_ntests_failed(sr);
+		srunner_free(sr);
+		return failed ? 1 : 0;
+	}
+	close(fd);
+	srunner_set_tap(sr, path);
+	srunner_run_all(sr, CK_SILENT);
 	srunner_free(sr);
-	return failed ? 1 : 0;
+	f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "harness: %s: %s\n", path, strerror(errno));
+		unlink(path);
+		printf("Bail out! no TAP log from Check\n");
+		return 1;
+	}
+	while (fgets(line, sizeof(line), f))
+		tap_line(line, &pass, &fail, &skip);
+	fclose(f);
+	unlink(path);
+	printf("# Checks: %d, Failures: %d, Skipped: %d\n", pass + fail + skip,
+	       fail, skip);
+	fflush(stdout);
+	return fail ? 1 : 0;
 }

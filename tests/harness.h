@@ -11,6 +11,7 @@
 
 #include <check.h>
 
+#include "fabep.h"
 #include "util/rand.h"
 
 /* A rank's body: return 0 on success, anything else is a failure. */
@@ -43,6 +44,48 @@ int fep_test_free_port(void);
  */
 int fep_test_have_provider(const char *prov);
 
+/*
+ * Skipping.  A case that cannot run here ends with fep_test_skip(fmt,
+ * ...) (a format string literal): fep_test_run_suite reports it as
+ * "ok N - case # SKIP reason" in its TAP output, which automake's
+ * tap-driver.sh counts as a skip, never as a pass.  Only in the test's
+ * own process (Check's), not in a rank: a rank returns 77 and the test
+ * calls fep_test_skip.
+ */
+#define FEP_TEST_SKIP_MARK "fep-test-skip: "
+#define fep_test_skip(...) ck_abort_msg(FEP_TEST_SKIP_MARK __VA_ARGS__)
+
+/* Skip the case unless fep_test_have_provider(prov). */
+void fep_test_need_provider(const char *prov);
+
+/*
+ * The signal strategies fabep offers with provider `prov` here, into
+ * *mask: the `signals` bitmask of fabep_provider_list's entries for it,
+ * AND-ed (every domain offers them; 0 when the provider is missing).
+ * Probed in a forked child.  0, or -1 when the probe failed (logged).
+ */
+int fep_test_signals(const char *prov, unsigned *mask);
+
+/*
+ * Every strategy of fabep_signal_t besides AUTO, in order, from the
+ * library's names (so a strategy added to the enum is picked up): fills
+ * out[max], returns the count.
+ */
+int fep_test_signal_list(fabep_signal_t *out, int max);
+
+/*
+ * Skip the case unless `prov` is here and fabep offers `sig` with it;
+ * else set FABEP_PROVIDER (fep_test_use_provider) and FABEP_SIGNAL.
+ */
+void fep_test_use_signal(const char *prov, fabep_signal_t sig);
+
+/* The providers the strategy loops run on, and how many. */
+extern const char *const fep_test_providers[];
+#define FEP_TEST_NPROVIDERS 3
+
+/* The largest number of strategies fep_test_signal_list returns. */
+#define FEP_TEST_MAX_SIGNALS 16
+
 /* Set FABEP_PROVIDER (and the provider tuning the tests need, such as
  * FI_SOCKETS_PE_WAITTIME=0 for sockets) in this process's environment. */
 void fep_test_use_provider(const char *prov);
@@ -55,7 +98,13 @@ int fep_test_threads(int dflt);
 /* Deterministic per-rank random numbers. */
 #define fep_test_rand fep_xorshift
 
-/* Run every test of s, free it; 0 when all passed, else 1 (main's status). */
+/*
+ * Run every test of s, free it, and print the results in TAP on stdout
+ * (one line per case, skips marked "# SKIP", failures with Check's
+ * message, then a "# Checks: ..." summary); returns 0 when none failed,
+ * else 1 (main's status).  The automake harness reads it through
+ * tap-driver.sh.
+ */
 int fep_test_run_suite(Suite *s);
 
 #endif

@@ -387,16 +387,13 @@ static void run(const char *prov, int size, struct ar_run *t)
 {
 	int status[8], r;
 
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	t->prov = prov;
 	share_init();
 	fep_test_run_ranks_status(size, 120, run_rank, t, status);
-	if (status[0] == 77) {
-		fprintf(stderr, "SKIP: %s: communicator creation timed out\n", prov);
-		return;
-	}
+	if (status[0] == 77)
+		fep_test_skip("%s: communicator creation timed out", prov);
 	for (r = 0; r < size; r++)
 		ck_assert_msg(status[r] == 0, "%s, %d ranks, threshold %s: rank %d "
 			      "exited %d", prov, size, t->os_max ? t->os_max : "auto",
@@ -571,8 +568,7 @@ static void run_err(const char *prov, int size, int which)
 	struct err_run e = { prov, which };
 	int status[8], r;
 
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	fep_test_run_ranks_status(size, 60, err_rank, &e, status);
 	for (r = 0; r < size; r++)

@@ -490,8 +490,7 @@ static void run_fault(const char *prov, int op, int fault)
 	char row[512];
 	size_t l = 0;
 
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	for (r = 0; r < 3; r++) {
 		int again = 0, q;
@@ -703,8 +702,7 @@ static void run_rdv(const char *prov, int mode)
 	int status[2], one = 1;
 	char *nl;
 
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	if (!g_rdv) {
 		g_rdv = mmap(NULL, sizeof(*g_rdv), PROT_READ | PROT_WRITE,
@@ -1054,8 +1052,7 @@ static int args_rank(int rank, int size, void *arg)
 
 static void run_args(const char *prov)
 {
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	setenv("FABEP_LOG", "error", 1);
 	ck_assert_int_eq(fep_test_run_ranks(2, 60, args_rank, NULL), 0);

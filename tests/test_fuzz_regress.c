@@ -21,6 +21,8 @@
 #include <unistd.h>
 #include <check.h>
 
+#include "harness.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
@@ -90,15 +92,9 @@ int main(void)
 {
 	Suite *s = suite_create(FUZZ_TARGET);
 	TCase *tc = tcase_create("replay");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, test_replay);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return fep_test_run_suite(s);
 }

@@ -28,6 +28,7 @@
 #include <numa.h>
 
 #include "kernels/kernels.h"
+#include "harness.h"
 
 /* ---------------------------------------------------------------- */
 /* helpers                                                          */
@@ -167,6 +168,18 @@ START_TEST(test_isa_names)
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
 	    __builtin_cpu_supports("avx512dq") && !getenv("FABEP_ISA"))
 		ck_assert_int_eq(fabep_isa(), FABEP_ISA_AVX512);
+}
+END_TEST
+
+/* The vector tests compare every level this CPU has with scalar; a CPU
+ * without AVX-512 leaves those kernels untested here: a skip, so the
+ * suite's summary says so. */
+START_TEST(test_isa_avx512_here)
+{
+	if (fep_k_isa_max() < FABEP_ISA_AVX512)
+		fep_test_skip("no AVX-512 (BW, VL, DQ) on this CPU: the AVX-512 "
+			      "kernels are not compared with scalar here");
+	ck_assert_ptr_nonnull(fep_k_ops_isa(FABEP_ISA_AVX512));
 }
 END_TEST
 
@@ -1530,6 +1543,7 @@ static Suite *kernels_suite(int forked)
 
 	tc = tcase_create("isa");
 	tcase_add_test(tc, test_isa_names);
+	tcase_add_test(tc, test_isa_avx512_here);
 	if (forked) { /* need a fresh process: the level is chosen once */
 		tcase_add_test(tc, test_isa_env);
 		tcase_add_test(tc, test_isa_env_bad);
@@ -1585,16 +1599,12 @@ static Suite *kernels_suite(int forked)
 int main(void)
 {
 	SRunner *sr;
-	int failed, forked;
+	int forked;
 
 	/* probe the fork mode (CK_FORK=no turns it off) */
 	sr = srunner_create(suite_create("probe"));
 	forked = srunner_fork_status(sr) != CK_NOFORK;
 	srunner_free(sr);
 
-	sr = srunner_create(kernels_suite(forked));
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return fep_test_run_suite(kernels_suite(forked));
 }

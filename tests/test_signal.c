@@ -175,18 +175,15 @@ static void run_stress_chan(const char *prov, fabep_signal_t sig, int size,
 	struct stress st = { .signal = sig, .channels = channels, .threads = threads };
 	int status[8], r, ret;
 
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	st.sizes = small_sizes;
 	st.nsizes = (int)(sizeof(small_sizes) / sizeof(small_sizes[0]));
 	st.rounds = small_rounds;
 	ret = fep_test_run_ranks_status(size, 120, stress_rank, &st, status);
-	if (status[0] == 77) {
-		fprintf(stderr, "SKIP: %s does not offer signal strategy %s\n",
-			prov, fabep_signal_name(sig));
-		return;
-	}
+	if (status[0] == 77)
+		fep_test_skip("%s does not offer signal strategy %s", prov,
+			      fabep_signal_name(sig));
 	for (r = 0; r < size; r++)
 		ck_assert_msg(status[r] == 0, "%s/%s small: rank %d exited %d", prov,
 			      fabep_signal_name(sig), r, status[r]);
@@ -267,8 +264,7 @@ static void run_killed(const char *prov)
 	uint64_t t0, dt;
 	struct timespec ts;
 
-	if (!fep_test_have_provider(prov))
-		return;
+	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
 	setenv("FABEP_TIMEOUT_MS", "2000", 1);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -353,8 +349,7 @@ START_TEST(numa_node_env)
 	int expect = -EINVAL;
 	size_t i;
 
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	setenv("FABEP_NUMA_NODE", "-1", 1);
 	ck_assert_int_eq(fep_test_run_ranks(1, 30, numa_default_rank, NULL), 0);
@@ -371,8 +366,7 @@ START_TEST(unsupported_signal)
 {
 	int expect = -FABEP_ERR_NO_SIGNAL;
 
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	/* shm refuses FI_FENCE (PROVIDERS.md) */
 	setenv("FABEP_PROVIDER", "shm", 1);
 	setenv("FABEP_SIGNAL", "fence", 1);
@@ -455,8 +449,7 @@ static int rescue_rank(int rank, int size, void *arg)
 #define SHM2_TEST(name, fn)                                             \
 	START_TEST(name)                                                \
 	{                                                               \
-		if (!fep_test_have_provider("shm"))                     \
-			return;                                         \
+		fep_test_need_provider("shm");                          \
 		fep_test_use_provider("shm");                           \
 		ck_assert_int_eq(fep_test_run_ranks(2, 60, fn, NULL), 0); \
 	}                                                               \
@@ -644,8 +637,7 @@ static int args_rank(int rank, int size, void *arg)
 
 START_TEST(bad_args)
 {
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	ck_assert_int_eq(fep_test_run_ranks(2, 60, args_rank, NULL), 0);
 }
@@ -673,8 +665,7 @@ START_TEST(blob_exchange)
 	fep_fabric_t *fab;
 	int ret;
 
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	p.provider = "shm";
 	p.all_local = true;
 	p.rank = 0;
@@ -759,8 +750,7 @@ static int agree_rank(int rank, int size, void *arg)
 
 START_TEST(shm_agree_rounds)
 {
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	ck_assert_int_eq(fep_test_run_ranks(2, 120, agree_rank, NULL), 0);
 	ck_assert_int_eq(fep_test_run_ranks(3, 120, agree_rank, NULL), 0);
