@@ -509,6 +509,47 @@ int fep_test_signals(const char *prov, unsigned *mask)
 	return 0;
 }
 
+void fep_test_add_signal_cases(TCase *tc, const TTest *t)
+{
+	/* static: the runner keeps pointers to them until the end */
+	static TTest cases[4][FEP_TEST_NPROVIDERS * FEP_TEST_MAX_SIGNALS];
+	static char names[4][FEP_TEST_NPROVIDERS * FEP_TEST_MAX_SIGNALS][64];
+	static int ncalls;
+	fabep_signal_t sig[FEP_TEST_MAX_SIGNALS];
+	int n = fep_test_signal_list(sig, FEP_TEST_MAX_SIGNALS), i;
+
+	if (ncalls >= 4) {  /* building the suite: no Check assertion here */
+		fprintf(stderr, "harness: fep_test_add_signal_cases: more than "
+			"4 tests\n");
+		exit(1);
+	}
+	for (i = 0; i < FEP_TEST_NPROVIDERS * n; i++) {
+		TTest *c = &cases[ncalls][i];
+
+		snprintf(names[ncalls][i], sizeof(names[ncalls][i]), "%s_%s_%s",
+			 t->name, fep_test_providers[i / n],
+			 fabep_signal_name(sig[i % n]));
+		*c = *t;
+		c->name = names[ncalls][i];
+		tcase_add_loop_test(tc, c, i, i + 1);
+	}
+	ncalls++;
+}
+
+const char *fep_test_signal_case(int i, fabep_signal_t *sig)
+{
+	fabep_signal_t all[FEP_TEST_MAX_SIGNALS];
+	int n = fep_test_signal_list(all, FEP_TEST_MAX_SIGNALS);
+	const char *prov;
+
+	ck_assert_msg(n > 0 && i >= 0 && i < FEP_TEST_NPROVIDERS * n,
+		      "signal case %d of %d", i, FEP_TEST_NPROVIDERS * n);
+	prov = fep_test_providers[i / n];
+	*sig = all[i % n];
+	fep_test_use_signal(prov, *sig);
+	return prov;
+}
+
 void fep_test_use_signal(const char *prov, fabep_signal_t sig)
 {
 	unsigned mask;

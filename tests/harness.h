@@ -79,6 +79,15 @@ int fep_test_signal_list(fabep_signal_t *out, int max);
  */
 void fep_test_use_signal(const char *prov, fabep_signal_t sig);
 
+/*
+ * Add test t to tc once per provider of fep_test_providers and strategy
+ * of fep_test_signal_list, named "<t>_<provider>_<strategy>"; each runs
+ * with _i its index, which fep_test_signal_case turns into its provider
+ * and strategy, setting them up (or skipping the case).
+ */
+void fep_test_add_signal_cases(TCase *tc, const TTest *t);
+const char *fep_test_signal_case(int i, fabep_signal_t *sig);
+
 /* The providers the strategy loops run on, and how many. */
 extern const char *const fep_test_providers[];
 #define FEP_TEST_NPROVIDERS 3

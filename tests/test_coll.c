@@ -576,6 +576,19 @@ static void run_err(const char *prov, int size, int which)
 			      prov, which, r, status[r]);
 }
 
+/* Every signal strategy that each provider offers (skipped where it
+ * lacks one; fep_test_add_signal_cases): the mixed cases, one-stage and
+ * two-stage, a short run each. */
+START_TEST(ar)
+{
+	fabep_signal_t sig;
+	const char *prov = fep_test_signal_case(_i, &sig);
+
+	run_cases(prov, strcmp(prov, "sockets") ? 3 : 2, FABEP_AR_BF16, "4k",
+		  mixed, N(mixed), 1);
+}
+END_TEST
+
 START_TEST(err_calls_shm) { run_err("shm", 3, 1); } END_TEST
 START_TEST(err_create_shm) { run_err("shm", 3, 0); } END_TEST
 START_TEST(err_calls_tcp) { run_err("tcp", 2, 1); } END_TEST
@@ -623,6 +636,11 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, err_calls_shm);
 	tcase_add_test(tc, err_create_shm);
 	tcase_add_test(tc, err_calls_tcp);
+	suite_add_tcase(s, tc);
+	/* every strategy of every provider */
+	tc = tcase_create("signals");
+	tcase_set_timeout(tc, 150);
+	fep_test_add_signal_cases(tc, ar);
 	suite_add_tcase(s, tc);
 	return s;
 }
