@@ -156,6 +156,15 @@ static int stress_rank(int rank, int size, void *arg)
 		}
 	}
 	free(expect);
+	/* delivery: no atomic went before the completions of the writes to
+	 * its peer were reaped (the providers here would not show it: shm
+	 * and tcp carry a write and the next atomic through one queue) */
+	if (comm->fab->sig_unreaped) {
+		fprintf(stderr, "rank %d: %llu signals posted before their "
+			"writes' completions were reaped\n", rank,
+			(unsigned long long)comm->fab->sig_unreaped);
+		return 1;
+	}
 	ret = fabep_barrier(comm);
 	if (ret) {
 		fprintf(stderr, "rank %d: final barrier: %s\n", rank, fabep_strerror(ret));

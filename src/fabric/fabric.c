@@ -725,6 +725,10 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs)
 
 static void fep_op_put(fep_fabric_t *fab, struct fep_op *op)
 {
+	if (op->dc) {
+		op->dc = false;
+		fab->peers[op->peer].dc_out--;
+	}
 	op->next = fab->free_ops;
 	fab->free_ops = op;
 	fab->outstanding--;

@@ -36,6 +36,8 @@ struct fep_op {
 	struct fep_op *next;
 	int peer;
 	int kind;
+	bool dc;                  /* a write with FI_DELIVERY_COMPLETE: counted
+				     in its peer's dc_out until reaped */
 };
 
 /* What each rank publishes about itself at start-up (an opaque blob for
@@ -57,6 +59,7 @@ struct fep_peer {
 	uint64_t base;   /* added to offsets (0 without FI_MR_VIRT_ADDR) */
 	uint64_t key;
 	int lost;        /* a transfer to it failed */
+	unsigned dc_out; /* its FI_DELIVERY_COMPLETE writes not yet reaped */
 };
 
 struct fep_fab_params {
@@ -118,6 +121,11 @@ typedef struct fep_fabric {
 				   progresses (software transports) */
 
 	struct fep_peer *peers;
+	/* Atomics posted while a delivery-complete write to the same peer
+	 * was not yet reaped: the delivery strategy's rule broken, where
+	 * no provider here shows it (shm and tcp carry both through one
+	 * queue).  Read by the tests; one add per atomic. */
+	uint64_t sig_unreaped;
 
 	/* Channels (FABEP_CHANNELS): chan[0] is this fabric, chan[1..] more
 	 * endpoints, each in its own domain with its own CQs, registering

@@ -210,8 +210,12 @@ static int fep_post_write(fep_fabric_t *fab, int peer, uint64_t dst,
 	else
 		ret = FEP_POST(fab, peer, "fi_writemsg",
 			       fi_writemsg(fab->ep, &msg, flags | FI_COMPLETION));
-	if (ret)
+	if (ret) {
 		fep_op_unget(fab, op);
+	} else if (flags & FI_DELIVERY_COMPLETE) {
+		op->dc = true;
+		p->dc_out++;
+	}
 	return ret;
 }
 
@@ -328,6 +332,8 @@ static int fep_post_atomic(fep_fabric_t *fab, int peer, uint64_t sig,
 			       fi_atomicmsg(fab->ep, &msg, flags));
 	if (ret)
 		fep_op_unget(fab, op);
+	else
+		fab->sig_unreaped += p->dc_out != 0;
 	return ret;
 }
 
