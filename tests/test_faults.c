@@ -3,9 +3,10 @@
  * test_faults.c - what survivors see when a rank dies or stalls, bad
  * rendezvous peers, and bad arguments to every public call.
  *
- * Fault matrix (shm and tcp, 3 forked ranks, FABEP_TIMEOUT_MS=1000): rank
- * 2 is killed with SIGKILL before, during and after a dispatch, a combine
- * and an allreduce, or stopped with SIGSTOP during one.  Every survivor
+ * Fault matrix (shm and tcp, kills on sockets; 3 forked ranks,
+ * FABEP_TIMEOUT_MS=1000): rank 2 is killed with SIGKILL before, during
+ * and after a dispatch, a combine and an allreduce, or stopped with
+ * SIGSTOP during one.  Every survivor
  * must return -ETIMEDOUT, -FABEP_ERR_PEER_LOST or -FABEP_ERR_PEER within
  * the timeout (plus slack) of entering the failing call (for a killed
  * rank, which runs on this host, -FABEP_ERR_PEER_LOST: the waits' check
@@ -557,6 +558,11 @@ static void run_fault(const char *prov, int op, int fault)
 		ck_assert_msg(x->named, "%s %s %s: survivor %d's log does not name "
 			      "rank %d", prov, op_names[op], fault_names[fault], r,
 			      VICTIM);
+		ck_assert_msg(x->destroy_ret == 0 || x->destroy_ret == -ETIMEDOUT ||
+			      x->destroy_ret == -FABEP_ERR_PEER_LOST,
+			      "%s %s %s: survivor %d's destroy gave %d (%s)", prov,
+			      op_names[op], fault_names[fault], r, x->destroy_ret,
+			      fabep_strerror(x->destroy_ret));
 		/* destroy's barrier is bounded by min(timeout, 5 s) */
 		ck_assert_msg(x->destroy_ms <= TIMEOUT_MS + SLACK_MS,
 			      "%s: survivor %d's destroy took %lld ms", prov, r,
@@ -610,6 +616,14 @@ FAULT_TEST(tcp_kill_before_ar, "tcp", OP_AR, F_KILL_BEFORE)
 FAULT_TEST(tcp_kill_during_ar, "tcp", OP_AR, F_KILL_DURING)
 FAULT_TEST(tcp_kill_after_ar, "tcp", OP_AR, F_KILL_AFTER)
 FAULT_TEST(tcp_stop_ar, "tcp", OP_AR, F_STOP)
+/* sockets: a post to a rank whose process is gone can fail at once
+ * (fi_writemsg: -FI_ENOENT, no connection to it), which must read
+ * -FABEP_ERR_PEER_LOST too, in the call and in the destroy */
+FAULT_TEST(sockets_kill_before_dispatch, "sockets", OP_DISPATCH, F_KILL_BEFORE)
+FAULT_TEST(sockets_kill_during_dispatch, "sockets", OP_DISPATCH, F_KILL_DURING)
+FAULT_TEST(sockets_kill_after_dispatch, "sockets", OP_DISPATCH, F_KILL_AFTER)
+FAULT_TEST(sockets_kill_during_combine, "sockets", OP_COMBINE, F_KILL_DURING)
+FAULT_TEST(sockets_kill_before_ar, "sockets", OP_AR, F_KILL_BEFORE)
 
 /* ---- rendezvous: FABEP_ROOT names the wrong port ---- */
 
@@ -1389,6 +1403,11 @@ static Suite *suite(void)
 	ADD(tc, tcp_kill_during_ar);
 	ADD(tc, tcp_kill_after_ar);
 	ADD(tc, tcp_stop_ar);
+	ADD(tc, sockets_kill_before_dispatch);
+	ADD(tc, sockets_kill_during_dispatch);
+	ADD(tc, sockets_kill_after_dispatch);
+	ADD(tc, sockets_kill_during_combine);
+	ADD(tc, sockets_kill_before_ar);
 	ADD(tc, chan_kill_during_dispatch);
 	ADD(tc, chan_kill_during_combine);
 	ADD(tc, chan_kill_during_ar);

@@ -758,6 +758,12 @@ static int fep_cq_tx(fep_fabric_t *fab)
 				if (op->peer >= 0 && op->peer < fab->size)
 					fab->peers[op->peer].lost = 1;
 				fep_op_put(fab, op);
+				/* sockets fails transfers to the ranks still
+				 * there once one is gone: name that one (the
+				 * liveness check; only where no pool thread
+				 * progresses channels beside this one) */
+				if (fab->alive && fab->nchan <= 1 && !fab->heap_shared)
+					(void)fab->alive(fab->alive_ctx, true);
 			} else {
 				fep_err("transfer failed: %s", fi_strerror(err.err));
 			}

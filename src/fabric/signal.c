@@ -147,6 +147,40 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
 	fab->outstanding--;
 }
 
+/* A post that failed at once.  One that finds no connection to its peer
+ * (sockets: -FI_ENOENT from its connection map once a rank's process is
+ * gone, even for posts to the ranks still there; a reset or refused
+ * socket elsewhere) means a lost rank, as a failed completion does: the
+ * liveness check names the rank that is gone, else the post's peer is
+ * the lost one.  Either way the fabric is failed (tx_error), so nothing,
+ * fabep_comm_destroy included, waits for the peers again. */
+static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
+{
+	switch (r) {
+	case -FI_ENOENT:
+	case -FI_ENOTCONN:
+	case -FI_ECONNREFUSED:
+	case -FI_ECONNRESET:
+	case -FI_ECONNABORTED:
+	case -FI_EHOSTUNREACH:
+	case -FI_ENETUNREACH:
+	case -FI_ENETDOWN:
+		break;
+	default:
+		fep_err("%s to rank %d: %s", what, peer, fi_strerror(-r));
+		return r;
+	}
+	fep_err("%s to rank %d: %s (no connection to it)", what, peer,
+		fi_strerror(-r));
+	if (!fab->alive || fab->alive(fab->alive_ctx, true) != -FABEP_ERR_PEER_LOST) {
+		fep_err("rank %d is lost: no connection to it", peer);
+		fab->peers[peer].lost = 1;
+	}
+	if (!fab->tx_error)
+		fab->tx_error = -FABEP_ERR_PEER_LOST;
+	return -FABEP_ERR_PEER_LOST;
+}
+
 /* Retry a post while it says EAGAIN, progressing both CQs. */
 #define FEP_POST(fab, peer, what, call)                                          \
 	({                                                                       \
@@ -164,8 +198,7 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
 				break;                                           \
 		}                                                                \
 		if (r_ && r_ != -ETIMEDOUT && r_ != -FABEP_ERR_PEER_LOST)        \
-			fep_err("%s to rank %d: %s", what, peer,                 \
-				fi_strerror((int)-r_));                          \
+			r_ = post_failed(fab, peer, what, (int)r_);              \
 		(int)r_;                                                         \
 	})
 
