@@ -64,7 +64,7 @@ static void fuzz_parse(const char *s)
 			   strlen(host) < 16));
 	FUZZ_CHECK(host[16] == 0x7f); /* never writes past hostlen */
 	ret = fabep_signal_parse(s, &sig);
-	FUZZ_CHECK(ret || (sig >= FABEP_SIGNAL_AUTO && sig <= FABEP_SIGNAL_CQDATA));
+	FUZZ_CHECK(ret || (sig >= FABEP_SIGNAL_AUTO && sig <= FABEP_SIGNAL_CMA));
 	ret = fep_k_isa_parse(s, &isa);
 	FUZZ_CHECK(ret <= 0);
 }
@@ -110,7 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		FUZZ_CHECK(a.threads >= 0 && a.threads <= 1024);
 		FUZZ_CHECK(a.numa_node >= -1 && a.numa_node <= 4095);
 		FUZZ_CHECK(a.signal >= FABEP_SIGNAL_AUTO &&
-			   a.signal <= FABEP_SIGNAL_CQDATA);
+			   a.signal <= FABEP_SIGNAL_CMA);
 	}
 
 	ret = fep_ar_onestage_env(&os_max);

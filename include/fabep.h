@@ -118,6 +118,9 @@ typedef enum {
 	FABEP_SIGNAL_FENCE,    /* FI_FENCE on the atomic */
 	FABEP_SIGNAL_DELIVERY, /* FI_DELIVERY_COMPLETE writes, reap, then atomic */
 	FABEP_SIGNAL_CQDATA,   /* fi_writedata, counted by the target's progress */
+	FABEP_SIGNAL_CMA,      /* shm only: plain writes, which shm's fast path
+				  completes by the initiator's
+				  process_vm_writev; reap, then atomic */
 } fabep_signal_t;
 
 typedef struct fabep_comm_attr {
@@ -134,7 +137,7 @@ typedef struct fabep_comm_attr {
 	/* Fabric.  NULL / 0 / AUTO means "from the environment, else chosen". */
 	const char *provider;   /* FABEP_PROVIDER, e.g. "shm", "tcp", "sockets", "verbs" */
 	const char *domain;     /* FABEP_DOMAIN */
-	fabep_signal_t signal;  /* FABEP_SIGNAL=ordered|fence|delivery|cqdata */
+	fabep_signal_t signal;  /* FABEP_SIGNAL=ordered|fence|delivery|cqdata|cma */
 	int timeout_ms;         /* FABEP_TIMEOUT_MS, default 30000 */
 	size_t heap_size;       /* FABEP_HEAP_SIZE, default 64 MiB; rounded up to pages */
 

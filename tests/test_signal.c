@@ -226,6 +226,7 @@ STRESS_TEST(shm_cqdata, "shm", FABEP_SIGNAL_CQDATA, 4, 3000, 40)
 STRESS_TEST(shm_ordered, "shm", FABEP_SIGNAL_ORDERED, 3, 3000, 40)
 STRESS_TEST(shm_delivery, "shm", FABEP_SIGNAL_DELIVERY, 2, 3000, 40)
 STRESS_TEST(shm_fence, "shm", FABEP_SIGNAL_FENCE, 2, 1000, 10)
+STRESS_TEST(shm_cma, "shm", FABEP_SIGNAL_CMA, 4, 3000, 40)
 STRESS_TEST(tcp_cqdata, "tcp", FABEP_SIGNAL_CQDATA, 3, 2000, 20)
 STRESS_TEST(tcp_delivery, "tcp", FABEP_SIGNAL_DELIVERY, 4, 1000, 20)
 STRESS_TEST(tcp_ordered, "tcp", FABEP_SIGNAL_ORDERED, 2, 1000, 10)
@@ -382,6 +383,55 @@ START_TEST(unsupported_signal)
 	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
 	unsetenv("FABEP_SIGNAL");
 	unsetenv("FABEP_PROVIDER");
+}
+END_TEST
+
+/* cma only where shm's fast path is sure: the strategy a rank with
+ * FI_SHM_DISABLE_CMA set (all ranks, or rank 1 alone: the others must
+ * follow it) neither picks nor accepts, nor does tcp. */
+static int cma_auto_rank(int rank, int size, void *arg)
+{
+	const char *only = arg;
+	fabep_comm_t *comm = NULL;
+	int ret;
+
+	(void)size;
+	if (only && rank == atoi(only))
+		setenv("FI_SHM_DISABLE_CMA", "1", 1);
+	ret = fabep_comm_create(NULL, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if (fabep_comm_signal(comm) == FABEP_SIGNAL_CMA) {
+		fprintf(stderr, "rank %d: cma chosen with FI_SHM_DISABLE_CMA on "
+			"rank %s\n", rank, only ? only : "every");
+		fabep_comm_destroy(comm);
+		return 1;
+	}
+	return fabep_comm_destroy(comm) ? 1 : 0;
+}
+
+START_TEST(cma_conditions)
+{
+	int expect = -FABEP_ERR_NO_SIGNAL;
+
+	if (fep_test_have_provider("tcp")) {
+		fep_test_use_provider("tcp");
+		setenv("FABEP_SIGNAL", "cma", 1);
+		ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+		unsetenv("FABEP_SIGNAL");
+	}
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	setenv("FI_SHM_DISABLE_CMA", "1", 1);
+	setenv("FABEP_SIGNAL", "cma", 1);
+	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+	unsetenv("FABEP_SIGNAL");
+	ck_assert_int_eq(fep_test_run_ranks(2, 30, cma_auto_rank, NULL), 0);
+	unsetenv("FI_SHM_DISABLE_CMA");
+	ck_assert_int_eq(fep_test_run_ranks(3, 30, cma_auto_rank, "1"), 0);
 }
 END_TEST
 
@@ -1012,6 +1062,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, shm_ordered);
 	tcase_add_test(tc, shm_delivery);
 	tcase_add_test(tc, shm_fence);
+	tcase_add_test(tc, shm_cma);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("tcp");
@@ -1056,6 +1107,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, bad_signal);
 	tcase_add_test(tc, numa_node_env);
 	tcase_add_test(tc, unsupported_signal);
+	tcase_add_test(tc, cma_conditions);
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);
 	tcase_add_test(tc, blob_exchange);

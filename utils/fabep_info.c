@@ -88,7 +88,7 @@ static const char *signals_str(char *buf, size_t len, unsigned sigs,
 	size_t at = 0;
 
 	buf[0] = '\0';
-	for (int s = FABEP_SIGNAL_ORDERED; s <= FABEP_SIGNAL_CQDATA; s++) {
+	for (int s = FABEP_SIGNAL_ORDERED; s <= FABEP_SIGNAL_CMA; s++) {
 		if (!(sigs & (1u << s)))
 			continue;
 		at += snprintf(buf + at, at < len ? len - at : 0, "%s%s",

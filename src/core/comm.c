@@ -36,6 +36,7 @@ struct fep_hello {
 	int32_t pid;      /* for the liveness check of ranks on this host */
 	int32_t channels; /* FABEP_CHANNELS */
 	uint64_t pidns;   /* inode of /proc/self/ns/pid, 0 unknown */
+	uint64_t cma_word; /* fep_cma_word(): where peers try a CMA write */
 };
 
 /* A small exchange slot: one per source rank in each peer's heap. */
@@ -670,7 +671,7 @@ static int fep_comm_config(const fabep_comm_attr_t *attr, fabep_comm_attr_t *a,
 		return ret;
 	if (ret)
 		*channels = (int)v;
-	if (a->signal < FABEP_SIGNAL_AUTO || a->signal > FABEP_SIGNAL_CQDATA) {
+	if (a->signal < FABEP_SIGNAL_AUTO || a->signal > FABEP_SIGNAL_CMA) {
 		fep_err("fabep_comm_create: signal %d is not a fabep_signal_t",
 			(int)a->signal);
 		return -EINVAL;
@@ -678,9 +679,36 @@ static int fep_comm_config(const fabep_comm_attr_t *attr, fabep_comm_attr_t *a,
 	return 0;
 }
 
-/* Who is where, and what each rank was configured with. */
+/* Whether shm's CMA fast path works between every pair of ranks (the
+ * cma strategy's condition): all on one host and PID namespace, and
+ * every rank's process_vm_writev into every other succeeded.  Asked of
+ * every rank, so all decide alike. */
+static int fep_comm_cma_peers(fabep_comm_t *comm, const struct fep_hello *h,
+			      bool *ok)
+{
+	int32_t mine = comm->all_local && fep_cma_usable(NULL, 0), *all;
+	int r, ret;
+
+	for (r = 0; mine && r < comm->size; r++)
+		if (r != comm->rank &&
+		    (!comm->peer_pid[r] || !fep_cma_reach(comm->peer_pid[r],
+							  h[r].cma_word)))
+			mine = 0;
+	all = calloc((size_t)comm->size, sizeof(*all));
+	if (!all)
+		return -ENOMEM;
+	ret = fep_boot_allgather(comm->boot, &mine, all, sizeof(mine));
+	*ok = !ret;
+	for (r = 0; !ret && r < comm->size; r++)
+		*ok = *ok && all[r];
+	free(all);
+	return ret;
+}
+
+/* Who is where, and what each rank was configured with; *cma_peers:
+ * whether every rank reaches every other with CMA. */
 static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
-			      int channels)
+			      int channels, bool *cma_peers)
 {
 	struct fep_hello hello, *hellos;
 	int ret;
@@ -694,12 +722,15 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	hello.pid = (int32_t)getpid();
 	hello.channels = channels;
 	hello.pidns = fep_pidns();
+	hello.cma_word = fep_cma_word();
 	hellos = calloc((size_t)comm->size, sizeof(*hellos));
 	if (!hellos)
 		return -ENOMEM;
 	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
 	if (!ret)
 		ret = fep_comm_check_hellos(comm, hellos);
+	if (!ret)
+		ret = fep_comm_cma_peers(comm, hellos, cma_peers);
 	free(hellos);
 	return ret;
 }
@@ -707,7 +738,8 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 /* The fabric, opened, its addresses exchanged and connected;
  * every rank learns whether every rank succeeded.  On failure
  * comm->fab may be open: the caller closes it. */
-static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a)
+static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a,
+			   bool cma_peers)
 {
 	struct fep_fab_params fp;
 	struct fep_fab_blob blob, *blobs;
@@ -724,6 +756,7 @@ static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a)
 	fp.timeout_ms = a->timeout_ms;
 	fp.heap_size = a->heap_size;
 	fp.numa_node = a->numa_node;
+	fp.cma_peers = cma_peers;
 	status = blobs ? fep_fabric_open(&fp, &comm->fab) : -ENOMEM;
 	if (!status)
 		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
@@ -786,6 +819,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 {
 	fabep_comm_attr_t a;
 	fabep_comm_t *comm;
+	bool cma_peers = false;
 	int ret, channels;
 
 	if (!out) {
@@ -812,10 +846,10 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		goto err_boot;
 	}
 
-	ret = fep_comm_hello_all(comm, &a, channels);
+	ret = fep_comm_hello_all(comm, &a, channels, &cma_peers);
 	if (ret)
 		goto err_boot;
-	ret = fep_comm_fabric(comm, &a);
+	ret = fep_comm_fabric(comm, &a, cma_peers);
 	if (ret)
 		goto err_fabric;
 	ret = fep_comm_pool(comm, &a);

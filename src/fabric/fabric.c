@@ -250,7 +250,7 @@ int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d)
 		d->delivery_complete = 1;
 		fi_freeinfo(p);
 	}
-	for (s = FABEP_SIGNAL_ORDERED; s <= FABEP_SIGNAL_CQDATA; s++)
+	for (s = FABEP_SIGNAL_ORDERED; s <= FABEP_SIGNAL_CMA; s++)
 		if (fep_signal_supported(d, (fabep_signal_t)s))
 			d->signals |= 1u << s;
 	d->signal = fep_signal_choose(d, d->signal_why, sizeof(d->signal_why));
@@ -447,6 +447,16 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	if (ret)
 		goto err_free;
 	fep_fabric_describe(base, &fab->desc);
+	if (!p->cma_peers && (fab->desc.signals & (1u << FABEP_SIGNAL_CMA))) {
+		/* some rank cannot process_vm_writev some other: shm would
+		 * take its receiver-driven path, where a local completion
+		 * does not mean the data is in place */
+		fab->desc.signals &= ~(1u << FABEP_SIGNAL_CMA);
+		if (fab->desc.signal == FABEP_SIGNAL_CMA)
+			fab->desc.signal = fep_signal_choose(&fab->desc,
+							     fab->desc.signal_why,
+							     sizeof(fab->desc.signal_why));
+	}
 
 	if (p->signal == FABEP_SIGNAL_AUTO) {
 		fab->signal = fab->desc.signal;
@@ -459,15 +469,16 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 			goto err_info;
 		}
 	} else {
-		if (!fep_signal_supported(&fab->desc, p->signal)) {
+		if (!(fab->desc.signals & (1u << p->signal))) {
 			fep_err("signal strategy \"%s\" is not supported by provider "
-				"%s (domain %s): usable here:%s%s%s%s",
+				"%s (domain %s): usable here:%s%s%s%s%s",
 				fep_signal_name(p->signal), fab->desc.provider,
 				fab->desc.domain,
 				(fab->desc.signals & (1u << FABEP_SIGNAL_ORDERED)) ? " ordered" : "",
 				(fab->desc.signals & (1u << FABEP_SIGNAL_FENCE)) ? " fence" : "",
 				(fab->desc.signals & (1u << FABEP_SIGNAL_DELIVERY)) ? " delivery" : "",
-				(fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA)) ? " cqdata" : "");
+				(fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA)) ? " cqdata" : "",
+				(fab->desc.signals & (1u << FABEP_SIGNAL_CMA)) ? " cma" : "");
 			ret = -FABEP_ERR_NO_SIGNAL;
 			goto err_info;
 		}
@@ -478,12 +489,32 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	case FABEP_SIGNAL_ORDERED: probe = PROBE_ATOMIC | PROBE_ORDER; break;
 	case FABEP_SIGNAL_FENCE: probe = PROBE_ATOMIC | PROBE_FENCE; break;
 	case FABEP_SIGNAL_DELIVERY: probe = PROBE_ATOMIC; break;
+	case FABEP_SIGNAL_CMA: probe = PROBE_ATOMIC; break;
 	default: probe = 0; break;
 	}
 	info = fep_probe(base, probe);
 	if (!info) {
 		fep_err("provider %s refused the capabilities of signal strategy %s",
 			fab->desc.provider, fep_signal_name(fab->signal));
+		ret = -FABEP_ERR_NO_SIGNAL;
+		goto err_info;
+	}
+	/* cma relies on shm's fast path, which its domain takes only with
+	 * FI_MR_VIRT_ADDR and no RMA ordering (smr_fast_rma_enabled), and
+	 * a write only without FI_DELIVERY_COMPLETE */
+	if (fab->signal == FABEP_SIGNAL_CMA &&
+	    (!(info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ||
+	     (info->tx_attr->msg_order & (FI_ORDER_RAR | FI_ORDER_RAW |
+					  FI_ORDER_WAR | FI_ORDER_WAW |
+					  FI_ORDER_RMA_WAW | FI_ORDER_RMA_RAW |
+					  FI_ORDER_RMA_WAR | FI_ORDER_RMA_RAR)) ||
+	     (info->tx_attr->op_flags & FI_DELIVERY_COMPLETE))) {
+		fep_err("provider %s granted ordering 0x%llx, mr_mode 0x%x, op "
+			"flags 0x%llx: its fast path is off, signal strategy cma "
+			"cannot be used", fab->desc.provider,
+			(unsigned long long)info->tx_attr->msg_order,
+			info->domain_attr->mr_mode,
+			(unsigned long long)info->tx_attr->op_flags);
 		ret = -FABEP_ERR_NO_SIGNAL;
 		goto err_info;
 	}
@@ -732,6 +763,8 @@ static void fep_op_put(fep_fabric_t *fab, struct fep_op *op)
 	op->next = fab->free_ops;
 	fab->free_ops = op;
 	fab->outstanding--;
+	if (op->kind != FEP_OP_ATOMIC)
+		fab->writes--;
 }
 
 static int fep_cq_tx(fep_fabric_t *fab)
@@ -1088,6 +1121,25 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 			return ret;
 	}
 	return fep_tx_error(fab);
+}
+
+int fep_fabric_reap_writes(fep_fabric_t *fab)
+{
+	struct fep_stall st = { { 0, 0 }, 0 };
+	int ret;
+
+	while (fab->writes) {
+		ret = fep_fabric_stall(fab, &st);
+		if (ret == -ETIMEDOUT) {
+			fep_err("%zu writes still incomplete after %d ms",
+				fab->writes, fab->timeout_ms);
+			if (!fab->tx_error)
+				fab->tx_error = -ETIMEDOUT;
+		}
+		if (ret)
+			return ret;
+	}
+	return fab->tx_error;
 }
 
 int fep_fabric_drain(fep_fabric_t *fab)

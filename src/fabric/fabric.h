@@ -29,6 +29,9 @@
 #define FEP_NAME_MAX 160
 #define FEP_MAX_CHANNELS 16   /* FABEP_CHANNELS at most */
 
+/* What a posted operation is (fep_op.kind). */
+enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA };
+
 /* One posted operation: pooled, never on the stack. */
 struct fep_op {
 	struct fi_context2 ctx;   /* must stay first */
@@ -72,6 +75,9 @@ struct fep_fab_params {
 	int timeout_ms;
 	size_t heap_size;
 	int numa_node;          /* for the heap allocation, -1: local */
+	bool cma_peers;         /* every rank could process_vm_writev every
+				   other (fep_cma_reach): the cma strategy
+				   may be used */
 	struct fep_fabric *heap_of;  /* a channel: register this one's heap */
 };
 
@@ -116,6 +122,7 @@ typedef struct fep_fabric {
 	struct fid_mr *ops_mr;
 	void *ops_desc;
 	size_t outstanding;
+	size_t writes;          /* of them writes (not atomics) */
 	int tx_error;           /* first error seen on the TX CQ */
 	bool tx_progress;       /* a posted write moves only while this rank
 				   progresses (software transports) */
@@ -221,6 +228,9 @@ struct fep_stall {
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st);
 /* Wait until no operation is outstanding (timeout -> -ETIMEDOUT). */
 int fep_fabric_quiet(fep_fabric_t *fab);
+/* Wait until no write of this fabric is outstanding; atomics may stay
+ * (timeout -> -ETIMEDOUT). */
+int fep_fabric_reap_writes(fep_fabric_t *fab);
 /* Before a call returns to a caller that may compute for long: on a
  * provider whose writes move only while this rank progresses (tx_progress:
  * tcp, udp, net, efa's emulated protocols), wait until they have all left
@@ -334,6 +344,16 @@ int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
 const char *fep_signal_name(fabep_signal_t s);
 /* Whether the strategy is possible with the described provider. */
 bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s);
+/* Whether this process can use shm's CMA fast path at all: the
+ * FI_SHM_DISABLE_CMA variable unset (or false), process_vm_writev
+ * permitted on itself, and the Yama ptrace policy letting it reach its
+ * siblings.  The reason when not, in why. */
+bool fep_cma_usable(char *why, size_t len);
+/* Whether process_vm_writev into process pid works: writes FEP_CMA_MAGIC
+ * over the word at addr there, which holds that value (fep_cma_word). */
+bool fep_cma_reach(pid_t pid, uint64_t addr);
+/* The address of this process's word for fep_cma_reach. */
+uint64_t fep_cma_word(void);
 /* Choose the default for the described provider, with the reason. */
 fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 				 size_t len);

@@ -13,6 +13,18 @@
  *   delivery  writes with FI_DELIVERY_COMPLETE; reap their completions;
  *             then the atomics.  One round trip per batch, not per peer.
  *   cqdata    fi_writedata: the data and the signal are one operation.
+ *   cma       shm only: plain writes, their local completions reaped,
+ *             then the atomics.  libfabric promises only that a local
+ *             completion frees the source buffer; shm (1.17,
+ *             smr_generic_rma) performs a write with one
+ *             process_vm_writev by the initiator, before fi_write
+ *             returns and before its completion, when the domain has
+ *             FI_MR_VIRT_ADDR, the endpoint asks for no RMA ordering,
+ *             the write carries neither FI_REMOTE_CQ_DATA nor
+ *             FI_DELIVERY_COMPLETE, it names one remote iov and CMA
+ *             works between the two processes.  fabep sets up all of
+ *             these and checks what it cannot set (fep_cma_usable,
+ *             fep_cma_reach); nothing else counts on it.
  *
  * Counters never reset; waits are counter >= target.
  */
@@ -22,11 +34,15 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include <sys/uio.h>
 
 #include "util/util.h"
 #include "fabric/fabric.h"
 
-enum { OP_WRITE = 1, OP_ATOMIC, OP_WRITEDATA };
+enum { OP_WRITE = FEP_OP_WRITE, OP_ATOMIC = FEP_OP_ATOMIC,
+       OP_WRITEDATA = FEP_OP_WRITEDATA };
 
 const char *fep_signal_name(fabep_signal_t s)
 {
@@ -36,6 +52,7 @@ const char *fep_signal_name(fabep_signal_t s)
 	case FABEP_SIGNAL_FENCE: return "fence";
 	case FABEP_SIGNAL_DELIVERY: return "delivery";
 	case FABEP_SIGNAL_CQDATA: return "cqdata";
+	case FABEP_SIGNAL_CMA: return "cma";
 	}
 	return "invalid";
 }
@@ -56,6 +73,9 @@ bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s)
 		return atom && d->delivery_complete;
 	case FABEP_SIGNAL_CQDATA:
 		return d->cq_data_size >= 4;
+	case FABEP_SIGNAL_CMA:
+		return atom && !strcmp(d->provider, "shm") &&
+		       (d->mr_mode & FI_MR_VIRT_ADDR) && fep_cma_usable(NULL, 0);
 	default:
 		return false;
 	}
@@ -68,24 +88,54 @@ bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s)
  * then native ordering, then a fence, then delivery-complete (one extra
  * round trip per batch).
  */
+static fabep_signal_t fep_signal_choose_portable(const fabep_provider_desc_t *d,
+						 char *why, size_t len);
+
 fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 				 size_t len)
 {
-	if (fep_signal_supported(d, FABEP_SIGNAL_CQDATA)) {
+	fabep_signal_t s;
+	char no_cma[96];
+	size_t used;
+
+	if (d->signals & (1u << FABEP_SIGNAL_CMA)) {
+		snprintf(why, len, "shm with CMA: each write is one "
+			 "process_vm_writev by the sender, done when it completes "
+			 "locally (shm's behaviour, beyond libfabric's promise)");
+		return FABEP_SIGNAL_CMA;
+	}
+	s = fep_signal_choose_portable(d, why, len);
+	/* on shm, say why its fast path is not used */
+	if (!strcmp(d->provider, "shm") && why && len) {
+		if (fep_cma_usable(no_cma, sizeof(no_cma)))
+			snprintf(no_cma, sizeof(no_cma), "%s",
+				 !(d->mr_mode & FI_MR_VIRT_ADDR) ?
+				 "no FI_MR_VIRT_ADDR" : "not every rank reaches every other");
+		used = strlen(why);
+		if (used + 1 < len)
+			snprintf(why + used, len - used, "; cma not used: %s", no_cma);
+	}
+	return s;
+}
+
+static fabep_signal_t fep_signal_choose_portable(const fabep_provider_desc_t *d,
+						 char *why, size_t len)
+{
+	if (d->signals & (1u << FABEP_SIGNAL_CQDATA)) {
 		snprintf(why, len, "remote CQ data (%zu bytes): write and signal "
 			 "in one operation, no emulated atomic", d->cq_data_size);
 		return FABEP_SIGNAL_CQDATA;
 	}
-	if (fep_signal_supported(d, FABEP_SIGNAL_ORDERED)) {
+	if (d->signals & (1u << FABEP_SIGNAL_ORDERED)) {
 		snprintf(why, len, "FI_ORDER_WAW granted: write then atomic, "
 			 "no wait between them");
 		return FABEP_SIGNAL_ORDERED;
 	}
-	if (fep_signal_supported(d, FABEP_SIGNAL_FENCE)) {
+	if (d->signals & (1u << FABEP_SIGNAL_FENCE)) {
 		snprintf(why, len, "no write-after-write ordering; FI_FENCE granted");
 		return FABEP_SIGNAL_FENCE;
 	}
-	if (fep_signal_supported(d, FABEP_SIGNAL_DELIVERY)) {
+	if (d->signals & (1u << FABEP_SIGNAL_DELIVERY)) {
 		snprintf(why, len, "no ordering, fence or CQ data; writes with "
 			 "FI_DELIVERY_COMPLETE are reaped before the atomic");
 		return FABEP_SIGNAL_DELIVERY;
@@ -93,6 +143,85 @@ fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 	snprintf(why, len, "no usable atomics (FI_SUM on FI_UINT64) and no "
 		 "remote CQ data");
 	return FABEP_SIGNAL_AUTO;
+}
+
+/* The word peers write over in fep_cma_reach (with its own value). */
+#define FEP_CMA_MAGIC 0x636d612d70726f62ull
+static volatile uint64_t fep_cma_probe_word = FEP_CMA_MAGIC;
+
+uint64_t fep_cma_word(void)
+{
+	return (uint64_t)(uintptr_t)&fep_cma_probe_word;
+}
+
+bool fep_cma_reach(pid_t pid, uint64_t addr)
+{
+	uint64_t v = FEP_CMA_MAGIC;
+	struct iovec l = { .iov_base = &v, .iov_len = sizeof(v) };
+	struct iovec r = { .iov_base = (void *)(uintptr_t)addr,
+			   .iov_len = sizeof(v) };
+
+	return process_vm_writev(pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v);
+}
+
+/* Whether the effective capabilities hold CAP_SYS_PTRACE (bit 19). */
+static bool fep_cap_ptrace(void)
+{
+	char line[128];
+	unsigned long long caps = 0;
+	bool found = false;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "CapEff: %llx", &caps) == 1) {
+			found = true;
+			break;
+		}
+	fclose(f);
+	return found && (caps & (1ull << 19));
+}
+
+bool fep_cma_usable(char *why, size_t len)
+{
+	const char *e = getenv("FI_SHM_DISABLE_CMA");
+	FILE *f;
+	int scope = 0;
+
+	if (!why || !len) {
+		static char none[2];
+
+		why = none;
+		len = sizeof(none);
+	}
+	/* libfabric's boolean parameters: 1, on, yes, true (any case) */
+	if (e && (!strcmp(e, "1") || !strcasecmp(e, "on") ||
+		  !strcasecmp(e, "yes") || !strcasecmp(e, "true") ||
+		  !strcasecmp(e, "y"))) {
+		snprintf(why, len, "FI_SHM_DISABLE_CMA is set");
+		return false;
+	}
+	if (!fep_cma_reach(getpid(), fep_cma_word())) {
+		snprintf(why, len, "process_vm_writev is not permitted here "
+			 "(seccomp or no kernel support)");
+		return false;
+	}
+	/* Yama: 1 lets a process reach only its descendants, 2 needs
+	 * CAP_SYS_PTRACE, 3 nobody; shm's ranks are siblings */
+	f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+	if (f) {
+		if (fscanf(f, "%d", &scope) != 1)
+			scope = 0;
+		fclose(f);
+	}
+	if (scope >= 3 || (scope >= 1 && !fep_cap_ptrace())) {
+		snprintf(why, len, "kernel.yama.ptrace_scope is %d%s", scope,
+			 scope < 3 ? " without CAP_SYS_PTRACE" : "");
+		return false;
+	}
+	snprintf(why, len, "process_vm_writev permitted");
+	return true;
 }
 
 FEP_EXPORT const char *fabep_signal_name(fabep_signal_t sig)
@@ -104,7 +233,7 @@ FEP_EXPORT int fabep_signal_parse(const char *name, fabep_signal_t *sig)
 {
 	static const fabep_signal_t all[] = {
 		FABEP_SIGNAL_AUTO, FABEP_SIGNAL_ORDERED, FABEP_SIGNAL_FENCE,
-		FABEP_SIGNAL_DELIVERY, FABEP_SIGNAL_CQDATA,
+		FABEP_SIGNAL_DELIVERY, FABEP_SIGNAL_CQDATA, FABEP_SIGNAL_CMA,
 	};
 	size_t i;
 
@@ -137,6 +266,8 @@ static int fep_op_get(fep_fabric_t *fab, int peer, int kind,
 	(*out)->peer = peer;
 	(*out)->kind = kind;
 	fab->outstanding++;
+	if (kind != OP_ATOMIC)
+		fab->writes++;
 	return 0;
 }
 
@@ -145,6 +276,8 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
 	op->next = fab->free_ops;
 	fab->free_ops = op;
 	fab->outstanding--;
+	if (op->kind != OP_ATOMIC)
+		fab->writes--;
 }
 
 /* A post that failed at once.  One that finds no connection to its peer
@@ -523,6 +656,14 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	}
 	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
 		ret = fep_fabric_quiet(fab);
+		if (ret)
+			return ret;
+	}
+	/* shm's fast path completed each write before fi_write returned:
+	 * its completion is in the CQ already; earlier atomics need not be
+	 * acknowledged first */
+	if (fab->signal == FABEP_SIGNAL_CMA) {
+		ret = fep_fabric_reap_writes(fab);
 		if (ret)
 			return ret;
 	}
