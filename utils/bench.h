@@ -29,10 +29,16 @@ struct bench_opts {
 	int rows, cols;       /* --rows, --cols */
 	int check;            /* --check */
 	double soak_s;        /* --soak SECONDS */
+	/* -o scale: -n, -t, --rows as lists (n_* 0: the part's defaults) */
+	const int *ranks_list, *tokens_list, *rows_list;
+	int n_ranks, n_tokens, n_rows;
 };
 
 /* Each part returns 0 on success, else a negative code (message printed). */
 int bench_kernels(const struct bench_opts *o, FILE *out);
+/* -o scale (utils/bench_scale.c): runs the other parts and the MPI
+ * baseline over rank and token counts, here (no communicator). */
+int bench_scale(const struct bench_opts *o, FILE *out);
 /* -o allreduce|arnorm (utils/bench_coll.c): runs on every rank of comm;
  * rank 0 prints.  bench_coll_heap_bytes: the heap the communicator needs
  * for it (fabep_comm_attr_t.heap_size). */

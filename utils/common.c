@@ -316,6 +316,35 @@ static int opt_int(const struct tool_desc *d, const struct tool_optdef *od,
 	return (int)v;
 }
 
+/* A comma-separated list of integers in [min, max] (a single value too);
+ * returns the first. */
+static int opt_int_list(const struct tool_desc *d, const struct tool_optdef *od,
+			const char *val, long min, long max, int *list, int *n)
+{
+	char want[128];
+	const char *p = val;
+	char *end;
+	long v;
+
+	*n = 0;
+	for (;;) {
+		errno = 0;
+		v = strtol(p, &end, 10);
+		if (errno || end == p || (*end && *end != ',') || v < min ||
+		    v > max || *n == TOOL_MAX_LIST) {
+			snprintf(want, sizeof(want), "expected an integer from %ld to "
+				 "%ld, or a list of at most %d (2,4,8)", min, max,
+				 TOOL_MAX_LIST);
+			opt_bad(d, od, val, want);
+		}
+		list[(*n)++] = (int)v;
+		if (!*end)
+			break;
+		p = end + 1;
+	}
+	return list[0];
+}
+
 static int opt_word(const char *val)
 {
 	/* Names of providers, ops, kernels: printable, no spaces. */
@@ -404,15 +433,24 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		case 'I': o->iters = opt_int(d, od, val, 1, 1000000000); break;
 		case 'w': o->warmup = opt_int(d, od, val, 0, 1000000000); break;
 		case 'm': o->machine = 1; break;
-		case 'n': o->nranks = opt_int(d, od, val, 1, 256); break;
+		case 'n':
+			o->nranks = opt_int_list(d, od, val, 1, 256, o->nranks_list,
+						 &o->n_nranks);
+			break;
 		case 'T': o->threads = opt_int(d, od, val, 1, 4096); break;
 		case 'W': o->window = opt_int(d, od, val, 1, 65536); break;
 		case 'P': o->port = opt_int(d, od, val, 1, 65535); break;
-		case 't': o->tokens = opt_int(d, od, val, 1, INT_MAX); break;
+		case 't':
+			o->tokens = opt_int_list(d, od, val, 1, INT_MAX, o->tokens_list,
+						 &o->n_tokens);
+			break;
 		case 'H': o->hidden = opt_int(d, od, val, 1, INT_MAX); break;
 		case 'k': o->topk = opt_int(d, od, val, 1, FABEP_MOE_MAX_TOPK); break;
 		case 'e': o->experts = opt_int(d, od, val, 1, 1 << 20); break;
-		case TOOL_OPT_ROWS: o->rows = opt_int(d, od, val, 1, INT_MAX); break;
+		case TOOL_OPT_ROWS:
+			o->rows = opt_int_list(d, od, val, 1, INT_MAX, o->rows_list,
+					       &o->n_rows);
+			break;
 		case TOOL_OPT_COLS: o->cols = opt_int(d, od, val, 1, INT_MAX); break;
 		case 'b': o->bandwidth = 1; break;
 		case 's': o->server = 1; break;
@@ -449,6 +487,10 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 			tool_usage_error(d, "unhandled option %s", argv[optind - 1]);
 		}
 	}
+	if ((o->n_nranks > 1 || o->n_tokens > 1 || o->n_rows > 1) &&
+	    !(o->op && !strcmp(o->op, "scale")))
+		tool_usage_error(d, "%s takes one value here (a list only with fabep_bench -o scale)",
+				 o->n_nranks > 1 ? "-n" : o->n_tokens > 1 ? "-t" : "--rows");
 	if (argc - optind > d->max_args) {
 		tool_usage_error(d, "unexpected argument '%s'",
 				 argv[optind + d->max_args]);

@@ -33,6 +33,7 @@ enum {
 };
 
 #define TOOL_MAX_SIZES 64
+#define TOOL_MAX_LIST 16      /* values in a -n, -t or --rows list */
 #define TOOL_DEFAULT_PORT 47592
 
 /* Everything any tool parses; each tool accepts a subset. */
@@ -63,6 +64,11 @@ struct tool_opts {
 	int check;             /* --check */
 	double soak_s;         /* --soak */
 	fabep_signal_t signal; /* set by a tool (e.g. -o writedata), not a flag */
+	/* -n, -t, --rows as comma-separated lists (fabep_bench -o scale
+	 * only; elsewhere one value, the field above) */
+	int nranks_list[TOOL_MAX_LIST], n_nranks;
+	int tokens_list[TOOL_MAX_LIST], n_tokens;
+	int rows_list[TOOL_MAX_LIST], n_rows;
 };
 
 /* A help line a tool wants to word its own way (e.g. what -o accepts). */

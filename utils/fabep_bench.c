@@ -69,6 +69,9 @@ static const struct bench_part parts[] = {
 	{ "soak", "dispatch + combine + allreduce with fresh random routing "
 	  "every round, all checked, for --soak SECONDS (default 10)",
 	  NULL, bench_soak, 2, bench_soak_heap_bytes },
+	{ "scale", "dispatch, combine, allreduce and arnorm over rank and token "
+	  "counts, next to their floor and the MPI baseline",
+	  bench_scale, NULL, 0, NULL },
 };
 
 #define NPARTS ((int)(sizeof(parts) / sizeof(parts[0])))
@@ -84,7 +87,9 @@ static const struct tool_help bench_help[] = {
 	  "what to measure: write (raw put bandwidth between 2 ranks, the "
 	  "reference rate), kernels (local compute kernels; default), "
 	  "dispatch, combine, moe, allreduce, arnorm, soak (dispatch + combine "
-	  "+ allreduce, every result checked; the default with --soak)" },
+	  "+ allreduce, every result checked; the default with --soak), scale "
+	  "(dispatch, combine, allreduce and arnorm over the -n and -t lists, "
+	  "each next to its floor and the MPI baseline)" },
 	{ 'I', NULL,
 	  "timed iterations (kernels: default 11, the median is shown; write: 1000 "
 	  "windows below 64k, 100 below 1M, 10 from 1M; dispatch, combine, moe: "
@@ -95,8 +100,9 @@ static const struct tool_help bench_help[] = {
 		     "-I, at least 3)" },
 	{ 'T', NULL, "worker threads per rank (default: FABEP_THREADS, else fabep's "
 		     "choice); kernels run with 1 thread and with N" },
-	{ 'n', NULL, "fork N local ranks (default 2 for the parts that need ranks, "
-		     "unless run under mpirun/srun)" },
+	{ 'n', "N|LIST", "fork N local ranks (default 2 for the parts that need "
+		     "ranks, unless run under mpirun/srun); scale: a comma-separated "
+		     "list (default 2,4,8,16)" },
 	{ 'S', NULL,
 	  "write: message sizes, one size, a comma-separated list (k, M, G "
 	  "suffixes) or all (powers of two, 1 to 4M); default 64k,1M,4M" },
@@ -105,8 +111,9 @@ static const struct tool_help bench_help[] = {
 	{ 'K', NULL, "kernels: run only this kernel, e.g. bf16_to_f32, "
 		     "fp8_quant_bf16_b128, rmsnorm_bf16_fp8, topk8_sum_bf16 "
 		     "(an unknown name lists them all; default: all)" },
-	{ 't', NULL, "dispatch, combine, moe: tokens per rank (default 128; "
-		     "soak: 64, the most a rank sends in a round)" },
+	{ 't', "N|LIST", "dispatch, combine, moe: tokens per rank (default 128; "
+		     "soak: 64, the most a rank sends in a round); scale: a list "
+		     "(default 1,8,128,1024)" },
 	{ 'H', NULL, "hidden size, elements per row (kernels, dispatch, combine, "
 		     "moe: default 7168; soak: 256)" },
 	{ 'k', NULL, "dispatch, combine, moe: experts per token (top-k), at most "
@@ -120,6 +127,8 @@ static const struct tool_help bench_help[] = {
 	  "check results (write: the receiver compares the data after each size; "
 	  "dispatch, combine, moe: the combine outputs; allreduce, arnorm: one "
 	  "more call per shape against a reference in double)" },
+	{ TOOL_OPT_ROWS, "N|LIST", "rows of the allreduce input; scale: a list "
+				   "(default 16,128,1024)" },
 	{ TOOL_OPT_SOAK, NULL,
 	  "without -o (or with -o soak): run dispatch + combine + allreduce "
 	  "with fresh random routing every round for SECONDS, checking every "
@@ -167,13 +176,29 @@ static const struct tool_desc bench_desc = {
 		"the separate steps; -m: op, provider, signal, ranks, threads, dtype,\n"
 		"rows, cols, bytes, iters, path, median_us, ref_median_us, ratio, check.\n"
 		"\n"
+		"scale runs every other part as a child (this program, -n N -m) for\n"
+		"each rank count of -n and each token count of -t (dispatch, combine)\n"
+		"or row count of --rows (allreduce, arnorm: fp32; default 16,128,1024),\n"
+		"and, when configure found MPI, fabep_mpi_bench with the same shapes\n"
+		"and routing under mpirun (--bind-to core, --oversubscribe beyond the\n"
+		"cores, --allow-run-as-root as root).  Per row: the median, the floor\n"
+		"(dispatch, combine: overlap_us, every rank putting the phase's bytes\n"
+		"while copying its least local traffic; allreduce, arnorm: the raw write\n"
+		"of the input's bytes, every rank at once), median / floor, MPI's\n"
+		"median and MPI / fabep (n/a without the baseline).  With -m: op\n"
+		"(scale), part, ranks, tokens or rows, median_us, floor_us, ratio,\n"
+		"wire_us, local_us, mpi_us, speedup, result.\n"
+		"\n"
 		"--soak (-o soak) prints rounds, errors and each rank's VmRSS after the\n"
 		"warm-up (a tenth of the run, at least 20 rounds) and at the end; with -m\n"
 		"one line: op, seconds, ranks, provider, rounds, errors, rss_kb_R\n"
 		"(start/end per rank), rss_growth_kb (the largest), growth_bound_kb,\n"
 		"result (ok or FAIL).\n"
 		"\n"
-		"Environment: FABEP_BENCH_ZERO_COPY=1 (MoE handle with\n"
+		"Environment: FABEP_BENCH_SCALE_PARTS (scale: a comma-separated\n"
+		"subset of dispatch,combine,allreduce,arnorm), FABEP_MPI_BENCH and\n"
+		"FABEP_MPIRUN (scale: the baseline and mpirun to use),\n"
+		"FABEP_BENCH_ZERO_COPY=1 (MoE handle with\n"
 		"FABEP_MOE_ZERO_COPY), FABEP_BENCH_SEND_BUFFER=1 (dispatch takes its\n"
 		"tokens from fabep_moe_send_buffer, filled before the timed call),\n"
 		"FABEP_BENCH_EXPERT_US=N (an untimed pause of N us before each combine:\n"
@@ -343,7 +368,7 @@ int main(int argc, char **argv)
 	if (!part)
 		tool_usage_error(&bench_desc, "unknown part '%s' for -o: expected "
 				 "write, kernels, dispatch, combine, moe, allreduce, "
-				 "arnorm or soak", o->op);
+				 "arnorm, soak or scale", o->op);
 	if (o->format && strcmp(o->format, "bf16") && strcmp(o->format, "fp8") &&
 	    strcmp(o->format, "fp8pre") && strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "unknown format '%s' for -f: expected "
@@ -376,6 +401,12 @@ int main(int argc, char **argv)
 	bo.cols = o->cols;
 	bo.check = o->check;
 	bo.soak_s = o->soak_s;
+	bo.ranks_list = o->nranks_list;
+	bo.n_ranks = o->n_nranks;
+	bo.tokens_list = o->tokens_list;
+	bo.n_tokens = o->n_tokens;
+	bo.rows_list = o->rows_list;
+	bo.n_rows = o->n_rows;
 
 	if (!part->local && !part->rank) {
 		fprintf(stderr, "%s: -o %s: not available yet in this build (%s)\n",

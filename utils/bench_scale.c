@@ -1,0 +1,324 @@
+/* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
+/*
+ * bench_scale.c - fabep_bench -o scale: dispatch, combine, allreduce and
+ * allreduce + RMSNorm + FP8 over rank counts (-n 2,4,8,16) and token
+ * counts (-t 1,8,128,1024), each row next to its floor and, when the MPI
+ * baseline was built (configure found mpicc and mpirun), next to MPI in
+ * the same run.
+ *
+ * Every row is a run of its own: this program again (/proc/self/exe) with
+ * -o dispatch|combine|allreduce|arnorm -n N -m, which forks N ranks and
+ * prints one "key: value" line, and the baseline under mpirun with the
+ * same shapes (fabep_mpi_bench, utils/fabep_mpi_bench.c).  The floor of
+ * a dispatch or combine is the bench's overlap_us: every rank at once
+ * puts the bytes the phase sends while its other threads copy the least
+ * local traffic of the phase (bench_moe.c); of an allreduce, ref_median_us:
+ * every rank writing the bytes of the input to the next at once.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "utils/common.h"
+#include "utils/bench.h"
+
+static const int def_ranks[] = { 2, 4, 8, 16 };
+static const int def_tokens[] = { 1, 8, 128, 1024 };
+static const int def_rows[] = { 16, 128, 1024 };
+
+struct scale_row {
+	const char *part;
+	int ranks, size;       /* size: tokens or rows */
+	double us, floor_us, mpi_us, wire_us, local_us;
+	int failed, mpi_failed;
+};
+
+/* The value after " key: " in line, or -1. */
+static double field(const char *line, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), " %s: ", key);
+	p = strstr(line, pat);
+	if (!p && !strncmp(line, pat + 1, strlen(pat + 1)))
+		p = line - 1;
+	return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* Run cmd (a shell command line) and keep its last line that starts
+ * with "op: ".  0, or -1 when it failed or printed none. */
+static int run_line(const char *cmd, char *line, size_t len)
+{
+	char buf[4096];
+	FILE *f;
+	int st, got = 0;
+
+	fflush(stdout);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	while (fgets(buf, sizeof(buf), f))
+		if (!strncmp(buf, "op: ", 4)) {
+			snprintf(line, len, "%s", buf);
+			got = 1;
+		}
+	st = pclose(f);
+	return got && st == 0 ? 0 : -1;
+}
+
+/* Cores this process may run on. */
+static int scale_cores(void)
+{
+	cpu_set_t set;
+
+	if (sched_getaffinity(0, sizeof(set), &set) == 0)
+		return CPU_COUNT(&set);
+	return (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+static int executable(const char *path)
+{
+	return path && *path && access(path, X_OK) == 0;
+}
+
+/* The baseline next to this program, else FABEP_MPI_BENCH; NULL: none. */
+static const char *find_mpi_bench(const char *self, char *buf, size_t len)
+{
+	const char *env = getenv("FABEP_MPI_BENCH");
+	const char *slash;
+
+	if (env && *env)
+		return executable(env) ? env : NULL;
+#ifdef FABEP_HAVE_MPI_BENCH
+	slash = strrchr(self, '/');
+	if (slash && (size_t)(slash - self) + 20 < len) {
+		snprintf(buf, len, "%.*s/fabep_mpi_bench", (int)(slash - self), self);
+		if (executable(buf))
+			return buf;
+	}
+#else
+	(void)self;
+	(void)buf;
+	(void)len;
+	(void)slash;
+#endif
+	return NULL;
+}
+
+static const char *find_mpirun(void)
+{
+	const char *env = getenv("FABEP_MPIRUN");
+
+	if (env && *env)
+		return env;
+#ifdef FABEP_MPIRUN_PATH
+	if (executable(FABEP_MPIRUN_PATH))
+		return FABEP_MPIRUN_PATH;
+#endif
+	return "mpirun";
+}
+
+/* FABEP_BENCH_SCALE_PARTS: a comma-separated subset of dispatch,
+ * combine, allreduce, arnorm (default all). */
+static int want_part(const char *part)
+{
+	const char *e = getenv("FABEP_BENCH_SCALE_PARTS"), *p;
+	size_t n = strlen(part);
+
+	if (!e || !*e)
+		return 1;
+	for (p = e; (p = strstr(p, part)); p += n)
+		if ((p == e || p[-1] == ',') && (p[n] == ',' || !p[n]))
+			return 1;
+	return 0;
+}
+
+static void print_row(FILE *out, const struct bench_opts *o,
+		      const struct scale_row *r, int have_mpi)
+{
+	double ratio = r->floor_us > 0 && !r->failed ? r->us / r->floor_us : -1;
+	double speed = have_mpi && !r->failed && !r->mpi_failed && r->us > 0 ?
+		       r->mpi_us / r->us : -1;
+	int coll = !strcmp(r->part, "allreduce") || !strcmp(r->part, "arnorm");
+	char us[32], fl[32], ra[32], mp[32], sp[32];
+
+	if (o->machine) {
+		fprintf(out, "op: scale part: %s ranks: %d %s: %d median_us: %.1f "
+			"floor_us: %.1f ratio: %.2f wire_us: %.1f local_us: %.1f "
+			"mpi_us: %.1f speedup: %.2f result: %s\n", r->part, r->ranks,
+			coll ? "rows" : "tokens", r->size, r->failed ? -1 : r->us,
+			r->floor_us, ratio, r->wire_us, r->local_us,
+			have_mpi && !r->mpi_failed ? r->mpi_us : -1, speed,
+			r->failed ? "failed" : "ok");
+		fflush(out);
+		return;
+	}
+	snprintf(us, sizeof(us), r->failed ? "failed" : "%.1f", r->us);
+	snprintf(fl, sizeof(fl), r->floor_us > 0 ? "%.1f" : "-", r->floor_us);
+	snprintf(ra, sizeof(ra), ratio > 0 ? "%.2f" : "-", ratio);
+	if (!have_mpi)
+		snprintf(mp, sizeof(mp), "n/a");
+	else
+		snprintf(mp, sizeof(mp), r->mpi_failed ? "failed" : "%.1f", r->mpi_us);
+	snprintf(sp, sizeof(sp), speed > 0 ? "%.2f" : "n/a", speed);
+	fprintf(out, "%-10s %5d %5d%c %11s %11s %6s %11s %7s\n", r->part, r->ranks,
+		r->size, coll ? 'r' : 't', us, fl, ra, mp, sp);
+	fflush(out);
+}
+
+/* Options every child of this program takes over from ours. */
+static void common_args(const struct bench_opts *o, char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+#define ADD(...) do { if (n < len) n += (size_t)snprintf(buf + n, len - n, __VA_ARGS__); } while (0)
+	if (o->provider)
+		ADD(" -p '%s'", o->provider);
+	if (o->domain)
+		ADD(" -d '%s'", o->domain);
+	if (o->iters)
+		ADD(" -I %d", o->iters);
+	if (o->warmup >= 0)
+		ADD(" -w %d", o->warmup);
+	if (o->threads)
+		ADD(" -T %d", o->threads);
+	if (o->check)
+		ADD(" --check");
+#undef ADD
+}
+
+int bench_scale(const struct bench_opts *o, FILE *out)
+{
+	const int *ranks = o->n_ranks ? o->ranks_list : def_ranks;
+	const int *tokens = o->n_tokens ? o->tokens_list : def_tokens;
+	const int *rows = o->n_rows ? o->rows_list : def_rows;
+	int nr = o->n_ranks ? o->n_ranks : 4, nt = o->n_tokens ? o->n_tokens : 4;
+	int nrows = o->n_rows ? o->n_rows : 3;
+	int cores = scale_cores(), failed = 0, i, j, p;
+	const char *mpib, *mpirun = find_mpirun();
+	char self[PATH_MAX], mbuf[PATH_MAX], args[512], cmd[3 * PATH_MAX + 1024];
+	char line[4096], mpiopt[160], shape[96], cols[32], miters[64];
+	const char *fmt = o->format ? o->format : "bf16";
+	ssize_t sl;
+	double ar_floor;
+	int mpi_moe;
+
+	sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (sl <= 0) {
+		fprintf(stderr, "%s: -o scale: cannot find this program (/proc/self/exe)\n",
+			tool_name);
+		return -ENOENT;
+	}
+	self[sl] = '\0';
+	mpib = find_mpi_bench(self, mbuf, sizeof(mbuf));
+	/* the baseline dispatches bf16 rows only */
+	mpi_moe = mpib && !strcmp(fmt, "bf16");
+	common_args(o, args, sizeof(args));
+	/* the shapes, for both; the baseline's iteration counts */
+	snprintf(shape, sizeof(shape), "%s%.0d%s%.0d%s%.0d",
+		 o->hidden ? " -H " : "", o->hidden, o->topk ? " -k " : "", o->topk,
+		 o->experts ? " -e " : "", o->experts);
+	snprintf(cols, sizeof(cols), "%s%.0d", o->cols ? " --cols " : "", o->cols);
+	snprintf(miters, sizeof(miters), "%s%.0d%s%.0d", o->iters ? " -I " : "",
+		 o->iters, o->warmup >= 0 ? " -w " : "", o->warmup >= 0 ? o->warmup : 0);
+	if (o->warmup == 0)
+		snprintf(miters + strlen(miters), sizeof(miters) - strlen(miters), "0");
+
+	if (!o->machine) {
+		fprintf(out, "# %s -o scale: median us of each part (the slowest rank's "
+			"time per call), its floor\n# (the bytes it must move, copied by "
+			"every rank at once) and the ratio; the MPI\n# baseline (%s) with "
+			"the same shapes, and fabep's speedup over it.\n# %d cores; "
+			"dispatch/combine: hidden %d, top-%d of %d experts, %s; "
+			"allreduce, arnorm: fp32, %d columns\n", tool_name,
+			mpib ? "MPI_Alltoallv dispatcher, MPI_Allreduce" : "not built: n/a",
+			cores, o->hidden ? o->hidden : 7168, o->topk ? o->topk : 8,
+			o->experts ? o->experts : 256, fmt, o->cols ? o->cols : 7168);
+		fprintf(out, "%-10s %5s %6s %11s %11s %6s %11s %7s\n", "part", "ranks",
+			"size", "median_us", "floor_us", "ratio", "mpi_us", "speedup");
+	}
+	for (i = 0; i < nr; i++) {
+		int n = ranks[i];
+
+		/* mpirun binds one rank per core and refuses more ranks than
+		 * cores unless told */
+		snprintf(mpiopt, sizeof(mpiopt), "%s%s -np %d",
+			 geteuid() == 0 ? " --allow-run-as-root" : "",
+			 n > cores ? " --oversubscribe --bind-to core:overload-allowed" :
+				     " --bind-to core", n);
+		for (j = 0; j < nt; j++)
+			for (p = 0; p < 2; p++) {
+				struct scale_row r = { p ? "combine" : "dispatch", n, tokens[j],
+						       0, 0, 0, 0, 0, 0, 0 };
+
+				if (!want_part(r.part))
+					continue;
+
+				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
+					 self, r.part, n, tokens[j], fmt, args, shape);
+				if (run_line(cmd, line, sizeof(line))) {
+					r.failed = 1;
+				} else {
+					r.us = field(line, "median_us");
+					r.floor_us = field(line, "overlap_us");
+					r.wire_us = field(line, "wire_us");
+					r.local_us = field(line, "local_us");
+				}
+				r.mpi_failed = 1;
+				if (mpi_moe) {
+					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s -t %d%s%s -m",
+						 mpirun, mpiopt, mpib, r.part, tokens[j], miters,
+						 shape);
+					if (!run_line(cmd, line, sizeof(line)) &&
+					    !strstr(line, "check: failed")) {
+						r.mpi_us = field(line, "median_us");
+						r.mpi_failed = 0;
+					}
+				}
+				failed |= r.failed;
+				print_row(out, o, &r, mpi_moe);
+			}
+		for (j = 0; j < nrows; j++)
+			for (p = 0, ar_floor = 0; p < 2; p++) {
+				struct scale_row r = { p ? "arnorm" : "allreduce", n, rows[j],
+						       0, 0, 0, -1, -1, 0, 0 };
+
+				if (!want_part(r.part))
+					continue;
+
+				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",
+					 self, r.part, n, rows[j], args, cols);
+				if (run_line(cmd, line, sizeof(line))) {
+					r.failed = 1;
+				} else {
+					/* allreduce: the raw write of the input's
+					 * bytes; arnorm's reference is the separate
+					 * steps, so its floor is allreduce's */
+					r.us = field(line, "median_us");
+					r.floor_us = p ? ar_floor : field(line, "ref_median_us");
+					if (!p)
+						ar_floor = r.floor_us;
+				}
+				r.mpi_failed = 1;
+				if (mpib) {
+					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s --rows %d%s%s -m",
+						 mpirun, mpiopt, mpib, r.part, rows[j], miters, cols);
+					if (!run_line(cmd, line, sizeof(line))) {
+						r.mpi_us = field(line, "median_us");
+						r.mpi_failed = 0;
+					}
+				}
+				failed |= r.failed;
+				print_row(out, o, &r, mpib != NULL);
+			}
+	}
+	return failed ? -EIO : 0;
+}
