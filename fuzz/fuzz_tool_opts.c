@@ -10,6 +10,8 @@
  *
  * Input: a byte of flags, then the arguments separated by NULs.
  */
+#include "config.h"
+
 #include <setjmp.h>
 #include <stdlib.h>
 

@@ -129,7 +129,9 @@ fi
 expect 0 "$demo" --ranks 3 --tokens 9 --hidden 100 --topk 3 --experts 7 \
 	--iterations 4 --provider shm &&
 	grep -q '^result: correct$' "$tmp.out" &&
-	grep -q '^# fabep_demo: 3 ranks on shm, 4 layers, up to 9 tokens' \
+	grep -q '^# fabep_demo: 3 ranks on [0-9]* cores, shm (signal [a-z]*), 4 layers$' \
+		"$tmp.out" &&
+	grep -q '^# up to 9 tokens per rank, hidden 100, top-3 of 9 experts' \
 		"$tmp.out" || fail "fabep_demo with long options: not correct"
 
 # fabep_bench -o write, checked
@@ -228,6 +230,26 @@ expect 0 "$bench" -p shm -o dispatch -n 2 -t 64 -H 4096 -k 16 -e 32 -f bf16 \
 	}
 	END { exit n == 1 ? 0 : 1 }' "$tmp.out" ||
 	fail "fabep_bench: the overlap bound does not hold the floor's copy"
+
+# -o scale: one row per part, the baseline's column filled when it was
+# built (then its combine was checked), n/a otherwise; lists elsewhere
+# are a command-line error
+mpib=$top_builddir/utils/fabep_mpi_bench
+if expect 0 "$bench" -p shm -o scale -n 2 -t 2 --rows 2 -H 256 -k 2 -e 8 \
+	--cols 256 -I 3 -w 1 -m; then
+	[ "$(grep -c '^op: scale part: .* result: ok$' "$tmp.out")" = 4 ] ||
+		fail "fabep_bench -o scale: not 4 rows with result: ok"
+	if [ -x "$mpib" ]; then
+		grep -q 'mpi_us: -1' "$tmp.out" &&
+			fail "fabep_bench -o scale: the MPI baseline did not run"
+	fi
+fi
+expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch "$bench" -p shm -o scale -n 2 -t 1 \
+	-H 64 -k 2 -e 4 -I 2 -w 0 &&
+	grep -Eq '^dispatch +2 +1t +[0-9.]+ .* n/a +n/a$' "$tmp.out" ||
+	fail "fabep_bench -o scale without the baseline: no n/a row"
+expect 2 "$bench" -o dispatch -n 2,4
+expect 2 "$bench" -o scale -n 2,x
 
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"

@@ -248,11 +248,12 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 	for (i = 0; i < nr; i++) {
 		int n = ranks[i];
 
-		/* mpirun binds one rank per core and refuses more ranks than
-		 * cores unless told */
+		/* one rank per core, as the forked ranks are bound; beyond
+		 * the cores mpirun needs --oversubscribe, and both leave the
+		 * ranks unbound (mpirun's own default when oversubscribed) */
 		snprintf(mpiopt, sizeof(mpiopt), "%s%s -np %d",
 			 geteuid() == 0 ? " --allow-run-as-root" : "",
-			 n > cores ? " --oversubscribe --bind-to core:overload-allowed" :
+			 n > cores ? " --oversubscribe --bind-to none" :
 				     " --bind-to core", n);
 		for (j = 0; j < nt; j++)
 			for (p = 0; p < 2; p++) {

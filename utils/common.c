@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -615,6 +616,106 @@ static int free_port(void)
 	return port;
 }
 
+/*
+ * Binding of forked ranks, as mpirun --bind-to core does: the CPUs this
+ * process may use, grouped by physical core (hardware threads of a core
+ * together), are shared out in contiguous blocks, rank r taking the r-th
+ * block of cores / n cores.  The rank's worker threads then default to
+ * the cores of its block, so ranks x threads never exceeds the cores.
+ * With more ranks than cores the ranks stay unbound, as mpirun leaves
+ * them when oversubscribed: two ranks tied to one core wait for each
+ * other while the scheduler could have run one elsewhere.  FABEP_BIND=none
+ * leaves them unbound always.  Returns the cores bound to (0: not bound).
+ */
+static int core_key(int cpu)
+{
+	char path[96];
+	int core = cpu, pkg = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path),
+		 "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+	if ((f = fopen(path, "r"))) {
+		if (fscanf(f, "%d", &core) != 1)
+			core = cpu;
+		fclose(f);
+	}
+	snprintf(path, sizeof(path),
+		 "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+	if ((f = fopen(path, "r"))) {
+		if (fscanf(f, "%d", &pkg) != 1)
+			pkg = 0;
+		fclose(f);
+	}
+	return pkg * 65536 + core;
+}
+
+int tool_bind_rank(int r, int n)
+{
+	const char *e = getenv("FABEP_BIND");
+	int key[CPU_SETSIZE], group[CPU_SETSIZE];
+	cpu_set_t allowed, mine;
+	int cpus = 0, ngroups = 0, first, count, i, j, g;
+
+	if (e && !strcmp(e, "none"))
+		return 0;
+	if (sched_getaffinity(0, sizeof(allowed), &allowed) < 0)
+		return 0;
+	/* groups numbered in the order of their first CPU */
+	for (i = 0; i < CPU_SETSIZE; i++) {
+		if (!CPU_ISSET(i, &allowed))
+			continue;
+		key[cpus] = core_key(i);
+		group[cpus] = -1;
+		for (j = 0; j < cpus; j++)
+			if (key[j] == key[cpus]) {
+				group[cpus] = group[j];
+				break;
+			}
+		if (group[cpus] < 0)
+			group[cpus] = ngroups++;
+		cpus++;
+	}
+	if (ngroups < 1)
+		return 0;
+	if (n > ngroups)
+		return 0;
+	count = ngroups / n;
+	first = r * count;
+	CPU_ZERO(&mine);
+	for (i = 0, j = 0; i < CPU_SETSIZE && j < cpus; i++) {
+		if (!CPU_ISSET(i, &allowed))
+			continue;
+		g = group[j++];
+		if (g >= first && g < first + count)
+			CPU_SET(i, &mine);
+	}
+	if (sched_setaffinity(0, sizeof(mine), &mine) < 0)
+		return 0;
+	return count;
+}
+
+int tool_cores(void)
+{
+	cpu_set_t allowed;
+	int i, n = 0, key[CPU_SETSIZE];
+
+	if (sched_getaffinity(0, sizeof(allowed), &allowed) < 0)
+		return 1;
+	for (i = 0; i < CPU_SETSIZE; i++) {
+		int j;
+
+		if (!CPU_ISSET(i, &allowed))
+			continue;
+		key[n] = core_key(i);
+		for (j = 0; j < n && key[j] != key[n]; j++)
+			;
+		if (j == n)
+			n++;
+	}
+	return n > 0 ? n : 1;
+}
+
 /* One rank, in this process: create the communicator, run, destroy. */
 static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 		    tool_rank_fn fn, void *arg)
@@ -698,7 +799,17 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			setenv("FABEP_RANK", rs, 1);
 			setenv("FABEP_WORLD_SIZE", ns, 1);
 			setenv("FABEP_ROOT", root, 1);
-			ret = run_rank(attr, o, fn, arg);
+			{
+				fabep_comm_attr_t a = *attr;
+				int cores = tool_bind_rank(r, n);
+				const char *t = getenv("FABEP_THREADS");
+
+				/* threads: -T, else FABEP_THREADS, else the
+				 * rank's cores */
+				if (cores && !a.threads && !(t && *t))
+					a.threads = cores;
+				ret = run_rank(&a, o, fn, arg);
+			}
 			fflush(NULL);
 			_exit(ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
 		}

@@ -135,6 +135,13 @@ void tool_print_row(FILE *f, const struct tool_opts *o,
 
 /* ---- ranks ---- */
 
+/* Physical cores this process may run on (at least 1). */
+int tool_cores(void);
+/* Bind forked rank r of n to its block of cores / n cores, as mpirun
+ * --bind-to core would (nothing with more ranks than cores, or with
+ * FABEP_BIND=none); returns the cores bound to, 0 when unbound. */
+int tool_bind_rank(int r, int n);
+
 /* A rank's body: return 0 or a negative fabep code (print why first). */
 typedef int (*tool_rank_fn)(fabep_comm_t *comm, const struct tool_opts *o,
 			    void *arg);

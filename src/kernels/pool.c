@@ -29,6 +29,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
@@ -251,6 +252,43 @@ static int node_cpus(int node, cpu_set_t *set)
 	return n;
 }
 
+/* Physical cores among the CPUs of set (hardware threads of one core
+ * count once), from sysfs; the CPU count where the topology is unknown. */
+static int set_cores(const cpu_set_t *set)
+{
+	int key[CPU_SETSIZE];
+	int i, j, n = 0, cores = 0;
+
+	for (i = 0; i < CPU_SETSIZE; i++) {
+		char path[96];
+		int core = -1, pkg = 0;
+		FILE *f;
+
+		if (!CPU_ISSET(i, set))
+			continue;
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu%d/topology/core_id", i);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%d", &core) != 1)
+				core = -1;
+			fclose(f);
+		}
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", i);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%d", &pkg) != 1)
+				pkg = 0;
+			fclose(f);
+		}
+		key[n] = core < 0 ? -1 - i : pkg * 65536 + core;
+		for (j = 0; j < n && key[j] != key[n]; j++)
+			;
+		cores += j == n;
+		n++;
+	}
+	return cores > 0 ? cores : n;
+}
+
 int fep_pool_create(int nthreads, int numa_node, int local_ranks,
 		    fep_pool_t **pool)
 {
@@ -302,9 +340,14 @@ int fep_pool_create(int nthreads, int numa_node, int local_ranks,
 		if (ret > 0 && v > 0) {
 			nthreads = (int)v;
 		} else {
+			/* busy threads of all local ranks: no more than
+			 * cores (a second hardware thread of a core adds
+			 * little to copies and kernels bound by memory) */
+			int cores = p->have_cpus ? set_cores(&p->cpus) : ncpu;
+
 			if (local_ranks < 1)
 				local_ranks = 1;
-			nthreads = ncpu / local_ranks;
+			nthreads = cores / local_ranks;
 			if (nthreads < 1)
 				nthreads = 1;
 		}
