@@ -393,6 +393,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	size_t bytes = 0, nsc, slot, *cbytes = NULL;
 	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
 	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
+	uint64_t *putt = NULL;  /* rank 0's put part of wire */
 	uint64_t *cref = NULL, *lref = NULL, *oref = NULL;
 	size_t *plen = NULL, *rlen = NULL;
 	const void *din;
@@ -455,6 +456,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	outb = malloc(n * H * 4 + 4);
 	lat = calloc((size_t)iters + 1, sizeof(*lat));
 	wire = calloc((size_t)iters + 1, sizeof(*wire));
+	putt = calloc((size_t)iters + 1, sizeof(*putt));
 	loc = calloc((size_t)iters + 1, sizeof(*loc));
 	mcp = calloc((size_t)iters + 1, sizeof(*mcp));
 	ref = calloc((size_t)iters + 1, sizeof(*ref));
@@ -470,7 +472,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	xqbytes = pre ? n * H + n * nsc * sizeof(float) : 0;
 	x0 = malloc(xbytes + xqbytes + 1);
 	if (!x0 || !xq || !xs || !cbytes || !cref || !lref || !oref || !rlen || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
-	    !wire || !loc || !mcp) {
+	    !wire || !putt || !loc || !mcp) {
 		ret = -ENOMEM;
 		goto out;
 	}
@@ -584,6 +586,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			lat[it] = tool_now_ns() - t0;
 			fabep_moe_timing(moe, &tm);
 			wire[it] = tm.dispatch_put_ns + tm.dispatch_wait_ns;
+			putt[it] = tm.dispatch_put_ns;
 			loc[it] = tm.dispatch_pack_ns + tm.dispatch_build_ns;
 		}
 		/* toy expert: y = x, in the combine type */
@@ -680,9 +683,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 			lat[it] = (do_d ? lat[it] : 0) + (do_c ? tool_now_ns() - t0 : 0);
 			fabep_moe_timing(moe, &tm);
 			if (!do_d)
-				wire[it] = loc[it] = 0;
+				wire[it] = loc[it] = putt[it] = 0;
 			if (do_c) {
 				wire[it] += tm.combine_put_ns + tm.combine_wait_ns;
+				putt[it] += tm.combine_put_ns;
 				loc[it] += tm.combine_reduce_ns + tm.combine_sum_ns;
 			}
 		}
@@ -841,6 +845,7 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		qsort(cref, (size_t)citers, sizeof(*cref), cmp_u64);
 		qsort(lref, (size_t)iters, sizeof(*lref), cmp_u64);
 		qsort(wire, (size_t)iters, sizeof(*wire), cmp_u64);
+		qsort(putt, (size_t)iters, sizeof(*putt), cmp_u64);
 		qsort(loc, (size_t)iters, sizeof(*loc), cmp_u64);
 		qsort(mcp, (size_t)iters, sizeof(*mcp), cmp_u64);
 		qsort(oref, (size_t)iters, sizeof(*oref), cmp_u64);
@@ -875,7 +880,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				"ref_cold_GBps: %.3f ratio_cold: %.3f ref_live_us: %.1f "
 				"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
 				"floor_us: %.1f ceiling_live: %.3f overlap_us: %.1f "
-				"ceiling_overlap: %.3f channels: %d check: %s\n", o->op,
+				"ceiling_overlap: %.3f channels: %d check: %s "
+				"put_us: %.1f signal: %s\n", o->op,
 				fabep_comm_provider(comm), size, n, H, k,
 				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
@@ -884,7 +890,9 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 				sbuf ? "send_buffer" : "caller", cmed, cgbps,
 				cgbps > 0 ? gbps / cgbps : 0, lvmed, lgbps,
 				lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
-				omed, ceil_ov, fabep_comm_channels(comm), chk);
+				omed, ceil_ov, fabep_comm_channels(comm), chk,
+				(double)putt[iters / 2] / 1e3,
+				fabep_signal_name(fabep_comm_signal(comm)));
 		else {
 			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 				"%d channels, rank 0's figures; bytes = what rank 0 "
@@ -946,6 +954,7 @@ out:
 	free(rlen);
 	free(evict);
 	free(wire);
+	free(putt);
 	free(loc);
 	free(mcp);
 	free(mbuf);
