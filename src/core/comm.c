@@ -786,6 +786,9 @@ static int fep_comm_pool(fabep_comm_t *comm, const fabep_comm_attr_t *a)
 	if (ret)
 		return ret;
 	comm->numa_node = fep_pool_node(comm->pool);
+	/* the host's CPUs, not this process's: a rank bound to one core
+	 * by its launcher is not oversubscribed for that */
+	comm->fab->oversubscribed = comm->local_size > sysconf(_SC_NPROCESSORS_ONLN);
 	return 0;
 }
 

@@ -1037,6 +1037,9 @@ int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 {
 	int ret = fep_fabric_progress_all(fab);
 
+	if (fab->oversubscribed && st->bo.spins < 64)
+		st->bo.spins = 64;  /* straight to yielding */
+
 	if (!ret)
 		ret = fep_fabric_clock(fab, &st->deadline, fab->timeout_ms);
 	if (ret)

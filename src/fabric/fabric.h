@@ -126,6 +126,9 @@ typedef struct fep_fabric {
 	int tx_error;           /* first error seen on the TX CQ */
 	bool tx_progress;       /* a posted write moves only while this rank
 				   progresses (software transports) */
+	bool oversubscribed;    /* more ranks on this host than CPUs: a wait
+				   yields at once instead of spinning first,
+				   so that the peer it waits for gets a CPU */
 
 	struct fep_peer *peers;
 	/* Atomics posted while a delivery-complete write to the same peer

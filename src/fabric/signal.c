@@ -695,6 +695,8 @@ int fep_fab_wait(fep_fabric_t *fab, uint64_t off, uint64_t target,
 
 	if (timeout_ms < 0)
 		timeout_ms = fab->timeout_ms;
+	if (fab->oversubscribed)
+		bo.spins = 64;  /* straight to yielding */
 	for (;;) {
 		if (fep_counter_load(fab, off) >= target)
 			return 0;
