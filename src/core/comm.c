@@ -599,11 +599,23 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
  * at most 8, on tcp at most 4 (each connection pushed by its own
  * thread, so a large run is not bound by one socket), the fewest of any
  * rank; elsewhere one. */
-static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
+static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 {
 	struct fep_fab_blob *mine, *all;
 	int c, ret, status, n = asked;
+	/* cma chosen by default gives way to cqdata with channels where a
+	 * rank has threads to spare: there the receivers' threads copy side
+	 * by side (one per channel), faster than the sender's one copy;
+	 * where each rank has one thread, the sender's copy avoids the
+	 * receiver's one-thread progress.  Both use the same endpoint (no
+	 * ordering, atomics and CQ data). */
+	bool may_switch = sig_auto && comm->fab->signal == FABEP_SIGNAL_CMA &&
+			  (comm->fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA));
 
+	if (n > 1 && may_switch) {
+		fep_info("FABEP_CHANNELS=%d: signal cqdata instead of cma", n);
+		comm->fab->signal = FABEP_SIGNAL_CQDATA;
+	}
 	if (!n) {
 		int32_t want = 1, *wants;
 
@@ -611,7 +623,7 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
 			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
 
-		if (comm->fab->signal == FABEP_SIGNAL_CQDATA)
+		if (comm->fab->signal == FABEP_SIGNAL_CQDATA || may_switch)
 			want = FEP_MIN(fep_pool_threads(comm->pool), cap);
 		wants = calloc((size_t)comm->size, sizeof(*wants));
 		if (!wants)
@@ -623,6 +635,13 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked)
 		if (ret)
 			return ret;
 		n = want;
+		if (may_switch && n > 1) {
+			fep_info("%d threads per rank: signal cqdata with %d channels "
+				 "instead of cma", n, n);
+			comm->fab->signal = FABEP_SIGNAL_CQDATA;
+		} else if (may_switch) {
+			n = 1;
+		}
 	} else if (n > 1 && comm->fab->signal != FABEP_SIGNAL_CQDATA) {
 		fep_warn("FABEP_CHANNELS=%d needs the cqdata signal strategy, not "
 			 "%s: using one channel", n, fep_signal_name(comm->fab->signal));
@@ -860,7 +879,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		goto err_fabric;
 	/* the channels before any counter counts: they count in units of
 	 * the channels */
-	ret = fep_comm_open_channels(comm, channels);
+	ret = fep_comm_open_channels(comm, channels, a.signal == FABEP_SIGNAL_AUTO);
 	if (ret)
 		goto err_fabric;
 	ret = fep_comm_warm_up(comm);

@@ -99,9 +99,10 @@ fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 	size_t used;
 
 	if (d->signals & (1u << FABEP_SIGNAL_CMA)) {
-		snprintf(why, len, "shm with CMA: each write is one "
-			 "process_vm_writev by the sender, done when it completes "
-			 "locally (shm's behaviour, beyond libfabric's promise)");
+		snprintf(why, len, "shm with CMA: the sender's process_vm_writev "
+			 "completes each write within fi_write (beyond libfabric's "
+			 "promise); cqdata with channels where ranks have spare "
+			 "threads");
 		return FABEP_SIGNAL_CMA;
 	}
 	s = fep_signal_choose_portable(d, why, len);
@@ -601,12 +602,26 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 	return fab->nchan > 1 ? put_sliced(fab, puts, n) : put_many(fab, puts, n);
 }
 
+/* Where cma's writes start: the first put to a rank above this one. */
+static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
+			size_t n)
+{
+	size_t i;
+
+	if (fab->signal != FABEP_SIGNAL_CMA)
+		return 0;
+	for (i = 0; i < n; i++)
+		if (puts[i].peer > fab->rank)
+			return i;
+	return 0;
+}
+
 /* The puts of one channel, checked by fep_fab_put_signal_many; adds as
  * given (in units of the channels). */
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
-	size_t i;
+	size_t i, j;
 	int ret;
 
 	if (fab->signal == FABEP_SIGNAL_CQDATA) {
@@ -646,7 +661,11 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		}
 		return 0;
 	}
-	for (i = 0; i < n; i++) {
+	/* cma: each write is the sender's copy, done in fi_write, and the
+	 * kernel pins the target's pages under the target's page-table
+	 * locks: starting after this rank (puts in rank order) spreads the
+	 * senders over the targets instead of all copying into the first */
+	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n; j++, i = (i + 1) % n) {
 		if (!puts[i].len)
 			continue;
 		ret = fep_fab_write(fab, puts[i].peer, puts[i].dst, puts[i].src,
