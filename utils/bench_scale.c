@@ -10,10 +10,11 @@
  * -o dispatch|combine|allreduce|arnorm -n N -m, which forks N ranks and
  * prints one "key: value" line, and the baseline under mpirun with the
  * same shapes (fabep_mpi_bench, utils/fabep_mpi_bench.c).  The floor of
- * a dispatch or combine is the bench's overlap_us: every rank at once
- * puts the bytes the phase sends while its other threads copy the least
- * local traffic of the phase (bench_moe.c); of an allreduce, ref_median_us:
- * every rank writing the bytes of the input to the next at once.
+ * a dispatch or combine is the larger of the bench's ref_live_us (every
+ * rank at once puts the bytes the phase sends) and floor_us (the least
+ * local traffic of the phase at the memcpy rate of every rank at once);
+ * of an allreduce, ref_median_us: every rank writing the bytes of the
+ * input to the next at once.
  */
 #include "config.h"
 
@@ -269,7 +270,12 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 					r.failed = 1;
 				} else {
 					r.us = field(line, "median_us");
-					r.floor_us = field(line, "overlap_us");
+					/* the larger of the live put of the bytes it
+					 * sends and its least local traffic at
+					 * memcpy's rate, every rank at once */
+					r.floor_us = field(line, "ref_live_us");
+					if (field(line, "floor_us") > r.floor_us)
+						r.floor_us = field(line, "floor_us");
 					r.wire_us = field(line, "wire_us");
 					r.local_us = field(line, "local_us");
 				}
