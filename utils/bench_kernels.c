@@ -130,7 +130,7 @@ static int k_sum(struct kb *b, const struct kernel_desc *k)
 {
 	const void *in[16];
 	size_t each = b->bytes / (size_t)k->param, i;
-	fep_k_sum_args_t a = { in, k->param, k->dt, b->out };
+	fep_k_sum_args_t a = { in, k->param, k->dt, b->out, 0 };
 
 	for (i = 0; i < (size_t)k->param; i++)
 		in[i] = b->in + i * each;

@@ -7,8 +7,8 @@
 
 #include <errno.h>
 
-#define FEP_KERNELS_IMPL
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
 
 uint16_t fep_f32_to_bf16(float f)
 {
@@ -191,6 +191,17 @@ static void f2b_range(void *arg, size_t i0, size_t i1)
 	c->ops->f32_to_bf16(c->in, c->out, i0, i1);
 }
 
+/* The kernels stream their stores when the range they get writes
+ * FEP_K_NT_BYTES; a pool hands out quarters of a thread's share, so a
+ * call large enough to give every thread that much is split in pieces
+ * of at least that size. */
+static size_t conv_grain(fep_pool_t *pool, size_t n, size_t osize)
+{
+	size_t g = FEP_K_NT_BYTES / osize;
+
+	return n >= g * (size_t)fep_pool_threads(pool) ? g : 1024;
+}
+
 int fep_k_bf16_to_f32_mt(fep_pool_t *pool, const uint16_t *in, float *out,
 			 size_t n)
 {
@@ -200,7 +211,7 @@ int fep_k_bf16_to_f32_mt(fep_pool_t *pool, const uint16_t *in, float *out,
 		fep_err("bf16_to_f32: NULL buffer");
 		return -EINVAL;
 	}
-	return fep_pool_for(pool, n, 1024, b2f_range, &c);
+	return fep_pool_for(pool, n, conv_grain(pool, n, 4), b2f_range, &c);
 }
 
 int fep_k_f32_to_bf16_mt(fep_pool_t *pool, const float *in, uint16_t *out,
@@ -212,5 +223,5 @@ int fep_k_f32_to_bf16_mt(fep_pool_t *pool, const float *in, uint16_t *out,
 		fep_err("f32_to_bf16: NULL buffer");
 		return -EINVAL;
 	}
-	return fep_pool_for(pool, n, 1024, f2b_range, &c);
+	return fep_pool_for(pool, n, conv_grain(pool, n, 2), f2b_range, &c);
 }

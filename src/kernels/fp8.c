@@ -7,9 +7,10 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 
-#define FEP_KERNELS_IMPL
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
 
 uint8_t fep_f32_to_e4m3(float f)
 {
@@ -98,104 +99,297 @@ void fep_k_fp8_dequant_scalar(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
 
 /* ---- AVX2 ---- */
 
-static inline FEP_T_AVX2 __m256 dec256(__m128i q8)
+/* Row segments read twice (the amax pass, then the encoding pass from
+ * cache): whole blocks of at most Q_SEG values, at most Q_SEGB blocks. */
+#define Q_SEG 8192
+#define Q_SEGB 64
+
+static inline FEP_T_AVX2 uint32_t hmax256_epu16(__m256i v)
 {
-	__m256i q = _mm256_cvtepu8_epi32(q8);
-	__m256i em = _mm256_and_si256(q, _mm256_set1_epi32(0x7f));
-	__m256i sign = _mm256_slli_epi32(_mm256_and_si256(q, _mm256_set1_epi32(0x80)), 24);
-	__m256i nrm = _mm256_add_epi32(_mm256_slli_epi32(em, 20),
-				       _mm256_set1_epi32(120 << 23));
-	__m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(em),
-							_mm256_set1_ps(1.0f / 512.0f)));
-	__m256i v = _mm256_blendv_epi8(nrm, sub,
-		_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
-	v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000),
-		_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f)));
-	return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
+	__m128i b = _mm_max_epu16(_mm256_castsi256_si128(v),
+				  _mm256_extracti128_si256(v, 1));
+
+	/* phminposuw finds the least: of the complements */
+	b = _mm_minpos_epu16(_mm_xor_si128(b, _mm_set1_epi32(-1)));
+	return 0xffffu - ((uint32_t)_mm_cvtsi128_si32(b) & 0xffffu);
+}
+
+/* Largest finite |value| of in[c0, c1) as fp32 bits: the largest of
+ * all, then, only if that is not finite, the largest finite one (*nf
+ * set: the values hold inf or NaN). */
+static FEP_T_AVX2 uint32_t amax256(const char *in, fep_k_dtype_t dt,
+				   size_t c0, size_t c1, uint8_t *nf)
+{
+	uint32_t mx = 0;
+	size_t i = c0;
+
+	if (dt == FEP_K_BF16) {
+		const uint16_t *p = (const uint16_t *)in;
+		const __m256i abs = _mm256_set1_epi16(0x7fff);
+		__m256i m0 = _mm256_setzero_si256(), m1 = m0;
+
+		for (; i + 32 <= c1; i += 32) {
+			m0 = _mm256_max_epu16(m0, _mm256_and_si256(
+				_mm256_loadu_si256((const __m256i *)(p + i)), abs));
+			m1 = _mm256_max_epu16(m1, _mm256_and_si256(
+				_mm256_loadu_si256((const __m256i *)(p + i + 16)), abs));
+		}
+		mx = hmax256_epu16(_mm256_max_epu16(m0, m1));
+		for (; i < c1; i++)
+			mx = FEP_MAX(mx, (uint32_t)(p[i] & 0x7fffu));
+		mx <<= 16;
+	} else {
+		const float *p = (const float *)in;
+		const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+		__m256i m0 = _mm256_setzero_si256(), m1 = m0;
+
+		for (; i + 16 <= c1; i += 16) {
+			m0 = _mm256_max_epu32(m0, _mm256_and_si256(
+				_mm256_loadu_si256((const __m256i *)(p + i)), abs));
+			m1 = _mm256_max_epu32(m1, _mm256_and_si256(
+				_mm256_loadu_si256((const __m256i *)(p + i + 8)), abs));
+		}
+		mx = fep256_hmax_u32(_mm256_max_epu32(m0, m1));
+		for (; i < c1; i++)
+			mx = FEP_MAX(mx, fep_f2u(p[i]) & 0x7fffffffu);
+	}
+	*nf = mx >= 0x7f800000u;
+	if (mx < 0x7f800000u)
+		return mx;
+	for (mx = 0, i = c0; i < c1; i++)
+		mx = FEP_MAX(mx, fep_absbits_finite(fep_ld1(in, dt, i)));
+	return mx;
+}
+
+/* fep_fp8_scale of 8 maxima (finite, not negative) at once. */
+static inline FEP_T_AVX2 __m256 scale256(__m256 amax, float ub, int pow2)
+{
+	__m256 s = _mm256_div_ps(amax, _mm256_set1_ps(FEP_FP8_MAX));
+
+	s = _mm256_blendv_ps(_mm256_set1_ps(FEP_FP8_ZERO_SCALE), s,
+			     _mm256_cmp_ps(s, _mm256_setzero_ps(), _CMP_GT_OQ));
+	if (ub > 0.0f)
+		s = _mm256_min_ps(s, _mm256_set1_ps(ub));
+	s = _mm256_max_ps(s, _mm256_set1_ps(FEP_FP8_MIN_SCALE));
+	if (pow2) {
+		__m256i u = _mm256_castps_si256(s);
+		__m256i up = _mm256_and_si256(_mm256_add_epi32(u, _mm256_set1_epi32(0x800000)),
+					      _mm256_set1_epi32((int)0xff800000u));
+		__m256i exact = _mm256_cmpeq_epi32(_mm256_and_si256(u,
+			_mm256_set1_epi32(0x7fffff)), _mm256_setzero_si256());
+
+		s = _mm256_castsi256_ps(_mm256_blendv_epi8(up, u, exact));
+	}
+	return s;
+}
+
+static inline FEP_T_AVX2 void store256_nt(void *p, __m256i v, int nt)
+{
+	if (nt && !((uintptr_t)p & 31))
+		_mm256_stream_si256((__m256i *)p, v);
+	else
+		_mm256_storeu_si256((__m256i *)p, v);
+}
+
+/* 32 values of dt at p times inv -> 32 codes; fast: the block holds no
+ * inf or NaN and its largest |value| * inv is below 464 */
+static FEP_INLINE FEP_T_AVX2 __m256i enc32_256(const char *p, fep_k_dtype_t dt,
+					       __m256 inv, int fast)
+{
+	__m256 v[4];
+	int q;
+
+	if (dt == FEP_K_BF16) {
+		__m256i x0 = _mm256_loadu_si256((const __m256i *)p);
+		__m256i x1 = _mm256_loadu_si256((const __m256i *)p + 1);
+
+		return fast ? fep256_e4m3_bf16x32_fast(x0, x1, inv) :
+			      fep256_e4m3_bf16x32(x0, x1, inv);
+	}
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		v[q] = _mm256_mul_ps(_mm256_loadu_ps((const float *)p + 8 * q), inv);
+	return fep256_e4m3_x32(v, !fast);
+}
+
+static FEP_INLINE FEP_T_AVX2 void quant256(const fep_k_fp8_args_t *a,
+					   size_t r0, size_t r1,
+					   const fep_k_dtype_t dt)
+{
+	size_t es = fep_k_dtype_size(dt), cols = a->cols;
+	size_t bs = a->block > 0 ? (size_t)a->block : cols;
+	size_t nb = nblocks(cols, a->block), r, b0, i, j;
+	size_t seg = a->block > 0 ? FEP_MIN((size_t)Q_SEGB,
+					    FEP_MAX((size_t)1, Q_SEG / bs)) : 1;
+	int nt = a->nt ? a->nt > 0 : (r1 - r0) * cols >= FEP_K_NT_BYTES;
+	float amax[Q_SEGB] __attribute__((aligned(32)));
+	float invs[Q_SEGB] __attribute__((aligned(32)));
+	uint8_t nf[Q_SEGB];
+	float sc[8];
+
+	for (r = r0; r < r1; r++) {
+		const char *in = (const char *)a->in + r * a->ld_in * es;
+		uint8_t *out = a->out + r * a->ld_out;
+
+		for (b0 = 0; b0 < nb; b0 += seg) {
+			size_t g = FEP_MIN(seg, nb - b0), s0 = b0 * bs;
+			size_t s1 = FEP_MIN(s0 + g * bs, cols);
+			fep_pf_t pf;
+
+			/* the next segment, of this row or the next */
+			if (s1 < cols)
+				fep_pf_init(&pf, in + s1 * es,
+					    (FEP_MIN(s1 + g * bs, cols) - s1) * es);
+			else
+				fep_pf_init(&pf, r + 1 < r1 ? in + a->ld_in * es : NULL,
+					    FEP_MIN(g * bs, cols) * es);
+			for (j = 0; j < g; j++)
+				amax[j] = fep_u2f(amax256(in, dt, (b0 + j) * bs,
+							  FEP_MIN((b0 + j + 1) * bs, cols),
+							  &nf[j]));
+			for (; j % 8; j++)
+				amax[j] = 0.0f;
+			for (j = 0; j < g; j += 8) {
+				__m256 s = scale256(_mm256_load_ps(amax + j), a->scale_ub,
+						    a->pow2);
+
+				_mm256_storeu_ps(sc, s);
+				memcpy(a->scales + r * a->ld_scales + b0 + j, sc,
+				       FEP_MIN((size_t)8, g - j) * sizeof(float));
+				_mm256_store_ps(invs + j, _mm256_div_ps(_mm256_set1_ps(1.0f), s));
+			}
+			for (j = 0; j < g; j++) {
+				size_t c0 = (b0 + j) * bs, c1 = FEP_MIN(c0 + bs, cols);
+				__m256 inv = _mm256_set1_ps(invs[j]);
+				/* |v| * inv <= amax * inv (rounding is monotone) */
+				int fast = !nf[j] && amax[j] * invs[j] < 464.0f;
+
+				for (i = c0; i + 32 <= c1; i += 32) {
+					store256_nt(out + i, enc32_256(in + i * es, dt, inv, fast), nt);
+					fep_pf_step(&pf, 32 * es);
+				}
+				if (i < c1) { /* through a zero-padded copy */
+					float t[32] __attribute__((aligned(32))) = { 0 };
+					uint8_t q[32];
+
+					memcpy(t, in + i * es, (c1 - i) * es);
+					_mm256_storeu_si256((__m256i *)q,
+						enc32_256((const char *)t, dt, inv, fast));
+					memcpy(out + i, q, c1 - i);
+				}
+			}
+		}
+	}
+	if (nt)
+		_mm_sfence();
 }
 
 FEP_T_AVX2 void fep_k_fp8_quant_avx2(const fep_k_fp8_args_t *a, size_t r0, size_t r1)
 {
+	if (a->in_dt == FEP_K_BF16)
+		quant256(a, r0, r1, FEP_K_BF16);
+	else
+		quant256(a, r0, r1, FEP_K_F32);
+}
+
+/* 16 codes at p times s -> 16 values of odt at out (full or stack copy) */
+static FEP_INLINE FEP_T_AVX2 void deq16_256(__m128i q, __m256 k, __m256 s, int two,
+					    void *out, const fep_k_dtype_t odt,
+					    int nan_scale, int nt)
+{
+	__m256 lo, hi;
+
+	fep256_e4m3_dec16(q, k, &lo, &hi);
+	if (two) {
+		lo = _mm256_mul_ps(lo, s);
+		hi = _mm256_mul_ps(hi, s);
+	}
+	if (odt == FEP_K_F32) {
+		if (nt && !((uintptr_t)out & 31)) {
+			_mm256_stream_ps((float *)out, lo);
+			_mm256_stream_ps((float *)out + 8, hi);
+		} else {
+			_mm256_storeu_ps((float *)out, lo);
+			_mm256_storeu_ps((float *)out + 8, hi);
+		}
+	} else if (!nan_scale) {
+		/* every NaN here is the default one: the short rounding */
+		store256_nt(out, _mm256_permute4x64_epi64(_mm256_packus_epi32(
+			fep256_bf16_rne_nn(lo), fep256_bf16_rne_nn(hi)), 0xd8), nt);
+	} else {
+		_mm_storeu_si128((__m128i *)out, fep256_f32_to_bf16(lo));
+		_mm_storeu_si128((__m128i *)out + 1, fep256_f32_to_bf16(hi));
+	}
+}
+
+static FEP_INLINE FEP_T_AVX2 void dequant256(const fep_k_fp8dq_args_t *a,
+					     size_t r0, size_t r1,
+					     const fep_k_dtype_t odt)
+{
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
-	size_t nb = nblocks(a->cols, a->block), r, b, i;
+	size_t os = fep_k_dtype_size(odt), r, i, c0;
+	int nt = a->nt ? a->nt > 0 : (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
-		const char *in = (const char *)a->in +
-				 r * a->ld_in * fep_k_dtype_size(a->in_dt);
-		uint8_t *out = a->out + r * a->ld_out;
+		const uint8_t *in = a->in + r * a->ld_in;
+		char *out = (char *)a->out + r * a->ld_out * os;
+		const float *sc = a->scales + r * a->ld_scales;
 
-		for (b = 0; b < nb; b++) {
-			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
-			__m256i m = _mm256_setzero_si256();
-			__m256 inv;
-			float s;
+		/* bs is a multiple of 16: a vector never spans blocks */
+		for (c0 = 0; c0 < a->cols; c0 += bs) {
+			size_t c1 = FEP_MIN(c0 + bs, a->cols);
+			float sf = *sc++;
+			__m256 s = _mm256_set1_ps(sf);
+			int ns = sf != sf;
+			/* 2^8 * scale is exact below 2^119: one multiply */
+			int two = !(fabsf(sf) < 0x1p119f);
+			__m256 k = _mm256_set1_ps(two ? 256.0f : sf * 256.0f);
 
-			for (i = c0; i < c1; i += 8)
-				m = _mm256_max_epu32(m, fep256_absbits(
-					fep256_load(in, a->in_dt, i, c1 - i)));
-			s = fep_fp8_scale(fep_u2f(fep256_hmax_u32(m)), a->scale_ub,
-					  a->pow2);
-			a->scales[r * a->ld_scales + b] = s;
-			inv = _mm256_set1_ps(1.0f / s);
-			for (i = c0; i + 8 <= c1; i += 8)
-				_mm_storel_epi64((__m128i *)(out + i), fep256_e4m3(
-					_mm256_mul_ps(fep256_load(in, a->in_dt, i, 8), inv)));
+			for (i = c0; i + 16 <= c1; i += 16)
+				deq16_256(_mm_loadu_si128((const __m128i *)(in + i)), k, s,
+					  two, out + i * os, odt, ns, nt);
 			if (i < c1) {
-				uint8_t t[16];
-				size_t j;
+				uint8_t q[16] = { 0 };
+				float t[16];
 
-				_mm_storeu_si128((__m128i *)t, fep256_e4m3(_mm256_mul_ps(
-					fep256_load(in, a->in_dt, i, c1 - i), inv)));
-				for (j = 0; i + j < c1; j++)
-					out[i + j] = t[j];
+				memcpy(q, in + i, c1 - i);
+				deq16_256(_mm_loadu_si128((const __m128i *)q), k, s, two, t,
+					  odt, ns, 0);
+				memcpy(out + i * os, t, (c1 - i) * os);
 			}
 		}
 	}
+	if (nt)
+		_mm_sfence();
 }
 
 FEP_T_AVX2 void fep_k_fp8_dequant_avx2(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
 {
-	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
-	size_t r, i;
-
-	for (r = r0; r < r1; r++) {
-		const uint8_t *in = a->in + r * a->ld_in;
-		char *out = (char *)a->out + r * a->ld_out * fep_k_dtype_size(a->out_dt);
-		const float *sc = a->scales + r * a->ld_scales;
-
-		/* bs is a multiple of 8 (16), so a vector never spans blocks */
-		for (i = 0; i < a->cols; i += 8) {
-			size_t n = FEP_MIN((size_t)8, a->cols - i);
-			__m128i q;
-
-			if (n == 8) {
-				q = _mm_loadl_epi64((const __m128i *)(in + i));
-			} else {
-				uint8_t t[16] = { 0 };
-				memcpy(t, in + i, n);
-				q = _mm_loadu_si128((const __m128i *)t);
-			}
-			fep256_store(out, a->out_dt, i, _mm256_mul_ps(dec256(q),
-				     _mm256_set1_ps(sc[bs == a->cols ? 0 : i / bs])), n);
-		}
-	}
+	if (a->out_dt == FEP_K_BF16)
+		dequant256(a, r0, r1, FEP_K_BF16);
+	else
+		dequant256(a, r0, r1, FEP_K_F32);
 }
 
 /* ---- AVX-512 ---- */
 
-static inline FEP_T_AVX512 __m512 dec512(__m128i q8)
+/* 32 codes -> 32 values (lo: the first 16), exactly, through fp16 as
+ * fep256_e4m3_dec16 (kernels.h) explains; 0x7f/0xff -> +-0x7fc00000. */
+static inline FEP_T_AVX512 void dec512(__m256i q, __m512 *lo, __m512 *hi)
 {
-	__m512i q = _mm512_cvtepu8_epi32(q8);
-	__m512i em = _mm512_and_si512(q, _mm512_set1_epi32(0x7f));
-	__m512i sign = _mm512_slli_epi32(_mm512_and_si512(q, _mm512_set1_epi32(0x80)), 24);
-	__m512i v = _mm512_add_epi32(_mm512_slli_epi32(em, 20),
-				     _mm512_set1_epi32(120 << 23));
-	v = _mm512_mask_mov_epi32(v, _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)),
-		_mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(em),
-						  _mm512_set1_ps(1.0f / 512.0f))));
-	v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)),
-				  _mm512_set1_epi32(0x7fc00000));
-	return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
+	__m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(q), 7);
+	__mmask32 nan;
+
+	/* sign: bit 14 -> bit 15 */
+	h = _mm512_add_epi16(h, _mm512_and_si512(h, _mm512_set1_epi16(0x4000)));
+	nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, _mm512_set1_epi16(0x7fff)),
+				      _mm512_set1_epi16(0x3f80));
+	h = _mm512_mask_blend_epi16(nan, h, _mm512_xor_si512(h,
+		_mm512_set1_epi16(0x3f80 ^ 0x7e00)));
+	*lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)),
+			    _mm512_set1_ps(256.0f));
+	*hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
+			    _mm512_set1_ps(256.0f));
 }
 
 /* The largest of 32 unsigned 16-bit lanes. */
@@ -303,9 +497,11 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t nb = nblocks(a->cols, a->block), r, b, i;
-	int nt = (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 : (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
 	float amax[64], invs[64];
 	uint8_t nan[64];
+	size_t es = fep_k_dtype_size(dt);
+	fep_pf_t pf = { NULL, 0, 0, 0 };
 
 	for (r = r0; r < r1; r++) {
 		const char *in = (const char *)a->in +
@@ -321,6 +517,16 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 			 * overlap instead of stalling each block's encoding */
 			if (b % 64 == 0) {
 				size_t g = FEP_MIN(nb - b, (size_t)64), j;
+				size_t s1 = FEP_MIN((b + g) * bs, a->cols);
+
+				/* the next group, of this row or the next, comes
+				 * in while this one is encoded from cache */
+				if (s1 < a->cols)
+					fep_pf_init(&pf, in + s1 * es,
+						    (FEP_MIN(s1 + g * bs, a->cols) - s1) * es);
+				else
+					fep_pf_init(&pf, r + 1 < r1 ? in + a->ld_in * es : NULL,
+						    FEP_MIN(g * bs, a->cols) * es);
 
 				for (j = 0; j < g; j++)
 					amax[j] = fep_u2f(amax512(in, dt, (b + j) * bs,
@@ -350,6 +556,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 						_mm512_stream_si512((void *)(out + i), q);
 					else
 						_mm512_storeu_si512(out + i, q);
+					fep_pf_step(&pf, 64 * es);
 				}
 			}
 			for (; i + 64 <= c1; i += 64) {
@@ -366,6 +573,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 							    fep512_pack4(q0, q1, q2, q3));
 				else
 					_mm512_storeu_si512(out + i, fep512_pack4(q0, q1, q2, q3));
+				fep_pf_step(&pf, 64 * es);
 			}
 			for (; i < c1; i += 16) {
 				__mmask16 k = fep512_mask(c1 - i);
@@ -392,7 +600,7 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
-	int nt = (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 : (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -406,17 +614,18 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 
 			/* 32 at a time: bf16 output leaves as whole lines */
 			for (i = c0; i + 32 <= c1; i += 32) {
-				__m256i q = _mm256_loadu_si256((const __m256i *)(in + i));
-				__m512 v0 = dec512(_mm256_castsi256_si128(q));
-				__m512 v1 = dec512(_mm256_extracti128_si256(q, 1));
+				__m512 v0, v1;
 
+				dec512(_mm256_loadu_si256((const __m256i *)(in + i)), &v0, &v1);
 				fep512_store32(out, odt, i, _mm512_mul_ps(v0, s),
 					       _mm512_mul_ps(v1, s), ntr && !(c0 & 31));
 			}
 			for (; i < c1; i += 16) {
 				__mmask16 k = fep512_mask(c1 - i);
-				__m512 v = dec512(_mm_maskz_loadu_epi8(k, in + i));
+				__m512 v, v1;
 
+				dec512(_mm256_zextsi128_si256(_mm_maskz_loadu_epi8(k, in + i)),
+				       &v, &v1);
 				fep512_store(out, odt, i, _mm512_mul_ps(v, s), k);
 			}
 		}
@@ -505,23 +714,34 @@ static void dequant_range(void *arg, size_t r0, size_t r1)
 	c->ops->fp8_dequant(c->args, r0, r1);
 }
 
+/* Streaming stores are chosen by what the whole call writes: split over
+ * many threads, each share may be small while the call is not. */
 int fep_k_fp8_quant_mt(fep_pool_t *pool, const fep_k_fp8_args_t *a, size_t rows)
 {
-	struct q_ctx c = { a, fep_k_ops() };
+	fep_k_fp8_args_t b;
+	struct q_ctx c = { &b, fep_k_ops() };
 	int ret = fep_k_fp8_check(a);
 
 	if (ret)
 		return ret;
+	b = *a;
+	if (!b.nt)
+		b.nt = rows * b.cols >= FEP_K_NT_BYTES ? 1 : -1;
 	return fep_pool_for(pool, rows, 1, quant_range, &c);
 }
 
 int fep_k_fp8_dequant_mt(fep_pool_t *pool, const fep_k_fp8dq_args_t *a,
 			 size_t rows)
 {
-	struct q_ctx c = { a, fep_k_ops() };
+	fep_k_fp8dq_args_t b;
+	struct q_ctx c = { &b, fep_k_ops() };
 	int ret = fep_k_fp8dq_check(a);
 
 	if (ret)
 		return ret;
+	b = *a;
+	if (!b.nt)
+		b.nt = rows * b.cols * fep_k_dtype_size(b.out_dt) >= FEP_K_NT_BYTES ?
+		       1 : -1;
 	return fep_pool_for(pool, rows, 1, dequant_range, &c);
 }

@@ -8,8 +8,8 @@
 
 #include <errno.h>
 
-#define FEP_KERNELS_IMPL
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
 
 #define PERM_NT_MIN_ROW 256
 

@@ -8,8 +8,8 @@
 
 #include <errno.h>
 
-#define FEP_KERNELS_IMPL
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
 
 /* ---- scalar reference ---- */
 
@@ -58,20 +58,50 @@ void fep_k_sum_scalar(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 	}
 }
 
+/* The rows of the next token (up to 64), prefetched into L2 while this
+ * token is summed: its rows lie anywhere in y, so the hardware
+ * prefetchers cannot find them, and each would start with a miss. */
+static size_t topk_next_rows(const fep_k_topk_args_t *a, size_t t, size_t t1,
+			     size_t ys, const char **pf)
+{
+	const int32_t *idx = a->idx + (t + 1) * (size_t)a->k;
+	size_t n = 0;
+	int j;
+
+	if (t + 1 >= t1)
+		return 0;
+	for (j = 0; j < FEP_MIN(a->k, 64); j++)
+		if (idx[j] >= 0)
+			pf[n++] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
+	return n;
+}
+
+static inline void topk_prefetch(const char *const *pf, size_t npf, size_t off,
+				 size_t bytes)
+{
+	size_t r, o;
+
+	for (r = 0; r < npf; r++)
+		for (o = 0; o < bytes; o += 64)
+			_mm_prefetch(pf[r] + off + o, _MM_HINT_T1);
+}
+
 /* ---- AVX2 ---- */
 
 FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_t t1)
 {
 	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
-	const char *rows[64];
+	const char *rows[64], *pf[64];
 	float wt[64];
-	size_t t, i;
+	size_t t, i, npf;
 	int j, nr;
 
 	for (t = t0; t < t1; t++) {
 		const int32_t *idx = a->idx + t * (size_t)a->k;
 		char *out = (char *)a->out + t * a->ld_out * os;
 		int j0 = 0;
+
+		npf = topk_next_rows(a, t, t1, ys, pf);
 
 		/* gather the row pointers in order, k in chunks of 64 */
 		do {
@@ -89,6 +119,8 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 				__m256 s0, s1, s2, s3;
 				int r;
 
+				if (!j0)
+					topk_prefetch(pf, npf, i * ys, 32 * ys);
 				if (j0) {
 					s0 = fep256_load(out, a->out_dt, i, 8);
 					s1 = fep256_load(out, a->out_dt, i + 8, 8);
@@ -144,7 +176,8 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 	}
 }
 
-FEP_T_AVX2 void fep_k_sum_avx2(const fep_k_sum_args_t *a, size_t i0, size_t i1)
+/* Values [i0, i1) of the sum, 8 at a time, partial vectors included. */
+static FEP_T_AVX2 void sum256_part(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 {
 	size_t i;
 	int j;
@@ -159,6 +192,63 @@ FEP_T_AVX2 void fep_k_sum_avx2(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 	}
 }
 
+FEP_T_AVX2 void fep_k_sum_avx2(const fep_k_sum_args_t *a, size_t i0, size_t i1)
+{
+	size_t es = fep_k_dtype_size(a->dt), i = i0;
+	int nt = a->nt ? a->nt > 0 : (i1 - i0) * es >= FEP_K_NT_BYTES, j;
+
+	if (nt) { /* align the output to 32 bytes for streaming stores */
+		uintptr_t mis = (uintptr_t)((char *)a->out + i * es) & 31;
+
+		if (mis % es) {
+			nt = 0;
+		} else if (mis) {
+			size_t end = i + FEP_MIN((32 - mis) / es, i1 - i);
+
+			sum256_part(a, i, end);
+			i = end;
+		}
+	}
+	if (a->dt == FEP_K_F32) {
+		for (; i + 8 <= i1; i += 8) {
+			__m256 acc = _mm256_loadu_ps((const float *)a->in[0] + i);
+
+			for (j = 1; j < a->n; j++)
+				acc = _mm256_add_ps(acc, _mm256_loadu_ps((const float *)a->in[j] + i));
+			if (nt)
+				_mm256_stream_ps((float *)a->out + i, acc);
+			else
+				_mm256_storeu_ps((float *)a->out + i, acc);
+		}
+	} else {
+		for (; i + 16 <= i1; i += 16) {
+			__m256 acc0 = fep256_load(a->in[0], a->dt, i, 8);
+			__m256 acc1 = fep256_load(a->in[0], a->dt, i + 8, 8);
+			__m256i r;
+
+			for (j = 1; j < a->n; j++) {
+				acc0 = _mm256_add_ps(acc0, fep256_load(a->in[j], a->dt, i, 8));
+				acc1 = _mm256_add_ps(acc1, fep256_load(a->in[j], a->dt, i + 8, 8));
+			}
+			/* the full NaN rule only where a NaN is */
+			if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(acc0, acc0, _CMP_UNORD_Q),
+							    _mm256_cmp_ps(acc1, acc1, _CMP_UNORD_Q))))
+				r = _mm256_set_m128i(fep256_f32_to_bf16(acc1),
+						     fep256_f32_to_bf16(acc0));
+			else
+				r = _mm256_permute4x64_epi64(_mm256_packus_epi32(
+					fep256_bf16_rne_nn(acc0), fep256_bf16_rne_nn(acc1)), 0xd8);
+			if (nt)
+				_mm256_stream_si256((__m256i *)((uint16_t *)a->out + i), r);
+			else
+				_mm256_storeu_si256((__m256i *)((uint16_t *)a->out + i), r);
+		}
+	}
+	sum256_part(a, i, i1);
+	if (nt)
+		_mm_sfence();
+}
+
 /* ---- AVX-512 ---- */
 
 static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
@@ -167,15 +257,17 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 					    const fep_k_dtype_t odt)
 {
 	size_t ys = fep_k_dtype_size(ydt), os = fep_k_dtype_size(odt);
-	const char *rows[64];
+	const char *rows[64], *pf[64];
 	float wt[64];
-	size_t t, i;
+	size_t t, i, npf;
 	int j, nr;
 
 	for (t = t0; t < t1; t++) {
 		const int32_t *idx = a->idx + t * (size_t)a->k;
 		char *out = (char *)a->out + t * a->ld_out * os;
 		int j0 = 0;
+
+		npf = topk_next_rows(a, t, t1, ys, pf);
 
 		do {
 			int jn = FEP_MIN(a->k, j0 + 64);
@@ -193,6 +285,8 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 				__m512 s0, s1, s2, s3;
 				int r;
 
+				if (!j0)
+					topk_prefetch(pf, npf, i * ys, 64 * ys);
 				if (j0) {
 					s0 = fep512_load(out, odt, i, 0xffff);
 					s1 = fep512_load(out, odt, i + 16, 0xffff);
@@ -264,7 +358,7 @@ FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, s
 FEP_T_AVX512 void fep_k_sum_avx512(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 {
 	size_t es = fep_k_dtype_size(a->dt);
-	int nt = (i1 - i0) * es >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 : (i1 - i0) * es >= FEP_K_NT_BYTES;
 	size_t i = i0;
 	int j;
 
@@ -403,10 +497,15 @@ int fep_k_topk_sum_mt(fep_pool_t *pool, const fep_k_topk_args_t *a, size_t token
 
 int fep_k_sum_mt(fep_pool_t *pool, const fep_k_sum_args_t *a, size_t n)
 {
-	struct r_ctx c = { a, fep_k_ops() };
+	fep_k_sum_args_t b;
+	struct r_ctx c = { &b, fep_k_ops() };
 	int ret = fep_k_sum_check(a);
 
 	if (ret)
 		return ret;
+	/* streaming stores by what the whole call writes */
+	b = *a;
+	if (!b.nt)
+		b.nt = n * fep_k_dtype_size(b.dt) >= FEP_K_NT_BYTES ? 1 : -1;
 	return fep_pool_for(pool, n, 1024, sum_range, &c);
 }

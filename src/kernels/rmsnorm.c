@@ -9,12 +9,33 @@
 #include <errno.h>
 #include <math.h>
 
-#define FEP_KERNELS_IMPL
 #include "kernels/kernels.h"
+#include "kernels/simd.h"
 
 #define ROW(p, dt, ld, r) ((char *)(p) + (r) * (ld) * fep_k_dtype_size(dt))
 #define RMS_YBUF 8192
+/* gamma + weight_offset and the normalized row are read and written at
+ * the same index in one loop: 32 floats apart modulo 4 KiB, so that a
+ * load does not wait on a store to the same address bits */
+#define RMS_SKEW 32
 #define CROW(p, dt, ld, r) ((const char *)(p) + (r) * (ld) * fep_k_dtype_size(dt))
+
+/* The sum of squares of a row, in the same order at every level, so
+ * that every level gives the scalar reference's bits: RMS_LANES partial
+ * sums, element i going to sum i % RMS_LANES with one fused
+ * multiply-add (fmaf; the vector levels' lanes), then the partial sums
+ * halved pairwise (sum j += sum j + w, w = 16, 8, 4, 2, 1). */
+#define RMS_LANES 32
+
+static float rms_tree(float *p)
+{
+	size_t w, j;
+
+	for (w = RMS_LANES / 2; w; w /= 2)
+		for (j = 0; j < w; j++)
+			p[j] += p[j + w];
+	return p[0];
+}
 
 /* ---- scalar reference ---- */
 
@@ -27,7 +48,7 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 		const char *x = CROW(a->in, dt, a->ld_in, r);
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
-		float ss = 0.0f, inv;
+		float part[RMS_LANES] = { 0 }, inv;
 
 		for (i = 0; i < n; i++) {
 			float v = fep_ld1(x, dt, i);
@@ -37,9 +58,9 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 				fep_st1(res, dt, i, v);
 				v = fep_ld1(res, dt, i); /* rounded to dt */
 			}
-			ss += v * v;
+			part[i % RMS_LANES] = fmaf(v, v, part[i % RMS_LANES]);
 		}
-		inv = 1.0f / sqrtf(ss / (float)n + a->eps);
+		inv = 1.0f / sqrtf(rms_tree(part) / (float)n + a->eps);
 		if (a->out_dt != FEP_K_FP8) {
 			char *out = ROW(a->out, a->out_dt, a->ld_out, r);
 
@@ -66,76 +87,308 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 
 /* ---- AVX2 ---- */
 
-FEP_T_AVX2 void fep_k_rmsnorm_avx2(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
+/* 8 values of dt at p + i (all there) as fp32 */
+static FEP_INLINE FEP_T_AVX2 __m256 ld8_256(const void *p, fep_k_dtype_t dt,
+					    size_t i)
 {
-	fep_k_dtype_t dt = a->in_dt;
-	size_t r, i, n = a->cols;
-	__m256 wo = _mm256_set1_ps(a->weight_offset);
+	if (dt == FEP_K_F32)
+		return _mm256_loadu_ps((const float *)p + i);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+		_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+}
 
+/* y = h * inv * g for the values [i, i + 8) (zeros past n); g is
+ * gamma + weight_offset, precomputed (gw) or not (gw == NULL) */
+static FEP_INLINE FEP_T_AVX2 __m256 y256(const char *h, fep_k_dtype_t dt,
+					 const float *gamma, const float *gw,
+					 size_t i, size_t n, __m256 vi, __m256 wo)
+{
+	__m256 g;
+
+	if (i + 8 <= n) {
+		g = gw ? _mm256_loadu_ps(gw + i) :
+			 _mm256_add_ps(_mm256_loadu_ps(gamma + i), wo);
+		return _mm256_mul_ps(_mm256_mul_ps(ld8_256(h, dt, i), vi), g);
+	}
+	g = _mm256_add_ps(fep256_load(gamma, FEP_K_F32, i, n - i), wo);
+	return _mm256_mul_ps(_mm256_mul_ps(fep256_load(h, dt, i, n - i), vi), g);
+}
+
+/* 16 fp32 values (y0, y1) to p + i as dt, streaming when nt and p + i
+ * is 32-byte aligned; fast: no NaN but the default one (bf16 output
+ * then takes the short rounding) */
+static FEP_INLINE FEP_T_AVX2 void st16_256(void *p, fep_k_dtype_t dt, size_t i,
+					   __m256 y0, __m256 y1, int nt, int fast)
+{
+	if (dt == FEP_K_F32) {
+		float *o = (float *)p + i;
+
+		if (nt && !((uintptr_t)o & 31)) {
+			_mm256_stream_ps(o, y0);
+			_mm256_stream_ps(o + 8, y1);
+		} else {
+			_mm256_storeu_ps(o, y0);
+			_mm256_storeu_ps(o + 8, y1);
+		}
+	} else {
+		__m256i b = fast ? _mm256_permute4x64_epi64(_mm256_packus_epi32(
+			fep256_bf16_rne_nn(y0), fep256_bf16_rne_nn(y1)), 0xd8) :
+			_mm256_set_m128i(fep256_f32_to_bf16(y1), fep256_f32_to_bf16(y0));
+		__m256i *o = (__m256i *)((uint16_t *)p + i);
+
+		if (nt && !((uintptr_t)o & 31))
+			_mm256_stream_si256(o, b);
+		else
+			_mm256_storeu_si256(o, b);
+	}
+}
+
+/* One value of h + residual for the sum of squares: the sum, rounded
+ * to dt, is written back to the residual (8 values, all there). */
+static FEP_INLINE FEP_T_AVX2 __m256 res8_256(const char *x, char *res,
+					     fep_k_dtype_t dt, size_t i)
+{
+	__m256 v = _mm256_add_ps(ld8_256(x, dt, i), ld8_256(res, dt, i));
+	__m128i b;
+
+	if (dt == FEP_K_F32) {
+		_mm256_storeu_ps((float *)res + i, v);
+		return v;
+	}
+	b = fep256_f32_to_bf16(v);
+	_mm_storeu_si128((__m128i *)((uint16_t *)res + i), b);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+
+/* The sum of squares of a row (rms_tree's order) and, with res, the
+ * residual add. */
+static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
+					    fep_k_dtype_t dt, size_t n)
+{
+	__m256 acc[4];
+	size_t i, q;
+
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		acc[q] = _mm256_setzero_ps();
+	/* lanes of acc[q]: partial sums 8q..8q+7 */
+	for (i = 0; i + 32 <= n; i += 32)
+		#pragma GCC unroll 4
+		for (q = 0; q < 4; q++) {
+			__m256 v = res ? res8_256(x, res, dt, i + 8 * q) :
+					 ld8_256(x, dt, i + 8 * q);
+
+			acc[q] = _mm256_fmadd_ps(v, v, acc[q]);
+		}
+	for (q = 0; q < 4 && i + 8 * q < n; q++) {
+		size_t k = i + 8 * q;
+		__m256 v = fep256_load(x, dt, k, n - k);
+
+		if (res) {
+			v = _mm256_add_ps(v, fep256_load(res, dt, k, n - k));
+			fep256_store(res, dt, k, v, n - k);
+			if (dt == FEP_K_BF16) /* the rounded value */
+				v = fep256_load(res, dt, k, n - k);
+		}
+		acc[q] = _mm256_fmadd_ps(v, v, acc[q]);
+	}
+	return fep256_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]),
+					 _mm256_add_ps(acc[1], acc[3])));
+}
+
+static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
+					  size_t r0, size_t r1,
+					  const fep_k_dtype_t dt,
+					  const fep_k_dtype_t odt)
+{
+	size_t r, i, q, n = a->cols, es = fep_k_dtype_size(dt);
+	const __m256 wo = _mm256_set1_ps(a->weight_offset);
+	const float *gamma = a->gamma, *gw = NULL;
+	int nt = a->nt ? a->nt > 0 :
+		 (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
+	/* gamma + weight_offset, once per call; for FP8 output also the
+	 * normalized row, kept between the amax and the encoding pass
+	 * (longer rows recompute both) */
+	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
+	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
+	int keep = n <= RMS_YBUF, gnan = 0;
+
+	/* a NaN in gamma (or the offset) would reach the output with its
+	 * payload, which the short bf16 rounding does not handle */
+	if (keep && r1 - r0 > 1) {
+		for (i = 0; i < n; i++) {
+			gbuf[i] = gamma[i] + a->weight_offset;
+			gnan |= gbuf[i] != gbuf[i];
+		}
+		gw = gbuf;
+	} else {
+		for (i = 0; i < n; i++)
+			gnan |= !(gamma[i] + a->weight_offset == gamma[i] + a->weight_offset);
+	}
 	for (r = r0; r < r1; r++) {
 		const char *x = CROW(a->in, dt, a->ld_in, r);
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
-		__m256 acc = _mm256_setzero_ps(), vi;
+		__m256 vi;
 		float inv;
+		fep_pf_t px, pr;
 
-		for (i = 0; i < n; i += 8) {
-			size_t k = n - i;
-			__m256 v = fep256_load(x, dt, i, k);
+		/* the next row's input (and residual), while this one is
+		 * worked on from cache */
+		fep_pf_init(&px, r + 1 < r1 ? x + a->ld_in * es : NULL, n * es);
+		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * es : NULL, n * es);
+		float ss = sumsq256(x, res, dt, n);
 
-			if (res) {
-				v = _mm256_add_ps(v, fep256_load(res, dt, i, k));
-				fep256_store(res, dt, i, v, k);
-				if (dt == FEP_K_BF16) /* the rounded value */
-					v = fep256_load(res, dt, i, k);
-			}
-			acc = _mm256_fmadd_ps(v, v, acc);
-		}
-		inv = 1.0f / sqrtf(fep256_hsum(acc) / (float)n + a->eps);
+		inv = 1.0f / sqrtf(ss / (float)n + a->eps);
 		vi = _mm256_set1_ps(inv);
-		if (a->out_dt != FEP_K_FP8) {
-			char *out = ROW(a->out, a->out_dt, a->ld_out, r);
+		if (odt != FEP_K_FP8) {
+			char *out = ROW(a->out, odt, a->ld_out, r);
+			/* a NaN in h makes ss a NaN; other NaNs are default */
+			int fast = !gnan && ss == ss;
 
-			for (i = 0; i < n; i += 8) {
-				size_t k = n - i;
-				__m256 g = _mm256_add_ps(fep256_load(a->gamma, FEP_K_F32, i, k), wo);
-				fep256_store(out, a->out_dt, i, _mm256_mul_ps(_mm256_mul_ps(
-					fep256_load(h, dt, i, k), vi), g), k);
+			for (i = 0; i + 16 <= n; i += 16) {
+				st16_256(out, odt, i, y256(h, dt, gamma, gw, i, n, vi, wo),
+					 y256(h, dt, gamma, gw, i + 8, n, vi, wo), nt, fast);
+				fep_pf_step(&px, 16 * es);
+				fep_pf_step(&pr, 16 * es);
 			}
+			for (; i < n; i += 8)
+				fep256_store(out, odt, i, y256(h, dt, gamma, gw, i, n, vi, wo),
+					     n - i);
 		} else {
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			__m256i m = _mm256_setzero_si256();
+			uint32_t amax;
+			int nan;
 			__m256 is;
 			float s;
 
-			for (i = 0; i < n; i += 8) {
-				size_t k = n - i;
-				__m256 g = _mm256_add_ps(fep256_load(a->gamma, FEP_K_F32, i, k), wo);
-				m = _mm256_max_epu32(m, fep256_absbits(_mm256_mul_ps(
-					_mm256_mul_ps(fep256_load(h, dt, i, k), vi), g)));
-			}
-			s = fep_fp8_scale(fep_u2f(fep256_hmax_u32(m)), a->scale_ub, a->pow2);
-			a->scales[r * a->ld_scales] = s;
-			is = _mm256_set1_ps(1.0f / s);
-			for (i = 0; i < n; i += 8) {
-				size_t k = n - i;
-				__m256 g = _mm256_add_ps(fep256_load(a->gamma, FEP_K_F32, i, k), wo);
-				__m128i q = fep256_e4m3(_mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(
-					fep256_load(h, dt, i, k), vi), g), is));
+			/* the largest |y| of all, and of the finite ones only
+			 * if that is not finite; each pass prefetches half of
+			 * the next row */
+			i = 0;
+			if (keep) {
+				__m256i m1 = m;
 
-				if (k >= 8) {
-					_mm_storel_epi64((__m128i *)(out + i), q);
-				} else {
-					uint8_t t[16];
-					_mm_storeu_si128((__m128i *)t, q);
-					memcpy(out + i, t, k);
+				for (; i + 16 <= n; i += 16) {
+					__m256 y0 = y256(h, dt, gamma, gw, i, n, vi, wo);
+					__m256 y1 = y256(h, dt, gamma, gw, i + 8, n, vi, wo);
+
+					_mm256_store_ps(ybuf + i, y0);
+					_mm256_store_ps(ybuf + i + 8, y1);
+					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(y0),
+						_mm256_set1_epi32(0x7fffffff)));
+					m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_castps_si256(y1),
+						_mm256_set1_epi32(0x7fffffff)));
+					fep_pf_step(&px, 8 * es);
+					fep_pf_step(&pr, 8 * es);
+				}
+				m = _mm256_max_epu32(m, m1);
+			}
+			for (; i < n; i += 8) {
+				__m256 y = y256(h, dt, gamma, gw, i, n, vi, wo);
+
+				if (keep)
+					_mm256_store_ps(ybuf + i, y);
+				m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(y),
+					_mm256_set1_epi32(0x7fffffff)));
+				if (!(i & 15)) {
+					fep_pf_step(&px, 8 * es);
+					fep_pf_step(&pr, 8 * es);
 				}
 			}
+			amax = fep256_hmax_u32(m);
+			nan = amax >= 0x7f800000u;
+			if (nan)
+				for (amax = 0, i = 0; i < n; i++)
+					amax = FEP_MAX(amax, fep_absbits_finite(keep ? ybuf[i] :
+						fep_ld1(h, dt, i) * inv * (gamma[i] + a->weight_offset)));
+			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
+			a->scales[r * a->ld_scales] = s;
+			is = _mm256_set1_ps(1.0f / s);
+			for (i = 0; i + 32 <= n; i += 32) {
+				__m256 v[4];
+				__m256i c;
+
+				if (keep)
+					#pragma GCC unroll 4
+					for (q = 0; q < 4; q++)
+						v[q] = _mm256_mul_ps(_mm256_load_ps(ybuf + i + 8 * q), is);
+				else
+					#pragma GCC unroll 4
+					for (q = 0; q < 4; q++)
+						v[q] = _mm256_mul_ps(y256(h, dt, gamma, gw, i + 8 * q,
+									  n, vi, wo), is);
+				c = nan ? fep256_e4m3_x32(v, 1) : fep256_e4m3_x32(v, 0);
+				if (nt && !((uintptr_t)(out + i) & 31))
+					_mm256_stream_si256((__m256i *)(out + i), c);
+				else
+					_mm256_storeu_si256((__m256i *)(out + i), c);
+				fep_pf_step(&px, 16 * es);
+				fep_pf_step(&pr, 16 * es);
+			}
+			if (i < n) {
+				__m256 v[4];
+				uint8_t t[32];
+
+				#pragma GCC unroll 4
+				for (q = 0; q < 4; q++)
+					v[q] = i + 8 * q < n ? _mm256_mul_ps(y256(h, dt, gamma, gw,
+						i + 8 * q, n, vi, wo), is) : _mm256_setzero_ps();
+				_mm256_storeu_si256((__m256i *)t, fep256_e4m3_x32(v, 1));
+				memcpy(out + i, t, n - i);
+			}
 		}
+	}
+	if (nt)
+		_mm_sfence();
+}
+
+FEP_T_AVX2 void fep_k_rmsnorm_avx2(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
+{
+	if (a->in_dt == FEP_K_BF16) {
+		if (a->out_dt == FEP_K_BF16)
+			norm256(a, r0, r1, FEP_K_BF16, FEP_K_BF16);
+		else if (a->out_dt == FEP_K_F32)
+			norm256(a, r0, r1, FEP_K_BF16, FEP_K_F32);
+		else
+			norm256(a, r0, r1, FEP_K_BF16, FEP_K_FP8);
+	} else {
+		if (a->out_dt == FEP_K_BF16)
+			norm256(a, r0, r1, FEP_K_F32, FEP_K_BF16);
+		else if (a->out_dt == FEP_K_F32)
+			norm256(a, r0, r1, FEP_K_F32, FEP_K_F32);
+		else
+			norm256(a, r0, r1, FEP_K_F32, FEP_K_FP8);
 	}
 }
 
 /* ---- AVX-512 ---- */
+
+/* Values [i, i + 16) of in + residual (mask k): the sum, rounded to
+ * dt, is written back to the residual and returned as rounded. */
+static FEP_INLINE FEP_T_AVX512 __m512 res512(const char *x, char *res,
+					     fep_k_dtype_t dt, size_t i, __mmask16 k)
+{
+	__m512 v = _mm512_add_ps(fep512_load(x, dt, i, k), fep512_load(res, dt, i, k));
+
+	if (dt == FEP_K_BF16) {
+		__m256i b = fep512_f32_to_bf16(v);
+
+		_mm256_mask_storeu_epi16((uint16_t *)res + i, k, b);
+		return _mm512_castsi512_ps(_mm512_slli_epi32(
+			_mm512_maskz_cvtepu16_epi32(k, b), 16));
+	}
+	_mm512_mask_storeu_ps((float *)res + i, k, v);
+	return v;
+}
+
+/* 16 scaled values, none a NaN, -> 16 codes (fep512_e4m3_codes) */
+static inline FEP_T_AVX512 __m512i yb_fast(__m512 v)
+{
+	return _mm512_ternarylogic_epi32(fep512_e4m3_mag(v), _mm512_srli_epi32(
+		_mm512_castps_si512(v), 24), _mm512_set1_epi32(0x80), 0xf8);
+}
 
 static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					    size_t r0, size_t r1,
@@ -145,43 +398,74 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 	size_t r, i, n = a->cols;
 	__m512 wo = _mm512_set1_ps(a->weight_offset);
 	const float *gamma = a->gamma;
-	int nt = (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 :
+		 (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
+	/* gamma + weight_offset once per call, and the normalized row, for
+	 * FP8 output */
+	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
+	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
+	const float *gw = NULL;
 
+	if (odt == FEP_K_FP8 && n <= RMS_YBUF && r1 - r0 > 1) {
+		for (i = 0; i < n; i++)
+			gbuf[i] = gamma[i] + a->weight_offset;
+		gw = gbuf;
+	}
 	for (r = r0; r < r1; r++) {
 		const char *x = CROW(a->in, dt, a->ld_in, r);
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
-		__m512 acc = _mm512_setzero_ps(), acc1 = acc, vi;
+		__m512 acc0, acc1, vi;
+		__m256 t8;
+		__m128 t4;
 		float inv;
+		fep_pf_t px, pr;
 
-		i = 0;
-		if (!res) /* two chains, full vectors */
-			for (; i + 32 <= n; i += 32) {
+		/* the next row's input (and residual), while this one is
+		 * worked on from cache */
+		fep_pf_init(&px, r + 1 < r1 ? x + a->ld_in * fep_k_dtype_size(dt) : NULL,
+			    n * fep_k_dtype_size(dt));
+		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * fep_k_dtype_size(dt) :
+			    NULL, n * fep_k_dtype_size(dt));
+		acc0 = acc1 = _mm512_setzero_ps();
+		/* lanes of acc0, acc1: partial sums 0..15, 16..31 of rms_tree */
+		if (res)
+			for (i = 0; i + 32 <= n; i += 32) {
+				__m512 v0 = res512(x, res, dt, i, 0xffff);
+				__m512 v1 = res512(x, res, dt, i + 16, 0xffff);
+
+				acc0 = _mm512_fmadd_ps(v0, v0, acc0);
+				acc1 = _mm512_fmadd_ps(v1, v1, acc1);
+			}
+		else
+			for (i = 0; i + 32 <= n; i += 32) {
 				__m512 v0 = fep512_load(x, dt, i, 0xffff);
 				__m512 v1 = fep512_load(x, dt, i + 16, 0xffff);
 
-				acc = _mm512_fmadd_ps(v0, v0, acc);
+				acc0 = _mm512_fmadd_ps(v0, v0, acc0);
 				acc1 = _mm512_fmadd_ps(v1, v1, acc1);
 			}
-		for (; i < n; i += 16) {
+		if (i < n) {
 			__mmask16 k = fep512_mask(n - i);
-			__m512 v = fep512_load(x, dt, i, k);
+			__m512 v = res ? res512(x, res, dt, i, k) : fep512_load(x, dt, i, k);
 
-			if (res) {
-				v = _mm512_add_ps(v, fep512_load(res, dt, i, k));
-				if (dt == FEP_K_BF16) {
-					__m256i b = fep512_f32_to_bf16(v);
-					_mm256_mask_storeu_epi16((uint16_t *)res + i, k, b);
-					v = _mm512_castsi512_ps(_mm512_slli_epi32(
-						_mm512_cvtepu16_epi32(b), 16));
-				} else {
-					_mm512_mask_storeu_ps((float *)res + i, k, v);
-				}
-			}
-			acc = _mm512_fmadd_ps(v, v, acc);
+			acc0 = _mm512_fmadd_ps(v, v, acc0);
 		}
-		inv = 1.0f / sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(acc, acc1)) /
-				   (float)n + a->eps);
+		if (i + 16 < n) {
+			__mmask16 k = fep512_mask(n - i - 16);
+			__m512 v = res ? res512(x, res, dt, i + 16, k) :
+					 fep512_load(x, dt, i + 16, k);
+
+			acc1 = _mm512_fmadd_ps(v, v, acc1);
+		}
+		/* the tree: w = 16, 8, 4, 2, 1 */
+		vi = _mm512_add_ps(acc0, acc1);
+		t8 = _mm256_add_ps(_mm512_castps512_ps256(vi), _mm256_castpd_ps(
+			_mm512_extractf64x4_pd(_mm512_castps_pd(vi), 1)));
+		t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+		t4 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+		t4 = _mm_add_ss(t4, _mm_movehdup_ps(t4));
+		inv = 1.0f / sqrtf(_mm_cvtss_f32(t4) / (float)n + a->eps);
 		vi = _mm512_set1_ps(inv);
 		if (odt != FEP_K_FP8) {
 			char *out = ROW(a->out, odt, a->ld_out, r);
@@ -196,6 +480,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 								    vi), g0),
 					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
 								    vi), g1), ntr);
+				fep_pf_step(&px, 32 * fep_k_dtype_size(dt));
+				fep_pf_step(&pr, 32 * fep_k_dtype_size(dt));
 			}
 			for (; i < n; i += 16) {
 				__mmask16 k = fep512_mask(n - i);
@@ -206,7 +492,6 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		} else {
 			/* the normalized row, kept between the amax and the
 			 * encoding pass (32 KiB of stack; longer rows recompute) */
-			float ybuf[RMS_YBUF] __attribute__((aligned(64)));
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
 			__m512i m = _mm512_setzero_si512();
@@ -214,23 +499,68 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			float s;
 
 			if (n <= RMS_YBUF) { /* keep y for the encoding pass */
-				for (i = 0; i < n; i += 16) {
+				uint32_t mx;
+				int fast;
+
+				/* the largest |y| of all; of the finite ones only
+				 * if that is not finite */
+				i = 0;
+				if (gw) {
+					__m512i m1 = m;
+
+					for (; i + 32 <= n; i += 32) {
+						__m512 y0 = _mm512_mul_ps(_mm512_mul_ps(
+							fep512_load(h, dt, i, 0xffff), vi),
+							_mm512_load_ps(gw + i));
+						__m512 y1 = _mm512_mul_ps(_mm512_mul_ps(
+							fep512_load(h, dt, i + 16, 0xffff), vi),
+							_mm512_load_ps(gw + i + 16));
+
+						_mm512_store_ps(ybuf + i, y0);
+						_mm512_store_ps(ybuf + i + 16, y1);
+						m = _mm512_max_epu32(m, _mm512_and_si512(
+							_mm512_castps_si512(y0),
+							_mm512_set1_epi32(0x7fffffff)));
+						m1 = _mm512_max_epu32(m1, _mm512_and_si512(
+							_mm512_castps_si512(y1),
+							_mm512_set1_epi32(0x7fffffff)));
+						fep_pf_step(&px, 16 * fep_k_dtype_size(dt));
+						fep_pf_step(&pr, 16 * fep_k_dtype_size(dt));
+					}
+					m = _mm512_max_epu32(m, m1);
+				}
+				for (; i < n; i += 16) {
 					__mmask16 k = fep512_mask(n - i);
 					__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
 					__m512 y = _mm512_mul_ps(_mm512_mul_ps(
 						fep512_load(h, dt, i, k), vi), g);
 
 					_mm512_store_ps(ybuf + i, y);
-					m = _mm512_max_epu32(m, fep512_absbits(y));
+					m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(y),
+						_mm512_set1_epi32(0x7fffffff)));
+					fep_pf_step(&px, 8 * fep_k_dtype_size(dt));
+					fep_pf_step(&pr, 8 * fep_k_dtype_size(dt));
 				}
-				s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(m)),
-						  a->scale_ub, a->pow2);
+				mx = (uint32_t)_mm512_reduce_max_epu32(m);
+				fast = mx <= 0x7f800000u; /* no NaN: vrangeps clamps */
+				if (mx >= 0x7f800000u)
+					for (mx = 0, i = 0; i < n; i++)
+						mx = FEP_MAX(mx, fep_absbits_finite(ybuf[i]));
+				s = fep_fp8_scale(fep_u2f(mx), a->scale_ub, a->pow2);
 				a->scales[r * a->ld_scales] = s;
 				is = _mm512_set1_ps(1.0f / s);
-#define YB(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), is))
+#define YB(f, j) f(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), is))
 				for (i = 0; i + 64 <= n; i += 64) {
-					__m512i q = fep512_pack4(YB(0), YB(16), YB(32), YB(48));
+					__m512i q = fast ?
+						fep512_pack4(YB(yb_fast, 0), YB(yb_fast, 16),
+							     YB(yb_fast, 32), YB(yb_fast, 48)) :
+						fep512_pack4(YB(fep512_e4m3_codes, 0),
+							     YB(fep512_e4m3_codes, 16),
+							     YB(fep512_e4m3_codes, 32),
+							     YB(fep512_e4m3_codes, 48));
 
+					fep_pf_step(&px, 32 * fep_k_dtype_size(dt));
+					fep_pf_step(&pr, 32 * fep_k_dtype_size(dt));
 					if (ntr)
 						_mm512_stream_si512((void *)(out + i), q);
 					else
@@ -247,6 +577,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);
 				m = _mm512_max_epu32(m, fep512_absbits(_mm512_mul_ps(
 					_mm512_mul_ps(fep512_load(h, dt, i, k), vi), g)));
+				fep_pf_step(&px, 8 * fep_k_dtype_size(dt));
+				fep_pf_step(&pr, 8 * fep_k_dtype_size(dt));
 			}
 			s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(m)),
 					  a->scale_ub, a->pow2);
@@ -257,6 +589,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		_mm512_add_ps(_mm512_loadu_ps(a->gamma + i + (j)), wo)), is))
 			for (i = 0; i + 64 <= n; i += 64) {
 				__m512i q = fep512_pack4(Y16(0), Y16(16), Y16(32), Y16(48));
+				fep_pf_step(&px, 32 * fep_k_dtype_size(dt));
+				fep_pf_step(&pr, 32 * fep_k_dtype_size(dt));
 
 				if (ntr)
 					_mm512_stream_si512((void *)(out + i), q);
@@ -346,10 +680,16 @@ static void norm_range(void *arg, size_t r0, size_t r1)
 
 int fep_k_rmsnorm_mt(fep_pool_t *pool, const fep_k_rmsnorm_args_t *a, size_t rows)
 {
-	struct n_ctx c = { a, fep_k_ops() };
+	fep_k_rmsnorm_args_t b;
+	struct n_ctx c = { &b, fep_k_ops() };
 	int ret = fep_k_rmsnorm_check(a);
 
 	if (ret)
 		return ret;
+	/* streaming stores by what the whole call writes */
+	b = *a;
+	if (!b.nt)
+		b.nt = rows * b.cols * fep_k_dtype_size(b.out_dt) >= FEP_K_NT_BYTES ?
+		       1 : -1;
 	return fep_pool_for(pool, rows, 1, norm_range, &c);
 }
