@@ -12,8 +12,12 @@
  *                within 2^-6 of max|y| / 448 (clamped)
  *   residual     the new residual within the dtype's rounding of
  *                sum + residual
- * and every rank folds its outputs into a hash kept in shared memory, so
- * the parent checks that the outputs are bitwise equal on every rank.
+ * and RMSNorm and FP8 outputs, scales and residuals bitwise equal to the
+ * scalar reference kernels run on the whole input in one process (the
+ * tolerances above bound that reference; the bits pin the library to it,
+ * so a rounding that truncates fails here), and every rank folds its
+ * outputs into a hash kept in shared memory, so the parent checks that
+ * the outputs are bitwise equal on every rank.
  * Both paths are forced (FABEP_AR_ONESTAGE_MAX=0 / 1G) and automatic;
  * back-to-back runs make hundreds of calls with fresh data each, mixing
  * paths, ops and shapes, so a stale slot would show.
@@ -31,6 +35,7 @@
 
 #include "fabep.h"
 #include "harness.h"
+#include "kernels/kernels.h"
 
 enum { OP_SUM = 0, OP_NORM = 1, OP_FP8 = 2 };
 
@@ -185,7 +190,78 @@ static const char *op_name(int op)
 	return op == OP_SUM ? "allreduce" : op == OP_NORM ? "rmsnorm" : "rmsnorm_fp8";
 }
 
-/* One call of one case, checked against the double reference. */
+/* The single-process result of the scalar reference kernels (the
+ * inputs summed in rank order, then RMSNorm with the residual, then FP8
+ * with one scale per row), which every rank must return bit for bit:
+ * the vector kernels are bitwise equal to these, and the reduction
+ * order is the rank order on both paths. */
+static int check_exact(int rank, int size, const struct ar_run *t,
+		       const struct ar_case *c, void **ins, const void *res0,
+		       const void *res, const void *gamma, const void *out,
+		       const float *scales, const fabep_rmsnorm_params_t *p)
+{
+	fep_k_dtype_t kdt = t->dt == FABEP_AR_BF16 ? FEP_K_BF16 : FEP_K_F32;
+	size_t es = fep_k_dtype_size(kdt), n = c->rows * c->cols;
+	size_t os = c->op == OP_FP8 ? 1 : es, i;
+	void *sum = malloc(n * es), *rres = malloc(n * es), *rout = malloc(n * os);
+	float *g32 = malloc(c->cols * 4), *rsc = malloc(c->rows * 4);
+	fep_k_sum_args_t sa = { (const void *const *)ins, size, kdt, sum, 0 };
+	fep_k_rmsnorm_args_t na;
+	int bad = 0;
+
+	if (!sum || !rres || !rout || !g32 || !rsc) {
+		free(sum); free(rres); free(rout); free(g32); free(rsc);
+		FAILF("check_exact: out of memory");
+	}
+	fep_k_sum_scalar(&sa, 0, n);
+	for (i = 0; i < c->cols; i++)
+		g32[i] = kdt == FEP_K_BF16 ? from_bf16(((const uint16_t *)gamma)[i])
+					   : ((const float *)gamma)[i];
+	memcpy(rres, res0, n * es);
+	memset(&na, 0, sizeof(na));
+	na.in = sum;
+	na.in_dt = kdt;
+	na.ld_in = na.ld_res = na.ld_out = na.cols = c->cols;
+	na.residual = c->res ? rres : NULL;
+	na.gamma = g32;
+	na.eps = p->eps;
+	na.weight_offset = p->weight_offset;
+	na.out = rout;
+	na.out_dt = c->op == OP_FP8 ? FEP_K_FP8 : kdt;
+	na.scales = rsc;
+	na.ld_scales = 1;
+	na.scale_ub = c->op == OP_FP8 ? p->scale_ub : 0.0f;
+	fep_k_rmsnorm_scalar(&na, 0, c->rows);
+	for (i = 0; i < n && !bad; i++)
+		if (memcmp((const char *)out + i * os, (char *)rout + i * os, os)) {
+			fprintf(stderr, "rank %d: %s %zu x %zu (ub %g, woff %g%s): "
+				"[%zu][%zu] differs from the scalar reference "
+				"(0x%x, want 0x%x)\n", rank, op_name(c->op), c->rows,
+				c->cols, (double)c->ub, (double)c->woff,
+				c->res ? ", residual" : "", i / c->cols, i % c->cols,
+				os == 1 ? ((const uint8_t *)out)[i] : os == 2 ?
+				((const uint16_t *)out)[i] : ((const uint32_t *)out)[i],
+				os == 1 ? ((uint8_t *)rout)[i] : os == 2 ?
+				((uint16_t *)rout)[i] : ((uint32_t *)rout)[i]);
+			bad = 1;
+		}
+	if (!bad && c->op == OP_FP8 && memcmp(scales, rsc, c->rows * 4)) {
+		fprintf(stderr, "rank %d: rmsnorm_fp8 %zu x %zu: scales differ "
+			"from the scalar reference\n", rank, c->rows, c->cols);
+		bad = 1;
+	}
+	if (!bad && c->res && memcmp(res, rres, n * es)) {
+		fprintf(stderr, "rank %d: %s %zu x %zu: residual differs from "
+			"the scalar reference\n", rank, op_name(c->op), c->rows,
+			c->cols);
+		bad = 1;
+	}
+	free(sum); free(rres); free(rout); free(g32); free(rsc);
+	return bad;
+}
+
+/* One call of one case, checked against the double reference and the
+ * scalar kernels' bits. */
 static int check_case(int rank, int size, fabep_allreduce_t *ar,
 		      const struct ar_run *t, const struct ar_case *c,
 		      uint64_t seed, void **ins, void *res0, void *res,
@@ -227,6 +303,9 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	if (ret)
 		FAILF("%s %zu x %zu: %s", op_name(c->op), c->rows, c->cols,
 		      fabep_strerror(ret));
+	if (c->op != OP_SUM &&
+	    check_exact(rank, size, t, c, ins, res0, res, gamma, out, scales, &p))
+		return 1;
 
 	for (r = 0; r < c->rows; r++) {
 		double ss = 0, inv, amax = 0, sc = 0;

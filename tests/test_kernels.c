@@ -8,9 +8,11 @@
  * double precision); every vector level is then checked against the
  * scalar reference on random rows of many shapes and on the edges (NaN,
  * +-inf, subnormals, values past +-448, zero rows and blocks, -0).
- * Conversions, FP8 codes and scales, permutes and n-way sums must be
- * bitwise equal; RMSNorm and weighted sums agree within fp32 tolerances
- * stated next to each check.
+ * Conversions, FP8 codes and scales, RMSNorm, permutes and n-way sums
+ * must be bitwise equal; weighted sums agree within fp32 tolerances
+ * stated next to each check.  It prints the levels it tested and those
+ * the CPU lacks (SKIPPED); FABEP_TEST_ISA=avx2|avx512 tests that level
+ * only and exits 77 (skip) without it (tests/kernels_*.sh).
  */
 #include "config.h"
 
@@ -24,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #include <numa.h>
 
@@ -138,10 +142,21 @@ static int hw_bf16_have(void)
 	for (int hw = 0; hw <= hw_bf16_have() && ((fep_k_hw_bf16 = hw), 1); \
 	     hw++)
 
-/* The vector levels this CPU has (AVX2 and up). */
+/* The vector levels compared with the scalar reference: every level
+ * this CPU has, or only FABEP_TEST_ISA's (set in main). */
+static fabep_isa_t test_lo = FABEP_ISA_AVX2, test_hi = FABEP_ISA_SCALAR;
+
+static fabep_isa_t next_level(fabep_isa_t isa)
+{
+	return isa == FABEP_ISA_SCALAR ? test_lo : (fabep_isa_t)(isa + 1);
+}
+
 #define FOR_VECTOR_LEVELS(isa)                                         \
-	for (fabep_isa_t isa = FABEP_ISA_AVX2; isa <= fep_k_isa_max(); \
-	     isa = (fabep_isa_t)(isa + 1))
+	for (fabep_isa_t isa = test_lo; isa <= test_hi; isa = next_level(isa))
+/* The scalar reference itself, then the vector levels. */
+#define FOR_LEVELS(isa)                                                \
+	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= test_hi;       \
+	     isa = next_level(isa))
 
 /* ---------------------------------------------------------------- */
 /* ISA selection                                                    */
@@ -418,7 +433,7 @@ START_TEST(test_fp8_table_vector)
 	in[n] = -INFINITY; want[n++] = 0xfe;
 	in[n] = 1e9f; want[n++] = 0x7e;   /* non-finite values do not count */
 	EXPECT1(n <= N);
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+	FOR_LEVELS(isa) {
 		fep_k_fp8_args_t a = {
 			.in = in, .in_dt = FEP_K_F32, .ld_in = n, .out = out,
 			.ld_out = n, .scales = &scale, .ld_scales = 1, .cols = n,
@@ -550,7 +565,7 @@ START_TEST(test_fp8_vector)
 
 	build_e4m3_table();
 	FOR_HW_BF16(hw)
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+	FOR_LEVELS(isa)
 		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
 			for (b = 0; b < FEP_ARRAY_SIZE(blocks); b++)
 				for (dt = 0; dt < 2; dt++)
@@ -620,6 +635,59 @@ START_TEST(test_fp8_bf16_all)
 END_TEST
 
 /* An all-zero row and block get the documented finite scale. */
+static float ld_row(const void *p, fep_k_dtype_t dt, size_t i);
+
+/* Every code times scales at the edges (subnormal, the smallest normal,
+ * near the largest float, where 2^8 * scale stops being finite, inf,
+ * NaN, negative), to fp32 and bf16: each level bitwise equal to the
+ * scalar reference (NaN and NaN equal only where the scale is NaN). */
+START_TEST(test_fp8_dequant_edges)
+{
+	static const float scl[] = { 1e-40f, 0x1p-126f, 0.01f, 1.0f, 3.0e38f,
+				     0x1p118f, 0x1p119f, 0x1p120f, INFINITY, NAN,
+				     -1.5f, 0.0f };
+	const size_t ns = FEP_ARRAY_SIZE(scl), cols = 256 * ns;
+	uint8_t *q = xmalloc(cols);
+	float *sc = xmalloc(16 * ns * 4), *rs = xmalloc(cols * 4), *rv = xmalloc(cols * 4);
+	size_t i;
+	int dt;
+
+	/* all 256 codes (16 blocks of 16) with each scale in turn */
+	for (i = 0; i < cols; i++)
+		q[i] = (uint8_t)(i % 256);
+	for (i = 0; i < 16 * ns; i++)
+		sc[i] = scl[i / 16];
+	for (dt = 0; dt < 2; dt++) {
+		fep_k_fp8dq_args_t d = {
+			.in = q, .ld_in = cols, .scales = sc, .ld_scales = 16 * ns,
+			.block = 16, .out = rs, .out_dt = (fep_k_dtype_t)dt,
+			.ld_out = cols, .cols = cols,
+		};
+
+		fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_dequant(&d, 0, 1);
+		FOR_HW_BF16(hw) FOR_VECTOR_LEVELS(isa) {
+			d.out = rv;
+			memset(rv, 0x5a, cols * 4);
+			fep_k_ops_isa(isa)->fp8_dequant(&d, 0, 1);
+			d.out = rs;
+			for (i = 0; i < cols; i++) {
+				float a = ld_row(rs, (fep_k_dtype_t)dt, i);
+				float b = ld_row(rv, (fep_k_dtype_t)dt, i);
+				int nan_scale = isnan(sc[i / 16]);
+
+				EXPECT(nan_scale ? (isnan(a) && isnan(b)) :
+				       (dt ? ((uint16_t *)rs)[i] == ((uint16_t *)rv)[i]
+					   : f2u(a) == f2u(b)),
+				       "%s dequant %s code %02zx scale %a: %a vs %a",
+				       isa_name(isa), dt ? "bf16" : "fp32", i % 256,
+				       sc[i / 16], b, a);
+			}
+		}
+	}
+	free(q); free(sc); free(rs); free(rv);
+}
+END_TEST
+
 START_TEST(test_fp8_zero_blocks)
 {
 	float in[256] = { 0 }, sc[2];
@@ -629,7 +697,7 @@ START_TEST(test_fp8_zero_blocks)
 	in[5] = -0.0f;
 	for (i = 128; i < 256; i++)
 		in[i] = (float)(i - 128) / 64.0f; /* amax 127/64 */
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+	FOR_LEVELS(isa) {
 		fep_k_fp8_args_t a = {
 			.in = in, .in_dt = FEP_K_F32, .ld_in = 256, .out = q,
 			.ld_out = 256, .scales = sc, .ld_scales = 2, .cols = 256,
@@ -724,9 +792,16 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 			acc += v * v;
 		}
 		inv = 1.0 / sqrt(acc / cols + 1e-6);
+		/* every level sums the squares in the reference's order:
+		 * bitwise equal output and scales */
 		if (out_dt == FEP_K_FP8)
-			EXPECT(close_to(sv[r], ss[r], 1e-5f, 0), "%s scale %a %a",
+			EXPECT(same_f32(sv[r], ss[r]), "%s scale %a %a",
 				      isa_name(isa), sv[r], ss[r]);
+		EXPECT(!memcmp((char *)os_ + r * ld * os, (char *)ov + r * ld * os,
+			       cols * os), "%s rmsnorm %s -> %s cols=%zu res=%d row %zu "
+		       "differs from the scalar reference", isa_name(isa),
+		       fep_k_dtype_name(in_dt), fep_k_dtype_name(out_dt), cols,
+		       with_res, r);
 		for (i = 0; i < cols; i++) {
 			double y = ld_row(h, in_dt, i) * inv * (gamma[i] + 1.0);
 			float gs, gv;
@@ -741,11 +816,8 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 				EXPECT(close_to(gs, (float)y, 0.0625f * 1.001f,
 						       ss[r] * (1.0f / 1024.0f) * 1.001f),
 					      "fp8 ref %a vs %a", gs, y);
-				/* vector vs scalar: at most one code apart */
-				EXPECT(abs((int)(qs & 0x7f) - (int)(qv & 0x7f)) <= 1 &&
-					      (((qs ^ qv) & 0x80) == 0 ||
-					       ((qs & 0x7f) <= 1 && (qv & 0x7f) <= 1)),
-					      "%s fp8 code %02x vs %02x", isa_name(isa), qs, qv);
+				EXPECT(qs == qv, "%s fp8 code %02x vs %02x", isa_name(isa),
+				       qs, qv);
 				continue;
 			}
 			gs = ld_row((char *)os_ + r * ld * os, out_dt, i);
@@ -775,7 +847,7 @@ START_TEST(test_rmsnorm)
 
 	build_e4m3_table();
 	FOR_HW_BF16(hw)
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+	FOR_LEVELS(isa)
 		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
 			for (idt = 0; idt < 2; idt++)
 				for (odt = 0; odt < 3; odt++)
@@ -785,7 +857,7 @@ START_TEST(test_rmsnorm)
 							      shapes[k], res);
 	/* rows longer than the AVX-512 kernel's FP8 row buffer */
 	FOR_HW_BF16(hw)
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+	FOR_LEVELS(isa)
 		for (idt = 0; idt < 2; idt++)
 			check_rmsnorm(isa, (fep_k_dtype_t)idt, FEP_K_FP8, 9000, idt);
 }
@@ -802,7 +874,7 @@ START_TEST(test_rmsnorm_nan)
 		gamma[i] = 1.0f;
 	}
 	in[17] = NAN;
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+	FOR_LEVELS(isa) {
 		fep_k_rmsnorm_args_t a = {
 			.in = in, .in_dt = FEP_K_F32, .ld_in = 100, .gamma = gamma,
 			.eps = 1e-6f, .out = out, .out_dt = FEP_K_F32, .ld_out = 100,
@@ -913,7 +985,7 @@ START_TEST(test_topk)
 	int ydt, odt, wt;
 
 	FOR_HW_BF16(hw)
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++)
+	FOR_LEVELS(isa)
 		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
 			for (kk = 0; kk < FEP_ARRAY_SIZE(ks); kk++)
 				for (ydt = 0; ydt < 2; ydt++)
@@ -933,7 +1005,7 @@ static void check_sum(fabep_isa_t isa, fep_k_dtype_t dt, size_t n, int nin,
 {
 	size_t es = fep_k_dtype_size(dt), i;
 	void *in[8], *o1 = xmalloc((n + off) * es), *o2 = xmalloc((n + off) * es);
-	fep_k_sum_args_t a = { (const void *const *)in, nin, dt, o1 };
+	fep_k_sum_args_t a = { (const void *const *)in, nin, dt, o1, 0 };
 	int j;
 
 	for (j = 0; j < nin; j++) {
@@ -977,7 +1049,7 @@ START_TEST(test_sum)
 	int dt;
 
 	FOR_HW_BF16(hw)
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+	FOR_LEVELS(isa) {
 		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
 			for (k = 0; k < FEP_ARRAY_SIZE(ns); k++)
 				for (dt = 0; dt < 2; dt++)
@@ -1042,7 +1114,7 @@ static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pa
 
 START_TEST(test_permute)
 {
-	for (fabep_isa_t isa = FABEP_ISA_SCALAR; isa <= fep_k_isa_max(); isa++) {
+	FOR_LEVELS(isa) {
 		for (int nt = -1; nt <= 1; nt++) { /* never, auto, forced */
 			check_perm(isa, 50, 1, 0, nt);
 			check_perm(isa, 50, 200, 8, nt);
@@ -1373,7 +1445,7 @@ START_TEST(test_mt_wrappers)
 	EXPECT1(!memcmp(o1, o2, rows * cols * 4));
 	{
 		fep_k_fp8_args_t a = { in, FEP_K_F32, cols, q1, cols, s1, 23, cols,
-				       128, 0, 0 };
+				       128, 0, 0, 0 };
 		ck_assert_int_eq(fep_k_fp8_quant_mt(NULL, &a, rows), 0);
 		a.out = q2;
 		a.scales = s2;
@@ -1389,7 +1461,7 @@ START_TEST(test_mt_wrappers)
 		ck_assert_int_eq(fep_k_fp8_quant_mt(p, &a, rows), -EINVAL);
 	}
 	{
-		fep_k_fp8dq_args_t d = { q1, cols, s1, 23, 128, o1, FEP_K_F32, cols, cols };
+		fep_k_fp8dq_args_t d = { q1, cols, s1, 23, 128, o1, FEP_K_F32, cols, cols, 0 };
 		ck_assert_int_eq(fep_k_fp8_dequant_mt(NULL, &d, rows), 0);
 		d.out = o2;
 		ck_assert_int_eq(fep_k_fp8_dequant_mt(p, &d, rows), 0);
@@ -1415,7 +1487,7 @@ START_TEST(test_mt_wrappers)
 		ck_assert_int_eq(fep_k_rmsnorm_mt(p, &a, rows), -EINVAL);
 	}
 	{
-		fep_k_sum_args_t a = { ins, 2, FEP_K_F32, o2 };
+		fep_k_sum_args_t a = { ins, 2, FEP_K_F32, o2, 0 };
 		const void *bad[2] = { in, NULL };
 
 		memcpy(o1, in, rows * cols * 4);
@@ -1563,6 +1635,7 @@ static Suite *kernels_suite(int forked)
 	tcase_add_test(tc, test_fp8_bf16_all);
 	tcase_add_test(tc, test_fp8_table_vector);
 	tcase_add_test(tc, test_fp8_zero_blocks);
+	tcase_add_test(tc, test_fp8_dequant_edges);
 	tcase_add_test(tc, test_fp8_vector);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
@@ -1596,10 +1669,63 @@ static Suite *kernels_suite(int forked)
 	return s;
 }
 
+/* Which levels run: all that the CPU has (the others are reported as
+ * skipped), or with FABEP_TEST_ISA=avx2|avx512 that one only, and exit
+ * status 77 (automake's SKIP) where the CPU lacks it. */
+static int choose_levels(void)
+{
+	const char *only = getenv("FABEP_TEST_ISA");
+	fabep_isa_t max, lvl, i;
+	int st = 0;
+	pid_t pid;
+
+	/* detected in a child: the first use in this process picks the
+	 * level from FABEP_ISA, which test_isa_env sets in its own child */
+	pid = fork();
+	if (pid == 0)
+		_exit((int)fep_k_isa_max());
+	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) {
+		fprintf(stderr, "test_kernels: cannot detect the CPU's level\n");
+		return 99;
+	}
+	max = (fabep_isa_t)WEXITSTATUS(st);
+
+	test_hi = max;
+	if (only) {
+		if (fep_k_isa_parse(only, &lvl) || lvl == FABEP_ISA_SCALAR) {
+			fprintf(stderr, "test_kernels: FABEP_TEST_ISA=%s is not avx2 "
+				"or avx512\n", only);
+			return 99;
+		}
+		if (lvl > max) {
+			printf("test_kernels: SKIP: %s kernels: this CPU lacks %s\n",
+			       isa_name(lvl), isa_name(lvl));
+			return 77;
+		}
+		test_lo = test_hi = lvl;
+	}
+	printf("test_kernels: ISA levels tested against the scalar reference:");
+	FOR_VECTOR_LEVELS(l)
+		printf(" %s", isa_name(l));
+	if (test_lo > test_hi)
+		printf(" none");
+	printf("\n");
+	for (i = FABEP_ISA_AVX2; i <= FABEP_ISA_AVX512; i = (fabep_isa_t)(i + 1))
+		if (i > max)
+			printf("test_kernels: SKIPPED: %s (not on this CPU)\n",
+			       isa_name(i));
+	fflush(stdout);
+	return 0;
+}
+
 int main(void)
 {
 	SRunner *sr;
-	int forked;
+	int forked, ret;
+
+	ret = choose_levels();
+	if (ret)
+		return ret;
 
 	/* probe the fork mode (CK_FORK=no turns it off) */
 	sr = srunner_create(suite_create("probe"));
