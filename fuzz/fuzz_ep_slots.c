@@ -173,7 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	}
 
 	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dslot(m, b, 0),
-				m->dslot_bytes, seq, NULL, 0, s->rcount);
+				m->dslot_bytes, seq, NULL, 0, s->rcount, NULL);
 	FUZZ_CHECK(ret <= 0);
 	if (!ret) {
 		for (r = 0; r < size; r++)
@@ -207,7 +207,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		}
 	}
 	ret = fep_ep_check_hdrs(m, "fuzz combine", fep_ep_cslot(m, b, 0),
-				m->cslot_bytes, seq, s->sent, 0, s->rcount);
+				m->cslot_bytes, seq, s->sent, 0, s->rcount, NULL);
 	FUZZ_CHECK(ret <= 0);
 	if (!ret)
 		for (r = 0; r < size; r++)

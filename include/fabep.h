@@ -315,9 +315,14 @@ FABEP_API int fabep_comm_channels(const fabep_comm_t *comm);
  * tokens than max_tokens, an expert id outside [-1, E)) is caught before a
  * byte is sent; the rank still completes the exchange with an error flag,
  * and every rank returns the same code (the one of the lowest failing
- * rank, logged with its rank).  The exception: the output arguments of
- * the receive halves (dispatch_recv, combine_recv) are checked on the
- * calling rank alone (see each).
+ * rank, logged with its rank).  A send half (dispatch_send, combine_send)
+ * that refuses its input completes the exchange itself before it returns
+ * the code: that rank owes no receive half, the other ranks' receive
+ * halves return the code, and every handle is ready for the next call.  A
+ * refused dispatch is gone (call it again); a refused combine leaves its
+ * dispatch received on every rank, for the next combine.  The exception:
+ * the output arguments of the receive halves (dispatch_recv,
+ * combine_recv) are checked on the calling rank alone (see each).
  */
 
 /* Element formats of tokens and expert outputs. */
@@ -384,8 +389,8 @@ FABEP_API int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg
 			       fabep_moe_t **moe);
 /* Free the handle (not collective).  Its heap block is reused by a later
  * creation once every rank has destroyed its handle, unless a call of it
- * failed in a wait or a transfer or a send half was never received (then
- * it is kept).  NULL is ignored. */
+ * failed in a wait or a transfer or a send half that returned 0 was never
+ * received (then it is kept).  NULL is ignored. */
 FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
 
 /*

@@ -54,6 +54,8 @@ struct params {
 	const char *channels; /* FABEP_CHANNELS */
 	int fused;        /* fused_round: fabep_moe_combine against the halves */
 	int noweights;    /* dispatch with topk_weights NULL (all 1) */
+	int refuse;       /* round 2: refused send halves on bad_rank (refuse_round) */
+	int sets;         /* buffer_sets (0: the default) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -624,6 +626,7 @@ static void fill_cfg(const struct params *p, fabep_moe_config_t *cfg)
 	cfg->combine_type = p->ct;
 	cfg->fp8_block = p->block;
 	cfg->flags = p->zcopy ? FABEP_MOE_ZERO_COPY : 0;
+	cfg->buffer_sets = p->sets;
 }
 
 static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
@@ -828,6 +831,102 @@ static int bad_round(const struct params *p, fabep_moe_t *moe, int rank,
 	return 0;
 }
 
+#define WANT(call, want, what)                                               \
+	do {                                                                 \
+		int got_ = (call);                                           \
+		if (got_ != (want)) {                                        \
+			fprintf(stderr, "rank %d: %s gave %d (%s), want %d\n", \
+				rank, what, got_, fabep_strerror(got_), (want)); \
+			goto out;                                            \
+		}                                                            \
+	} while (0)
+
+/*
+ * Send halves refused for their input on bad_rank, whose caller then does
+ * what callers do after an error: nothing more for that call.  The
+ * refusing rank's send half returns the code and owes no receive half;
+ * every other rank's send half succeeds and its receive half returns the
+ * same code.  Then, with the halves: a dispatch (checked), its combine
+ * refused on bad_rank (NULL expert outputs, or unknown flags where it
+ * received no rows), the same combine again (the refusal did not use the
+ * dispatch up; checked), and a dispatch refused on bad_rank for its
+ * backward (topk_ids NULL and a different n), after which the next
+ * round's checks run as always.
+ */
+static int refuse_round(const struct params *p, fabep_moe_t *moe, int rank,
+			int size, int round)
+{
+	struct input *all = calloc((size_t)size, sizeof(*all));
+	size_t H = (size_t)p->hidden;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
+	void *y = NULL, *out = NULL;
+	int32_t *bad_ids = NULL;
+	int s, rc = 1, bad = rank == p->bad_rank;
+	struct input *me;
+
+	for (s = 0; s < size; s++)
+		gen(p, size, s, round, &all[s]);
+	me = &all[rank];
+	/* 1. dispatch: an expert id out of range on bad_rank */
+	if (bad) {
+		size_t n = me->n ? me->n : 1;
+
+		bad_ids = calloc(n * (size_t)p->topk, sizeof(int32_t));
+		bad_ids[n * (size_t)p->topk - 1] = p->experts;
+		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, n, bad_ids, me->w),
+		     -ERANGE, "refused dispatch_send");
+	} else {
+		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, me->n, me->ids, me->w),
+		     0, "dispatch_send beside a refused one");
+		WANT(fabep_moe_dispatch_recv(moe, &rv), -ERANGE,
+		     "dispatch_recv of a call refused on another rank");
+	}
+	/* 2. the next dispatch works everywhere */
+	WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, me->n, me->ids, me->w), 0,
+	     "dispatch_send after the refused one");
+	WANT(fabep_moe_dispatch_recv(moe, &rv), 0, "dispatch_recv after the refused one");
+	if (check_recv(p, rank, size, all, &rv))
+		goto out;
+	y = experts(p, &rv);
+	out = malloc((me->n + 1) * H * 4);
+	/* 3. its combine, refused on bad_rank */
+	if (bad) {
+		WANT(fabep_moe_combine_send(moe, rv.rows ? NULL : y, H,
+					    rv.rows ? 0 : 0x80u),
+		     -EINVAL, "refused combine_send");
+	} else {
+		WANT(fabep_moe_combine_send(moe, y, H, 0), 0,
+		     "combine_send beside a refused one");
+		WANT(fabep_moe_combine_recv(moe, out, H, NULL, NULL), -EINVAL,
+		     "combine_recv of a call refused on another rank");
+	}
+	/* 4. the same combine again: the dispatch is still there */
+	WANT(fabep_moe_combine_send(moe, y, H, 0), 0, "combine_send again");
+	WANT(fabep_moe_combine_recv(moe, out, H, NULL, NULL), 0, "combine_recv again");
+	if (check_out(p, rank, size, me, out, 1))
+		goto out;
+	/* 5. a backward refused on bad_rank (its n differs from the previous
+	 * call's); the next round follows */
+	if (bad) {
+		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, me->n + 1, NULL, NULL),
+		     -EINVAL, "refused backward dispatch_send");
+	} else {
+		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, me->n, NULL, NULL), 0,
+		     "backward dispatch_send beside a refused one");
+		WANT(fabep_moe_dispatch_recv(moe, &rv), -EINVAL,
+		     "backward dispatch_recv of a call refused on another rank");
+	}
+	rc = 0;
+out:
+	for (s = 0; s < size; s++)
+		free_input(&all[s]);
+	free(all);
+	free(bad_ids);
+	free(y);
+	free(out);
+	return rc;
+}
+
 /* buffer_sets dispatches in a row, a refused one, then the combines. */
 static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 			      int rank, int size, int round)
@@ -1000,6 +1099,8 @@ static int ep_rank(int rank, int size, void *arg)
 	for (round = 1; !p->fused && round <= p->rounds; round++) {
 		if (p->bad && round == 2)
 			ret = bad_round(p, moe, rank, size, round);
+		else if (p->refuse && round == 2)
+			ret = refuse_round(p, moe, rank, size, round);
 		else if (p->outstanding && round % 3 == 0)
 			ret = outstanding_rounds(p, moe, rank, size, round);
 		else
@@ -1171,6 +1272,13 @@ EP_TEST(tcp3_random, "tcp", 3, .rounds = 30, .experts = 9, .routing = R_NEG, .to
 EP_TEST(tcp2_fp8, "tcp", 2, .rounds = 10, .tt = FABEP_MOE_FP8, .block = 128,
 	.hidden = 256, .split = 1)
 EP_TEST(tcp2_bad, "tcp", 2, .rounds = 3, .bad = B_RANGE, .bad_rank = 1)
+/* refused send halves: the refusing rank owes nothing, all go on */
+EP_TEST(refuse_shm3, "shm", 3, .rounds = 4, .experts = 12, .topk = 3,
+	.refuse = 1, .bad_rank = 1)
+EP_TEST(refuse_shm2_one_set, "shm", 2, .rounds = 4, .refuse = 1, .bad_rank = 0,
+	.sets = 1, .zcopy = 1)
+EP_TEST(refuse_tcp3_chunks, "tcp", 3, .rounds = 3, .experts = 9, .topk = 4,
+	.refuse = 1, .bad_rank = 2, .chunk = "1000", .routing = R_NEG)
 EP_TEST(sockets2_small, "sockets", 2, .rounds = 5, .hidden = 16)
 
 /* Unknown config flags: no heap size, and fabep_moe_timing's NULL checks. */
@@ -1778,88 +1886,99 @@ START_TEST(bad_flags)
 }
 END_TEST
 
+/* FEP_EP_ONLY=substring runs only the tests whose names contain it. */
+#define ADD(tc, t)                                                     \
+	do {                                                           \
+		const char *only_ = getenv("FEP_EP_ONLY");             \
+		if (!only_ || strstr(#t, only_))                       \
+			tcase_add_test(tc, t);                         \
+	} while (0)
+
 static Suite *ep_suite(void)
 {
 	Suite *s = suite_create("ep");
 	TCase *tc = tcase_create("ep");
 
 	tcase_set_timeout(tc, 180);
-	tcase_add_test(tc, one_rank);
-	tcase_add_test(tc, shm2_bf16_many);
-	tcase_add_test(tc, shm3_fp32_neg);
-	tcase_add_test(tc, shm4_one_expert);
-	tcase_add_test(tc, shm4_zero);
-	tcase_add_test(tc, shm8_random);
-	tcase_add_test(tc, shm2_top1_h1);
-	tcase_add_test(tc, shm2_fp8_tok);
-	tcase_add_test(tc, shm3_fp8_block);
-	tcase_add_test(tc, shm2_fp8_pre);
-	tcase_add_test(tc, shm2_big_2880);
-	tcase_add_test(tc, shm2_big_7168);
-	tcase_add_test(tc, shm3_split_backward);
-	tcase_add_test(tc, shm2_outstanding);
-	tcase_add_test(tc, shm3_chunks);
-	tcase_add_test(tc, shm4_chunks_fp8);
-	tcase_add_test(tc, shm2_chunks_zero);
-	tcase_add_test(tc, tcp3_chunks);
-	tcase_add_test(tc, sb_shm3_bf16);
-	tcase_add_test(tc, sb_shm2_fp32_zc);
-	tcase_add_test(tc, sb_shm4_pre);
-	tcase_add_test(tc, sb_shm2_fp8);
-	tcase_add_test(tc, sb_shm2_big);
-	tcase_add_test(tc, shm3_early_copy);
-	tcase_add_test(tc, zc_shm4_early);
-	tcase_add_test(tc, bad_flags);
-	tcase_add_test(tc, fused_shm2);
-	tcase_add_test(tc, fused_shm3_fp32);
-	tcase_add_test(tc, fused_tcp2);
-	tcase_add_test(tc, zc_one_rank);
-	tcase_add_test(tc, zc_shm2_bf16);
-	tcase_add_test(tc, zc_shm3_fp32_neg_split);
-	tcase_add_test(tc, zc_shm4_fp8_block);
-	tcase_add_test(tc, zc_shm2_fp8_pre);
-	tcase_add_test(tc, zc_shm2_big_7168);
-	tcase_add_test(tc, chan_shm2_big);
-	tcase_add_test(tc, chan_shm3_fp8_zc);
-	tcase_add_test(tc, chan_tcp2_chunks);
-	tcase_add_test(tc, zc_shm2_fp8_tok);
-	tcase_add_test(tc, zc_shm2_outstanding);
-	tcase_add_test(tc, zc_tcp2_fp8);
-	tcase_add_test(tc, bad_range);
-	tcase_add_test(tc, bad_too_many);
-	tcase_add_test(tc, bad_null);
-	tcase_add_test(tc, mismatch);
-	tcase_add_test(tc, mismatch_chunk);
-	tcase_add_test(tc, heap_full);
-	tcase_add_test(tc, tcp3_random);
-	tcase_add_test(tc, tcp2_fp8);
-	tcase_add_test(tc, tcp2_bad);
-	tcase_add_test(tc, sockets2_small);
-	tcase_add_test(tc, cancel_shm3);
-	tcase_add_test(tc, cancel_shm4_fp32_tok);
-	tcase_add_test(tc, shm3_noweights);
-	tcase_add_test(tc, shm2_noweights_top5);
-	tcase_add_test(tc, shm5_top7);
-	tcase_add_test(tc, shm6_top7_fp8);
-	tcase_add_test(tc, shm7_top7_fp32);
-	tcase_add_test(tc, pre_shm2_token);
-	tcase_add_test(tc, pre_shm3_b128);
-	tcase_add_test(tc, shm2_bf16_fp32);
-	tcase_add_test(tc, shm3_fp32_bf16);
+	ADD(tc, one_rank);
+	ADD(tc, shm2_bf16_many);
+	ADD(tc, shm3_fp32_neg);
+	ADD(tc, shm4_one_expert);
+	ADD(tc, shm4_zero);
+	ADD(tc, shm8_random);
+	ADD(tc, shm2_top1_h1);
+	ADD(tc, shm2_fp8_tok);
+	ADD(tc, shm3_fp8_block);
+	ADD(tc, shm2_fp8_pre);
+	ADD(tc, shm2_big_2880);
+	ADD(tc, shm2_big_7168);
+	ADD(tc, shm3_split_backward);
+	ADD(tc, shm2_outstanding);
+	ADD(tc, shm3_chunks);
+	ADD(tc, shm4_chunks_fp8);
+	ADD(tc, shm2_chunks_zero);
+	ADD(tc, tcp3_chunks);
+	ADD(tc, sb_shm3_bf16);
+	ADD(tc, sb_shm2_fp32_zc);
+	ADD(tc, sb_shm4_pre);
+	ADD(tc, sb_shm2_fp8);
+	ADD(tc, sb_shm2_big);
+	ADD(tc, shm3_early_copy);
+	ADD(tc, zc_shm4_early);
+	ADD(tc, bad_flags);
+	ADD(tc, fused_shm2);
+	ADD(tc, fused_shm3_fp32);
+	ADD(tc, fused_tcp2);
+	ADD(tc, zc_one_rank);
+	ADD(tc, zc_shm2_bf16);
+	ADD(tc, zc_shm3_fp32_neg_split);
+	ADD(tc, zc_shm4_fp8_block);
+	ADD(tc, zc_shm2_fp8_pre);
+	ADD(tc, zc_shm2_big_7168);
+	ADD(tc, chan_shm2_big);
+	ADD(tc, chan_shm3_fp8_zc);
+	ADD(tc, chan_tcp2_chunks);
+	ADD(tc, zc_shm2_fp8_tok);
+	ADD(tc, zc_shm2_outstanding);
+	ADD(tc, zc_tcp2_fp8);
+	ADD(tc, bad_range);
+	ADD(tc, bad_too_many);
+	ADD(tc, bad_null);
+	ADD(tc, mismatch);
+	ADD(tc, mismatch_chunk);
+	ADD(tc, heap_full);
+	ADD(tc, tcp3_random);
+	ADD(tc, tcp2_fp8);
+	ADD(tc, tcp2_bad);
+	ADD(tc, refuse_shm3);
+	ADD(tc, refuse_shm2_one_set);
+	ADD(tc, refuse_tcp3_chunks);
+	ADD(tc, sockets2_small);
+	ADD(tc, cancel_shm3);
+	ADD(tc, cancel_shm4_fp32_tok);
+	ADD(tc, shm3_noweights);
+	ADD(tc, shm2_noweights_top5);
+	ADD(tc, shm5_top7);
+	ADD(tc, shm6_top7_fp8);
+	ADD(tc, shm7_top7_fp32);
+	ADD(tc, pre_shm2_token);
+	ADD(tc, pre_shm3_b128);
+	ADD(tc, shm2_bf16_fp32);
+	ADD(tc, shm3_fp32_bf16);
 	suite_add_tcase(s, tc);
 	/* the run schedule alone (no ranks) */
 	tc = tcase_create("chunks");
-	tcase_add_test(tc, ready_hlast);
+	ADD(tc, ready_hlast);
 	suite_add_tcase(s, tc);
 	/* a sender's rows leave before its call returns (tcp) */
 	tc = tcase_create("drain");
 	tcase_set_timeout(tc, 180);
-	tcase_add_test(tc, tcp2_drain);
+	ADD(tc, tcp2_drain);
 	suite_add_tcase(s, tc);
 	/* handles' heap space given back and reused */
 	tc = tcase_create("reuse");
 	tcase_set_timeout(tc, 180);
-	tcase_add_test(tc, shm2_heap_reuse);
+	ADD(tc, shm2_heap_reuse);
 	suite_add_tcase(s, tc);
 	/* every strategy of every provider */
 	tc = tcase_create("signals");

@@ -841,7 +841,7 @@ static int args_rank(int rank, int size, void *arg)
 	fabep_off_t off = 0, ctr = 0;
 	int32_t ids[E_TOKENS * E_TOPK];
 	float in[A_ROWS * A_COLS], out[A_ROWS * A_COLS], sc[A_ROWS], gamma[A_COLS];
-	uint16_t x[E_TOKENS * E_HIDDEN], y[E_TOKENS * E_HIDDEN];
+	uint16_t x[E_TOKENS * E_HIDDEN], y[E_TOKENS * E_HIDDEN], o[E_TOKENS * E_HIDDEN];
 	int n, i;
 
 	(void)arg;
@@ -990,18 +990,36 @@ static int args_rank(int rank, int size, void *arg)
 	ids[1] = rank == 1 ? INT32_MAX : 0;
 	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -ERANGE);
 	EXPECT(good_moe_round(moe, rank, size), 0);
-	/* bad combine arguments (after a good dispatch), then a good round */
+	/* bad combine arguments (after a good dispatch): refused on every
+	 * rank, the dispatch kept each time; then combined with good ones
+	 * (the expert outputs are the received rows: out == 2 * x) */
 	ids[1] = 0;
+	for (i = 0; i < E_TOKENS * E_HIDDEN; i++)
+		x[i] = 0x3f80; /* 1.0 */
 	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
-	EXPECT(fabep_moe_combine(moe, NULL, E_HIDDEN, 0, y, E_HIDDEN, NULL, NULL), -EINVAL);
-	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
-	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN - 1, 0, y, E_HIDDEN, NULL, NULL), -EINVAL);
-	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
-	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0x80, y, E_HIDDEN, NULL, NULL), -EINVAL);
-	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
+	memcpy(y, rv.x, rv.rows * E_HIDDEN * 2);
+	EXPECT(fabep_moe_combine(moe, NULL, E_HIDDEN, 0, o, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN - 1, 0, o, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0x80, o, E_HIDDEN, NULL, NULL), -EINVAL);
 	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, NULL, E_HIDDEN, NULL, NULL), -EINVAL);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, o, E_HIDDEN - 1, NULL, NULL), -EINVAL);
+	/* one rank's bad argument: every rank gets its code */
+	EXPECT(fabep_moe_combine(moe, rank == 1 ? NULL : y, E_HIDDEN, 0, o, E_HIDDEN,
+				 NULL, NULL), -EINVAL);
+	memset(o, 0, sizeof(o));
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, o, E_HIDDEN, NULL, NULL), 0);
+	for (i = 0; i < 2 * E_HIDDEN; i++)
+		EXPECT(o[i], 0x4000); /* 2.0: each token's two ids, weight 1 */
+	/* the same with the halves: the refusing rank owes no receive half */
 	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), 0);
-	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, y, E_HIDDEN - 1, NULL, NULL), -EINVAL);
+	if (rank == 1) {
+		EXPECT(fabep_moe_combine_send(moe, NULL, E_HIDDEN, 0), -EINVAL);
+	} else {
+		EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), 0);
+		EXPECT(fabep_moe_combine_recv(moe, o, E_HIDDEN, NULL, NULL), -EINVAL);
+	}
+	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), 0);
+	EXPECT(fabep_moe_combine_recv(moe, o, E_HIDDEN, NULL, NULL), 0);
 	EXPECT(good_moe_round(moe, rank, size), 0);
 	EXPECT(fabep_moe_destroy(NULL), 0);
 

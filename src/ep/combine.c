@@ -239,8 +239,15 @@ static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
 	}
 }
 
+static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
+			fabep_moe_row_fn cb, void *cb_ctx);
+
 /* out, ld_out, cb, cb_ctx: combine_recv's, when the caller gave them
- * now (fabep_moe_combine); out NULL otherwise. */
+ * now (fabep_moe_combine); out NULL otherwise.  A send refused for its
+ * arguments (status: the caller's, else the checks') still sends every
+ * peer a header with the error and no rows, and runs its receive half
+ * at once: the refusing rank owes no combine_recv, every rank returns the
+ * agreed code, and the dispatch stays received, to be combined again. */
 static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			unsigned flags, int status, void *out, size_t ld_out,
 			fabep_moe_row_fn cb, void *cb_ctx)
@@ -253,17 +260,17 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	size_t np_all, pb, pe, blk;
 	int b = 0, d, ret;
 
-	if ((ret = fep_ep_usable(m, "fabep_moe_combine_send")))
+	if ((ret = fep_ep_usable(m, m->cfn)))
 		return ret;
 	if (m->pending_recv || m->pending_crecv) {
-		fep_err("fabep_moe_combine_send: the previous %s_send awaits its "
-			"%s_recv", m->pending_recv ? "dispatch" : "combine",
+		fep_err("%s: the previous %s_send awaits its %s_recv", m->cfn,
+			m->pending_recv ? "dispatch" : "combine",
 			m->pending_recv ? "dispatch" : "combine");
 		return -EINVAL;
 	}
 	s = oldest(m, FEP_EP_RECEIVED, &b);
 	if (!s) {
-		fep_err("fabep_moe_combine_send: no received dispatch to combine");
+		fep_err("%s: no received dispatch to combine", m->cfn);
 		return -EINVAL;
 	}
 	m->tm.c_begin = fep_now_ns();
@@ -274,15 +281,15 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		return ret;
 	t1 = fep_now_ns();
 	if (!status && s->rows && !y) {
-		fep_err("fabep_moe_combine: NULL expert outputs for %zu rows", s->rows);
+		fep_err("%s: NULL expert outputs for %zu rows", m->cfn, s->rows);
 		status = -EINVAL;
 	}
 	if (!status && s->rows && ld_y < m->hidden) {
-		fep_err("fabep_moe_combine: ld_y %zu below hidden %zu", ld_y, m->hidden);
+		fep_err("%s: ld_y %zu below hidden %zu", m->cfn, ld_y, m->hidden);
 		status = -EINVAL;
 	}
 	if (!status && (flags & ~FABEP_MOE_UNWEIGHTED)) {
-		fep_err("fabep_moe_combine: unknown flags 0x%x", flags);
+		fep_err("%s: unknown flags 0x%x", m->cfn, flags);
 		status = -EINVAL;
 	}
 	s->state = FEP_EP_CSENT;
@@ -381,9 +388,11 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		m->tm.c_reduce += m->tm.c_own;
 		m->cfused = m->tm.c_fused = c.nfused;
 	}
-	return status;
+	if (status)
+		return combine_recv(m, NULL, 0, NULL, NULL);
+	return 0;
 fail:
-	fep_err("fabep_moe_combine_send: %s", fabep_strerror(ret));
+	fep_err("%s: %s", m->cfn, fabep_strerror(ret));
 	return ret;
 }
 
@@ -394,6 +403,7 @@ FEP_EXPORT int fabep_moe_combine_send(fabep_moe_t *m, const void *y,
 		fep_err("fabep_moe_combine_send: NULL handle");
 		return -EINVAL;
 	}
+	m->cfn = "fabep_moe_combine_send";
 	return combine_send(m, y, ld_y, flags, 0, NULL, 0, NULL, NULL);
 }
 
@@ -428,12 +438,12 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	struct fep_ep_set *s;
 	uint64_t t0, t1;
 	size_t fused;
-	int b = 0, ret;
+	int b = 0, ret, refused = 0;
 
-	if ((ret = fep_ep_usable(m, "fabep_moe_combine_recv")))
+	if ((ret = fep_ep_usable(m, m->cfn)))
 		return ret;
 	if (!m->pending_crecv) {
-		fep_err("fabep_moe_combine_recv: no combine_send to complete");
+		fep_err("%s: no combine_send to complete", m->cfn);
 		return -EINVAL;
 	}
 	s = oldest(m, FEP_EP_CSENT, &b);
@@ -445,13 +455,12 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (s->n > fused)
 		fep_pool_wake(m->comm->pool);  /* for the sum after the wait */
 	t0 = fep_now_ns();
-	ret = fep_ep_wait(m, "fabep_moe_combine", fep_ep_cctr(m, b),
-			  comb_target(m, s), fep_ep_cslot(m, b, 0),
-			  m->cslot_bytes, s->seq);
+	ret = fep_ep_wait(m, m->cfn, fep_ep_cctr(m, b), comb_target(m, s),
+			  fep_ep_cslot(m, b, 0), m->cslot_bytes, s->seq);
 	if (!ret)
-		ret = fep_ep_check_hdrs(m, "fabep_moe_combine", fep_ep_cslot(m, b, 0),
+		ret = fep_ep_check_hdrs(m, m->cfn, fep_ep_cslot(m, b, 0),
 					m->cslot_bytes, s->seq, s->sent, s->status,
-					s->rcount);
+					NULL, &refused);
 	/* this rank's rows must have left before the caller computes (tcp) */
 	if (!ret)
 		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));
@@ -473,13 +482,21 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	m->tm.c_wait = t1 - t0;
 	m->tm.c_sum = fep_now_ns() - t1;
 	if (m->timing)
-		fep_dbg("fabep_moe_combine: call %llu: reduce %.1f (own run %.1f, "
+		fep_dbg("%s: call %llu: reduce %.1f (own run %.1f, "
 			"%zu of %zu tokens summed there) put %.1f wait %.1f sum %.1f "
 			"total %.1f us, %llu wire bytes",
-			(unsigned long long)s->seq, m->tm.c_reduce / 1e3, m->tm.c_own / 1e3,
-			fused, s->n, m->tm.c_put / 1e3, m->tm.c_wait / 1e3,
+			m->cfn, (unsigned long long)s->seq, m->tm.c_reduce / 1e3,
+			m->tm.c_own / 1e3, fused, s->n, m->tm.c_put / 1e3, m->tm.c_wait / 1e3,
 			m->tm.c_sum / 1e3, (fep_now_ns() - m->tm.c_begin) / 1e3,
 			(unsigned long long)m->tm.c_bytes);
+	/* A rank refused its arguments: nothing was combined, the dispatch
+	 * stays received on every rank (the peers still hold its credit),
+	 * once every rank has read this call's headers: a retry writes
+	 * over them. */
+	if (refused && !fep_ep_settle(m, m->cfn)) {
+		s->state = FEP_EP_RECEIVED;
+		return ret;
+	}
 	s->state = FEP_EP_FREE;
 	return ret;
 }
@@ -494,6 +511,7 @@ FEP_EXPORT int fabep_moe_combine_recv(fabep_moe_t *m, void *out, size_t ld_out,
 		fep_err("fabep_moe_combine_recv: NULL handle");
 		return -EINVAL;
 	}
+	m->cfn = "fabep_moe_combine_recv";
 	s = oldest(m, FEP_EP_CSENT, &b);
 	if (s && s->n && !s->status && (!out || ld_out < m->hidden)) {
 		fep_err("fabep_moe_combine_recv: %s for %zu tokens",
@@ -514,14 +532,16 @@ FEP_EXPORT int fabep_moe_combine(fabep_moe_t *m, const void *y, size_t ld_y,
 		fep_err("fabep_moe_combine: NULL handle");
 		return -EINVAL;
 	}
+	m->cfn = "fabep_moe_combine";
 	s = oldest(m, FEP_EP_RECEIVED, &b);
 	if (s && s->n && (!out || ld_out < m->hidden)) {
 		fep_err("fabep_moe_combine: %s for %zu tokens",
 			!out ? "NULL output" : "ld_out below hidden", s->n);
 		status = -EINVAL;
 	}
+	/* a refused argument completes the exchange inside, so all agree */
 	ret = combine_send(m, y, ld_y, flags, status, out, ld_out, cb, cb_ctx);
-	if (ret && (!m->pending_crecv || !s || s->status != ret))
+	if (ret)
 		return ret;
 	return combine_recv(m, out, ld_out, cb, cb_ctx);
 }

@@ -166,33 +166,32 @@ static int check_input(struct fabep_moe *m, const void *x, const float *scales,
 	size_t i, nk;
 
 	if (n > (size_t)m->cfg.max_tokens) {
-		fep_err("fabep_moe_dispatch: %zu tokens, more than max_tokens %d",
-			n, m->cfg.max_tokens);
+		fep_err("%s: %zu tokens, more than max_tokens %d", m->dfn, n,
+			m->cfg.max_tokens);
 		return -EMSGSIZE;
 	}
 	if (!ids) {
 		if (!m->have_prev || m->prev_n != n) {
-			fep_err("fabep_moe_dispatch: topk_ids NULL (reuse the previous "
-				"routing) but %s", m->have_prev ? "n differs from the "
-				"previous call's" : "there was no previous dispatch");
+			fep_err("%s: topk_ids NULL (reuse the previous routing) but %s",
+				m->dfn, m->have_prev ? "n differs from the previous "
+				"call's" : "there was no previous dispatch");
 			return -EINVAL;
 		}
 		ids = m->prev_ids;
 	}
 	if (n && !x) {
-		fep_err("fabep_moe_dispatch: NULL tokens");
+		fep_err("%s: NULL tokens", m->dfn);
 		return -EINVAL;
 	}
 	if (n && m->cfg.token_type == FABEP_MOE_FP8_PREQUANT && !scales) {
-		fep_err("fabep_moe_dispatch: FP8_PREQUANT needs the scales");
+		fep_err("%s: FP8_PREQUANT needs the scales", m->dfn);
 		return -EINVAL;
 	}
 	nk = n * (size_t)m->k;
 	for (i = 0; i < nk; i++)
 		if (ids[i] < -1 || ids[i] >= m->cfg.num_experts) {
-			fep_err("fabep_moe_dispatch: token %zu: expert id %d not in "
-				"[-1, %d)", i / (size_t)m->k, ids[i],
-				m->cfg.num_experts);
+			fep_err("%s: token %zu: expert id %d not in [-1, %d)", m->dfn,
+				i / (size_t)m->k, ids[i], m->cfg.num_experts);
 			return -ERANGE;
 		}
 	return 0;
@@ -350,6 +349,13 @@ static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
 	return fep_ep_post(m, np, &m->tm.d_bytes);
 }
 
+static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out);
+
+/* A send refused for its input (status: the caller's, else the checks')
+ * still takes part in the exchange: every peer gets a header with the
+ * error and no records, and the receive half runs here at once, so the
+ * refusing rank owes no dispatch_recv and every rank returns the agreed
+ * code with its handle ready for the next call. */
 static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
 			 size_t n, const int32_t *ids, const float *w, int status)
 {
@@ -361,19 +367,19 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	size_t tb, te;
 	int b, d, ret;
 
-	if ((ret = fep_ep_usable(m, "fabep_moe_dispatch_send")))
+	if ((ret = fep_ep_usable(m, m->dfn)))
 		return ret;
 	if (m->pending_recv || m->pending_crecv) {
-		fep_err("fabep_moe_dispatch_send: the previous %s_send awaits its "
-			"%s_recv", m->pending_recv ? "dispatch" : "combine",
+		fep_err("%s: the previous %s_send awaits its %s_recv", m->dfn,
+			m->pending_recv ? "dispatch" : "combine",
 			m->pending_recv ? "dispatch" : "combine");
 		return -EINVAL;
 	}
 	b = (int)(m->ndisp % (uint64_t)m->sets);
 	s = &m->set[b];
 	if (s->state != FEP_EP_FREE) {
-		fep_err("fabep_moe_dispatch_send: all %d buffer sets hold dispatches "
-			"not yet combined (combine the oldest first)", m->sets);
+		fep_err("%s: all %d buffer sets hold dispatches not yet combined "
+			"(combine the oldest first)", m->dfn, m->sets);
 		return -FABEP_ERR_BUSY;
 	}
 	m->tm.d_begin = fep_now_ns();
@@ -502,11 +508,12 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 			break;
 	}
 	m->tm.d_pack = tp;
-	if (!status)
-		s->self_n = s->sent[m->rank];
-	return status;
+	if (status)  /* the refusal owes nothing: its receive half now */
+		return dispatch_recv(m, NULL);
+	s->self_n = s->sent[m->rank];
+	return 0;
 fail:
-	fep_err("fabep_moe_dispatch_send: %s", fabep_strerror(ret));
+	fep_err("%s: %s", m->dfn, fabep_strerror(ret));
 	return ret;
 }
 
@@ -553,6 +560,7 @@ FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
 		fep_err("fabep_moe_dispatch_send: NULL handle");
 		return -EINVAL;
 	}
+	m->dfn = "fabep_moe_dispatch_send";
 	return dispatch_send(m, x, scales, n, topk_ids, topk_weights, 0);
 }
 
@@ -588,7 +596,7 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 		}
 		memcpy(&t, rec, 4);
 		if (t < 0 || t >= m->cfg.max_tokens) {
-			fep_err("fabep_moe_dispatch: rank %d sent token index %d", src, t);
+			fep_err("%s: rank %d sent token index %d", m->dfn, src, t);
 			return -FABEP_ERR_PROTOCOL;
 		}
 		for (j = 0; j < m->k; j++) {
@@ -596,7 +604,7 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 
 			memcpy(&le, rec + 8 + 4 * (size_t)j, 4);
 			if (le < -1 || le >= m->cfg.num_experts) {
-				fep_err("fabep_moe_dispatch: rank %d sent expert %d", src, le);
+				fep_err("%s: rank %d sent expert %d", m->dfn, src, le);
 				return -FABEP_ERR_PROTOCOL;
 			}
 			le -= m->rank * m->L;
@@ -606,8 +614,8 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 				continue;
 			}
 			if (cur[le] == end[le]) {
-				fep_err("fabep_moe_dispatch: rank %d sent more rows for "
-					"expert %d than its header announced", src,
+				fep_err("%s: rank %d sent more rows for "
+					"expert %d than its header announced", m->dfn, src,
 					m->rank * m->L + le);
 				return -FABEP_ERR_PROTOCOL;
 			}
@@ -625,8 +633,8 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 	}
 	for (e = 0; e < m->L; e++)
 		if (cur[e] != end[e]) {
-			fep_err("fabep_moe_dispatch: rank %d sent %u rows fewer for "
-				"expert %d than its header announced", src,
+			fep_err("%s: rank %d sent %u rows fewer for "
+				"expert %d than its header announced", m->dfn, src,
 				end[e] - cur[e], m->rank * m->L + e);
 			return -FABEP_ERR_PROTOCOL;
 		}
@@ -717,8 +725,8 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		for (e = 0; e < m->L; e++)
 			sum += cnt[e];
 		if (sum > (uint64_t)s->rcount[src] * (uint64_t)m->k) {
-			fep_err("fabep_moe_dispatch: rank %d announced %llu rows for "
-				"%u tokens of top-%d", src, (unsigned long long)sum,
+			fep_err("%s: rank %d announced %llu rows for "
+				"%u tokens of top-%d", m->dfn, src, (unsigned long long)sum,
 				s->rcount[src], m->k);
 			return -FABEP_ERR_PROTOCOL;
 		}
@@ -727,7 +735,7 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		rows += sum;
 	}
 	if (rows > INT32_MAX) {
-		fep_err("fabep_moe_dispatch: %zu rows received", rows);
+		fep_err("%s: %zu rows received", m->dfn, rows);
 		return -FABEP_ERR_PROTOCOL;
 	}
 	ret = fep_ep_set_reserve(m, s, rows);
@@ -852,20 +860,20 @@ static void name_missing(struct fabep_moe *m, int b, const struct fep_ep_set *s)
 		}
 	}
 	if (missing)
-		fep_err("fabep_moe_dispatch: the records of rank%s %s never came "
-			"(their headers did)", missing > 1 ? "s" : "", names);
+		fep_err("%s: the records of rank%s %s never came "
+			"(their headers did)", m->dfn, missing > 1 ? "s" : "", names);
 }
 
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 {
 	struct fep_ep_set *s;
 	uint64_t t0, t1, t2, t3;
-	int b, ret, hret;
+	int b, ret, hret, refused = 0;
 
-	if ((ret = fep_ep_usable(m, "fabep_moe_dispatch_recv")))
+	if ((ret = fep_ep_usable(m, m->dfn)))
 		return ret;
 	if (!m->pending_recv) {
-		fep_err("fabep_moe_dispatch_recv: no dispatch_send to complete");
+		fep_err("%s: no dispatch_send to complete", m->dfn);
 		return -EINVAL;
 	}
 	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
@@ -874,13 +882,13 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	fep_pool_wake(m->comm->pool);  /* for the layout after the wait */
 	/* the headers, then this rank's own rows, then the records */
 	t0 = fep_now_ns();
-	hret = ret = fep_ep_wait(m, "fabep_moe_dispatch", fep_ep_hctr(m, b),
+	hret = ret = fep_ep_wait(m, m->dfn, fep_ep_hctr(m, b),
 				 (uint64_t)(m->size - 1) * s->uses,
 				 fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
 	if (!ret)
-		ret = fep_ep_check_hdrs(m, "fabep_moe_dispatch", fep_ep_dslot(m, b, 0),
+		ret = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
 					m->dslot_bytes, s->seq, NULL, s->status,
-					s->rcount);
+					s->rcount, &refused);
 	t1 = fep_now_ns();
 	if (!ret)
 		ret = build_begin(m, b, s);
@@ -889,7 +897,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		struct place_ctx o = {
 			m, s, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0)), NULL
 		};
-		int dret = fep_ep_wait_with(m, "fabep_moe_dispatch", fep_ep_dctr(m, b),
+		int dret = fep_ep_wait_with(m, m->dfn, fep_ep_dctr(m, b),
 					    (uint64_t)(m->size - 1) * (m->dchunks - 1) *
 					    s->uses, UINT64_MAX, 0, s->seq,
 					    m->zcopy && !ret ? place_own : NULL, &o);
@@ -908,14 +916,20 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	m->tm.d_wait = (t1 - t0) + (t3 - t2);
 	m->tm.d_build = (t2 - t1) + (fep_now_ns() - t3);
 	if (m->timing)
-		fep_dbg("fabep_moe_dispatch: call %llu: pack %.1f put %.1f wait %.1f "
+		fep_dbg("%s: call %llu: pack %.1f put %.1f wait %.1f "
 			"build %.1f total %.1f us, %llu wire bytes, %zu rows%s",
-			(unsigned long long)s->seq, m->tm.d_pack / 1e3,
+			m->dfn, (unsigned long long)s->seq, m->tm.d_pack / 1e3,
 			m->tm.d_put / 1e3, m->tm.d_wait / 1e3, m->tm.d_build / 1e3,
 			(fep_now_ns() - m->tm.d_begin) / 1e3,
 			(unsigned long long)m->tm.d_bytes, s->rows,
 			m->zcopy ? " (zero-copy)" : "");
 	if (ret) {
+		/* One buffer set: a peer's next dispatch writes into the slots
+		 * whose headers this rank may still be reading, as soon as
+		 * that peer has agreed too; with two or more, the set comes
+		 * back only after a later call this rank takes part in. */
+		if (refused && m->sets == 1 && !m->unclean)
+			fep_ep_settle(m, m->dfn);
 		s->state = FEP_EP_FREE;
 		return ret;
 	}
@@ -967,6 +981,7 @@ FEP_EXPORT int fabep_moe_dispatch_recv(fabep_moe_t *m, fabep_moe_recv_t *out)
 				  out, FEP_MOE_RECV_SIZE0, &size);
 	if (ret)
 		return ret;
+	m->dfn = "fabep_moe_dispatch_recv";
 	return dispatch_recv(m, out);
 }
 
@@ -982,6 +997,7 @@ FEP_EXPORT int fabep_moe_dispatch(fabep_moe_t *m, const void *x,
 		fep_err("fabep_moe_dispatch: NULL handle");
 		return -EINVAL;
 	}
+	m->dfn = "fabep_moe_dispatch";
 	if (!out) {
 		fep_err("fabep_moe_dispatch: NULL output");
 		status = -EINVAL;
@@ -989,10 +1005,9 @@ FEP_EXPORT int fabep_moe_dispatch(fabep_moe_t *m, const void *x,
 		status = fep_struct_out_size("fabep_moe_dispatch", "fabep_moe_recv_t",
 					     out, FEP_MOE_RECV_SIZE0, &size);
 	}
+	/* a refused input completes the exchange inside, so all agree */
 	ret = dispatch_send(m, x, scales, n, topk_ids, topk_weights, status);
-	if (ret && (!m->pending_recv ||
-		    m->set[(m->ndisp - 1) % (uint64_t)m->sets].status != ret))
-		return ret;  /* refused before sending, or the fabric failed */
-	/* a local error still completes the exchange, so all agree */
-	return dispatch_recv(m, status ? NULL : out);
+	if (ret)
+		return ret;
+	return dispatch_recv(m, out);
 }

@@ -150,6 +150,8 @@ struct fabep_moe {
 	int pending_crecv;   /* a combine_send awaits its combine_recv */
 	int unclean;         /* a wait or a transfer failed: peers' writes may
 				still land here, so the block is never reused */
+	const char *dfn;     /* the public dispatch call under way (messages) */
+	const char *cfn;     /* the public combine call under way */
 	struct fep_ep_set *set;
 
 	/* previous routing, for topk_ids == NULL */
@@ -265,12 +267,17 @@ int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes);
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);
 /* Check the headers of set b's slots (base: first slot, stride between
  * slots) after the wait: sequence, magic, count bounds.  `expect`: per
- * source the exact count required, or NULL (<= max_tokens).  Returns 0,
- * the agreed error of the lowest failing rank (local status included),
- * or -FABEP_ERR_PROTOCOL. */
+ * source the exact count required, or NULL (<= max_tokens); counts
+ * (may be NULL) gets each accepted count.  Returns 0,
+ * the agreed error of the lowest failing rank (local status included;
+ * then *refused = 1, a rank refused its input), or -FABEP_ERR_PROTOCOL. */
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		      size_t stride, uint64_t seq, const uint32_t *expect,
-		      int local_status, uint32_t *counts);
+		      int local_status, uint32_t *counts, int *refused);
+/* After a call that every rank refused alike: return once every rank
+ * has read that call's headers, so that a peer's next call cannot write
+ * over them (a barrier; its failure leaves m unclean). */
+int fep_ep_settle(struct fabep_moe *m, const char *what);
 /* Wait for the counter of a phase, naming missing peers on timeout. */
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);

@@ -320,6 +320,8 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	} else {
 		m->comm = comm;
 		m->rank = comm->rank;
+		m->dfn = "fabep_moe_dispatch";
+		m->cfn = "fabep_moe_combine";
 		if (!status)
 			status = ep_geometry(m, cfg, comm->size, 0);
 		if (!status)
@@ -663,9 +665,21 @@ int fep_ep_wait_with(struct fabep_moe *m, const char *what, uint64_t ctr,
 						stride, seq, work, work_ctx));
 }
 
+int fep_ep_settle(struct fabep_moe *m, const char *what)
+{
+	int ret;
+
+	if (m->size == 1)
+		return 0;
+	ret = fep_ep_fab(m, fep_comm_agree(m->comm, 0));
+	if (ret)
+		fep_err("%s: after the refused call: %s", what, fabep_strerror(ret));
+	return ret;
+}
+
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		      size_t stride, uint64_t seq, const uint32_t *expect,
-		      int local_status, uint32_t *counts)
+		      int local_status, uint32_t *counts, int *refused)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	int r, agreed = 0, who = -1;
@@ -701,11 +715,14 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 				expect ? expect[r] : (uint32_t)m->cfg.max_tokens);
 			return -FABEP_ERR_PROTOCOL;
 		}
-		counts[r] = h.count;
+		if (counts)
+			counts[r] = h.count;
 	}
 	if (agreed && who != m->rank)
 		fep_err("%s: rank %d rejected its input: %s", what, who,
 			fabep_strerror(agreed));
+	if (agreed && refused)
+		*refused = 1;
 	return agreed;
 }
 
