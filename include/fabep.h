@@ -438,8 +438,10 @@ typedef struct fabep_moe_recv {
  * topk_ids: [n, top_k], -1 = not routed; topk_weights: [n, top_k] or NULL
  * (all 1).  topk_ids == NULL reuses the previous dispatch's routing and
  * weights (n must match): the backward of combine.  0 <= n <= max_tokens;
- * x may be NULL when n == 0.  x and scales may be reused as soon as this
- * returns.  -FABEP_ERR_BUSY (nothing sent, on every rank) when
+ * with n == 0, x, scales and topk_ids may be NULL (nothing to route, and
+ * the empty routing becomes the previous one).  x and scales may be
+ * reused as soon as this returns.  -FABEP_ERR_BUSY (nothing sent, on
+ * every rank) when
  * buffer_sets dispatches are already outstanding without their combine.
  */
 FABEP_API int fabep_moe_dispatch_send(fabep_moe_t *moe, const void *x,

@@ -56,6 +56,7 @@ struct params {
 	int noweights;    /* dispatch with topk_weights NULL (all 1) */
 	int refuse;       /* round 2: refused send halves on bad_rank (refuse_round) */
 	int sets;         /* buffer_sets (0: the default) */
+	int empty_null;   /* a rank with no tokens passes NULL x, ids, weights */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -738,6 +739,13 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 	w = p->noweights ? NULL : me->w;
 	if (send_input(p, moe, rank, me, &sx, &sxs))
 		goto out;
+	if (p->empty_null && !me->n) {
+		sx = NULL;
+		sxs = NULL;
+		w = NULL;
+		free(me->ids);
+		me->ids = NULL;
+	}
 	if (p->split) {
 		ret = fabep_moe_dispatch_send(moe, sx, sxs, me->n,
 					      backward ? NULL : me->ids,
@@ -1147,6 +1155,9 @@ EP_TEST(shm3_fp32_neg, "shm", 3, .rounds = 100, .tt = FABEP_MOE_FP32,
 	.ct = FABEP_MOE_FP32, .routing = R_NEG, .topk = 5, .experts = 9)
 EP_TEST(shm4_one_expert, "shm", 4, .rounds = 30, .routing = R_ONE, .topk = 3)
 EP_TEST(shm4_zero, "shm", 4, .rounds = 50, .routing = R_ZERO, .topk = 8, .experts = 16)
+/* ranks with no tokens pass NULL for everything (no previous routing) */
+EP_TEST(shm3_zero_null, "shm", 3, .rounds = 6, .routing = R_ZERO, .topk = 3,
+	.experts = 6, .empty_null = 1, .split = 1, .backward = 1)
 EP_TEST(shm8_random, "shm", 8, .rounds = 20, .topk = 8, .experts = 32, .hidden = 1)
 EP_TEST(shm2_top1_h1, "shm", 2, .rounds = 100, .topk = 1, .hidden = 1, .experts = 2)
 EP_TEST(shm2_fp8_tok, "shm", 2, .rounds = 60, .tt = FABEP_MOE_FP8,
@@ -1905,6 +1916,7 @@ static Suite *ep_suite(void)
 	ADD(tc, shm3_fp32_neg);
 	ADD(tc, shm4_one_expert);
 	ADD(tc, shm4_zero);
+	ADD(tc, shm3_zero_null);
 	ADD(tc, shm8_random);
 	ADD(tc, shm2_top1_h1);
 	ADD(tc, shm2_fp8_tok);

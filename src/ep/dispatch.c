@@ -170,6 +170,8 @@ static int check_input(struct fabep_moe *m, const void *x, const float *scales,
 			m->cfg.max_tokens);
 		return -EMSGSIZE;
 	}
+	if (!n)
+		return 0;  /* nothing to route: ids, x and scales may be NULL */
 	if (!ids) {
 		if (!m->have_prev || m->prev_n != n) {
 			fep_err("%s: topk_ids NULL (reuse the previous routing) but %s",
@@ -179,11 +181,11 @@ static int check_input(struct fabep_moe *m, const void *x, const float *scales,
 		}
 		ids = m->prev_ids;
 	}
-	if (n && !x) {
+	if (!x) {
 		fep_err("%s: NULL tokens", m->dfn);
 		return -EINVAL;
 	}
-	if (n && m->cfg.token_type == FABEP_MOE_FP8_PREQUANT && !scales) {
+	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT && !scales) {
 		fep_err("%s: FP8_PREQUANT needs the scales", m->dfn);
 		return -EINVAL;
 	}
@@ -394,9 +396,10 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		status = check_input(m, x, scales, n, ids);
 	if (status)
 		n = 0;
-	else if (ids) {
-		memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
-		if (w)
+	else if (ids || !n) {  /* n == 0: the empty routing, ids or not */
+		if (n)
+			memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
+		if (n && w)
 			memcpy(m->prev_w, w, n * (size_t)m->k * sizeof(float));
 		else {
 			size_t i;
