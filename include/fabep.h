@@ -343,9 +343,10 @@ typedef enum {
 typedef struct fabep_moe_config {
 	size_t size;       /* sizeof(fabep_moe_config_t): fabep_moe_config_init */
 	int num_experts;   /* E, a multiple of the number of ranks */
-	int top_k;         /* 1 .. FABEP_MOE_MAX_TOPK */
-	size_t hidden;     /* values per token row */
-	int max_tokens;    /* most tokens any rank passes to one dispatch */
+	int top_k;         /* 1 .. FABEP_MOE_MAX_TOPK, at most num_experts */
+	size_t hidden;     /* values per token row, 1 .. 2^24 */
+	int max_tokens;    /* most tokens any rank passes to one dispatch,
+			      1 .. 2^24 */
 	fabep_moe_type_t token_type;   /* what travels: FP32, BF16, FP8, FP8_PREQUANT */
 	fabep_moe_type_t input_type;   /* FP8: the caller's rows, FP32 or BF16 */
 	int fp8_block;     /* FP8: 0 = one scale per token, else a multiple of 16 */

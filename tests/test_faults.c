@@ -948,6 +948,18 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
 	bad = cfg; bad.max_tokens = -1;
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.max_tokens = 0;  /* fabep_moe_config_init's: never set */
+	EXPECT(fabep_moe_heap_bytes(&bad, size), 0);
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.top_k = E_EXPERTS + 1;
+	EXPECT(fabep_moe_heap_bytes(&bad, size), 0);
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	/* one rank's: every rank gets -EINVAL */
+	bad = cfg; if (rank == 1) bad.max_tokens = 0;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.top_k = bad.num_experts = size;  /* top_k == E is fine */
+	EXPECT(fabep_moe_create(comm, &bad, &moe), 0);
+	EXPECT(fabep_moe_destroy(moe), 0);
 	bad = cfg; bad.token_type = (fabep_moe_type_t)9;
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
 	bad = cfg; bad.combine_type = FABEP_MOE_FP8;

@@ -49,10 +49,15 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		    "%d ranks", c->num_experts, nranks);
 	if (c->top_k < 1 || c->top_k > FABEP_MOE_MAX_TOPK)
 		BAD("fabep_moe: top_k %d not in [1, %d]", c->top_k, FABEP_MOE_MAX_TOPK);
+	/* a token's experts are distinct in any router's top-k */
+	if (c->top_k > c->num_experts)
+		BAD("fabep_moe: top_k %d above num_experts %d", c->top_k,
+		    c->num_experts);
 	if (c->hidden < 1 || c->hidden > (1u << 24))
 		BAD("fabep_moe: hidden %zu not in [1, 2^24]", c->hidden);
-	if (c->max_tokens < 0 || c->max_tokens > (1 << 24))
-		BAD("fabep_moe: max_tokens %d not in [0, 2^24]", c->max_tokens);
+	/* 0 is what fabep_moe_config_init leaves: a size never set */
+	if (c->max_tokens < 1 || c->max_tokens > (1 << 24))
+		BAD("fabep_moe: max_tokens %d not in [1, 2^24]", c->max_tokens);
 	if (c->token_type < FABEP_MOE_FP32 || c->token_type > FABEP_MOE_FP8_PREQUANT)
 		BAD("fabep_moe: token_type %d unknown", (int)c->token_type);
 	if (c->token_type == FABEP_MOE_FP8 && c->input_type != FABEP_MOE_FP32 &&
