@@ -359,9 +359,9 @@ typedef struct fabep_moe_config {
 /* Dispatch leaves the received rows where they landed (the receive slots)
  * instead of copying them into expert-major order: fabep_moe_recv_t's
  * row_index then lists, in expert-major order, the slot row of each
- * (token, expert) pair (what a grouped matmul that takes row ids, such as
- * llama.cpp's mul_mat_id, consumes), and the rows stay valid only until
- * the combine of that dispatch. */
+ * (token, k) with an expert here (what a grouped matmul that takes row
+ * ids, such as llama.cpp's mul_mat_id, consumes), and the rows stay
+ * valid only until the combine of that dispatch. */
 #define FABEP_MOE_ZERO_COPY 1u
 
 typedef struct fabep_moe fabep_moe_t;
@@ -398,7 +398,10 @@ FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
  * What dispatch delivers to an expert rank: the rows it received, in
  * expert-major order (the rows of local expert i are
  * [row_offsets[i], row_offsets[i + 1]); within an expert by source rank,
- * then token index, then k).  Row r's values start at
+ * then token index, then k).  There is one row per (token, k) whose
+ * expert lives here: a token that names an expert in two of its k slots
+ * brings it two rows, each with its k and weight, and combine sums both
+ * (the same as one row with the weights' sum, up to rounding).  Row r's values start at
  *     (const char *)x + row_index[r] * row_stride
  * and its FP8 scales at scales + row_index[r] * scale_stride.  By default
  * the rows are copied in that order (row_index[r] == r, row_stride the

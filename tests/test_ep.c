@@ -33,7 +33,8 @@
  * (weights +-2^7 or +-2^8 on experts of one expert scale) and leave a
  * small one; values chosen so that fp32 sums are exact in any order
  * (see cancel_token) */
-enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL };
+/* R_DUP: every token names each of its experts twice (slots 2i, 2i + 1) */
+enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL, R_DUP };
 enum { B_NONE, B_RANGE, B_TOO_MANY, B_NULL_X };
 
 struct params {
@@ -240,6 +241,8 @@ static void gen(const struct params *p, int size, int src, int round,
 
 			if (p->routing == R_ONE)
 				e = j ? -1 : hot;
+			else if (p->routing == R_DUP && j % 2)
+				e = in->ids[t * k + j - 1];
 			else if (p->routing == R_NEG && fep_test_rand(&seed) % 3 == 0)
 				e = -1;
 			in->ids[t * k + j] = e;
@@ -1260,6 +1263,12 @@ EP_TEST(shm6_top7_fp8, "shm", 6, .rounds = 3, .hidden = 200, .topk = 7,
 	.experts = 12, .max_tokens = 12, .tt = FABEP_MOE_FP8, .block = 128)
 EP_TEST(shm7_top7_fp32, "shm", 7, .rounds = 3, .hidden = 24, .topk = 7,
 	.experts = 21, .tt = FABEP_MOE_FP32, .ct = FABEP_MOE_FP32, .zcopy = 1)
+/* an expert named twice by a token: one row per (token, k), each with
+ * its weight, and combine sums both */
+EP_TEST(shm3_dup, "shm", 3, .rounds = 6, .topk = 4, .experts = 6,
+	.routing = R_DUP, .split = 1)
+EP_TEST(zc_shm2_dup_fp8, "shm", 2, .rounds = 6, .topk = 5, .experts = 6,
+	.routing = R_DUP, .zcopy = 1, .tt = FABEP_MOE_FP8, .ct = FABEP_MOE_FP32)
 /* caller-quantized FP8 with one scale per token and per 128 values; bf16
  * tokens with an fp32 combine and fp32 tokens with a bf16 one */
 EP_TEST(pre_shm2_token, "shm", 2, .rounds = 8, .tt = FABEP_MOE_FP8_PREQUANT,
@@ -1973,6 +1982,8 @@ static Suite *ep_suite(void)
 	ADD(tc, shm5_top7);
 	ADD(tc, shm6_top7_fp8);
 	ADD(tc, shm7_top7_fp32);
+	ADD(tc, shm3_dup);
+	ADD(tc, zc_shm2_dup_fp8);
 	ADD(tc, pre_shm2_token);
 	ADD(tc, pre_shm3_b128);
 	ADD(tc, shm2_bf16_fp32);
