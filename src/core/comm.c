@@ -917,17 +917,12 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 
 	if (!comm)
 		return 0;
-	/* Everyone stops writing into everyone's heap before it goes away.
-	 * After a failed wait or transfer, peers may be gone: do not wait for
-	 * them again. */
-	if (!comm->fab->tx_error && !comm->failed) {
-		int saved = comm->timeout_ms;
-
-		comm->timeout_ms = FEP_MIN(saved, 5000);
-		comm->fab->timeout_ms = comm->timeout_ms;
+	/* Everyone stops writing into everyone's heap before it goes away,
+	 * waiting for the others as long as any call does (the timeout:
+	 * ranks may reach destroy far apart).  After a failed wait or
+	 * transfer, peers may be gone: do not wait for them again. */
+	if (!comm->fab->tx_error && !comm->failed)
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
-		comm->timeout_ms = saved;
-	}
 	if (comm->pool)
 		fep_pool_destroy(comm->pool);
 	comm->boot->idle = NULL;
