@@ -1032,6 +1032,30 @@ static int args_rank(int rank, int size, void *arg)
 	}
 	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), 0);
 	EXPECT(fabep_moe_combine_recv(moe, o, E_HIDDEN, NULL, NULL), 0);
+	/* a refused dispatch_send, logged under the name of the function
+	 * called (the refusing rank's check, the peers' receive half) */
+	{
+		struct capture c;
+		char *log;
+		int got;
+
+		ids[1] = rank == 1 ? E_EXPERTS : 0;
+		capture_begin(&c);
+		got = fabep_moe_dispatch_send(moe, x, NULL, 2, ids, NULL);
+		if (rank != 1 && !got)
+			got = fabep_moe_dispatch_recv(moe, &rv);
+		log = capture_end(&c);
+		ids[1] = 0;
+		if (got != -ERANGE || !strstr(log, rank == 1 ?
+		    "fabep_moe_dispatch_send: token 0: expert id 6" :
+		    "fabep_moe_dispatch_recv: rank 1 rejected its input")) {
+			fprintf(stderr, "rank %d: refused dispatch_send gave %d, "
+				"logged:\n%s", rank, got, log);
+			free(log);
+			return 2;
+		}
+		free(log);
+	}
 	EXPECT(good_moe_round(moe, rank, size), 0);
 	EXPECT(fabep_moe_destroy(NULL), 0);
 
