@@ -1887,6 +1887,269 @@ START_TEST(moe)
 }
 END_TEST
 
+/* ---- headers and records written by a lying peer ---- */
+
+/*
+ * Rank LIAR_RANK does not call dispatch (or combine) but writes, with
+ * the public put + signal, what a broken or hostile peer could into the
+ * receive slots of every other rank, and signals as a real run does; the
+ * others call fabep_moe_dispatch (fabep_moe_combine) and must return
+ * -FABEP_ERR_PROTOCOL with a message naming the liar and the bound, and
+ * neither crash nor hang.  One case per bound that dispatch.c, layout.c
+ * and combine.c check on what peers wrote.
+ */
+enum {
+	LIE_COUNT,        /* header: more records than max_tokens */
+	LIE_MAGIC,        /* header: not a header (magic) */
+	LIE_SEQ,          /* header: another call's */
+	LIE_STATUS,       /* header: a status that is no error code */
+	LIE_ROWS,         /* header: more rows than count * top_k */
+	LIE_TOKEN,        /* record: token index past max_tokens */
+	LIE_EXPERT,       /* record: expert id past num_experts */
+	LIE_MORE,         /* records: more rows for an expert than announced */
+	LIE_FEWER,        /* records: fewer rows than announced */
+	LIE_C_COUNT,      /* combine header: not the count this rank sent */
+	LIE_C_SEQ,        /* combine header: another call's */
+	LIE_N
+};
+
+static const char *const lie_names[LIE_N] = {
+	"count", "magic", "seq", "status", "rows", "token", "expert", "more",
+	"fewer", "combine count", "combine seq"
+};
+
+/* What the receivers must log (after "rank LIAR_RANK"). */
+static const char *const lie_logs[LIE_N] = {
+	"announced 9 rows (expected at most 8)", "'s header holds call",
+	"'s header holds call", "sent status 5", "announced 3 rows for 1 tokens",
+	"sent token index 8", "sent expert 6", "sent more rows for expert",
+	"sent 1 rows fewer for expert", "announced", "'s header holds call"
+};
+
+#define LIAR_RANK 2
+#define LIE_TOPK 2
+#define LIE_EXPERTS 6
+#define LIE_TOKENS 8
+
+struct lie_capture {
+	FILE *f;
+	int saved;
+};
+
+static void lie_capture_begin(struct lie_capture *c)
+{
+	fflush(stderr);
+	c->f = tmpfile();
+	c->saved = c->f ? dup(2) : -1;
+	if (c->f)
+		dup2(fileno(c->f), 2);
+}
+
+/* Restore stderr; whether the captured text holds both strings. */
+static int lie_capture_end(struct lie_capture *c, const char *a, const char *b)
+{
+	char buf[8192];
+	size_t n = 0;
+	int found = 0;
+
+	fflush(stderr);
+	if (!c->f)
+		return 0;
+	dup2(c->saved, 2);
+	close(c->saved);
+	rewind(c->f);
+	n = fread(buf, 1, sizeof(buf) - 1, c->f);
+	buf[n] = '\0';
+	fclose(c->f);
+	{
+		const char *p = buf;
+
+		while ((p = strstr(p, a)) && !found) {
+			const char *eol = strchr(p, '\n');
+
+			found = strstr(p, b) && (!eol || strstr(p, b) < eol);
+			p++;
+		}
+	}
+	if (!found)
+		fprintf(stderr, "log without \"%s ... %s\":\n%s", a, b, buf);
+	return found;
+}
+
+/* The liar's run to receiver r (L local experts each) in its staging,
+ * then written into r's slot for the liar with the signals a run adds. */
+static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
+{
+	uint8_t *st = fabep_heap_ptr(comm, fep_ep_dstage(m, 0, r));
+	uint64_t dst = fep_ep_dslot(m, 0, m->rank);
+	struct fep_ep_hdr h;
+	uint32_t rows[8];
+	int32_t meta[2 + 2 * LIE_TOPK];
+	float one = 1.0f;
+	size_t len = m->dhdr_bytes;
+	int ret;
+
+	memset(st, 0, m->dslot_bytes);
+	memset(&h, 0, sizeof(h));
+	memset(rows, 0, sizeof(rows));
+	h.seq = 1;
+	h.magic = FEP_EP_MAGIC;
+	h.count = 1;
+	rows[0] = 1;  /* one row for r's first expert */
+	meta[0] = 0;  /* token 0, stamp, ids, weights */
+	meta[1] = 1;
+	meta[2] = r * m->L;
+	meta[3] = -1;
+	memcpy(&meta[4], &one, 4);
+	memcpy(&meta[5], &one, 4);
+	switch (lie) {
+	case LIE_COUNT: h.count = LIE_TOKENS + 1; break;
+	case LIE_MAGIC: h.magic ^= 1; break;
+	case LIE_SEQ: h.seq = 2; break;
+	case LIE_STATUS: h.status = 5; break;
+	case LIE_ROWS: rows[0] = LIE_TOPK + 1; break;
+	case LIE_TOKEN: meta[0] = LIE_TOKENS; break;
+	case LIE_EXPERT: meta[2] = LIE_EXPERTS; break;
+	case LIE_MORE: meta[3] = meta[2]; break;
+	case LIE_FEWER: meta[2] = -1; break;
+	}
+	memcpy(st, &h, sizeof(h));
+	memcpy(st + FEP_EP_HDR, rows, 4 * (size_t)m->L);
+	memcpy(st + m->hdr_recs * m->rec_bytes, meta, sizeof(meta));
+	if (lie >= LIE_TOKEN)
+		len = (m->hdr_recs + 1) * m->rec_bytes;
+	/* the header (and record) on the header counter, the records'
+	 * chunks on theirs */
+	ret = fabep_put_signal(comm, r, dst, fep_ep_dstage(m, 0, r), len,
+			       fep_ep_hctr(m, 0), 1);
+	if (!ret)
+		ret = fabep_put_signal(comm, r, dst, fep_ep_dstage(m, 0, r), 64,
+				       fep_ep_dctr(m, 0), m->dchunks - 1);
+	return ret;
+}
+
+/* The liar's combine header to receiver r: count or call wrong. */
+static int lie_combine(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
+{
+	struct fep_ep_set *s = &m->set[0];
+	uint8_t *st = fabep_heap_ptr(comm, fep_ep_cstage(m, r));
+
+	fep_ep_hdr_write(st, lie == LIE_C_SEQ ? s->seq + 1 : s->seq, 0,
+			 s->rcount[r] + 1);
+	return fabep_put_signal(comm, r, fep_ep_cslot(m, 0, m->rank),
+				fep_ep_cstage(m, r), FEP_EP_HDR, fep_ep_cctr(m, 0),
+				m->cchunks);
+}
+
+static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
+{
+	fabep_moe_config_t cfg;
+	fabep_moe_t *moe = NULL;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
+	struct lie_capture cap;
+	struct params p = P(.topk = LIE_TOPK, .experts = LIE_EXPERTS,
+			    .max_tokens = LIE_TOKENS, .hidden = 16);
+	struct input in;
+	char who[32];
+	void *y = NULL;
+	uint16_t out[LIE_TOKENS * 16];
+	int r, ret, rc = 1;
+
+	fill_cfg(&p, &cfg);
+	gen(&p, size, rank, 1 + lie, &in);
+	ret = fabep_moe_create(comm, &cfg, &moe);
+	if (ret) {
+		fprintf(stderr, "rank %d: %s: create: %s\n", rank, lie_names[lie],
+			fabep_strerror(ret));
+		goto out;
+	}
+	snprintf(who, sizeof(who), "rank %d", LIAR_RANK);
+	if (lie >= LIE_C_COUNT) {  /* a true dispatch first */
+		ret = fabep_moe_dispatch(moe, in.x, NULL, in.n, in.ids, in.w, &rv);
+		if (ret) {
+			fprintf(stderr, "rank %d: %s: dispatch: %s\n", rank,
+				lie_names[lie], fabep_strerror(ret));
+			goto out;
+		}
+		y = calloc(rv.rows + 1, 16 * 2);
+	}
+	if (rank == LIAR_RANK) {
+		struct fabep_moe *m = moe;
+
+		for (r = 0; r < size; r++)
+			if (r != rank && (ret = lie >= LIE_C_COUNT ?
+					  lie_combine(comm, m, lie, r) :
+					  lie_dispatch(comm, m, lie, r)))
+				goto out;
+		/* take in what the others write here */
+		ret = lie >= LIE_C_COUNT ?
+			fabep_wait(comm, fep_ep_cctr(m, 0),
+				   (uint64_t)(size - 1) * m->cchunks) :
+			fabep_wait(comm, fep_ep_hctr(m, 0), (uint64_t)(size - 1));
+		if (!ret && lie < LIE_C_COUNT)
+			ret = fabep_wait(comm, fep_ep_dctr(m, 0),
+					 (uint64_t)(size - 1) * (m->dchunks - 1));
+		if (ret)
+			goto out;
+	} else {
+		lie_capture_begin(&cap);
+		ret = lie >= LIE_C_COUNT ?
+			fabep_moe_combine(moe, y, 16, 0, out, 16, NULL, NULL) :
+			fabep_moe_dispatch(moe, in.x, NULL, in.n, in.ids, in.w, &rv);
+		if (!lie_capture_end(&cap, who, lie_logs[lie]) ||
+		    ret != -FABEP_ERR_PROTOCOL) {
+			fprintf(stderr, "rank %d: lie \"%s\" gave %d (%s), want %d\n",
+				rank, lie_names[lie], ret, fabep_strerror(ret),
+				-FABEP_ERR_PROTOCOL);
+			goto out;
+		}
+	}
+	rc = 0;
+out:
+	if (fabep_barrier(comm))
+		rc = 1;
+	fabep_moe_destroy(moe);
+	free_input(&in);
+	free(y);
+	return rc;
+}
+
+static int liar_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_config_t cfg;
+	struct params p = P(.topk = LIE_TOPK, .experts = LIE_EXPERTS,
+			    .max_tokens = LIE_TOKENS, .hidden = 16);
+	int lie, rc = 0, ret;
+
+	(void)arg;
+	fill_cfg(&p, &cfg);
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 10000;
+	a.heap_size = 2 * fabep_moe_heap_bytes(&cfg, size) + (1u << 20);
+	ret = fabep_comm_create(&a, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank,
+			fabep_strerror(ret));
+		return 1;
+	}
+	for (lie = 0; lie < LIE_N && !rc; lie++)
+		rc = lie_case(comm, rank, size, lie);
+	ret = fabep_comm_destroy(comm);
+	return rc || ret;
+}
+
+START_TEST(shm3_lying_peer)
+{
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	ck_assert_int_eq(fep_test_run_ranks(3, 120, liar_rank, NULL), 0);
+}
+END_TEST
+
 START_TEST(bad_flags)
 {
 	fabep_moe_config_t c;
@@ -2002,6 +2265,7 @@ static Suite *ep_suite(void)
 	tc = tcase_create("reuse");
 	tcase_set_timeout(tc, 180);
 	ADD(tc, shm2_heap_reuse);
+	ADD(tc, shm3_lying_peer);
 	suite_add_tcase(s, tc);
 	/* every strategy of every provider */
 	tc = tcase_create("signals");
