@@ -16,6 +16,11 @@
  * byte (valid header with a fuzzed count / fully fuzzed header; rows per
  * expert fuzzed, or counted from the records) and count, then the bytes
  * of the records, then the combine counts.
+ *
+ * The verdict is checked against an independent reading of the layout's
+ * rules (ref_dispatch, ref_combine): every bound on what a peer wrote
+ * must be refused with -FABEP_ERR_PROTOCOL, a sender's error status
+ * agreed, and valid slots accepted.
  */
 #include "../src/ep/dispatch.c"
 
@@ -62,6 +67,109 @@ static void fuzz_check_result(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	(void)b;
 }
 
+#define REF_PROTOCOL 1
+
+/* What check_hdrs + build must make of set b's dispatch slots, from the
+ * rules alone: REF_PROTOCOL when a peer broke one (header sequence or
+ * magic, a status that is no error code, a count past max_tokens, more
+ * rows announced than count * top_k, a record's token index or expert id
+ * out of range, records that do not bring the rows per expert their
+ * header announced), else the status of the lowest failing rank, else 0. */
+static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	uint32_t cnt[FUZZ_MAX_SIZE], ann[4], got[4];
+	int r, j, e, agreed = 0;
+	size_t i;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(fab, fep_ep_dslot(m, b, r)), sizeof(h));
+		if (h.seq != seq || h.magic != FEP_EP_MAGIC)
+			return REF_PROTOCOL;
+		if (h.status) {
+			if (h.status > 0 || h.status < -100000)
+				return REF_PROTOCOL;
+			if (!agreed)
+				agreed = h.status;
+			continue;
+		}
+		if (h.count > (uint32_t)m->cfg.max_tokens)
+			return REF_PROTOCOL;
+		cnt[r] = h.count;
+	}
+	if (agreed)
+		return agreed;
+	for (r = 0; r < m->size; r++) {
+		uint64_t sum = 0;
+
+		memcpy(ann, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
+		       FEP_EP_HDR, 4 * (size_t)m->L);
+		for (e = 0; e < m->L; e++)
+			sum += ann[e];
+		if (sum > (uint64_t)cnt[r] * (uint64_t)m->k)
+			return REF_PROTOCOL;
+	}
+	for (r = 0; r < m->size; r++) {
+		const uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
+
+		memcpy(ann, slot + FEP_EP_HDR, 4 * (size_t)m->L);
+		memset(got, 0, sizeof(got));
+		for (i = 0; i < cnt[r]; i++) {
+			const uint8_t *rec = slot + (m->hdr_recs + i) * m->rec_bytes;
+			int32_t t, id;
+
+			memcpy(&t, rec, 4);
+			if (t < 0 || t >= m->cfg.max_tokens)
+				return REF_PROTOCOL;
+			for (j = 0; j < m->k; j++) {
+				memcpy(&id, rec + 8 + 4 * (size_t)j, 4);
+				if (id < -1 || id >= m->cfg.num_experts)
+					return REF_PROTOCOL;
+				if (id / m->L == m->rank && id >= 0)
+					got[id - m->rank * m->L]++;
+			}
+		}
+		for (e = 0; e < m->L; e++)
+			if (got[e] != ann[e])
+				return REF_PROTOCOL;
+	}
+	return 0;
+}
+
+/* The same for set b's combine slots: each count must be what this rank
+ * sent to that rank. */
+static int ref_combine(struct fabep_moe *m, int b, uint64_t seq,
+		       const uint32_t *sent)
+{
+	int r, agreed = 0;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_cslot(m, b, r)), sizeof(h));
+		if (h.seq != seq || h.magic != FEP_EP_MAGIC)
+			return REF_PROTOCOL;
+		if (h.status) {
+			if (h.status > 0 || h.status < -100000)
+				return REF_PROTOCOL;
+			if (!agreed)
+				agreed = h.status;
+			continue;
+		}
+		if (h.count != sent[r])
+			return REF_PROTOCOL;
+	}
+	return agreed;
+}
+
+/* ret as the reference wants it */
+static int ref_agrees(int ref, int ret)
+{
+	return ref == REF_PROTOCOL ? ret == -FABEP_ERR_PROTOCOL : ret == ref;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 {
 	struct fuzz_in in = { data, n };
@@ -75,7 +183,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	size_t need, got, i;
 	uint64_t seq = 7;
 	uint8_t modes[FUZZ_MAX_SIZE];
-	int size, rank, r, b = 0, ret;
+	int size, rank, r, b = 0, ret, ref;
 
 	memset(&comm, 0, sizeof(comm));
 	memset(&boot, 0, sizeof(boot));
@@ -172,6 +280,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		memcpy(slot + FEP_EP_HDR, cnt, 4 * (size_t)m->L);
 	}
 
+	ref = ref_dispatch(m, b, seq);
 	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dslot(m, b, 0),
 				m->dslot_bytes, seq, NULL, 0, s->rcount, NULL);
 	FUZZ_CHECK(ret <= 0);
@@ -187,9 +296,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		if (!ret)
 			ret = build_end(m, b, s);
 		FUZZ_CHECK(ret <= 0);
+		/* rows are reserved only as the bounds allow: at most
+		 * max_tokens * top_k from each rank */
+		FUZZ_CHECK(s->cap_rows <= (size_t)size * (size_t)cfg.max_tokens *
+					  (size_t)m->k);
 		if (!ret)
 			fuzz_check_result(m, b, s);
 	}
+	FUZZ_CHECK(ref_agrees(ref, ret));
 
 	/* The combine slots: counts must be what this rank sent. */
 	for (r = 0; r < size; r++) {
@@ -206,9 +320,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 					 (mode & 4) ? fuzz_u32(&in) : s->sent[r]);
 		}
 	}
+	ref = ref_combine(m, b, seq, s->sent);
 	ret = fep_ep_check_hdrs(m, "fuzz combine", fep_ep_cslot(m, b, 0),
 				m->cslot_bytes, seq, s->sent, 0, s->rcount, NULL);
 	FUZZ_CHECK(ret <= 0);
+	FUZZ_CHECK(ref_agrees(ref, ret));
 	if (!ret)
 		for (r = 0; r < size; r++)
 			FUZZ_CHECK(s->rcount[r] == s->sent[r]);

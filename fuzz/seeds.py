@@ -121,25 +121,47 @@ put("fuzz_tool_opts", "timeout", args(0x80, "5000"))
 # ---- fuzz_ep_slots ----
 # geometry: ranks-1, rank, experts per rank-1, top_k-1, hidden-1,
 # max_tokens, type byte (token type | combine fp32 4 | fp8 block 8 | sets 16)
-def ep(size, rank, epr, k, hidden, T, tt, counts, recs, ccounts, ecounts=None):
+EP_MAGIC, EP_SEQ = 0x66616265704d6f45, 7   # FEP_EP_MAGIC, the harness's call
+
+
+def ep_hdr(seq=EP_SEQ, status=0, count=0, magic=EP_MAGIC):
+    """A whole 64-byte slot header (struct fep_ep_hdr)."""
+    return struct.pack("<QiIQ", seq, status, count, magic) + bytes(40)
+
+
+def ep(size, rank, epr, k, hidden, T, tt, counts, recs, ccounts, ecounts=None,
+       hdrs=None, chdrs=None):
+    """hdrs / chdrs: {rank: raw header} replacing a dispatch / combine
+    header; ecounts: rows per expert of each header, else counted from the
+    records; recs[(r, i)]: (ids, weights[, token index])."""
     d = bytes([size - 1, rank, epr - 1, k - 1, hidden - 1, T, tt])
     for r, c in enumerate(counts):
-        if ecounts is None:
+        raw = (hdrs or {}).get(r)
+        if raw is not None:
+            d += bytes([1 | (8 if ecounts is None else 0)]) + raw
+        elif ecounts is None:
             d += bytes([8, c])       # valid header, count c, rows per
                                      # expert counted from the records
         else:                        # rows per expert given
-            d += bytes([0, c]) + struct.pack("<%dI" % epr, *ecounts[r])
+            d += bytes([0, c])
+        if ecounts is not None:
+            d += struct.pack("<%dI" % epr, *ecounts[r])
     meta = 8 + 8 * k
     for r in range(size):
         for i in range(T):
             if i < counts[r] and (r, i) in recs:
-                ids, w = recs[(r, i)]
-                d += struct.pack("<ii", i, 0) + struct.pack("<%di" % k, *ids) \
+                v = recs[(r, i)]
+                ids, w, tok = v[0], v[1], v[2] if len(v) > 2 else i
+                d += struct.pack("<ii", tok, 0) + struct.pack("<%di" % k, *ids) \
                     + struct.pack("<%df" % k, *w)
             else:
                 d += bytes(meta)
-    for c in ccounts:
-        d += bytes([0, c])           # valid combine header, sent c
+    for r, c in enumerate(ccounts):
+        raw = (chdrs or {}).get(r)
+        if raw is not None:
+            d += bytes([1, c]) + raw  # combine header given, sent c
+        else:
+            d += bytes([0, c])       # valid combine header, sent c
     return d
 
 
@@ -155,6 +177,42 @@ put("fuzz_ep_slots", "bad-ecounts", ep(2, 1, 2, 2, 16, 4, 1, [2, 1],
 put("fuzz_ep_slots", "fp32", ep(1, 0, 4, 4, 8, 3, 0 | 4, [3],
     {(0, 0): ([0, 1, 2, 3], [.25] * 4), (0, 1): ([3, 2, -1, -1], [.5, .5, 0, 0]),
      (0, 2): ([1, -1, -1, -1], [1, 0, 0, 0])}, [3]))
+
+# one seed per bound on what a peer writes (2 ranks, this rank 1, 2
+# experts each, top-2, max_tokens 4): each breaks the one rule its name
+# says in rank 0's slot; the harness checks the verdict
+# (-FABEP_ERR_PROTOCOL, or the agreed status) against its own reading
+B_RECS = {(0, 0): ([2, 3], [0.5, 0.5]), (0, 1): ([3, -1], [1.0, 0.0]),
+          (1, 0): ([2, 2], [0.25, 0.75])}
+B_EC = [[1, 2], [2, 0]]
+
+
+def bound(name, counts=(2, 1), recs=None, ecounts=B_EC, hdrs=None, chdrs=None,
+          ccounts=(2, 1)):
+    r = dict(B_RECS)
+    r.update(recs or {})
+    put("fuzz_ep_slots", "bound-" + name,
+        ep(2, 1, 2, 2, 16, 4, 1, list(counts), r, list(ccounts),
+           ecounts=ecounts, hdrs=hdrs, chdrs=chdrs))
+
+
+bound("valid")
+bound("count", hdrs={0: ep_hdr(count=5)}, ecounts=[[1, 2], [2, 0]])
+bound("magic", hdrs={0: ep_hdr(count=2, magic=EP_MAGIC ^ 1)})
+bound("seq", hdrs={0: ep_hdr(seq=EP_SEQ + 1, count=2)})
+bound("status", hdrs={0: ep_hdr(status=5, count=2)})
+bound("status-low", hdrs={0: ep_hdr(status=-100001, count=2)})
+bound("status-agreed", hdrs={0: ep_hdr(status=-22, count=0)})
+bound("rows", counts=(1, 1), ecounts=[[40, 1], [2, 0]])
+bound("token", recs={(0, 1): ([3, -1], [1.0, 0.0], 4)})
+bound("token-neg", recs={(0, 1): ([3, -1], [1.0, 0.0], -1)})
+bound("expert", recs={(0, 1): ([3, 4], [1.0, 0.0])})
+bound("expert-neg", recs={(0, 1): ([3, -2], [1.0, 0.0])})
+bound("more", recs={(0, 1): ([3, 3], [1.0, 0.0])})
+bound("fewer", recs={(0, 1): ([-1, -1], [1.0, 0.0])})
+bound("combine-count", chdrs={0: ep_hdr(count=3)})
+bound("combine-seq", chdrs={0: ep_hdr(seq=EP_SEQ - 1, count=2)})
+bound("combine-agreed", chdrs={0: ep_hdr(status=-34)})
 
 # ---- fuzz_coll_hdrs: ranks-1, rank, stride, my header, the slots ----
 def arhdr(seq, rows, cols, status, op):
