@@ -353,21 +353,12 @@ static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
 
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out);
 
-/* A send refused for its input (status: the caller's, else the checks')
- * still takes part in the exchange: every peer gets a header with the
- * error and no records, and the receive half runs here at once, so the
- * refusing rank owes no dispatch_recv and every rank returns the agreed
- * code with its handle ready for the next call. */
-static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
-			 size_t n, const int32_t *ids, const float *w, int status)
+/* The set the next dispatch takes, or a refusal of the call order that
+ * sends nothing (logged): an unusable handle, a pending receive half,
+ * every set still holding a dispatch. */
+static int send_admit(struct fabep_moe *m, int *bp)
 {
-	fabep_comm_t *comm = m->comm;
-	fep_fabric_t *fab = comm->fab;
-	struct fep_ep_set *s;
-	struct pack_ctx c;
-	uint64_t t0, t1, t2, t3, tp;
-	size_t tb, te;
-	int b, d, ret;
+	int ret, b;
 
 	if ((ret = fep_ep_usable(m, m->dfn)))
 		return ret;
@@ -378,73 +369,77 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		return -EINVAL;
 	}
 	b = (int)(m->ndisp % (uint64_t)m->sets);
-	s = &m->set[b];
-	if (s->state != FEP_EP_FREE) {
+	if (m->set[b].state != FEP_EP_FREE) {
 		fep_err("%s: all %d buffer sets hold dispatches not yet combined "
 			"(combine the oldest first)", m->dfn, m->sets);
 		return -FABEP_ERR_BUSY;
 	}
-	m->tm.d_begin = fep_now_ns();
-	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
-	/* the send runs of the previous call must have left (wire time) */
-	t0 = fep_now_ns();
-	ret = fep_ep_fab(m, fep_fabric_quiet(fab));
-	if (ret)
-		return ret;
-	t1 = fep_now_ns();
-	if (!status)
-		status = check_input(m, x, scales, n, ids);
-	if (status)
-		n = 0;
-	else if (ids || !n) {  /* n == 0: the empty routing, ids or not */
-		if (n)
-			memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
-		if (n && w)
-			memcpy(m->prev_w, w, n * (size_t)m->k * sizeof(float));
-		else {
-			size_t i;
+	*bp = b;
+	return 0;
+}
 
-			for (i = 0; i < n * (size_t)m->k; i++)
-				m->prev_w[i] = 1.0f;
-		}
-		m->prev_n = n;
-		m->have_prev = 1;
-	}
-	/* from here on the call counts: every rank advances the same way */
-	m->ndisp++;
-	s->seq = m->ndisp;
-	s->uses++;
-	s->state = FEP_EP_SENT;
-	s->status = status;
-	s->n = n;
-	m->pending_recv = 1;
+/* Keep an accepted call's routing for topk_ids NULL (ids NULL: the
+ * previous one, already there; n == 0: the empty routing). */
+static void keep_routing(struct fabep_moe *m, size_t n, const int32_t *ids,
+			 const float *w)
+{
+	size_t i;
 
-	memset(&c, 0, sizeof(c));
-	c.m = m;
-	c.ops = fep_k_ops();
-	c.b = b;
-	c.ids = m->prev_ids;
-	c.w = m->prev_w;
-	c.idle.fab = fab;
-	c.stamp = (int32_t)(uint32_t)s->seq;
-	c.base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
-	c.input = fep_heap_at(fab, fep_ep_dinput(m, b)) + m->hdr_recs * m->rec_bytes;
-	c.self_pay = s->self_pay;
-	c.x = x;
-	c.ld_x = m->hidden * m->in_elt;
-	if (m->cfg.token_type != FABEP_MOE_FP8 && x == c.input + m->pay_off) {
-		c.x_inplace = 1;  /* the caller wrote its rows into the input slot */
-		c.ld_x = m->rec_bytes;
+	if (!ids && n)
+		return;
+	if (n)
+		memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
+	if (n && w)
+		memcpy(m->prev_w, w, n * (size_t)m->k * sizeof(float));
+	else
+		for (i = 0; i < n * (size_t)m->k; i++)
+			m->prev_w[i] = 1.0f;
+	m->prev_n = n;
+	m->have_prev = 1;
+}
+
+/* The packing context of set b: the kept routing, the input slot, and
+ * whether the caller's rows (scales) are already there. */
+static void pack_ctx_init(struct fabep_moe *m, struct pack_ctx *c, int b,
+			  const void *x, const float *scales)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	struct fep_ep_set *s = &m->set[b];
+
+	memset(c, 0, sizeof(*c));
+	c->m = m;
+	c->ops = fep_k_ops();
+	c->b = b;
+	c->ids = m->prev_ids;
+	c->w = m->prev_w;
+	c->idle.fab = fab;
+	c->stamp = (int32_t)(uint32_t)s->seq;
+	c->base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
+	c->input = fep_heap_at(fab, fep_ep_dinput(m, b)) + m->hdr_recs * m->rec_bytes;
+	c->self_pay = s->self_pay;
+	c->x = x;
+	c->ld_x = m->hidden * m->in_elt;
+	if (m->cfg.token_type != FABEP_MOE_FP8 && x == c->input + m->pay_off) {
+		c->x_inplace = 1;  /* the caller wrote its rows into the input slot */
+		c->ld_x = m->rec_bytes;
 	}
 	if (m->cfg.token_type == FABEP_MOE_FP8_PREQUANT) {
-		c.scales = scales;
-		c.ld_scales = m->nscale;
-		if ((const void *)scales == c.input + m->scale_off) {
-			c.sc_inplace = 1;
-			c.ld_scales = m->rec_bytes / 4;
+		c->scales = scales;
+		c->ld_scales = m->nscale;
+		if ((const void *)scales == c->input + m->scale_off) {
+			c->sc_inplace = 1;
+			c->ld_scales = m->rec_bytes / 4;
 		}
 	}
-	s->self_n = 0;
+}
+
+/* Route the call (a refused one: no tokens anywhere) and write every
+ * run's header: sequence, status, count, rows per expert of its rank. */
+static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
+			  size_t n, int status)
+{
+	int d;
+
 	if (!status)
 		route(m, s, m->prev_ids, n);
 	else {
@@ -460,9 +455,18 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		memcpy(h + FEP_EP_HDR, m->ecnt + (size_t)d * (size_t)m->L,
 		       4 * (size_t)m->L);
 	}
-	m->tm.d_put = t1 - t0;
-	m->tm.d_bytes = 0;
-	m->tm.d_wait = m->tm.d_build = 0;
+}
+
+/* Pack the n tokens a block at a time on the workers (the caller drives
+ * the fabric meanwhile) and post every chunk as soon as it is complete;
+ * the headers first when there is packing to overlap.  0 or the pool's
+ * or the fabric's error. */
+static int pack_and_post(struct fabep_moe *m, struct pack_ctx *c,
+			 const struct fep_ep_set *s, size_t n)
+{
+	uint64_t t2, t3, tp = 0;
+	size_t tb, te;
+	int d, ret;
 
 	/* the headers leave first when there is packing to overlap:
 	 * receivers lay out their rows (and copy their own) while the
@@ -471,53 +475,100 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
 	if (n * m->rec_bytes >= FEP_EP_EARLY_BYTES) {
-		c.te = 0;
-		ret = post_ready(m, &c, s);
+		c->te = 0;
+		ret = post_ready(m, c, s);
 		if (ret)
-			goto fail;
+			return ret;
 	}
-	/* pack a block of tokens at a time on the workers (the caller drives
-	 * the fabric meanwhile), then post every chunk that is complete */
-	tp = 0;
 	for (tb = 0;; tb = te) {
 		size_t i;
 
 		te = FEP_MIN(n, tb + m->dchunk_recs);
 		t2 = fep_now_ns();
 		if (te > tb) {
-			c.t0 = tb;
+			c->t0 = tb;
 			/* one block: every thread packs; several: the caller
 			 * drives the fabric meanwhile (the peers' chunks move) */
-			ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, te - tb,
+			ret = fep_ep_fab(m, fep_ep_pool_run(m->comm->pool, te - tb,
 							    te - tb != n, pack_block,
-							    &c, &c.idle));
+							    c, &c->idle));
 			if (ret)
-				goto fail;
+				return ret;
 			for (i = tb * (size_t)m->kk; i < te * (size_t)m->kk; i++)
 				if (m->dest[i] >= 0)
 					m->cursor[m->dest[i]]++;
 		}
 		t3 = fep_now_ns();
 		tp += t3 - t2;
-		c.te = te;
+		c->te = te;
 		/* the peers' copy is left to the next block's pool run, or
 		 * to dispatch_recv, where it overlaps the copy of this
 		 * rank's own rows */
-		ret = post_ready(m, &c, s);
+		ret = post_ready(m, c, s);
 		if (ret)
-			goto fail;
+			return ret;
 		m->tm.d_put += fep_now_ns() - t3;
 		if (te == n)
 			break;
 	}
 	m->tm.d_pack = tp;
+	return 0;
+}
+
+/* A send refused for its input (status: the caller's, else the checks')
+ * still takes part in the exchange: every peer gets a header with the
+ * error and no records, and the receive half runs here at once, so the
+ * refusing rank owes no dispatch_recv and every rank returns the agreed
+ * code with its handle ready for the next call. */
+static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales,
+			 size_t n, const int32_t *ids, const float *w, int status)
+{
+	struct fep_ep_set *s;
+	struct pack_ctx c;
+	uint64_t t0, t1;
+	int b, ret;
+
+	if ((ret = send_admit(m, &b)))
+		return ret;
+	s = &m->set[b];
+	m->tm.d_begin = fep_now_ns();
+	fep_pool_wake(m->comm->pool);  /* they wake while the sends drain */
+	/* the send runs of the previous call must have left (wire time) */
+	t0 = fep_now_ns();
+	ret = fep_ep_fab(m, fep_fabric_quiet(m->comm->fab));
+	if (ret)
+		return ret;
+	t1 = fep_now_ns();
+	if (!status)
+		status = check_input(m, x, scales, n, ids);
+	if (status)
+		n = 0;
+	else
+		keep_routing(m, n, ids, w);
+	/* from here on the call counts: every rank advances the same way */
+	m->ndisp++;
+	s->seq = m->ndisp;
+	s->uses++;
+	s->state = FEP_EP_SENT;
+	s->status = status;
+	s->n = n;
+	m->pending_recv = 1;
+
+	pack_ctx_init(m, &c, b, x, scales);
+	s->self_n = 0;
+	write_headers(m, b, s, n, status);
+	m->tm.d_put = t1 - t0;
+	m->tm.d_bytes = 0;
+	m->tm.d_wait = m->tm.d_build = 0;
+	ret = pack_and_post(m, &c, s, n);
+	if (ret) {
+		fep_err("%s: %s", m->dfn, fabep_strerror(ret));
+		return ret;
+	}
 	if (status)  /* the refusal owes nothing: its receive half now */
 		return dispatch_recv(m, NULL);
 	s->self_n = s->sent[m->rank];
 	return 0;
-fail:
-	fep_err("%s: %s", m->dfn, fabep_strerror(ret));
-	return ret;
 }
 
 FEP_EXPORT int fabep_moe_send_buffer(fabep_moe_t *m, void **x, size_t *stride,
