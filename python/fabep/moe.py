@@ -25,7 +25,6 @@ _NO_ROW_FN = _lib.ROW_FN()
 # errors of a send half found in its input after the call counted: the
 # exchange still runs to its receive half (the caller's pending checks
 # above keep -EINVAL from meaning anything else)
-_COUNTED = (errno.EINVAL, errno.ERANGE, errno.EMSGSIZE)
 
 Timing = collections.namedtuple("Timing", _lib.TIMING_FIELDS)
 Timing.__doc__ = """Where this rank's last dispatch and combine spent their
@@ -213,7 +212,7 @@ class MoE:
         self._gen = 0
         self._sent = collections.deque()      # n per dispatch sent
         self._received = collections.deque()  # (n, rows) received, uncombined
-        self._csent = collections.deque()     # n per combine sent
+        self._csent = collections.deque()     # (n, rows) per combine sent
         self._sendbuf = None
         h = ctypes.c_void_p()
         mark = log.seq
@@ -391,12 +390,9 @@ class MoE:
         ret = lib.fabep_moe_dispatch_send(h, args[0], args[1], n, args[2],
                                           args[3])
         if ret:
-            if -ret in _COUNTED:
-                # the refusal went to every rank in the exchange, which
-                # the receive half completes: do it, so the handle is
-                # ready for the next call (the peers' dispatch_recv
-                # raises the same error)
-                lib.fabep_moe_dispatch_recv(h, ctypes.byref(self._recv))
+            # a refused send half has completed the call with every
+            # rank (the peers' dispatch_recv raises the same error):
+            # nothing is owed
             raise_for(ret, "fabep_moe_dispatch_send", mark)
         self._last_n = n
         self._sent.append(n)
@@ -473,7 +469,8 @@ class MoE:
         self._gen += 1
         ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None, 0,
                                     _lib.ROW_FN(), None)
-        if self._received:
+        # a refused combine leaves its dispatch received on every rank
+        if ret and ret != -errno.EINVAL and self._received:
             self._received.popleft()
         if ret and ret != err.code:
             raise_for(ret, "fabep_moe_combine", mark)
@@ -492,6 +489,8 @@ class MoE:
         kind of y.  row_callback(token, row) is called once per finished
         row (from the library's worker threads, holding the GIL while it
         runs; an exception in it is raised after the call).  Returns out.
+        An argument refused on any rank raises InvalidArgumentError on
+        every rank and leaves the dispatch to be combined again.
         """
         h = self._handle()
         n = self._received[0][0] if self._received else 0
@@ -505,7 +504,9 @@ class MoE:
         self._gen += 1
         ret = lib.fabep_moe_combine(h, yp, ld_y, 0 if weighted else
                                     _lib.MOE_UNWEIGHTED, op, ld_out, cb, None)
-        if self._received:
+        # a refused combine (-EINVAL on every rank) leaves its dispatch
+        # received, for the next combine
+        if self._received and ret != -errno.EINVAL:
             self._received.popleft()
         if ret:
             raise_for(ret, "fabep_moe_combine", mark)
@@ -528,13 +529,14 @@ class MoE:
         self._gen += 1
         ret = lib.fabep_moe_combine_send(h, yp, ld_y, 0 if weighted else
                                          _lib.MOE_UNWEIGHTED)
-        n = self._received.popleft()[0] if self._received else 0
         if ret:
-            if -ret in _COUNTED:
-                # as in dispatch_send: complete the refused exchange
-                lib.fabep_moe_combine_recv(h, None, 0, _lib.ROW_FN(), None)
+            # as in dispatch_send: a refused send half owes nothing, and
+            # a refused combine (-EINVAL) keeps its dispatch received
+            if ret != -errno.EINVAL and self._received:
+                self._received.popleft()
             raise_for(ret, "fabep_moe_combine_send", mark)
-        self._csent.append(n)
+        self._csent.append(self._received.popleft() if self._received
+                           else (0, 0))
         self._ylike = _tensor.kind_of(y) or self._kind
 
     def combine_recv(self, out=None, row_callback=None):
@@ -543,15 +545,17 @@ class MoE:
         A bad `out` raises on this rank alone before anything is
         consumed (the combine stays pending: call again), as in C."""
         h = self._handle()
-        n = self._csent[0] if self._csent else 0
+        n = self._csent[0][0] if self._csent else 0
         out, op, ld_out = self._check_out(out, n, getattr(self, "_ylike",
                                                           self._kind))
         cb, holder = self._row_cb(row_callback, out)
         mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_combine_recv(h, op, ld_out, cb, None)
-        if self._csent:
-            self._csent.popleft()
+        sent = self._csent.popleft() if self._csent else None
+        if ret == -errno.EINVAL and sent:
+            # refused on some rank: the dispatch stays received
+            self._received.appendleft(sent)
         if ret:
             raise_for(ret, "fabep_moe_combine_recv", mark)
         if holder and holder[0] is not None:

@@ -76,18 +76,21 @@ def _bad_body(me, nranks, kind, bad_rank):
             v = moe.dispatch(conv(xb), conv(ids), conv(w))
             y = v.x.clone() if kind == "torch" else v.x.copy()
             moe.combine(y)
-    # combine with a bad y on one rank: the same error everywhere
+    # combine with a bad y on one rank: the same error everywhere, and
+    # the dispatch stays for the combine again with a good y
     for half in (False, True):
         v = moe.dispatch(conv(xb), conv(ids), conv(w))
         y = v.x.clone() if kind == "torch" else v.x.copy()
-        if me == bad_rank:
-            y = conv(torch.zeros(v.rows, H + 1).bfloat16())
+        bad = conv(torch.zeros(v.rows, H + 1).bfloat16()) \
+            if me == bad_rank else y
         with pytest.raises(fabep.InvalidArgumentError):
             if half:
-                moe.combine_send(y)
+                moe.combine_send(bad)
                 moe.combine_recv()
             else:
-                moe.combine(y)
+                moe.combine(bad)
+        out = moe.combine(y)
+        assert out.shape[0] == 4
     # combine_recv's output is checked on this rank alone, before
     # anything is consumed: the combine stays pending, a retry works
     v = moe.dispatch(conv(xb), conv(ids), conv(w))
