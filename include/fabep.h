@@ -66,6 +66,12 @@ enum {
 /* Text for a code returned by any fabep_* call (negative or positive). */
 FABEP_API const char *fabep_strerror(int err);
 
+/* The error messages the library logged on the calling thread since this
+ * function last returned them (whatever FABEP_LOG says), oldest first, one
+ * per line; "" if none.  The text stays valid until the thread logs its
+ * next error.  See fabep_last_error(3). */
+FABEP_API const char *fabep_last_error(void);
+
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH". */
 FABEP_API const char *fabep_version(void);
 

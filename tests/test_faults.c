@@ -31,6 +31,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1000,7 +1001,12 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -ERANGE);
 	/* one rank's bad input: every rank returns its code */
 	ids[1] = rank == 1 ? INT32_MAX : 0;
+	(void)fabep_last_error();
 	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -ERANGE);
+	/* and its text says why: the id on rank 1, who rejected on rank 0 */
+	EXPECT(strstr(fabep_last_error(), rank == 1 ?
+		      "token 0: expert id 2147483647 not in [-1, " :
+		      "rank 1 rejected its input") != NULL, 1);
 	EXPECT(good_moe_round(moe, rank, size), 0);
 	/* bad combine arguments (after a good dispatch): refused on every
 	 * rank, the dispatch kept each time; then combined with good ones
@@ -1169,6 +1175,87 @@ static void run_args(const char *prov)
 
 START_TEST(args_shm) { run_args("shm"); } END_TEST
 START_TEST(args_tcp) { run_args("tcp"); } END_TEST
+
+/* ---- fabep_last_error: the calling thread's error messages ---- */
+
+static void *last_error_thread(void *arg)
+{
+	const char **seen = arg;
+
+	/* the main thread's unread failure is not this thread's */
+	seen[0] = strdup(fabep_last_error());
+	if (fabep_flush(NULL) != -EINVAL)
+		return NULL;
+	seen[1] = strdup(fabep_last_error());
+	return NULL;
+}
+
+START_TEST(last_error)
+{
+	char want[4096];
+	const char *seen[2] = { NULL, NULL };
+	const char *p, *q;
+	pthread_t t;
+	size_t len;
+	int i;
+
+	/* kept whatever FABEP_LOG says: here nothing is printed */
+	setenv("FABEP_LOG", "none", 1);
+	ck_assert_int_eq(fep_log_level(), FEP_LOG_NONE);
+	(void)fabep_last_error();
+	ck_assert_str_eq(fabep_last_error(), "");
+
+	ck_assert_int_eq(fabep_barrier(NULL), -EINVAL);
+	p = fabep_last_error();
+	ck_assert_str_eq(p, "fabep_barrier: NULL communicator");
+	/* returned once; the text stays until the thread's next error */
+	ck_assert_str_eq(fabep_last_error(), "");
+	ck_assert_int_eq(fabep_comm_rank(NULL), -EINVAL); /* logs nothing */
+	fep_warn("a warning is not an error");
+	ck_assert_str_eq(p, "fabep_barrier: NULL communicator");
+	ck_assert_str_eq(fabep_last_error(), "");
+
+	/* unread failures add up, oldest first */
+	ck_assert_int_eq(fabep_put(NULL, 0, 0, 0, 8), -EINVAL);
+	ck_assert_int_eq(fabep_wait(NULL, 0, 0), -EINVAL);
+	ck_assert_str_eq(fabep_last_error(),
+			 "fabep_put: NULL communicator\n"
+			 "fabep_wait: NULL communicator");
+
+	/* another thread sees none of this thread's text, and this thread
+	 * none of the other's */
+	ck_assert_int_eq(fabep_heap_alloc(NULL, 8, 8, NULL), -EINVAL);
+	ck_assert_int_eq(pthread_create(&t, NULL, last_error_thread, seen), 0);
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_ptr_nonnull(seen[0]);
+	ck_assert_ptr_nonnull(seen[1]);
+	ck_assert_str_eq(seen[0], "");
+	ck_assert_str_eq(seen[1], "fabep_flush: NULL communicator");
+	ck_assert_str_eq(fabep_last_error(),
+			 "fabep_heap_alloc: NULL communicator or offset");
+	free((void *)seen[0]);
+	free((void *)seen[1]);
+
+	/* more than the buffer holds: the newest whole lines are kept */
+	for (i = 0; i < 300; i++) {
+		snprintf(want, sizeof(want), "message %d", i);
+		fep_err("%s", want);
+	}
+	p = fabep_last_error();
+	len = strlen(p);
+	ck_assert_uint_gt(len, 2048);
+	ck_assert_uint_lt(len, 4096);
+	ck_assert_int_eq(strncmp(p, "message ", 8), 0);
+	ck_assert_str_eq(p + len - strlen(want), want);
+	for (i = atoi(p + 8), q = p; q; i++) {
+		snprintf(want, sizeof(want), "message %d", i);
+		ck_assert_int_eq(strncmp(q, want, strlen(want)), 0);
+		q = strchr(q, '\n');
+		q = q ? q + 1 : NULL;
+	}
+	ck_assert_int_eq(i, 300);
+}
+END_TEST
 
 /* ---- the size field of caller-allocated structs (fabep.h) ---- */
 
@@ -1523,6 +1610,7 @@ static Suite *suite(void)
 	ADD(tc, args_tcp);
 	ADD(tc, abi_shm);
 	ADD(tc, destroy_late);
+	ADD(tc, last_error);
 	suite_add_tcase(s, tc);
 	return s;
 }

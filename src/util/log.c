@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
-/* log.c - leveled logging to stderr, level from FABEP_LOG. */
+/* log.c - leveled logging to stderr, level from FABEP_LOG; the calling
+ * thread's error messages for fabep_last_error(). */
 #include "config.h"
 
 #include <stdio.h>
@@ -14,6 +15,56 @@
 static int log_level = -1;
 static int log_rank = -1;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+/*
+ * The error messages logged on this thread since fabep_last_error() last
+ * returned them, oldest first, one per line.  Per thread, because a
+ * failure is reported to the thread that made the call and threads work
+ * on different communicators; a fixed array, because the thread that logs
+ * may be failing for want of memory.  When a new message does not fit,
+ * the oldest lines go: the newest say what ended the call.
+ */
+#define LAST_ERROR_MAX 4096
+static __thread struct {
+	char text[LAST_ERROR_MAX];
+	size_t len;
+	bool taken; /* returned: the next error message starts a new text */
+} last_error;
+
+static void last_error_add(const char *msg)
+{
+	size_t n = FEP_MIN(strlen(msg), (size_t)LAST_ERROR_MAX - 1);
+	size_t need;
+
+	if (last_error.taken) {
+		last_error.len = 0;
+		last_error.taken = false;
+	}
+	need = n + (last_error.len ? 1 : 0);
+	while (last_error.len && last_error.len + need >= LAST_ERROR_MAX) {
+		char *nl = memchr(last_error.text, '\n', last_error.len);
+		size_t drop = nl ? (size_t)(nl - last_error.text) + 1 :
+				   last_error.len;
+
+		memmove(last_error.text, last_error.text + drop,
+			last_error.len - drop);
+		last_error.len -= drop;
+		need = n + (last_error.len ? 1 : 0);
+	}
+	if (last_error.len)
+		last_error.text[last_error.len++] = '\n';
+	memcpy(last_error.text + last_error.len, msg, n);
+	last_error.len += n;
+	last_error.text[last_error.len] = '\0';
+}
+
+FEP_EXPORT const char *fabep_last_error(void)
+{
+	if (last_error.taken || !last_error.len)
+		return "";
+	last_error.taken = true;
+	return last_error.text;
+}
 
 static void log_init(void)
 {
@@ -75,6 +126,10 @@ void fep_log(int level, const char *file, int line, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
 	va_end(ap);
+	if (level == FEP_LOG_ERROR)
+		last_error_add(buf + n);
+	if (fep_log_level() < level)
+		return;
 	if (fep_log_level() >= FEP_LOG_DEBUG) {
 		size_t l = strlen(buf);
 		snprintf(buf + l, sizeof(buf) - l, " (%s:%d)",

@@ -37,9 +37,11 @@ void fep_log_set_rank(int rank);
 void fep_log(int level, const char *file, int line, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+/* Error messages reach fep_log whatever FABEP_LOG says: it keeps them for
+ * fabep_last_error() and prints only what the level allows. */
 #define FEP_LOG_(lvl, ...)                                                   \
 	do {                                                                 \
-		if (fep_log_level() >= (lvl))                                \
+		if ((lvl) == FEP_LOG_ERROR || fep_log_level() >= (lvl))      \
 			fep_log((lvl), __FILE__, __LINE__, __VA_ARGS__);     \
 	} while (0)
 #define fep_err(...) FEP_LOG_(FEP_LOG_ERROR, __VA_ARGS__)
