@@ -203,6 +203,7 @@ def _decl(name, res, *args):
 
 P = c_void_p
 _decl("fabep_strerror", c_char_p, c_int)
+_decl("fabep_last_error", c_char_p)
 _decl("fabep_version", c_char_p)
 _decl("fabep_comm_attr_init", None, POINTER(CommAttr))
 _decl("fabep_comm_create", c_int, POINTER(CommAttr), POINTER(P))

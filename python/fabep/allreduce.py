@@ -4,7 +4,7 @@ import ctypes
 
 from . import _lib
 from . import _tensor
-from .errors import InvalidArgumentError, invalid, raise_for, log
+from .errors import InvalidArgumentError, invalid, raise_for, logged
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
@@ -30,11 +30,10 @@ class AllReduce:
         self.comm, self.dtype = comm, dtype
         self.max_rows, self.max_cols = max_rows, max_cols
         h = ctypes.c_void_p()
-        mark = log.seq
         ret = lib.fabep_allreduce_create(comm._handle(), max_rows, max_cols,
                                          _DT[dtype], ctypes.byref(h))
         if ret:
-            raise_for(ret, "fabep_allreduce_create", mark)
+            raise_for(ret, "fabep_allreduce_create")
         self._h = h.value
         comm._handles.add(self)
 
@@ -55,6 +54,7 @@ class AllReduce:
         if self._h is not None:
             h, self._h = self._h, None
             lib.fabep_allreduce_destroy(h)
+            logged()  # not raised: its messages must not reach a later error
 
     def __enter__(self):
         return self
@@ -74,7 +74,6 @@ class AllReduce:
     def _refuse(self, err, call):
         """Make the C call with no input buffer: every rank fails with
         -EINVAL, none waits; this rank raises its own reason."""
-        mark = log.seq
         rows, cols = 1, self.max_cols
         if call == "plain":
             ret = lib.fabep_allreduce(self._h, None, None, rows, cols)
@@ -88,7 +87,8 @@ class AllReduce:
                 ret = lib.fabep_allreduce_rmsnorm(self._h, None, rows, cols,
                                                   ctypes.byref(p), None)
         if ret and ret != err.code:
-            raise_for(ret, "fabep_allreduce", mark)
+            raise_for(ret, "fabep_allreduce")
+        logged()  # the C call's own messages: err says why
         raise err
 
     def _input(self, x):
@@ -106,10 +106,9 @@ class AllReduce:
             o = _tensor.check(out, "out", (self.dtype,), a.shape)
         except InvalidArgumentError as e:
             self._refuse(e, "plain")
-        mark = log.seq
         ret = lib.fabep_allreduce(h, a.ptr, o.ptr, a.shape[0], a.shape[1])
         if ret:
-            raise_for(ret, "fabep_allreduce", mark)
+            raise_for(ret, "fabep_allreduce")
         return out
 
     def _params(self, a, gamma, eps, weight_offset, scale_ub, residual):
@@ -140,11 +139,10 @@ class AllReduce:
             o = _tensor.check(out, "out", (self.dtype,), a.shape)
         except InvalidArgumentError as e:
             self._refuse(e, "rmsnorm")
-        mark = log.seq
         ret = lib.fabep_allreduce_rmsnorm(h, a.ptr, a.shape[0], a.shape[1],
                                           ctypes.byref(p), o.ptr)
         if ret:
-            raise_for(ret, "fabep_allreduce_rmsnorm", mark)
+            raise_for(ret, "fabep_allreduce_rmsnorm")
         return out
 
     def allreduce_rmsnorm_fp8(self, x, gamma, eps=1e-6, weight_offset=0.0,
@@ -166,9 +164,8 @@ class AllReduce:
             s = _tensor.check(scales, "scales", ("fp32",), (a.shape[0],))
         except InvalidArgumentError as e:
             self._refuse(e, "fp8")
-        mark = log.seq
         ret = lib.fabep_allreduce_rmsnorm_fp8(h, a.ptr, a.shape[0], a.shape[1],
                                               ctypes.byref(p), o.ptr, s.ptr)
         if ret:
-            raise_for(ret, "fabep_allreduce_rmsnorm_fp8", mark)
+            raise_for(ret, "fabep_allreduce_rmsnorm_fp8")
         return out, scales

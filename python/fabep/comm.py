@@ -6,15 +6,14 @@ import weakref
 
 from . import _lib
 from . import _tensor
-from .errors import FabepError, invalid, raise_for, log, \
-    start_log_capture
+from .errors import FabepError, invalid, raise_for
 
 lib = _lib.lib
 
 
-def _call(ret, what, mark):
+def _call(ret, what):
     if ret < 0:
-        raise_for(ret, what, mark)
+        raise_for(ret, what)
     return ret
 
 
@@ -147,7 +146,6 @@ class Comm:
     def __init__(self, *, allgather=None, rank=None, size=None, provider=None,
                  domain=None, signal=None, timeout_ms=0, heap_size=0,
                  threads=0, numa_node=-1):
-        start_log_capture()
         self._h = None
         self._handles = weakref.WeakSet()
         a = _lib.CommAttr()
@@ -178,12 +176,11 @@ class Comm:
         if numa_node != -1:
             a.numa_node = numa_node
         h = ctypes.c_void_p()
-        mark = log.seq
         ret = lib.fabep_comm_create(ctypes.byref(a), ctypes.byref(h))
         if ret < 0:
             err = self._cb_error if self._cb is not None else None
             try:
-                raise_for(ret, "fabep_comm_create", mark)
+                raise_for(ret, "fabep_comm_create")
             except FabepError as e:
                 if err is not None:
                     raise e from err
@@ -264,8 +261,7 @@ class Comm:
         for hnd in list(self._handles):
             hnd.close()
         h, self._h = self._h, None
-        mark = log.seq
-        _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy", mark)
+        _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy")
 
     def __enter__(self):
         return self
@@ -341,56 +337,50 @@ class Comm:
     # -- collectives and one-sided operations ---------------------------------
     def barrier(self):
         """Wait until every rank has reached the barrier.  Collective."""
-        mark = log.seq
         ret = lib.fabep_barrier(self._handle())
         if ret:
-            raise_for(ret, "fabep_barrier", mark)
+            raise_for(ret, "fabep_barrier")
 
     def heap_alloc(self, nbytes, align=0):
         """Allocate `nbytes` (zeroed) from the symmetric heap; every rank
         makes the same allocations in the same order.  align: a power of
         two up to 4096 (0 = 64).  Returns a HeapBlock."""
         off = ctypes.c_uint64()
-        mark = log.seq
         _call(lib.fabep_heap_alloc(self._handle(), nbytes, align,
                                    ctypes.byref(off)),
-              "fabep_heap_alloc", mark)
+              "fabep_heap_alloc")
         return HeapBlock(self, off.value, nbytes)
 
     def put(self, peer, dst, src, nbytes):
         """Write nbytes from this rank's heap offset `src` to offset `dst`
         on `peer` (offsets or HeapBlocks).  Returns once posted; call
         flush() before reusing the source."""
-        mark = log.seq
         ret = lib.fabep_put(self._handle(), peer, _off(dst), _off(src), nbytes)
         if ret:
-            raise_for(ret, "fabep_put", mark)
+            raise_for(ret, "fabep_put")
 
     def put_signal(self, peer, dst, src, nbytes, sig, add=1):
         """put(), then add `add` to the uint64 counter at heap offset
         `sig` on `peer`: when the peer sees the counter move, the data is
         there.  nbytes may be 0 (signal only)."""
-        mark = log.seq
         ret = lib.fabep_put_signal(self._handle(), peer, _off(dst), _off(src),
                                    nbytes, _off(sig), add)
         if ret:
-            raise_for(ret, "fabep_put_signal", mark)
+            raise_for(ret, "fabep_put_signal")
 
     def flush(self):
         """Wait until this rank's puts have completed locally."""
-        mark = log.seq
         ret = lib.fabep_flush(self._handle())
         if ret:
-            raise_for(ret, "fabep_flush", mark)
+            raise_for(ret, "fabep_flush")
 
     def wait(self, sig, target):
         """Wait until the local counter at heap offset `sig` reaches
         `target` (counters only grow).  The GIL is released meanwhile.
         Raises fabep.TimeoutError after the communicator's timeout."""
-        mark = log.seq
         ret = lib.fabep_wait(self._handle(), _off(sig), target)
         if ret:
-            raise_for(ret, "fabep_wait", mark)
+            raise_for(ret, "fabep_wait")
 
     def counter(self, sig):
         """The local counter at heap offset `sig` now."""
@@ -398,7 +388,6 @@ class Comm:
 
     def progress(self):
         """Drive the fabric's progress once."""
-        mark = log.seq
         ret = lib.fabep_progress(self._handle())
         if ret < 0:
-            raise_for(ret, "fabep_progress", mark)
+            raise_for(ret, "fabep_progress")

@@ -7,21 +7,15 @@ text of fabep_strerror(), and ``str(err)`` that text followed by the
 messages the library logged for this failure (for a timeout they name
 the peers that never signalled).
 
-The library logs through the C stdio ``stderr`` stream.  To put those
-messages into the exception, the package points that stream at a pipe
-the first time a communicator is made; a thread copies everything to
-the process's real standard error (file descriptor 2) unchanged and
-keeps the recent ``fabep[...] error:`` lines.  Python's own sys.stderr
-is not touched.  Set FABEP_PY_LOG_CAPTURE=0 to leave stderr alone (the
-messages then only go to standard error, and the exception carries the
-code's text alone).
+The messages come from fabep_last_error(3): the library keeps the error
+messages it logged on the calling thread, whatever FABEP_LOG says, and
+the package reads them when a call fails (and drops them where it made
+a C call fail on purpose), so an exception carries the messages of its
+own failure.  Standard error is not touched: the library still prints
+its log there as FABEP_LOG allows.
 """
-import atexit
 import builtins
-import ctypes
 import errno
-import os
-import threading
 
 from . import _lib
 
@@ -127,111 +121,19 @@ def error_class(code):
     return _BY_CODE.get(-code, FabepError)
 
 
-class _LogCapture:
-    """C stderr -> pipe -> fd 2, keeping the library's error lines."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.lines = []     # (sequence number, line) of fabep error lines
-        self.seq = 0        # lines seen so far
-        self.partial = b""
-        self.active = False
-
-    def start(self):
-        libc = ctypes.CDLL(None)
-        var = ctypes.c_void_p.in_dll(libc, "stderr")
-        libc.fdopen.restype = ctypes.c_void_p
-        libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
-        libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_char_p,
-                                 ctypes.c_int, ctypes.c_size_t]
-        libc.fflush.argtypes = [ctypes.c_void_p]
-        r, w = os.pipe()
-        f = libc.fdopen(w, b"w")
-        if not f:
-            os.close(r)
-            os.close(w)
-            return
-        libc.setvbuf(f, None, 1, 0)  # _IOLBF: one write per line
-        os.set_blocking(r, False)
-        self.libc, self.var, self.rfd = libc, var, r
-        self.orig, self.file = var.value, f
-        libc.fflush(ctypes.c_void_p(self.orig))
-        var.value = f
-        self.active = True
-        t = threading.Thread(target=self._run, name="fabep-log", daemon=True)
-        t.start()
-        atexit.register(self.stop)
-
-    def _run(self):
-        import select
-        while self.active:
-            try:
-                select.select([self.rfd], [], [], 0.2)
-            except (OSError, ValueError):
-                return
-            self.drain()
-
-    def drain(self):
-        """Copy what the pipe holds to fd 2 and keep the error lines."""
-        with self.lock:
-            while True:
-                try:
-                    data = os.read(self.rfd, 65536)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    break
-                if not data:
-                    break
-                try:
-                    os.write(2, data)
-                except OSError:
-                    pass
-                data = self.partial + data
-                *full, self.partial = data.split(b"\n")
-                for line in full:
-                    self.seq += 1
-                    if line.startswith(b"fabep[") and b" error: " in line:
-                        self.lines.append((self.seq, line.decode(
-                            errors="replace")))
-                del self.lines[:-32]
-
-    def since(self, mark):
-        """The error lines logged after mark (drains the pipe first)."""
-        if not self.active:
-            return []
-        self.drain()
-        with self.lock:
-            return [l for s, l in self.lines if s > mark]
-
-    def stop(self):
-        if not self.active:
-            return
-        self.libc.fflush(ctypes.c_void_p(self.file))
-        self.var.value = self.orig
-        self.active = False
-        self.drain()
+def logged():
+    """The error messages the library logged on this thread since they
+    were last read (fabep_last_error(3)), one per line; "" if none."""
+    return _lib.lib.fabep_last_error().decode(errors="replace")
 
 
-log = _LogCapture()
-
-
-def start_log_capture():
-    """Route the library's log into exceptions (see the module's text)."""
-    if log.active or os.environ.get("FABEP_PY_LOG_CAPTURE", "1") == "0":
-        return
-    try:
-        log.start()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def raise_for(code, what, mark=None):
-    """Raise the exception for C code `code` from call `what`."""
+def raise_for(code, what):
+    """Raise the exception for C code `code` from call `what`, with the
+    messages the library logged on this thread for the failure."""
     cls = error_class(code)
     text = _lib.lib.fabep_strerror(code).decode(errors="replace")
-    logged = log.since(mark) if mark is not None else []
     msg = "%s: %s" % (what, text)
-    if logged:
-        msg += "\n" + "\n".join(logged)
+    extra = logged()
+    if extra:
+        msg += "\n" + extra
     raise cls(code, msg)

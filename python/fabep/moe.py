@@ -7,7 +7,7 @@ import errno
 from . import _lib
 from . import _tensor
 from .errors import InvalidArgumentError, StaleViewError, invalid, \
-    raise_for, log
+    raise_for, logged
 
 lib = _lib.lib
 
@@ -215,11 +215,10 @@ class MoE:
         self._csent = collections.deque()     # (n, rows) per combine sent
         self._sendbuf = None
         h = ctypes.c_void_p()
-        mark = log.seq
         ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
                                    ctypes.byref(h))
         if ret:
-            raise_for(ret, "fabep_moe_create", mark)
+            raise_for(ret, "fabep_moe_create")
         self._h = h.value
         self._recv = _lib.new_output(_lib.MoeRecv)
         comm._handles.add(self)
@@ -260,6 +259,7 @@ class MoE:
         h, self._h = self._h, None
         self._gen += 1
         lib.fabep_moe_destroy(h)
+        logged()  # not raised: its messages must not reach a later error
 
     def __enter__(self):
         return self
@@ -329,14 +329,14 @@ class MoE:
     def _refuse_dispatch(self, err):
         """Pass a refusal found here to every rank: the C dispatch with
         tokens but no rows fails with -EINVAL on every rank."""
-        mark = log.seq
         ret = lib.fabep_moe_dispatch(self._h, None, None, 1, _NO_IDS_PTR,
                                      None, ctypes.byref(self._recv))
         self._gen += 1
         if ret == 0:  # cannot happen: C refuses NULL rows
             raise err
         if ret != err.code:
-            raise_for(ret, "fabep_moe_dispatch", mark)
+            raise_for(ret, "fabep_moe_dispatch")
+        logged()  # the C call's own messages: err says why
         raise err
 
     @property
@@ -362,12 +362,11 @@ class MoE:
         except InvalidArgumentError as e:
             self._refuse_dispatch(e)
         xp, sp, ip, wp = args
-        mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp,
                                      ctypes.byref(self._recv))
         if ret:
-            raise_for(ret, "fabep_moe_dispatch", mark)
+            raise_for(ret, "fabep_moe_dispatch")
         self._last_n = n
         self._received.append((n, self._recv.rows))
         return self._view()
@@ -384,7 +383,6 @@ class MoE:
             args, n = self._check_dispatch(x, topk_ids, topk_weights, scales)
         except InvalidArgumentError as e:
             self._refuse_dispatch(e)
-        mark = log.seq
         self._gen += 1
         self._sendbuf = None
         ret = lib.fabep_moe_dispatch_send(h, args[0], args[1], n, args[2],
@@ -393,7 +391,7 @@ class MoE:
             # a refused send half has completed the call with every
             # rank (the peers' dispatch_recv raises the same error):
             # nothing is owed
-            raise_for(ret, "fabep_moe_dispatch_send", mark)
+            raise_for(ret, "fabep_moe_dispatch_send")
         self._last_n = n
         self._sent.append(n)
         return None
@@ -402,12 +400,11 @@ class MoE:
         """Receive half of dispatch: wait for every peer's rows and return
         the RecvView."""
         h = self._handle()
-        mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_dispatch_recv(h, ctypes.byref(self._recv))
         n = self._sent.popleft() if self._sent else 0
         if ret:
-            raise_for(ret, "fabep_moe_dispatch_recv", mark)
+            raise_for(ret, "fabep_moe_dispatch_recv")
         self._received.append((n, self._recv.rows))
         return self._view()
 
@@ -426,12 +423,11 @@ class MoE:
         h = self._handle()
         xp, stride = ctypes.c_void_p(), ctypes.c_size_t()
         sp, sstride = ctypes.c_void_p(), ctypes.c_size_t()
-        mark = log.seq
         ret = lib.fabep_moe_send_buffer(h, ctypes.byref(xp),
                                         ctypes.byref(stride), ctypes.byref(sp),
                                         ctypes.byref(sstride))
         if ret:
-            raise_for(ret, "fabep_moe_send_buffer", mark)
+            raise_for(ret, "fabep_moe_send_buffer")
         kind = kind or self._output or self._kind
         x = _tensor.view(kind, xp.value, (self.max_tokens, self.hidden),
                          self._x_dt, self, row_stride=stride.value)
@@ -465,7 +461,6 @@ class MoE:
         return out, a.ptr, a.ld
 
     def _refuse_combine(self, err):
-        mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None, 0,
                                     _lib.ROW_FN(), None)
@@ -473,7 +468,8 @@ class MoE:
         if ret and ret != -errno.EINVAL and self._received:
             self._received.popleft()
         if ret and ret != err.code:
-            raise_for(ret, "fabep_moe_combine", mark)
+            raise_for(ret, "fabep_moe_combine")
+        logged()  # the C call's own messages: err says why
         raise err
 
     def combine(self, y, out=None, weighted=True, row_callback=None):
@@ -500,7 +496,6 @@ class MoE:
         except InvalidArgumentError as e:
             self._refuse_combine(e)
         cb, holder = self._row_cb(row_callback, out)
-        mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_combine(h, yp, ld_y, 0 if weighted else
                                     _lib.MOE_UNWEIGHTED, op, ld_out, cb, None)
@@ -509,7 +504,7 @@ class MoE:
         if self._received and ret != -errno.EINVAL:
             self._received.popleft()
         if ret:
-            raise_for(ret, "fabep_moe_combine", mark)
+            raise_for(ret, "fabep_moe_combine")
         if holder and holder[0] is not None:
             raise holder[0]
         return out
@@ -525,7 +520,6 @@ class MoE:
             yp, ld_y = self._check_y(y)
         except InvalidArgumentError as e:
             self._refuse_combine(e)
-        mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_combine_send(h, yp, ld_y, 0 if weighted else
                                          _lib.MOE_UNWEIGHTED)
@@ -534,7 +528,7 @@ class MoE:
             # a refused combine (-EINVAL) keeps its dispatch received
             if ret != -errno.EINVAL and self._received:
                 self._received.popleft()
-            raise_for(ret, "fabep_moe_combine_send", mark)
+            raise_for(ret, "fabep_moe_combine_send")
         self._csent.append(self._received.popleft() if self._received
                            else (0, 0))
         self._ylike = _tensor.kind_of(y) or self._kind
@@ -549,7 +543,6 @@ class MoE:
         out, op, ld_out = self._check_out(out, n, getattr(self, "_ylike",
                                                           self._kind))
         cb, holder = self._row_cb(row_callback, out)
-        mark = log.seq
         self._gen += 1
         ret = lib.fabep_moe_combine_recv(h, op, ld_out, cb, None)
         sent = self._csent.popleft() if self._csent else None
@@ -557,7 +550,7 @@ class MoE:
             # refused on some rank: the dispatch stays received
             self._received.appendleft(sent)
         if ret:
-            raise_for(ret, "fabep_moe_combine_recv", mark)
+            raise_for(ret, "fabep_moe_combine_recv")
         if holder and holder[0] is not None:
             raise holder[0]
         return out
@@ -592,10 +585,9 @@ class MoE:
     def timing(self):
         """Timing of this rank's last dispatch and combine (not collective)."""
         t = _lib.new_output(_lib.MoeTiming)
-        mark = log.seq
         ret = lib.fabep_moe_timing(self._handle(), ctypes.byref(t))
         if ret:
-            raise_for(ret, "fabep_moe_timing", mark)
+            raise_for(ret, "fabep_moe_timing")
         return Timing(*(getattr(t, f) for f in _lib.TIMING_FIELDS))
 
 

@@ -162,6 +162,60 @@ def test_lost_rank_is_named(mode, cls):
         assert "rank 1" in msg or "ranks 1" in msg or "peer 1" in msg, msg
 
 
+def _text_body(me, nranks):
+    import ctypes
+    import tempfile
+    import fabep
+    libc = ctypes.CDLL(None)
+    before = ctypes.c_void_p.in_dll(libc, "stderr").value
+    comm = fabep.Comm.from_env()
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    x, ids, w = tokens(me, 4, H, E, K, 5)
+    xb = x.bfloat16()
+    bad = _oob(ids) if me == 1 else ids
+    # the library prints to fd 2 itself, and the exception says why too
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            with pytest.raises(fabep.RangeError) as ei:
+                moe.dispatch(xb, bad, w)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        printed = f.read().decode(errors="replace")
+    first = str(ei.value)
+    # refused in Python (dtype on rank 1): no C text, none of the last one
+    with pytest.raises(fabep.InvalidArgumentError) as ei:
+        moe.dispatch(x if me == 1 else xb, ids, w)
+    refused = str(ei.value)
+    # the next C failure carries its own messages only
+    with pytest.raises(fabep.RangeError) as ei:
+        moe.dispatch(xb, bad, w)
+    again = str(ei.value)
+    v = moe.dispatch(xb, ids, w)
+    moe.combine(v.x.clone())
+    comm.close()
+    untouched = ctypes.c_void_p.in_dll(libc, "stderr").value == before
+    return untouched, printed, first, refused, again
+
+
+def test_error_text_from_the_library():
+    """The exception carries the library's messages of its own failure
+    (fabep_last_error) and of no other; C's stderr is left alone."""
+    res = ranks.run(2, _text_body, timeout=60)
+    for me, (untouched, printed, first, refused, again) in enumerate(res):
+        why = "expert id" if me == 1 else "rank 1 rejected its input"
+        assert untouched, "C stderr was redirected"
+        assert why in printed, printed
+        assert first.count(why) == 1, first
+        assert again.count(why) == 1, again
+        assert "expert id" not in refused, refused
+        assert "out of range" not in refused, refused
+        assert "NULL tokens" not in refused + again, (refused, again)
+
+
 def test_error_classes():
     import errno
     import fabep
