@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 pkgs="build-essential autoconf automake libtool pkg-config libfabric-dev
 libfabric-bin librdmacm-dev libibverbs-dev libnuma-dev check
-python3 python3-numpy python3-torch python3-pytest"
+python3 python3-numpy python3-torch python3-pytest openmpi-bin libopenmpi-dev"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
