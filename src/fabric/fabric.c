@@ -425,28 +425,14 @@ void fep_shm_remove_regions(pid_t pid)
 	closedir(d);
 }
 
-int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
+/*
+ * Choose the signal strategy: the one asked for, or the provider's best.
+ * Without cma between every pair of ranks, cma is taken out first.
+ * Writes why it was chosen into why.
+ */
+static int fep_signal_select(const struct fep_fab_params *p, fep_fabric_t *fab,
+			     char *why, size_t whylen)
 {
-	fep_fabric_t *fab;
-	struct fi_info *base = NULL, *info = NULL;
-	struct fi_cq_attr cq_attr = { 0 };
-	struct fi_av_attr av_attr = { 0 };
-	unsigned probe = 0;
-	char why[192];
-	int ret;
-
-	fab = calloc(1, sizeof(*fab));
-	if (!fab)
-		return -ENOMEM;
-	fab->rank = p->rank;
-	fab->size = p->size;
-	fab->timeout_ms = p->timeout_ms;
-	fab->nchan = 1;
-
-	ret = fep_choose_info(p, &base);
-	if (ret)
-		goto err_free;
-	fep_fabric_describe(base, &fab->desc);
 	if (!p->cma_peers && (fab->desc.signals & (1u << FABEP_SIGNAL_CMA))) {
 		/* some rank cannot process_vm_writev some other: shm would
 		 * take its receiver-driven path, where a local completion
@@ -460,13 +446,12 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 
 	if (p->signal == FABEP_SIGNAL_AUTO) {
 		fab->signal = fab->desc.signal;
-		snprintf(why, sizeof(why), "%s", fab->desc.signal_why);
+		snprintf(why, whylen, "%s", fab->desc.signal_why);
 		if (!fab->signal) {
 			fep_err("provider %s (domain %s) offers no way to signal: "
 				"no usable atomics and no remote CQ data",
 				fab->desc.provider, fab->desc.domain);
-			ret = -FABEP_ERR_NO_SIGNAL;
-			goto err_info;
+			return -FABEP_ERR_NO_SIGNAL;
 		}
 	} else {
 		if (!(fab->desc.signals & (1u << p->signal))) {
@@ -479,12 +464,24 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 				(fab->desc.signals & (1u << FABEP_SIGNAL_DELIVERY)) ? " delivery" : "",
 				(fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA)) ? " cqdata" : "",
 				(fab->desc.signals & (1u << FABEP_SIGNAL_CMA)) ? " cma" : "");
-			ret = -FABEP_ERR_NO_SIGNAL;
-			goto err_info;
+			return -FABEP_ERR_NO_SIGNAL;
 		}
 		fab->signal = p->signal;
-		snprintf(why, sizeof(why), "requested");
+		snprintf(why, whylen, "requested");
 	}
+	return 0;
+}
+
+/*
+ * Ask the provider again for the capabilities fab->signal needs.  Returns
+ * the granted fi_info in *out, or an error with nothing to free.
+ */
+static int fep_signal_probe(fep_fabric_t *fab, const struct fi_info *base,
+			    struct fi_info **out)
+{
+	struct fi_info *info;
+	unsigned probe;
+
 	switch (fab->signal) {
 	case FABEP_SIGNAL_ORDERED: probe = PROBE_ATOMIC | PROBE_ORDER; break;
 	case FABEP_SIGNAL_FENCE: probe = PROBE_ATOMIC | PROBE_FENCE; break;
@@ -496,8 +493,7 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	if (!info) {
 		fep_err("provider %s refused the capabilities of signal strategy %s",
 			fab->desc.provider, fep_signal_name(fab->signal));
-		ret = -FABEP_ERR_NO_SIGNAL;
-		goto err_info;
+		return -FABEP_ERR_NO_SIGNAL;
 	}
 	/* cma relies on shm's fast path, which its domain takes only with
 	 * FI_MR_VIRT_ADDR and no RMA ordering (smr_fast_rma_enabled), and
@@ -515,9 +511,17 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 			(unsigned long long)info->tx_attr->msg_order,
 			info->domain_attr->mr_mode,
 			(unsigned long long)info->tx_attr->op_flags);
-		ret = -FABEP_ERR_NO_SIGNAL;
-		goto err_info;
+		fi_freeinfo(info);
+		return -FABEP_ERR_NO_SIGNAL;
 	}
+	*out = info;
+	return 0;
+}
+
+/* Keep the granted info and the limits the data path reads from it. */
+static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
+				 const char *why)
+{
 	fab->info = info;
 	fab->inject_size = info->tx_attr->inject_size;
 	fab->max_msg_size = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : SIZE_MAX;
@@ -537,26 +541,52 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 		 info->fabric_attr->name, info->domain_attr->name,
 		 fep_signal_name(fab->signal), why, fab->mr_mode,
 		 fab->inject_size, fab->max_msg_size);
+}
+
+/* Open fab->fabric and fab->domain; on error neither is left open. */
+static int fep_fabric_open_domain(const struct fep_fab_params *p,
+				  fep_fabric_t *fab)
+{
+	struct fi_info *info = fab->info;
+	int ret;
 
 	if (prov_is(info->fabric_attr->prov_name, "shm") && !p->heap_of)
 		fep_shm_remove_regions(getpid());
 	ret = fi_fabric(info->fabric_attr, &fab->fabric, NULL);
 	if (ret) {
 		fep_err("fi_fabric(%s): %s", info->fabric_attr->prov_name, fi_strerror(-ret));
-		goto err_info;
+		return ret;
 	}
 	ret = fi_domain(fab->fabric, info, &fab->domain, NULL);
 	if (ret) {
 		fep_err("fi_domain(%s): %s", info->domain_attr->name, fi_strerror(-ret));
 		goto err_fabric;
 	}
+	return 0;
+
+err_fabric:
+	fi_close(&fab->fabric->fid);
+	return ret;
+}
+
+/*
+ * Open the completion queues, the address vector and the endpoint, and bind
+ * them together; on error none is left open.
+ */
+static int fep_fabric_open_ep(const struct fep_fab_params *p, fep_fabric_t *fab)
+{
+	struct fi_info *info = fab->info;
+	struct fi_cq_attr cq_attr = { 0 };
+	struct fi_av_attr av_attr = { 0 };
+	int ret;
+
 	cq_attr.format = FI_CQ_FORMAT_DATA;
 	cq_attr.wait_obj = FI_WAIT_NONE;
 	cq_attr.size = FEP_MAX(info->tx_attr->size, 1024);
 	ret = fi_cq_open(fab->domain, &cq_attr, &fab->txcq, NULL);
 	if (ret) {
 		fep_err("fi_cq_open(tx): %s", fi_strerror(-ret));
-		goto err_domain;
+		return ret;
 	}
 	/* remote CQ data: one entry per signal from every sender */
 	cq_attr.size = FEP_MAX(FEP_MAX(info->rx_attr->size, 1024),
@@ -584,9 +614,32 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 		fep_err("fi_ep_bind: %s", fi_strerror(-ret));
 		goto err_ep;
 	}
+	return 0;
+
+err_ep:
+	fi_close(&fab->ep->fid);
+err_av:
+	fi_close(&fab->av->fid);
+err_rxcq:
+	fi_close(&fab->rxcq->fid);
+err_txcq:
+	fi_close(&fab->txcq->fid);
+	return ret;
+}
+
+/*
+ * Memory the endpoint works on: the operation pool and the symmetric heap
+ * (this channel's own or shared with channel 0), registered and bound once
+ * the endpoint is enabled.  On error neither is left.
+ */
+static int fep_fabric_open_memory(const struct fep_fab_params *p,
+				  fep_fabric_t *fab)
+{
+	int ret;
+
 	ret = fep_ops_create(fab);
 	if (ret)
-		goto err_ep;
+		return ret;
 	ret = p->heap_of ? fep_heap_share(fab, p->heap_of) :
 		fep_heap_create(fab, p->heap_size, p->numa_node);
 	if (ret)
@@ -599,13 +652,6 @@ int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
 	ret = fep_heap_bind(fab);
 	if (ret)
 		goto err_heap;
-	fab->peers = calloc((size_t)p->size, sizeof(*fab->peers));
-	if (!fab->peers) {
-		ret = -ENOMEM;
-		goto err_heap;
-	}
-	fi_freeinfo(base);
-	*out = fab;
 	return 0;
 
 err_heap:
@@ -614,23 +660,71 @@ err_ops:
 	if (fab->ops_mr)
 		fi_close(&fab->ops_mr->fid);
 	free(fab->ops);
+	return ret;
+}
+
+int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out)
+{
+	fep_fabric_t *fab;
+	struct fi_info *base = NULL, *info = NULL;
+	char why[192];
+	int ret;
+
+	fab = calloc(1, sizeof(*fab));
+	if (!fab)
+		return -ENOMEM;
+	fab->rank = p->rank;
+	fab->size = p->size;
+	fab->timeout_ms = p->timeout_ms;
+	fab->nchan = 1;
+
+	ret = fep_choose_info(p, &base);
+	if (ret)
+		goto err_free;
+	fep_fabric_describe(base, &fab->desc);
+	ret = fep_signal_select(p, fab, why, sizeof(why));
+	if (ret)
+		goto err_base;
+	ret = fep_signal_probe(fab, base, &info);
+	if (ret)
+		goto err_base;
+	fep_fabric_take_info(fab, info, why);
+
+	ret = fep_fabric_open_domain(p, fab);
+	if (ret)
+		goto err_info;
+	ret = fep_fabric_open_ep(p, fab);
+	if (ret)
+		goto err_domain;
+	ret = fep_fabric_open_memory(p, fab);
+	if (ret)
+		goto err_ep;
+	fab->peers = calloc((size_t)p->size, sizeof(*fab->peers));
+	if (!fab->peers) {
+		ret = -ENOMEM;
+		goto err_memory;
+	}
+	fi_freeinfo(base);
+	*out = fab;
+	return 0;
+
+err_memory:
+	fep_heap_destroy(fab);
+	if (fab->ops_mr)
+		fi_close(&fab->ops_mr->fid);
+	free(fab->ops);
 err_ep:
 	fi_close(&fab->ep->fid);
-err_av:
 	fi_close(&fab->av->fid);
-err_rxcq:
 	fi_close(&fab->rxcq->fid);
-err_txcq:
 	fi_close(&fab->txcq->fid);
 err_domain:
 	fi_close(&fab->domain->fid);
-err_fabric:
 	fi_close(&fab->fabric->fid);
 err_info:
-	if (info)
-		fi_freeinfo(info);
-	if (base)
-		fi_freeinfo(base);
+	fi_freeinfo(info);
+err_base:
+	fi_freeinfo(base);
 err_free:
 	free(fab);
 	return ret;
