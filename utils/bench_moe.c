@@ -380,357 +380,448 @@ static void mc_stop(void)
 	t->started = 0;
 }
 
-int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
-{
-	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm);
-	int do_d = strcmp(o->op, "combine") != 0, do_c = strcmp(o->op, "dispatch") != 0;
+/* One run of bench_moe: its configuration, the tokens, the per-iteration
+ * times and the byte counts its steps share. */
+struct moe_bench {
+	fabep_comm_t *comm;
+	const struct bench_opts *o;
+	int rank, size, do_d, do_c, sbuf, pre, fp8, L;
 	fabep_moe_config_t cfg;
-	fabep_moe_t *moe = NULL;
-	fabep_moe_recv_t rv = { .size = sizeof(rv) };
-	long iters = o->iters > 0 ? o->iters : 20;
-	long warmup = o->warmup >= 0 ? o->warmup : 3, it, citers;
-	size_t n, H, k, t, j, h, elt, rec, maxrun = 0, *dbytes = NULL;
-	size_t bytes = 0, nsc, slot, *cbytes = NULL;
-	uint64_t seed = 0x5eedull + (uint64_t)rank * 0x9e3779b97f4a7c15ull;
-	uint64_t *lat = NULL, *ref = NULL, *wire = NULL, *loc = NULL, *mcp = NULL, t0;
-	uint64_t *putt = NULL;  /* rank 0's put part of wire */
-	uint64_t *cref = NULL, *lref = NULL, *oref = NULL;
-	size_t *plen = NULL, *rlen = NULL;
-	const void *din;
-	int sbuf, pre, fp8;
-	long expert_us = 0;  /* FABEP_BENCH_EXPERT_US */
-	uint8_t *xq = NULL;   /* fp8pre: the tokens' codes [n, H] */
-	char *x0 = NULL;      /* the tokens as made, rewritten before each call */
-	size_t xbytes, xqbytes;
-	float *xs = NULL;     /* fp8pre: their scales [n, nsc] */
+	fabep_moe_t *moe;
+	fabep_moe_recv_t rv;
+	fabep_moe_timing_t tm;
+	long iters, warmup, citers;
+	long expert_us;       /* FABEP_BENCH_EXPERT_US */
+	size_t n, H, k, elt, rec, nsc, slot, crow;
+	size_t maxrun, bytes, xbytes, xqbytes, evsz, ptl;
+	size_t recs_all, dtok_all, lbytes, fbytes;
+	uint64_t seed;
+	uint64_t *lat, *ref, *wire, *loc, *mcp, *cref, *lref, *oref;
+	uint64_t *putt;       /* rank 0's put part of wire */
+	size_t *plen, *rlen, *dbytes, *cbytes;
+	uint8_t *xq;          /* fp8pre: the tokens' codes [n, H] */
+	char *x0;             /* the tokens as made, rewritten before each call */
+	float *xs;            /* fp8pre: their scales [n, nsc] */
 	float lut[256];
-	char *evict = NULL;
-	size_t evsz = 0;
-	struct ref_mode lrm = { 0 };  /* the live reference's buffers */
-	fabep_moe_timing_t tm = { .size = sizeof(tm) };
-	size_t recs_all = 0, dtok_all = 0, ptl = 0, lbytes = 0, fbytes = 0;
-	char *mbuf = NULL;
-	int32_t *ids = NULL;
-	float *w = NULL;
-	uint16_t *x = NULL, *outb = NULL, *y = NULL;
+	char *evict, *mbuf, *seen;
+	struct ref_mode lrm;  /* the live reference's buffers */
+	int32_t *ids;
+	float *w;
+	uint16_t *x, *outb, *y;
 	fabep_off_t rsrc, rdst, flags, fctr, tbuf, tctr, lens, lctr;
-	int ret, ok = 1, all_ok = 1, e, d, L;
-	char *seen = NULL;
+	int ok, all_ok;
+};
 
-	bench_cfg(o, &cfg);
+/* The configuration from the options and the environment, and the
+ * handle; nothing to free on failure. */
+static int mb_setup(struct moe_bench *s)
+{
+	fabep_moe_config_t *cfg = &s->cfg;
+	int ret;
+
+	bench_cfg(s->o, cfg);
 	{
 		const char *e = getenv("FABEP_BENCH_SEND_BUFFER");
 
-		sbuf = e && *e && strcmp(e, "0") && cfg.token_type != FABEP_MOE_FP8;
-		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &expert_us) < 0)
+		s->sbuf = e && *e && strcmp(e, "0") && cfg->token_type != FABEP_MOE_FP8;
+		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &s->expert_us) < 0)
 			return -EINVAL;  /* logged */
 	}
-	n = (size_t)cfg.max_tokens;
-	H = cfg.hidden;
-	k = (size_t)cfg.top_k;
-	L = cfg.num_experts / (size > 0 ? size : 1);
-	if (cfg.num_experts % size || cfg.top_k > cfg.num_experts) {
+	s->n = (size_t)cfg->max_tokens;
+	s->H = cfg->hidden;
+	s->k = (size_t)cfg->top_k;
+	s->L = cfg->num_experts / (s->size > 0 ? s->size : 1);
+	if (cfg->num_experts % s->size || cfg->top_k > cfg->num_experts) {
 		fprintf(stderr, "%s: -e %d experts must be a multiple of %d ranks and "
-			"at least -k %d\n", tool_name, cfg.num_experts, size, cfg.top_k);
+			"at least -k %d\n", tool_name, cfg->num_experts, s->size,
+			cfg->top_k);
 		return -EINVAL;
 	}
-	ret = fabep_moe_create(comm, &cfg, &moe);
+	ret = fabep_moe_create(s->comm, cfg, &s->moe);
 	if (ret) {
-		if (ret == -FABEP_ERR_HEAP_FULL && !rank)
+		if (ret == -FABEP_ERR_HEAP_FULL && !s->rank)
 			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
-				bench_moe_heap_bytes(o, size));
+				bench_moe_heap_bytes(s->o, s->size));
 		return tool_fail("fabep_moe_create", ret);
 	}
-	pre = cfg.token_type == FABEP_MOE_FP8_PREQUANT;
-	fp8 = cfg.token_type == FABEP_MOE_FP8 || pre;
-	nsc = fp8 ? (H + 127) / 128 : 0;
-	elt = cfg.token_type == FABEP_MOE_FP32 ? 4 : cfg.token_type == FABEP_MOE_BF16 ? 2 : 1;
-	rec = (8 + 8 * k + 4 * nsc + 15) / 16 * 16 + elt * H;
+	s->pre = cfg->token_type == FABEP_MOE_FP8_PREQUANT;
+	s->fp8 = cfg->token_type == FABEP_MOE_FP8 || s->pre;
+	s->nsc = s->fp8 ? (s->H + 127) / 128 : 0;
+	s->elt = cfg->token_type == FABEP_MOE_FP32 ? 4 :
+		cfg->token_type == FABEP_MOE_BF16 ? 2 : 1;
+	s->rec = (8 + 8 * s->k + 4 * s->nsc + 15) / 16 * 16 + s->elt * s->H;
+	s->crow = s->H * (cfg->combine_type == FABEP_MOE_FP32 ? 4 : 2);
+	return 0;
+}
 
-	ids = malloc(n * k * sizeof(*ids) + 1);
-	w = malloc(n * k * sizeof(*w) + 1);
-	x = malloc(n * H * 4 + 4);
-	xq = malloc(n * H + 1);
-	xs = malloc(n * ((H + 127) / 128) * sizeof(float) + 4);
-	e4m3_lut(lut);
-	outb = malloc(n * H * 4 + 4);
-	lat = calloc((size_t)iters + 1, sizeof(*lat));
-	wire = calloc((size_t)iters + 1, sizeof(*wire));
-	putt = calloc((size_t)iters + 1, sizeof(*putt));
-	loc = calloc((size_t)iters + 1, sizeof(*loc));
-	mcp = calloc((size_t)iters + 1, sizeof(*mcp));
-	ref = calloc((size_t)iters + 1, sizeof(*ref));
-	cref = calloc((size_t)iters + 1, sizeof(*cref));
-	lref = calloc((size_t)iters + 1, sizeof(*lref));
-	oref = calloc((size_t)iters + 1, sizeof(*oref));
-	plen = calloc((size_t)size, sizeof(*plen));
-	rlen = calloc((size_t)size, sizeof(*rlen));
-	dbytes = calloc((size_t)size, sizeof(*dbytes));
-	seen = calloc((size_t)size, 1);
-	cbytes = calloc((size_t)size, sizeof(*cbytes));
-	xbytes = n * H * (cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
-	xqbytes = pre ? n * H + n * nsc * sizeof(float) : 0;
-	x0 = malloc(xbytes + xqbytes + 1);
-	if (!x0 || !xq || !xs || !cbytes || !cref || !lref || !oref || !rlen || !plen || !ids || !w || !x || !outb || !lat || !ref || !dbytes || !seen ||
-	    !wire || !putt || !loc || !mcp) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	/* tokens, distinct experts per token, weights */
+/* The host buffers: tokens, routing, outputs and per-iteration times. */
+static int mb_alloc(struct moe_bench *s)
+{
+	size_t n = s->n, H = s->H, k = s->k, ni = (size_t)s->iters + 1;
+	size_t size = (size_t)s->size;
+
+	s->ids = malloc(n * k * sizeof(*s->ids) + 1);
+	s->w = malloc(n * k * sizeof(*s->w) + 1);
+	s->x = malloc(n * H * 4 + 4);
+	s->xq = malloc(n * H + 1);
+	s->xs = malloc(n * ((H + 127) / 128) * sizeof(float) + 4);
+	e4m3_lut(s->lut);
+	s->outb = malloc(n * H * 4 + 4);
+	s->lat = calloc(ni, sizeof(*s->lat));
+	s->wire = calloc(ni, sizeof(*s->wire));
+	s->putt = calloc(ni, sizeof(*s->putt));
+	s->loc = calloc(ni, sizeof(*s->loc));
+	s->mcp = calloc(ni, sizeof(*s->mcp));
+	s->ref = calloc(ni, sizeof(*s->ref));
+	s->cref = calloc(ni, sizeof(*s->cref));
+	s->lref = calloc(ni, sizeof(*s->lref));
+	s->oref = calloc(ni, sizeof(*s->oref));
+	s->plen = calloc(size, sizeof(*s->plen));
+	s->rlen = calloc(size, sizeof(*s->rlen));
+	s->dbytes = calloc(size, sizeof(*s->dbytes));
+	s->seen = calloc(size, 1);
+	s->cbytes = calloc(size, sizeof(*s->cbytes));
+	s->xbytes = n * H * (s->cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
+	s->xqbytes = s->pre ? n * H + n * s->nsc * sizeof(float) : 0;
+	s->x0 = malloc(s->xbytes + s->xqbytes + 1);
+	if (!s->x0 || !s->xq || !s->xs || !s->cbytes || !s->cref || !s->lref ||
+	    !s->oref || !s->rlen || !s->plen || !s->ids || !s->w || !s->x ||
+	    !s->outb || !s->lat || !s->ref || !s->dbytes || !s->seen ||
+	    !s->wire || !s->putt || !s->loc || !s->mcp)
+		return -ENOMEM;
+	return 0;
+}
+
+/* Random tokens, distinct experts per token and their weights; the bytes
+ * dispatch puts to each peer; a copy of the tokens to remake them from. */
+static void mb_make_tokens(struct moe_bench *s)
+{
+	size_t n = s->n, H = s->H, k = s->k, nsc = s->nsc, t, j, h;
+	int d;
+
 	for (t = 0; t < n; t++) {
 		size_t nd = 0;
 
-		memset(seen, 0, (size_t)size);
+		memset(s->seen, 0, (size_t)s->size);
 		for (j = 0; j < k; j++) {
 			int32_t ex;
 			size_t q;
 
 			do {
-				ex = (int32_t)(rnd(&seed) % (uint64_t)cfg.num_experts);
-				for (q = 0; q < j && ids[t * k + q] != ex; q++)
+				ex = (int32_t)(rnd(&s->seed) % (uint64_t)s->cfg.num_experts);
+				for (q = 0; q < j && s->ids[t * k + q] != ex; q++)
 					;
 			} while (q < j);
-			ids[t * k + j] = ex;
-			w[t * k + j] = (float)(rnd(&seed) % 1000) / 1000.0f + 0.01f;
-			d = ex / L;
-			if (!seen[d]) {
-				seen[d] = 1;
+			s->ids[t * k + j] = ex;
+			s->w[t * k + j] = (float)(rnd(&s->seed) % 1000) / 1000.0f + 0.01f;
+			d = ex / s->L;
+			if (!s->seen[d]) {
+				s->seen[d] = 1;
 				nd++;
-				if (d != rank)
-					dbytes[d] += rec;
+				if (d != s->rank)
+					s->dbytes[d] += s->rec;
 			}
 		}
-		recs_all += nd;  /* records packed, self included */
+		s->recs_all += nd;  /* records packed, self included */
 		for (h = 0; h < H; h++) {
-			float v = (float)((int)(rnd(&seed) % 2001) - 1000) / 500.0f;
+			float v = (float)((int)(rnd(&s->seed) % 2001) - 1000) / 500.0f;
 
-			if (pre) {  /* a code and its value (exact in bf16) */
-				int c = (int)(rnd(&seed) % 254);
+			if (s->pre) {  /* a code and its value (exact in bf16) */
+				int c = (int)(rnd(&s->seed) % 254);
 
 				c += c >= 0x7f;
-				xq[t * H + h] = (uint8_t)c;
+				s->xq[t * H + h] = (uint8_t)c;
 				if (h % 128 == 0)
-					xs[t * nsc + h / 128] = 1.0f / 64;
-				v = lut[c] / 64;
+					s->xs[t * nsc + h / 128] = 1.0f / 64;
+				v = s->lut[c] / 64;
 			}
-			if (cfg.token_type == FABEP_MOE_FP32)
-				((float *)x)[t * H + h] = v;
+			if (s->cfg.token_type == FABEP_MOE_FP32)
+				((float *)s->x)[t * H + h] = v;
 			else
-				x[t * H + h] = f2bf(v);
+				s->x[t * H + h] = f2bf(v);
 		}
 	}
-	for (d = 0; d < size; d++)
-		if (d != rank) {
-			dbytes[d] += 64;
-			maxrun = dbytes[d] > maxrun ? dbytes[d] : maxrun;
+	for (d = 0; d < s->size; d++)
+		if (d != s->rank) {
+			s->dbytes[d] += 64;
+			s->maxrun = s->dbytes[d] > s->maxrun ? s->dbytes[d] : s->maxrun;
 		}
 	/* the layer before makes the tokens just before each call, as the
 	 * live reference rewrites its source: a copy to remake them from */
-	memcpy(x0, x, xbytes);
-	if (pre) {
-		memcpy(x0 + xbytes, xq, n * H);
-		memcpy(x0 + xbytes + n * H, xs, n * nsc * sizeof(float));
+	memcpy(s->x0, s->x, s->xbytes);
+	if (s->pre) {
+		memcpy(s->x0 + s->xbytes, s->xq, n * H);
+		memcpy(s->x0 + s->xbytes + n * H, s->xs, n * nsc * sizeof(float));
 	}
-	slot = n * (rec + H * 4) + 256;
-	if ((ret = fabep_heap_alloc(comm, slot, 64, &rsrc)) ||
-	    (ret = fabep_heap_alloc(comm, slot * (size_t)size, 64, &rdst)) ||
-	    (ret = fabep_heap_alloc(comm, 8 * (size_t)size, 64, &flags)) ||
-	    (ret = fabep_heap_alloc(comm, 8, 64, &fctr)) ||
-	    (ret = fabep_heap_alloc(comm, 6 * (size_t)size * 8 * (size_t)iters, 64,
-				    &tbuf)) ||
-	    (ret = fabep_heap_alloc(comm, 16 * (size_t)size, 64, &lens)) ||
-	    (ret = fabep_heap_alloc(comm, 8, 64, &lctr)) ||
-	    (ret = fabep_heap_alloc(comm, 8, 64, &tctr))) {
-		if (!rank)
+}
+
+/* The symmetric-heap buffers of the references and the gathers. */
+static int mb_heap(struct moe_bench *s)
+{
+	fabep_comm_t *comm = s->comm;
+	size_t size = (size_t)s->size;
+	int ret;
+
+	s->slot = s->n * (s->rec + s->H * 4) + 256;
+	if ((ret = fabep_heap_alloc(comm, s->slot, 64, &s->rsrc)) ||
+	    (ret = fabep_heap_alloc(comm, s->slot * size, 64, &s->rdst)) ||
+	    (ret = fabep_heap_alloc(comm, 8 * size, 64, &s->flags)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 64, &s->fctr)) ||
+	    (ret = fabep_heap_alloc(comm, 6 * size * 8 * (size_t)s->iters, 64,
+				    &s->tbuf)) ||
+	    (ret = fabep_heap_alloc(comm, 16 * size, 64, &s->lens)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 64, &s->lctr)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 64, &s->tctr))) {
+		if (!s->rank)
 			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
-				bench_moe_heap_bytes(o, size));
+				bench_moe_heap_bytes(s->o, s->size));
 		tool_fail("fabep_heap_alloc", ret);
-		goto out;
 	}
+	return ret;
+}
 
-	for (it = -warmup; it < iters; it++) {
-		size_t crow = H * (cfg.combine_type == FABEP_MOE_FP32 ? 4 : 2);
-		const float *dsc = pre ? xs : NULL;
+/* Remake the tokens before a call (untimed): in the send buffer when the
+ * caller makes them there, else in its own buffers.  Sets the input. */
+static int mb_prep_input(struct moe_bench *s, const void **din,
+			 const float **dsc)
+{
+	size_t n = s->n, H = s->H, nsc = s->nsc, t;
 
-		din = pre ? (const void *)xq : (const void *)x;
-		if (sbuf) {
-			/* the caller makes its tokens in the send buffer (untimed) */
-			void *bx;
-			float *bs;
-			size_t st, sst, rb = H * elt;
+	*din = s->pre ? (const void *)s->xq : (const void *)s->x;
+	*dsc = s->pre ? s->xs : NULL;
+	if (s->sbuf) {
+		/* the caller makes its tokens in the send buffer (untimed) */
+		void *bx;
+		float *bs;
+		size_t st, sst, rb = H * s->elt;
+		int ret = fabep_moe_send_buffer(s->moe, &bx, &st, &bs, &sst);
 
-			ret = fabep_moe_send_buffer(moe, &bx, &st, &bs, &sst);
-			if (ret)
-				goto fail_call;
-			for (t = 0; t < n; t++) {
-				memcpy((char *)bx + t * st, (const char *)din + t * rb, rb);
-				if (pre)
-					memcpy(bs + t * sst, xs + t * nsc, nsc * sizeof(float));
-			}
-			din = bx;
-			dsc = pre ? bs : NULL;
-		} else if (pre) {
-			memcpy(xq, x0 + xbytes, n * H);
-			memcpy(xs, x0 + xbytes + n * H, n * nsc * sizeof(float));
-		} else {
-			memcpy(x, x0, xbytes);
-		}
-		ret = fabep_barrier(comm);
 		if (ret)
-			goto fail_call;
-		t0 = tool_now_ns();
-		ret = fabep_moe_dispatch(moe, din, dsc, n, ids, w, &rv);
-		if (ret)
-			goto fail_call;
-		if (do_d && it >= 0) {
-			lat[it] = tool_now_ns() - t0;
-			fabep_moe_timing(moe, &tm);
-			wire[it] = tm.dispatch_put_ns + tm.dispatch_wait_ns;
-			putt[it] = tm.dispatch_put_ns;
-			loc[it] = tm.dispatch_pack_ns + tm.dispatch_build_ns;
+			return ret;
+		for (t = 0; t < n; t++) {
+			memcpy((char *)bx + t * st, (const char *)*din + t * rb, rb);
+			if (s->pre)
+				memcpy(bs + t * sst, s->xs + t * nsc, nsc * sizeof(float));
 		}
-		/* toy expert: y = x, in the combine type */
-		free(y);
-		y = malloc(rv.rows * crow + 4);
-		if (!y) {
-			ret = -ENOMEM;
-			goto out;
+		*din = bx;
+		*dsc = s->pre ? bs : NULL;
+	} else if (s->pre) {
+		memcpy(s->xq, s->x0 + s->xbytes, n * H);
+		memcpy(s->xs, s->x0 + s->xbytes + n * H, n * nsc * sizeof(float));
+	} else {
+		memcpy(s->x, s->x0, s->xbytes);
+	}
+	return 0;
+}
+
+/* The toy expert: y = x, in the combine type. */
+static int mb_expert(struct moe_bench *s)
+{
+	const fabep_moe_recv_t *rv = &s->rv;
+	size_t H = s->H, h;
+
+	free(s->y);
+	s->y = malloc(rv->rows * s->crow + 4);
+	if (!s->y)
+		return -ENOMEM;
+	if (s->fp8) {
+		for (size_t r = 0; r < rv->rows; r++) {
+			const uint8_t *q = (const uint8_t *)rv->x +
+				(size_t)rv->row_index[r] * rv->row_stride;
+			const float *sc = rv->scales +
+				(size_t)rv->row_index[r] * rv->scale_stride;
+
+			for (h = 0; h < H; h++)
+				s->y[r * H + h] = f2bf(s->lut[q[h]] * sc[h / 128]);
 		}
-		if (fp8) {
-			for (size_t r = 0; r < rv.rows; r++) {
-				const uint8_t *q = (const uint8_t *)rv.x +
-					(size_t)rv.row_index[r] * rv.row_stride;
-				const float *sc = rv.scales +
-					(size_t)rv.row_index[r] * rv.scale_stride;
+	} else {
+		for (size_t r = 0; r < rv->rows; r++)
+			memcpy((char *)s->y + r * s->crow, (const char *)rv->x +
+			       (size_t)rv->row_index[r] * rv->row_stride, s->crow);
+	}
+	return 0;
+}
 
-				for (h = 0; h < H; h++)
-					y[r * H + h] = f2bf(lut[q[h]] * sc[h / 128]);
-			}
-		} else {
-			for (size_t r = 0; r < rv.rows; r++)
-				memcpy((char *)y + r * crow, (const char *)rv.x +
-				       (size_t)rv.row_index[r] * rv.row_stride, crow);
+/* After the first dispatch: the bytes combine puts to each peer, and the
+ * bytes read and written locally by the timed parts and at the floor. */
+static int mb_count_bytes(struct moe_bench *s)
+{
+	const fabep_moe_recv_t *rv = &s->rv;
+	size_t n = s->n, H = s->H, crow = s->crow;
+	int rank = s->rank, d;
+	/* combine bytes: one row per distinct token of each peer */
+	char *tk = calloc((size_t)s->size * n + 1, 1);
+
+	if (!tk)
+		return -ENOMEM;
+	for (size_t r = 0; r < rv->rows; r++) {
+		int src = rv->src_info[3 * r];
+		size_t tt = (size_t)rv->src_info[3 * r + 1];
+
+		if (src != rank && !tk[(size_t)src * n + tt]) {
+			tk[(size_t)src * n + tt] = 1;
+			s->cbytes[src] += crow;
 		}
-		if (it == -warmup) {
-			/* combine bytes: one row per distinct token of each peer */
-			char *tk = calloc((size_t)size * n + 1, 1);
-
-			if (!tk) {
-				ret = -ENOMEM;
-				goto out;
-			}
-			for (size_t r = 0; r < rv.rows; r++) {
-				int s = rv.src_info[3 * r];
-				size_t tt = (size_t)rv.src_info[3 * r + 1];
-
-				if (s != rank && !tk[(size_t)s * n + tt]) {
-					tk[(size_t)s * n + tt] = 1;
-					cbytes[s] += crow;
-				}
-			}
-			for (d = 0; d < size; d++)
-				if (d != rank)
-					cbytes[d] += 64;
-			for (size_t q = 0; q < (size_t)size * n; q++)
-				dtok_all += tk[q] ? 1 : 0;
-			/* tokens received from this rank itself */
-			for (size_t r = 0; r < rv.rows; r++)
-				if (rv.src_info[3 * r] == rank &&
-				    !tk[(size_t)rank * n + (size_t)rv.src_info[3 * r + 1]]) {
-					tk[(size_t)rank * n + (size_t)rv.src_info[3 * r + 1]] = 1;
-					dtok_all++;
-				}
-			/* bytes read + written locally: lbytes by the timed
-			 * parts as fabep does them, fbytes the least any
-			 * implementation moves (the floor) */
-			{
-				/* the caller's rows; copying every received row
-				 * into expert-major order; reading every expert
-				 * output once and writing every output row once */
-				size_t in_row = H * (cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
-				size_t xmajor = cfg.flags & FABEP_MOE_ZERO_COPY ? 0 :
-					2 * rv.rows * (elt * H + 4 * nsc);
-				size_t reduce = (rv.rows + n) * crow;
-
-				if (do_d) {  /* pack: rows in, records out */
-					lbytes += recs_all * (rec + in_row) + xmajor;
-					fbytes += xmajor;
-					if (cfg.token_type == FABEP_MOE_FP8)
-						fbytes += n * (in_row + H + 4 * nsc);
-				}
-				if (do_c) {  /* plus the partials, out and in */
-					lbytes += reduce + (dtok_all + recs_all) * crow;
-					fbytes += reduce;
-				}
-			}
-			ptl = rv.rows;
-			free(tk);
+	}
+	for (d = 0; d < s->size; d++)
+		if (d != rank)
+			s->cbytes[d] += 64;
+	for (size_t q = 0; q < (size_t)s->size * n; q++)
+		s->dtok_all += tk[q] ? 1 : 0;
+	/* tokens received from this rank itself */
+	for (size_t r = 0; r < rv->rows; r++)
+		if (rv->src_info[3 * r] == rank &&
+		    !tk[(size_t)rank * n + (size_t)rv->src_info[3 * r + 1]]) {
+			tk[(size_t)rank * n + (size_t)rv->src_info[3 * r + 1]] = 1;
+			s->dtok_all++;
 		}
-		if (expert_us) {  /* the expert's compute: fabep's threads idle */
-			struct timespec ts = { expert_us / 1000000,
-					       (expert_us % 1000000) * 1000 };
+	/* bytes read + written locally: lbytes by the timed
+	 * parts as fabep does them, fbytes the least any
+	 * implementation moves (the floor) */
+	{
+		/* the caller's rows; copying every received row
+		 * into expert-major order; reading every expert
+		 * output once and writing every output row once */
+		size_t in_row = H * (s->cfg.token_type == FABEP_MOE_FP32 ? 4 : 2);
+		size_t xmajor = s->cfg.flags & FABEP_MOE_ZERO_COPY ? 0 :
+			2 * rv->rows * (s->elt * H + 4 * s->nsc);
+		size_t reduce = (rv->rows + n) * crow;
 
-			nanosleep(&ts, NULL);
+		if (s->do_d) {  /* pack: rows in, records out */
+			s->lbytes += s->recs_all * (s->rec + in_row) + xmajor;
+			s->fbytes += xmajor;
+			if (s->cfg.token_type == FABEP_MOE_FP8)
+				s->fbytes += n * (in_row + H + 4 * s->nsc);
 		}
-		ret = fabep_barrier(comm);
-		if (ret)
-			goto fail_call;
-		t0 = tool_now_ns();
-		ret = fabep_moe_combine(moe, y, H, 0, outb, H, NULL, NULL);
-		if (ret)
-			goto fail_call;
-		if (it >= 0) {
-			lat[it] = (do_d ? lat[it] : 0) + (do_c ? tool_now_ns() - t0 : 0);
-			fabep_moe_timing(moe, &tm);
-			if (!do_d)
-				wire[it] = loc[it] = putt[it] = 0;
-			if (do_c) {
-				wire[it] += tm.combine_put_ns + tm.combine_wait_ns;
-				putt[it] += tm.combine_put_ns;
-				loc[it] += tm.combine_reduce_ns + tm.combine_sum_ns;
-			}
+		if (s->do_c) {  /* plus the partials, out and in */
+			s->lbytes += reduce + (s->dtok_all + s->recs_all) * crow;
+			s->fbytes += reduce;
 		}
-		if (o->check && it == iters - 1) {
-			/* out[t] = sum_k w_k * x[t] within the format's error */
-			for (t = 0; t < n && ok; t++) {
-				float sw = 0, amax = 0;
+	}
+	s->ptl = rv->rows;
+	free(tk);
+	return 0;
+}
 
-				for (j = 0; j < k; j++)
-					sw += w[t * k + j];
-				for (h = 0; h < H; h++)
-					amax = fmaxf(amax, fabsf(cfg.token_type == FABEP_MOE_FP32 ?
-						((float *)x)[t * H + h] : bf2f(x[t * H + h])));
-				for (h = 0; h < H; h++) {
-					float xv = cfg.token_type == FABEP_MOE_FP32 ?
-						((float *)x)[t * H + h] : bf2f(x[t * H + h]);
-					float v = cfg.combine_type == FABEP_MOE_FP32 ?
-						((float *)outb)[t * H + h] : bf2f(outb[t * H + h]);
-					float tol = sw * fabsf(xv) * 0.03f + 1e-6f;
+/* out[t] = sum_k w_k * x[t] within the format's error; clears s->ok. */
+static void mb_check(struct moe_bench *s)
+{
+	const fabep_moe_config_t *cfg = &s->cfg;
+	size_t n = s->n, H = s->H, k = s->k, t, j, h;
+	const uint16_t *x = s->x, *outb = s->outb;
 
-					if (cfg.token_type == FABEP_MOE_FP8)
-						tol += sw * (fabsf(xv) / 15 + amax / 448 / 500);
-					if (!(fabsf(v - sw * xv) <= tol)) {
-						fprintf(stderr, "%s: rank %d token %zu col %zu: "
-							"%g, want %g\n", tool_name, rank, t,
-							h, v, sw * xv);
-						ok = 0;
-						break;
-					}
-				}
+	for (t = 0; t < n && s->ok; t++) {
+		float sw = 0, amax = 0;
+
+		for (j = 0; j < k; j++)
+			sw += s->w[t * k + j];
+		for (h = 0; h < H; h++)
+			amax = fmaxf(amax, fabsf(cfg->token_type == FABEP_MOE_FP32 ?
+				((const float *)x)[t * H + h] : bf2f(x[t * H + h])));
+		for (h = 0; h < H; h++) {
+			float xv = cfg->token_type == FABEP_MOE_FP32 ?
+				((const float *)x)[t * H + h] : bf2f(x[t * H + h]);
+			float v = cfg->combine_type == FABEP_MOE_FP32 ?
+				((const float *)outb)[t * H + h] : bf2f(outb[t * H + h]);
+			float tol = sw * fabsf(xv) * 0.03f + 1e-6f;
+
+			if (cfg->token_type == FABEP_MOE_FP8)
+				tol += sw * (fabsf(xv) / 15 + amax / 448 / 500);
+			if (!(fabsf(v - sw * xv) <= tol)) {
+				fprintf(stderr, "%s: rank %d token %zu col %zu: "
+					"%g, want %g\n", tool_name, s->rank, t,
+					h, v, sw * xv);
+				s->ok = 0;
+				break;
 			}
 		}
 	}
-	/* the reference: the same bytes to each peer with fabep_put, with
-	 * warm caches (the same source and destination every round: both
-	 * stay in the caches of whoever copies), live ones (the sender
-	 * rewrites its source and the receiver reads what arrived, as in the
-	 * phase's loop), then cold ones: every rank first writes a buffer of
-	 * twice the last-level cache (64 to 256 MiB), as the phases find
-	 * their inputs after the rest of a layer's traffic */
-	for (e = 1; e < size; e++) {
-		int peer = (rank + e) % size;
+}
 
-		plen[peer] = (do_d ? dbytes[peer] : 0) + (do_c ? cbytes[peer] : 0);
+/* One iteration (it < 0: warm-up): dispatch, the toy expert, combine,
+ * their times and, on the last, the check.  *failed tells a call's
+ * failure (to report) from running out of memory (not reported). */
+static int mb_iteration(struct moe_bench *s, long it, int *failed)
+{
+	const void *din;
+	const float *dsc;
+	uint64_t t0;
+	int ret;
+
+	*failed = 1;
+	ret = mb_prep_input(s, &din, &dsc);
+	if (!ret)
+		ret = fabep_barrier(s->comm);
+	if (ret)
+		return ret;
+	t0 = tool_now_ns();
+	ret = fabep_moe_dispatch(s->moe, din, dsc, s->n, s->ids, s->w, &s->rv);
+	if (ret)
+		return ret;
+	if (s->do_d && it >= 0) {
+		s->lat[it] = tool_now_ns() - t0;
+		fabep_moe_timing(s->moe, &s->tm);
+		s->wire[it] = s->tm.dispatch_put_ns + s->tm.dispatch_wait_ns;
+		s->putt[it] = s->tm.dispatch_put_ns;
+		s->loc[it] = s->tm.dispatch_pack_ns + s->tm.dispatch_build_ns;
+	}
+	*failed = 0;
+	ret = mb_expert(s);
+	if (!ret && it == -s->warmup)
+		ret = mb_count_bytes(s);
+	if (ret)
+		return ret;
+	*failed = 1;
+	if (s->expert_us) {  /* the expert's compute: fabep's threads idle */
+		struct timespec ts = { s->expert_us / 1000000,
+				       (s->expert_us % 1000000) * 1000 };
+
+		nanosleep(&ts, NULL);
+	}
+	ret = fabep_barrier(s->comm);
+	if (ret)
+		return ret;
+	t0 = tool_now_ns();
+	ret = fabep_moe_combine(s->moe, s->y, s->H, 0, s->outb, s->H, NULL, NULL);
+	if (ret)
+		return ret;
+	if (it >= 0) {
+		s->lat[it] = (s->do_d ? s->lat[it] : 0) +
+			(s->do_c ? tool_now_ns() - t0 : 0);
+		fabep_moe_timing(s->moe, &s->tm);
+		if (!s->do_d)
+			s->wire[it] = s->loc[it] = s->putt[it] = 0;
+		if (s->do_c) {
+			s->wire[it] += s->tm.combine_put_ns + s->tm.combine_wait_ns;
+			s->putt[it] += s->tm.combine_put_ns;
+			s->loc[it] += s->tm.combine_reduce_ns + s->tm.combine_sum_ns;
+		}
+	}
+	if (s->o->check && it == s->iters - 1)
+		mb_check(s);
+	return 0;
+}
+
+/* The reference: the same bytes to each peer with fabep_put, with warm
+ * caches (the same source and destination every round: both stay in the
+ * caches of whoever copies), live ones (the sender rewrites its source
+ * and the receiver reads what arrived, as in the phase's loop), then cold
+ * ones: every rank first writes a buffer of twice the last-level cache
+ * (64 to 256 MiB), as the phases find their inputs after the rest of a
+ * layer's traffic.  Then each iteration's slowest rank, phase and
+ * references alike.  *failed as for mb_iteration. */
+static int mb_refs(struct moe_bench *s, int *failed)
+{
+	fabep_comm_t *comm = s->comm;
+	fabep_off_t dst = s->rdst + (uint64_t)s->rank * s->slot;
+	int ret, e, d;
+
+	*failed = 0;
+	for (e = 1; e < s->size; e++) {
+		int peer = (s->rank + e) % s->size;
+
+		s->plen[peer] = (s->do_d ? s->dbytes[peer] : 0) +
+			(s->do_c ? s->cbytes[peer] : 0);
 	}
 	{
 		long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
@@ -738,228 +829,292 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 
 		if (ev > ((size_t)256 << 20))
 			ev = (size_t)256 << 20;
-		evsz = ev > ((size_t)64 << 20) ? ev : ((size_t)64 << 20);
+		s->evsz = ev > ((size_t)64 << 20) ? ev : ((size_t)64 << 20);
 	}
-	citers = iters < 20 ? iters : 20;
-	evict = malloc(evsz);
-	if (!evict) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-		       iters, NULL, ref);
+	s->citers = s->iters < 20 ? s->iters : 20;
+	s->evict = malloc(s->evsz);
+	if (!s->evict)
+		return -ENOMEM;
+	*failed = 1;
+	ret = ref_puts(comm, dst, s->rsrc, s->plen, s->warmup, s->iters, NULL,
+		       s->ref);
 	if (!ret)
-		ret = swap_lens(comm, lens, lctr, plen, rlen);
-	lrm.live = 1;
-	for (d = 0; d < size; d++)
-		lrm.src_len = plen[d] > lrm.src_len ? plen[d] : lrm.src_len;
-	lrm.rlen = rlen;
-	lrm.dst_base = rdst;
-	lrm.slot = slot;
+		ret = swap_lens(comm, s->lens, s->lctr, s->plen, s->rlen);
+	s->lrm.live = 1;
+	for (d = 0; d < s->size; d++)
+		s->lrm.src_len = s->plen[d] > s->lrm.src_len ? s->plen[d] :
+			s->lrm.src_len;
+	s->lrm.rlen = s->rlen;
+	s->lrm.dst_base = s->rdst;
+	s->lrm.slot = s->slot;
 	if (!ret)
-		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-			       iters, &lrm, lref);
+		ret = ref_puts(comm, dst, s->rsrc, s->plen, s->warmup, s->iters,
+			       &s->lrm, s->lref);
 	if (!ret) {
 		struct ref_mode rm = { 0 };
 
-		rm.evict = evict;
-		rm.evsz = evsz;
-		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-			       citers, &rm, cref);
+		rm.evict = s->evict;
+		rm.evsz = s->evsz;
+		ret = ref_puts(comm, dst, s->rsrc, s->plen, s->warmup, s->citers,
+			       &rm, s->cref);
 	}
 	/* phase and references alike: each iteration's slowest rank */
 	{
-		uint64_t part = (uint64_t)size * 8 * (uint64_t)iters;
+		uint64_t part = (uint64_t)s->size * 8 * (uint64_t)s->iters;
 
 		if (!ret)
-			ret = slowest(comm, tbuf, tctr, 1, lat, iters);
+			ret = slowest(comm, s->tbuf, s->tctr, 1, s->lat, s->iters);
 		if (!ret)
-			ret = slowest(comm, tbuf + part, tctr, 2, ref, iters);
+			ret = slowest(comm, s->tbuf + part, s->tctr, 2, s->ref,
+				      s->iters);
 		if (!ret)
-			ret = slowest(comm, tbuf + 2 * part, tctr, 3, cref, citers);
+			ret = slowest(comm, s->tbuf + 2 * part, s->tctr, 3, s->cref,
+				      s->citers);
 		if (!ret)
-			ret = slowest(comm, tbuf + 3 * part, tctr, 4, lref, iters);
+			ret = slowest(comm, s->tbuf + 3 * part, s->tctr, 4, s->lref,
+				      s->iters);
 	}
-	if (ret)
-		goto fail_call;
-	/* memcpy of half the local bytes (a memcpy reads and writes each),
-	 * on as many threads as the communicator's pool, every rank at once:
-	 * the memory rate the local work could have */
-	mbuf = malloc(lbytes + 128);
-	if (!mbuf) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	memset(mbuf, 1, lbytes + 128);
+	return ret;
+}
+
+/* memcpy of half the local bytes (a memcpy reads and writes each), on as
+ * many threads as the communicator's pool, every rank at once: the memory
+ * rate the local work could have; then the overlap bound.  *failed as
+ * for mb_iteration. */
+static int mb_memcpy(struct moe_bench *s, int *failed)
+{
+	fabep_comm_t *comm = s->comm;
+	uint64_t part = (uint64_t)s->size * 8 * (uint64_t)s->iters, t0;
+	size_t lbytes = s->lbytes;
+	long it;
+	int ret = 0;
+
+	*failed = 0;
+	s->mbuf = malloc(lbytes + 128);
+	if (!s->mbuf)
+		return -ENOMEM;
+	*failed = 1;
+	memset(s->mbuf, 1, lbytes + 128);
 	mc_start(fabep_comm_threads(comm));
-	for (it = -warmup; it < iters; it++) {
+	for (it = -s->warmup; it < s->iters; it++) {
 		ret = fabep_barrier(comm);
 		if (ret)
 			break;
 		t0 = tool_now_ns();
-		mc_round(mbuf + lbytes / 2 + 64, mbuf, lbytes / 2);
+		mc_round(s->mbuf + lbytes / 2 + 64, s->mbuf, lbytes / 2);
 		if (it >= 0)
-			mcp[it] = tool_now_ns() - t0;
+			s->mcp[it] = tool_now_ns() - t0;
 	}
 	/* the overlap bound: the live put while the pool's other threads
 	 * copy the floor's bytes (half of them: a copy reads and writes),
 	 * every rank at once */
-	if (!ret && fbytes) {
-		struct ref_mode rm = lrm;
+	if (!ret && s->fbytes) {
+		struct ref_mode rm = s->lrm;
 
-		rm.ov_n = (fbytes < lbytes ? fbytes : lbytes) / 2;
-		rm.ov_src = mbuf;
-		rm.ov_dst = mbuf + lbytes / 2 + 64;
-		ret = ref_puts(comm, rdst + (uint64_t)rank * slot, rsrc, plen, warmup,
-			       iters, &rm, oref);
+		rm.ov_n = (s->fbytes < lbytes ? s->fbytes : lbytes) / 2;
+		rm.ov_src = s->mbuf;
+		rm.ov_dst = s->mbuf + lbytes / 2 + 64;
+		ret = ref_puts(comm, s->rdst + (uint64_t)s->rank * s->slot, s->rsrc,
+			       s->plen, s->warmup, s->iters, &rm, s->oref);
 	}
 	mc_stop();
 	if (ret)
-		goto fail_call;
-	ret = slowest(comm, tbuf + 4 * (uint64_t)size * 8 * (uint64_t)iters, tctr,
-		      5, mcp, iters);
-	if (!ret && fbytes)
-		ret = slowest(comm, tbuf + 5 * (uint64_t)size * 8 * (uint64_t)iters,
-			      tctr, 6, oref, iters);
-	if (ret)
-		goto fail_call;
-	for (d = 0; d < size; d++)
-		if (d != rank) {
-			if (do_d)
-				bytes += dbytes[d];
-			if (do_c)
-				bytes += cbytes[d];
-		}
-	ret = bench_gather_ok(comm, flags, fctr, 1, ok, &all_ok);
-	if (ret)
-		goto fail_call;
-	if (!rank) {
-		const char *fmt = o->format ? o->format : "bf16";
-		const char *chk = !o->check ? "off" : all_ok ? "ok" : "failed";
-		const char *mode = cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
-		double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
-		double lvmed, lgbps, fmed, ceil_live, omed, ceil_ov;
+		return ret;
+	ret = slowest(comm, s->tbuf + 4 * part, s->tctr, 5, s->mcp, s->iters);
+	if (!ret && s->fbytes)
+		ret = slowest(comm, s->tbuf + 5 * part, s->tctr, 6, s->oref,
+			      s->iters);
+	return ret;
+}
 
-		qsort(lat, (size_t)iters, sizeof(*lat), cmp_u64);
-		qsort(ref, (size_t)iters, sizeof(*ref), cmp_u64);
-		qsort(cref, (size_t)citers, sizeof(*cref), cmp_u64);
-		qsort(lref, (size_t)iters, sizeof(*lref), cmp_u64);
-		qsort(wire, (size_t)iters, sizeof(*wire), cmp_u64);
-		qsort(putt, (size_t)iters, sizeof(*putt), cmp_u64);
-		qsort(loc, (size_t)iters, sizeof(*loc), cmp_u64);
-		qsort(mcp, (size_t)iters, sizeof(*mcp), cmp_u64);
-		qsort(oref, (size_t)iters, sizeof(*oref), cmp_u64);
-		wmed = (double)wire[iters / 2] / 1e3;
-		lmed = (double)loc[iters / 2] / 1e3;
-		mmed = (double)mcp[iters / 2] / 1e3;
-		med = (double)lat[iters / 2] / 1e3;
-		mn = (double)lat[0] / 1e3;
-		rmed = (double)ref[iters / 2] / 1e3;
-		gbps = med > 0 ? (double)bytes / (med * 1e3) : 0;
-		rgbps = rmed > 0 ? (double)bytes / (rmed * 1e3) : 0;
-		cmed = (double)cref[citers / 2] / 1e3;
-		cgbps = cmed > 0 ? (double)bytes / (cmed * 1e3) : 0;
-		lvmed = (double)lref[iters / 2] / 1e3;
-		lgbps = lvmed > 0 ? (double)bytes / (lvmed * 1e3) : 0;
-		/* the floor: the least local traffic at the memcpy rate; no
-		 * implementation beats the larger of it and the live write */
-		fmed = lbytes ? mmed * (double)fbytes / (double)lbytes : 0;
-		ceil_live = lvmed > 0 ? lvmed / (fmed > lvmed ? fmed : lvmed) : 0;
-		/* the overlap bound: the write and the floor's traffic at
-		 * once, sharing the machine as a phase's do; it does not
-		 * charge what must come before the write or after it */
-		omed = fbytes ? (double)oref[iters / 2] / 1e3 : lvmed;
-		ceil_ov = lvmed > 0 ? lvmed / (omed > lvmed ? omed : lvmed) : 0;
-		if (o->machine)
-			fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
-				"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
-				"min_us: %.1f GBps: %.3f ref_GBps: %.3f ratio: %.3f "
-				"mode: %s ref_us: %.1f wire_us: %.1f wire_ratio: %.3f "
-				"local_us: %.1f local_bytes: %zu memcpy_us: %.1f "
-				"local_vs_memcpy: %.3f rows: %zu input: %s ref_cold_us: %.1f "
-				"ref_cold_GBps: %.3f ratio_cold: %.3f ref_live_us: %.1f "
-				"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
-				"floor_us: %.1f ceiling_live: %.3f overlap_us: %.1f "
-				"ceiling_overlap: %.3f channels: %d check: %s "
-				"put_us: %.1f signal: %s\n", o->op,
-				fabep_comm_provider(comm), size, n, H, k,
-				cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
-				rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
-				wmed > 0 ? rmed / wmed : 0, lmed, lbytes, mmed,
-				lmed > 0 ? mmed / lmed : 0, ptl,
-				sbuf ? "send_buffer" : "caller", cmed, cgbps,
-				cgbps > 0 ? gbps / cgbps : 0, lvmed, lgbps,
-				lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
-				omed, ceil_ov, fabep_comm_channels(comm), chk,
-				(double)putt[iters / 2] / 1e3,
-				fabep_signal_name(fabep_comm_signal(comm)));
-		else {
-			fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
-				"%d channels, rank 0's figures; bytes = what rank 0 "
-				"put to other ranks; ref = fabep_put of the same bytes "
-				"(one write per peer, on one channel)\n", tool_name,
-				o->op, fabep_comm_provider(comm), size,
-				fabep_comm_threads(comm), fabep_comm_channels(comm));
-			fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %8s "
-				"%6s %6s\n", "op", "fmt", "tokens", "hidden", "topk",
-				"exp", "bytes", "median_us", "min_us", "GB/s", "ref_GB/s",
-				"ratio", "check");
-			fprintf(out, "%-9s %-5s %7zu %6zu %4zu %5d %12zu %11.1f %11.1f "
-				"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, n, H, k,
-				cfg.num_experts, bytes, med, mn, gbps, rgbps,
-				rgbps > 0 ? gbps / rgbps : 0, chk);
-			fprintf(out, "# mode %s: wire (puts + waits) median %.1f us, "
-				"ratio to ref %.3f; local work median %.1f us for %zu "
-				"bytes moved, memcpy of half of them %.1f us (%.3f of "
-				"memcpy's rate)\n", mode, wmed, wmed > 0 ? rmed / wmed : 0,
-				lmed, lbytes, mmed, lmed > 0 ? mmed / lmed : 0);
-			fprintf(out, "# live reference (source rewritten, received "
-				"bytes read before each put): %.1f us, %.3f GB/s, ratio "
-				"%.3f\n", lvmed, lgbps, lgbps > 0 ? gbps / lgbps : 0);
-			fprintf(out, "# cold-cache reference (caches flushed before each "
-				"put): %.1f us, %.3f GB/s, ratio %.3f\n", cmed, cgbps,
-				cgbps > 0 ? gbps / cgbps : 0);
-			fprintf(out, "# floor: the least local traffic of this phase "
-				"(%zu bytes) at the memcpy rate takes %.1f us; no "
-				"implementation exceeds ratio %.3f to the live "
-				"reference here\n", fbytes, fmed, ceil_live);
-			fprintf(out, "# overlap: the live put while the pool's other "
-				"threads copy the floor's bytes takes %.1f us; even a "
-				"phase that overlapped all its local work with the wire "
-				"would not exceed ratio %.3f here\n", omed, ceil_ov);
+/* Rank 0's figures: medians of each iteration's slowest rank, rates,
+ * ratios, the floor and the overlap bound, one line (-m) or a table. */
+static void mb_report(struct moe_bench *s, FILE *out)
+{
+	const struct bench_opts *o = s->o;
+	fabep_comm_t *comm = s->comm;
+	long iters = s->iters, citers = s->citers;
+	size_t bytes = s->bytes, lbytes = s->lbytes, fbytes = s->fbytes;
+	const char *fmt = o->format ? o->format : "bf16";
+	const char *chk = !o->check ? "off" : s->all_ok ? "ok" : "failed";
+	const char *mode = s->cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
+	double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
+	double lvmed, lgbps, fmed, ceil_live, omed, ceil_ov;
+
+	qsort(s->lat, (size_t)iters, sizeof(*s->lat), cmp_u64);
+	qsort(s->ref, (size_t)iters, sizeof(*s->ref), cmp_u64);
+	qsort(s->cref, (size_t)citers, sizeof(*s->cref), cmp_u64);
+	qsort(s->lref, (size_t)iters, sizeof(*s->lref), cmp_u64);
+	qsort(s->wire, (size_t)iters, sizeof(*s->wire), cmp_u64);
+	qsort(s->putt, (size_t)iters, sizeof(*s->putt), cmp_u64);
+	qsort(s->loc, (size_t)iters, sizeof(*s->loc), cmp_u64);
+	qsort(s->mcp, (size_t)iters, sizeof(*s->mcp), cmp_u64);
+	qsort(s->oref, (size_t)iters, sizeof(*s->oref), cmp_u64);
+	wmed = (double)s->wire[iters / 2] / 1e3;
+	lmed = (double)s->loc[iters / 2] / 1e3;
+	mmed = (double)s->mcp[iters / 2] / 1e3;
+	med = (double)s->lat[iters / 2] / 1e3;
+	mn = (double)s->lat[0] / 1e3;
+	rmed = (double)s->ref[iters / 2] / 1e3;
+	gbps = med > 0 ? (double)bytes / (med * 1e3) : 0;
+	rgbps = rmed > 0 ? (double)bytes / (rmed * 1e3) : 0;
+	cmed = (double)s->cref[citers / 2] / 1e3;
+	cgbps = cmed > 0 ? (double)bytes / (cmed * 1e3) : 0;
+	lvmed = (double)s->lref[iters / 2] / 1e3;
+	lgbps = lvmed > 0 ? (double)bytes / (lvmed * 1e3) : 0;
+	/* the floor: the least local traffic at the memcpy rate; no
+	 * implementation beats the larger of it and the live write */
+	fmed = lbytes ? mmed * (double)fbytes / (double)lbytes : 0;
+	ceil_live = lvmed > 0 ? lvmed / (fmed > lvmed ? fmed : lvmed) : 0;
+	/* the overlap bound: the write and the floor's traffic at
+	 * once, sharing the machine as a phase's do; it does not
+	 * charge what must come before the write or after it */
+	omed = fbytes ? (double)s->oref[iters / 2] / 1e3 : lvmed;
+	ceil_ov = lvmed > 0 ? lvmed / (omed > lvmed ? omed : lvmed) : 0;
+	if (o->machine)
+		fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
+			"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
+			"min_us: %.1f GBps: %.3f ref_GBps: %.3f ratio: %.3f "
+			"mode: %s ref_us: %.1f wire_us: %.1f wire_ratio: %.3f "
+			"local_us: %.1f local_bytes: %zu memcpy_us: %.1f "
+			"local_vs_memcpy: %.3f rows: %zu input: %s ref_cold_us: %.1f "
+			"ref_cold_GBps: %.3f ratio_cold: %.3f ref_live_us: %.1f "
+			"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
+			"floor_us: %.1f ceiling_live: %.3f overlap_us: %.1f "
+			"ceiling_overlap: %.3f channels: %d check: %s "
+			"put_us: %.1f signal: %s\n", o->op,
+			fabep_comm_provider(comm), s->size, s->n, s->H, s->k,
+			s->cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
+			rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
+			wmed > 0 ? rmed / wmed : 0, lmed, lbytes, mmed,
+			lmed > 0 ? mmed / lmed : 0, s->ptl,
+			s->sbuf ? "send_buffer" : "caller", cmed, cgbps,
+			cgbps > 0 ? gbps / cgbps : 0, lvmed, lgbps,
+			lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
+			omed, ceil_ov, fabep_comm_channels(comm), chk,
+			(double)s->putt[iters / 2] / 1e3,
+			fabep_signal_name(fabep_comm_signal(comm)));
+	else {
+		fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
+			"%d channels, rank 0's figures; bytes = what rank 0 "
+			"put to other ranks; ref = fabep_put of the same bytes "
+			"(one write per peer, on one channel)\n", tool_name,
+			o->op, fabep_comm_provider(comm), s->size,
+			fabep_comm_threads(comm), fabep_comm_channels(comm));
+		fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %8s "
+			"%6s %6s\n", "op", "fmt", "tokens", "hidden", "topk",
+			"exp", "bytes", "median_us", "min_us", "GB/s", "ref_GB/s",
+			"ratio", "check");
+		fprintf(out, "%-9s %-5s %7zu %6zu %4zu %5d %12zu %11.1f %11.1f "
+			"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, s->n, s->H, s->k,
+			s->cfg.num_experts, bytes, med, mn, gbps, rgbps,
+			rgbps > 0 ? gbps / rgbps : 0, chk);
+		fprintf(out, "# mode %s: wire (puts + waits) median %.1f us, "
+			"ratio to ref %.3f; local work median %.1f us for %zu "
+			"bytes moved, memcpy of half of them %.1f us (%.3f of "
+			"memcpy's rate)\n", mode, wmed, wmed > 0 ? rmed / wmed : 0,
+			lmed, lbytes, mmed, lmed > 0 ? mmed / lmed : 0);
+		fprintf(out, "# live reference (source rewritten, received "
+			"bytes read before each put): %.1f us, %.3f GB/s, ratio "
+			"%.3f\n", lvmed, lgbps, lgbps > 0 ? gbps / lgbps : 0);
+		fprintf(out, "# cold-cache reference (caches flushed before each "
+			"put): %.1f us, %.3f GB/s, ratio %.3f\n", cmed, cgbps,
+			cgbps > 0 ? gbps / cgbps : 0);
+		fprintf(out, "# floor: the least local traffic of this phase "
+			"(%zu bytes) at the memcpy rate takes %.1f us; no "
+			"implementation exceeds ratio %.3f to the live "
+			"reference here\n", fbytes, fmed, ceil_live);
+		fprintf(out, "# overlap: the live put while the pool's other "
+			"threads copy the floor's bytes takes %.1f us; even a "
+			"phase that overlapped all its local work with the wire "
+			"would not exceed ratio %.3f here\n", omed, ceil_ov);
+	}
+	fflush(out);
+}
+
+static void mb_free(struct moe_bench *s)
+{
+	fabep_moe_destroy(s->moe);
+	free(s->ids);
+	free(s->w);
+	free(s->x);
+	free(s->x0);
+	free(s->xq);
+	free(s->xs);
+	free(s->outb);
+	free(s->y);
+	free(s->lat);
+	free(s->ref);
+	free(s->cref);
+	free(s->lref);
+	free(s->oref);
+	free(s->plen);
+	free(s->rlen);
+	free(s->evict);
+	free(s->wire);
+	free(s->putt);
+	free(s->loc);
+	free(s->mcp);
+	free(s->mbuf);
+	free(s->dbytes);
+	free(s->seen);
+	free(s->cbytes);
+}
+
+int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
+{
+	struct moe_bench s = {
+		.comm = comm, .o = o, .ok = 1, .all_ok = 1,
+		.rank = fabep_comm_rank(comm), .size = fabep_comm_size(comm),
+		.do_d = strcmp(o->op, "combine") != 0,
+		.do_c = strcmp(o->op, "dispatch") != 0,
+		.rv = { .size = sizeof(s.rv) },
+		.tm = { .size = sizeof(s.tm) },
+		.iters = o->iters > 0 ? o->iters : 20,
+		.warmup = o->warmup >= 0 ? o->warmup : 3,
+	};
+	long it;
+	int ret, failed = 0, d;
+
+	s.seed = 0x5eedull + (uint64_t)s.rank * 0x9e3779b97f4a7c15ull;
+	ret = mb_setup(&s);
+	if (ret)
+		return ret;  /* reported */
+	ret = mb_alloc(&s);
+	if (ret)
+		goto out;
+	mb_make_tokens(&s);
+	ret = mb_heap(&s);  /* reported */
+	if (ret)
+		goto out;
+	for (it = -s.warmup; it < s.iters && !ret; it++)
+		ret = mb_iteration(&s, it, &failed);
+	if (!ret)
+		ret = mb_refs(&s, &failed);
+	if (!ret)
+		ret = mb_memcpy(&s, &failed);
+	if (ret)
+		goto out;
+	for (d = 0; d < s.size; d++)
+		if (d != s.rank) {
+			if (s.do_d)
+				s.bytes += s.dbytes[d];
+			if (s.do_c)
+				s.bytes += s.cbytes[d];
 		}
-		fflush(out);
-		if (o->check && !all_ok)
+	failed = 1;
+	ret = bench_gather_ok(comm, s.flags, s.fctr, 1, s.ok, &s.all_ok);
+	if (ret)
+		goto out;
+	if (!s.rank) {
+		mb_report(&s, out);
+		if (o->check && !s.all_ok)
 			ret = -FABEP_ERR_PEER;
 	}
-	goto out;
-fail_call:
-	tool_fail(o->op, ret);
+	failed = 0;
 out:
-	fabep_moe_destroy(moe);
-	free(ids);
-	free(w);
-	free(x);
-	free(x0);
-	free(xq);
-	free(xs);
-	free(outb);
-	free(y);
-	free(lat);
-	free(ref);
-	free(cref);
-	free(lref);
-	free(oref);
-	free(plen);
-	free(rlen);
-	free(evict);
-	free(wire);
-	free(putt);
-	free(loc);
-	free(mcp);
-	free(mbuf);
-	free(dbytes);
-	free(seen);
-	free(cbytes);
+	if (ret && failed)
+		tool_fail(o->op, ret);
+	mb_free(&s);
 	return ret;
 }
