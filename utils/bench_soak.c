@@ -113,6 +113,12 @@ struct soak {
 	float *arin, *arout;
 	uint64_t errors;
 	int reported;
+	/* the handles and control buffers of bench_soak's steps */
+	fabep_moe_t *moe;
+	fabep_allreduce_t *ar, *ctl;  /* the checked one; the control one */
+	fabep_moe_recv_t rv;
+	float *cin, *cout;            /* [nctl] */
+	size_t es, nctl;
 };
 
 static void gen(struct soak *S, int src, uint64_t round)
@@ -280,81 +286,243 @@ static float ar_val(uint64_t round, int r, size_t i)
 	return (float)((int)((x >> 40) % 17) - 8);
 }
 
+/* The configuration and the handles; on failure the caller frees. */
+static int soak_setup(struct soak *S, fabep_comm_t *comm,
+		      const struct bench_opts *o)
+{
+	int ret;
+
+	S->rank = fabep_comm_rank(comm);
+	S->size = fabep_comm_size(comm);
+	soak_config(o, S->size, &S->c);
+	if (S->c.moe.num_experts % S->size) {
+		fprintf(stderr, "%s: soak: -e %d experts is not a multiple of %d ranks\n",
+			tool_name, S->c.moe.num_experts, S->size);
+		return -EINVAL;
+	}
+	S->fp32 = S->c.moe.token_type == FABEP_MOE_FP32;
+	S->H = S->c.moe.hidden;
+	S->k = (size_t)S->c.moe.top_k;
+	S->es = S->fp32 ? 4 : 2;
+	S->nctl = ctl_cols(S->size);
+
+	ret = fabep_moe_create(comm, &S->c.moe, &S->moe);
+	if (ret) {
+		if (ret == -FABEP_ERR_HEAP_FULL && !S->rank)
+			fprintf(stderr, "%s: soak: set FABEP_HEAP_SIZE=%zu\n", tool_name,
+				bench_soak_heap_bytes(o, S->size));
+		return tool_fail("fabep_moe_create", ret);
+	}
+	ret = fabep_allreduce_create(comm, S->c.ar_rows, S->c.ar_cols, FABEP_AR_F32,
+				     &S->ar);
+	if (!ret)
+		ret = fabep_allreduce_create(comm, 1, S->nctl, FABEP_AR_F32, &S->ctl);
+	if (ret) {
+		if (ret == -FABEP_ERR_HEAP_FULL && !S->rank)
+			fprintf(stderr, "%s: soak: set FABEP_HEAP_SIZE=%zu\n", tool_name,
+				bench_soak_heap_bytes(o, S->size));
+		tool_fail("fabep_allreduce_create", ret);
+	}
+	return ret;
+}
+
+/* Every buffer at its largest, once: the loop allocates nothing. */
+static int soak_alloc(struct soak *S)
+{
+	size_t es = S->es;
+	int r;
+
+	S->in = calloc((size_t)S->size, sizeof(*S->in));
+	if (!S->in)
+		return -ENOMEM;
+	for (r = 0; r < S->size; r++) {
+		size_t mt = (size_t)S->c.moe.max_tokens + 1;
+
+		S->in[r].ids = calloc(mt * S->k, sizeof(int32_t));
+		S->in[r].w = calloc(mt * S->k, sizeof(float));
+		S->in[r].x = calloc(mt * S->H, es);
+		S->in[r].xf = calloc(mt * S->H, sizeof(float));
+		if (!S->in[r].ids || !S->in[r].w || !S->in[r].x || !S->in[r].xf)
+			return -ENOMEM;
+	}
+	/* at most max_tokens * k rows from each rank */
+	S->y = calloc(((size_t)S->c.moe.max_tokens * S->k * (size_t)S->size + 1) *
+		      S->H, es);
+	S->out = calloc(((size_t)S->c.moe.max_tokens + 1) * S->H, es);
+	S->arin = calloc(S->c.ar_rows * S->c.ar_cols, sizeof(float));
+	S->arout = calloc(S->c.ar_rows * S->c.ar_cols, sizeof(float));
+	S->cin = calloc(S->nctl, sizeof(float));
+	S->cout = calloc(S->nctl, sizeof(float));
+	if (!S->y || !S->out || !S->arin || !S->arout || !S->cin || !S->cout)
+		return -ENOMEM;
+	return 0;
+}
+
+/* One round's dispatch and combine, whole or split by parity, checked. */
+static int soak_moe_round(struct soak *S, uint64_t round)
+{
+	struct src_in *in;
+	int r, ret, split;
+
+	for (r = 0; r < S->size; r++)
+		gen(S, r, round);
+	in = &S->in[S->rank];
+	split = round % 2 == 0;
+	if (split) {
+		ret = fabep_moe_dispatch_send(S->moe, in->x, NULL, in->n, in->ids,
+					      in->w);
+		if (!ret)
+			ret = fabep_moe_dispatch_recv(S->moe, &S->rv);
+	} else {
+		ret = fabep_moe_dispatch(S->moe, in->x, NULL, in->n, in->ids, in->w,
+					 &S->rv);
+	}
+	if (ret)
+		return tool_fail("fabep_moe_dispatch", ret);
+	if (check_recv(S, round, &S->rv)) /* still combine, so every rank stays in step */
+		memset(S->y, 0, S->rv.rows * S->H * S->es);
+	if (split) {
+		ret = fabep_moe_combine_send(S->moe, S->y, S->H, 0);
+		if (!ret)
+			ret = fabep_moe_combine_recv(S->moe, S->out, S->H, NULL, NULL);
+	} else {
+		ret = fabep_moe_combine(S->moe, S->y, S->H, 0, S->out, S->H, NULL, NULL);
+	}
+	if (ret)
+		return tool_fail("fabep_moe_combine", ret);
+	check_out(S, round);
+	return 0;
+}
+
+/* One round's allreduce: a fresh shape every round, the same on all
+ * ranks, checked against the plain sum. */
+static int soak_ar_round(struct soak *S, uint64_t round)
+{
+	size_t rows, cols, n, i;
+	int r, ret;
+
+	{
+		uint64_t s = round * 0x2545F4914F6CDD1Dull + 1;
+
+		rnd(&s);
+		rows = (size_t)(rnd(&s) % (S->c.ar_rows + 1));
+		cols = 1 + (size_t)(rnd(&s) % S->c.ar_cols);
+	}
+	n = rows * cols;
+	for (i = 0; i < n; i++)
+		S->arin[i] = ar_val(round, S->rank, i);
+	ret = fabep_allreduce(S->ar, S->arin, S->arout, rows, cols);
+	if (ret)
+		return tool_fail("fabep_allreduce", ret);
+	for (i = 0; i < n; i++) {
+		float want = 0;
+
+		for (r = 0; r < S->size; r++)
+			want += ar_val(round, r, i);
+		if (S->arout[i] != want) {
+			soak_error(S, "round %llu: allreduce %zu x %zu element "
+				   "%zu: %g, want %g", (unsigned long long)round,
+				   rows, cols, i, (double)S->arout[i], (double)want);
+			break;
+		}
+	}
+	return 0;
+}
+
+/* The summary: every rank's errors and memory, printed by rank 0;
+ * -EIO for errors, -ENOMEM for growth past the bound. */
+static int soak_summary(struct soak *S, fabep_comm_t *comm,
+			const struct bench_opts *o, FILE *out, uint64_t round,
+			uint64_t t_start, long rss0, long rss1)
+{
+	size_t nctl = S->nctl;
+	float *cin = S->cin, *cout = S->cout;
+	uint64_t errors_all;
+	long growth_max = 0;
+	int r, ret, ok;
+
+	memset(cin, 0, nctl * sizeof(float));
+	cin[2] = (float)S->errors;
+	cin[4 + 2 * S->rank] = (float)rss0;
+	cin[5 + 2 * S->rank] = (float)rss1;
+	ret = fabep_allreduce(S->ctl, cin, cout, 1, nctl);
+	if (ret)
+		return tool_fail("fabep_allreduce (summary)", ret);
+	errors_all = (uint64_t)cout[2];
+	for (r = 0; r < S->size; r++) {
+		long g = (long)cout[5 + 2 * r] - (long)cout[4 + 2 * r];
+
+		if (r == 0 || g > growth_max)
+			growth_max = g;
+	}
+	ok = errors_all == 0 && growth_max <= SOAK_GROWTH_KB;
+	if (S->rank == 0) {
+		double el = (double)(tool_now_ns() - t_start) / 1e9;
+
+		if (o->machine) {
+			fprintf(out, "op: soak seconds: %.1f ranks: %d provider: %s "
+				"rounds: %llu errors: %llu", el, S->size,
+				fabep_comm_provider(comm), (unsigned long long)round,
+				(unsigned long long)errors_all);
+			for (r = 0; r < S->size; r++)
+				fprintf(out, " rss_kb_%d: %.0f/%.0f", r,
+					(double)cout[4 + 2 * r], (double)cout[5 + 2 * r]);
+			fprintf(out, " rss_growth_kb: %ld growth_bound_kb: %d result: %s\n",
+				growth_max, SOAK_GROWTH_KB, ok ? "ok" : "FAIL");
+		} else {
+			fprintf(out, "soak: %.1f s, %llu rounds (each: dispatch + combine "
+				"+ allreduce, all checked), %llu errors\n", el,
+				(unsigned long long)round, (unsigned long long)errors_all);
+			for (r = 0; r < S->size; r++)
+				fprintf(out, "soak: rank %d VmRSS %.0f kB after warm-up, "
+					"%.0f kB at the end\n", r, (double)cout[4 + 2 * r],
+					(double)cout[5 + 2 * r]);
+			fprintf(out, "soak: largest growth %ld kB (bound %d kB): %s\n",
+				growth_max, SOAK_GROWTH_KB, ok ? "ok" : "FAILED");
+		}
+		fflush(out);
+	}
+	return ok ? 0 : errors_all ? -EIO : -ENOMEM;
+}
+
+static void soak_free(struct soak *S)
+{
+	int r;
+
+	if (S->in)
+		for (r = 0; r < S->size; r++) {
+			free(S->in[r].ids);
+			free(S->in[r].w);
+			free(S->in[r].x);
+			free(S->in[r].xf);
+		}
+	free(S->in);
+	free(S->y);
+	free(S->out);
+	free(S->arin);
+	free(S->arout);
+	free(S->cin);
+	free(S->cout);
+	fabep_moe_destroy(S->moe);
+	fabep_allreduce_destroy(S->ar);
+	fabep_allreduce_destroy(S->ctl);
+}
+
 int bench_soak(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 {
 	struct soak S;
-	fabep_moe_t *moe = NULL;
-	fabep_allreduce_t *ar = NULL, *ctl = NULL;
-	fabep_moe_recv_t rv = { .size = sizeof(rv) };
-	float *cin = NULL, *cout = NULL;
-	size_t es, nctl, i;
-	uint64_t round = 0, t_start, t_end, t_warm, errors_all = 0;
-	long rss0 = 0, rss1 = 0, growth_max = 0;
-	int ret = 0, r, warm_done = 0, ok;
+	uint64_t round = 0, t_start, t_end, t_warm;
+	long rss0 = 0, rss1 = 0;
+	int ret, warm_done = 0;
 	double secs = o->soak_s > 0 ? o->soak_s : 10;
 
 	memset(&S, 0, sizeof(S));
-	S.rank = fabep_comm_rank(comm);
-	S.size = fabep_comm_size(comm);
-	soak_config(o, S.size, &S.c);
-	if (S.c.moe.num_experts % S.size) {
-		fprintf(stderr, "%s: soak: -e %d experts is not a multiple of %d ranks\n",
-			tool_name, S.c.moe.num_experts, S.size);
-		return -EINVAL;
-	}
-	S.fp32 = S.c.moe.token_type == FABEP_MOE_FP32;
-	S.H = S.c.moe.hidden;
-	S.k = (size_t)S.c.moe.top_k;
-	es = S.fp32 ? 4 : 2;
-	nctl = ctl_cols(S.size);
-
-	ret = fabep_moe_create(comm, &S.c.moe, &moe);
-	if (ret) {
-		if (ret == -FABEP_ERR_HEAP_FULL && !S.rank)
-			fprintf(stderr, "%s: soak: set FABEP_HEAP_SIZE=%zu\n", tool_name,
-				bench_soak_heap_bytes(o, S.size));
-		return tool_fail("fabep_moe_create", ret);
-	}
-	ret = fabep_allreduce_create(comm, S.c.ar_rows, S.c.ar_cols, FABEP_AR_F32, &ar);
+	S.rv.size = sizeof(S.rv);
+	ret = soak_setup(&S, comm, o);
 	if (!ret)
-		ret = fabep_allreduce_create(comm, 1, nctl, FABEP_AR_F32, &ctl);
-	if (ret) {
-		if (ret == -FABEP_ERR_HEAP_FULL && !S.rank)
-			fprintf(stderr, "%s: soak: set FABEP_HEAP_SIZE=%zu\n", tool_name,
-				bench_soak_heap_bytes(o, S.size));
-		tool_fail("fabep_allreduce_create", ret);
+		ret = soak_alloc(&S);
+	if (ret)
 		goto out;
-	}
-
-	/* every buffer at its largest, once: the loop allocates nothing */
-	S.in = calloc((size_t)S.size, sizeof(*S.in));
-	if (!S.in) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	for (r = 0; r < S.size; r++) {
-		size_t mt = (size_t)S.c.moe.max_tokens + 1;
-
-		S.in[r].ids = calloc(mt * S.k, sizeof(int32_t));
-		S.in[r].w = calloc(mt * S.k, sizeof(float));
-		S.in[r].x = calloc(mt * S.H, es);
-		S.in[r].xf = calloc(mt * S.H, sizeof(float));
-		if (!S.in[r].ids || !S.in[r].w || !S.in[r].x || !S.in[r].xf) {
-			ret = -ENOMEM;
-			goto out;
-		}
-	}
-	/* at most max_tokens * k rows from each rank */
-	S.y = calloc(((size_t)S.c.moe.max_tokens * S.k * (size_t)S.size + 1) * S.H, es);
-	S.out = calloc(((size_t)S.c.moe.max_tokens + 1) * S.H, es);
-	S.arin = calloc(S.c.ar_rows * S.c.ar_cols, sizeof(float));
-	S.arout = calloc(S.c.ar_rows * S.c.ar_cols, sizeof(float));
-	cin = calloc(nctl, sizeof(float));
-	cout = calloc(nctl, sizeof(float));
-	if (!S.y || !S.out || !S.arin || !S.arout || !cin || !cout) {
-		ret = -ENOMEM;
-		goto out;
-	}
 
 	if (S.rank == 0 && !o->machine) {
 		fprintf(out, "# %s --soak %g: %d ranks, provider %s, signal %s; moe %d "
@@ -371,157 +539,36 @@ int bench_soak(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	t_warm = t_start + (uint64_t)(secs * 1e8);
 
 	for (;;) {
-		size_t rows, cols, n;
-		int split;
-
 		round++;
-		for (r = 0; r < S.size; r++)
-			gen(&S, r, round);
-		split = round % 2 == 0;
-		if (split) {
-			ret = fabep_moe_dispatch_send(moe, S.in[S.rank].x, NULL,
-						      S.in[S.rank].n, S.in[S.rank].ids,
-						      S.in[S.rank].w);
-			if (!ret)
-				ret = fabep_moe_dispatch_recv(moe, &rv);
-		} else {
-			ret = fabep_moe_dispatch(moe, S.in[S.rank].x, NULL, S.in[S.rank].n,
-						 S.in[S.rank].ids, S.in[S.rank].w, &rv);
-		}
-		if (ret) {
-			tool_fail("fabep_moe_dispatch", ret);
+		ret = soak_moe_round(&S, round);
+		if (!ret)
+			ret = soak_ar_round(&S, round);
+		if (ret)
 			goto out;
-		}
-		ok = !check_recv(&S, round, &rv);
-		if (!ok) /* still combine, so every rank stays in step */
-			memset(S.y, 0, rv.rows * S.H * es);
-		if (split) {
-			ret = fabep_moe_combine_send(moe, S.y, S.H, 0);
-			if (!ret)
-				ret = fabep_moe_combine_recv(moe, S.out, S.H, NULL, NULL);
-		} else {
-			ret = fabep_moe_combine(moe, S.y, S.H, 0, S.out, S.H, NULL, NULL);
-		}
-		if (ret) {
-			tool_fail("fabep_moe_combine", ret);
-			goto out;
-		}
-		check_out(&S, round);
-
-		/* the allreduce: a fresh shape every round, the same on all ranks */
-		{
-			uint64_t s = round * 0x2545F4914F6CDD1Dull + 1;
-
-			rnd(&s);
-			rows = (size_t)(rnd(&s) % (S.c.ar_rows + 1));
-			cols = 1 + (size_t)(rnd(&s) % S.c.ar_cols);
-		}
-		n = rows * cols;
-		for (i = 0; i < n; i++)
-			S.arin[i] = ar_val(round, S.rank, i);
-		ret = fabep_allreduce(ar, S.arin, S.arout, rows, cols);
-		if (ret) {
-			tool_fail("fabep_allreduce", ret);
-			goto out;
-		}
-		for (i = 0; i < n; i++) {
-			float want = 0;
-
-			for (r = 0; r < S.size; r++)
-				want += ar_val(round, r, i);
-			if (S.arout[i] != want) {
-				soak_error(&S, "round %llu: allreduce %zu x %zu element "
-					   "%zu: %g, want %g", (unsigned long long)round,
-					   rows, cols, i, (double)S.arout[i], (double)want);
-				break;
-			}
-		}
 
 		/* rank 0 says when the warm-up is over and when to stop */
-		memset(cin, 0, nctl * sizeof(float));
+		memset(S.cin, 0, S.nctl * sizeof(float));
 		if (S.rank == 0) {
 			uint64_t now = tool_now_ns();
 
-			cin[0] = now >= t_end && warm_done;
-			cin[1] = now >= t_warm && round >= 20;
+			S.cin[0] = now >= t_end && warm_done;
+			S.cin[1] = now >= t_warm && round >= 20;
 		}
-		ret = fabep_allreduce(ctl, cin, cout, 1, nctl);
+		ret = fabep_allreduce(S.ctl, S.cin, S.cout, 1, S.nctl);
 		if (ret) {
 			tool_fail("fabep_allreduce (control)", ret);
 			goto out;
 		}
-		if (cout[1] != 0 && !warm_done) {
+		if (S.cout[1] != 0 && !warm_done) {
 			warm_done = 1;
 			rss0 = rss_kb();
 		}
-		if (cout[0] != 0)
+		if (S.cout[0] != 0)
 			break;
 	}
 	rss1 = rss_kb();
-
-	/* the summary: every rank's errors and memory */
-	memset(cin, 0, nctl * sizeof(float));
-	cin[2] = (float)S.errors;
-	cin[4 + 2 * S.rank] = (float)rss0;
-	cin[5 + 2 * S.rank] = (float)rss1;
-	ret = fabep_allreduce(ctl, cin, cout, 1, nctl);
-	if (ret) {
-		tool_fail("fabep_allreduce (summary)", ret);
-		goto out;
-	}
-	errors_all = (uint64_t)cout[2];
-	for (r = 0; r < S.size; r++) {
-		long g = (long)cout[5 + 2 * r] - (long)cout[4 + 2 * r];
-
-		if (r == 0 || g > growth_max)
-			growth_max = g;
-	}
-	ok = errors_all == 0 && growth_max <= SOAK_GROWTH_KB;
-	if (S.rank == 0) {
-		double el = (double)(tool_now_ns() - t_start) / 1e9;
-
-		if (o->machine) {
-			fprintf(out, "op: soak seconds: %.1f ranks: %d provider: %s "
-				"rounds: %llu errors: %llu", el, S.size,
-				fabep_comm_provider(comm), (unsigned long long)round,
-				(unsigned long long)errors_all);
-			for (r = 0; r < S.size; r++)
-				fprintf(out, " rss_kb_%d: %.0f/%.0f", r,
-					(double)cout[4 + 2 * r], (double)cout[5 + 2 * r]);
-			fprintf(out, " rss_growth_kb: %ld growth_bound_kb: %d result: %s\n",
-				growth_max, SOAK_GROWTH_KB, ok ? "ok" : "FAIL");
-		} else {
-			fprintf(out, "soak: %.1f s, %llu rounds (each: dispatch + combine "
-				"+ allreduce, all checked), %llu errors\n", el,
-				(unsigned long long)round, (unsigned long long)errors_all);
-			for (r = 0; r < S.size; r++)
-				fprintf(out, "soak: rank %d VmRSS %.0f kB after warm-up, "
-					"%.0f kB at the end\n", r, (double)cout[4 + 2 * r],
-					(double)cout[5 + 2 * r]);
-			fprintf(out, "soak: largest growth %ld kB (bound %d kB): %s\n",
-				growth_max, SOAK_GROWTH_KB, ok ? "ok" : "FAILED");
-		}
-		fflush(out);
-	}
-	if (!ok)
-		ret = errors_all ? -EIO : -ENOMEM;
+	ret = soak_summary(&S, comm, o, out, round, t_start, rss0, rss1);
 out:
-	if (S.in)
-		for (r = 0; r < S.size; r++) {
-			free(S.in[r].ids);
-			free(S.in[r].w);
-			free(S.in[r].x);
-			free(S.in[r].xf);
-		}
-	free(S.in);
-	free(S.y);
-	free(S.out);
-	free(S.arin);
-	free(S.arout);
-	free(cin);
-	free(cout);
-	fabep_moe_destroy(moe);
-	fabep_allreduce_destroy(ar);
-	fabep_allreduce_destroy(ctl);
+	soak_free(&S);
 	return ret;
 }
