@@ -228,31 +228,274 @@ size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks)
 	       ((size_t)1 << 20);
 }
 
-int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
-{
-	size_t rows_list[8], nrows, maxr = 0, i;
-	int arnorm = !strcmp(o->op, "arnorm");
-	int rank = fabep_comm_rank(comm), size = fabep_comm_size(comm);
-	fabep_ar_dtype_t adt = FABEP_AR_BF16;
-	fep_k_dtype_t dt = FEP_K_BF16;
-	fabep_allreduce_t *ar = NULL;
+/* One run of bench_coll: the handle, the buffers and the verdict words
+ * its steps share. */
+struct bc_run {
+	fabep_comm_t *comm;
+	const struct bench_opts *o;
+	int arnorm, rank, size;
+	fabep_ar_dtype_t adt;
+	fep_k_dtype_t dt;
+	fabep_allreduce_t *ar;
 	fabep_rmsnorm_params_t p;
-	fabep_off_t wsrc = 0, wdst = 0, okw = 0, okc = 0;
+	fabep_off_t wsrc, wdst, okw, okc;
 	struct bc_bufs b;
-	int failed = 0;
-	uint64_t *t = NULL, *tr = NULL;
+	size_t maxr;
+};
+
+/* The handle and the heap buffers for rows up to maxr. */
+static int bc_setup(struct bc_run *R)
+{
+	fabep_comm_t *comm = R->comm;
+	const struct bench_opts *o = R->o;
+	size_t maxr = R->maxr, cols = R->b.cols, es = R->b.es;
 	int ret;
 
-	memset(&b, 0, sizeof(b));
+	ret = fabep_allreduce_create(comm, maxr, cols, R->adt, &R->ar);
+	if (ret) {
+		if (ret == -FABEP_ERR_HEAP_FULL && R->rank == 0)
+			fprintf(stderr, "%s: -o %s: the heap is too small: the handle "
+				"needs %zu bytes; set FABEP_HEAP_SIZE\n", tool_name,
+				o->op, fabep_allreduce_heap_bytes(maxr, cols, R->adt,
+								  R->size));
+		return tool_fail("fabep_allreduce_create", ret);
+	}
+	if (!R->arnorm) {
+		/* the raw-write reference: source and destination in the heap */
+		ret = fabep_heap_alloc(comm, maxr * cols * es, 64, &R->wsrc);
+		if (!ret)
+			ret = fabep_heap_alloc(comm, maxr * cols * es, 64, &R->wdst);
+		if (ret) {
+			if (R->rank == 0)
+				fprintf(stderr, "%s: -o allreduce: the raw-write reference "
+					"needs 2 x %zu more heap bytes; set FABEP_HEAP_SIZE\n",
+					tool_name, maxr * cols * es);
+			return tool_fail("fabep_heap_alloc", ret);
+		}
+	}
+	if (o->check) {  /* a word per rank and a counter: the verdicts */
+		ret = fabep_heap_alloc(comm, (size_t)R->size * 8, 64, &R->okw);
+		if (!ret)
+			ret = fabep_heap_alloc(comm, 8, 64, &R->okc);
+		if (ret)
+			return tool_fail("fabep_heap_alloc", ret);
+	}
+	return 0;
+}
+
+/* The host buffers, this rank's input and the norm's weights. */
+static int bc_fill(struct bc_run *R)
+{
+	struct bc_bufs *b = &R->b;
+	size_t maxr = R->maxr, i;
+
+	b->in = calloc(maxr * b->cols, b->es);
+	b->sum = calloc(maxr * b->cols, b->es);
+	b->normed = calloc(maxr * b->cols, b->es);
+	b->gamma = calloc(b->cols, b->es);
+	b->gamma32 = calloc(b->cols, sizeof(float));
+	b->q = calloc(maxr * b->cols, 1);
+	b->scales = calloc(maxr, sizeof(float));
+	if (!b->in || !b->sum || !b->normed || !b->gamma || !b->gamma32 || !b->q ||
+	    !b->scales)
+		return tool_fail("allocating buffers", -ENOMEM);
+	for (i = 0; i < maxr * b->cols; i++) {
+		if (R->adt == FABEP_AR_BF16)
+			((uint16_t *)b->in)[i] = f2bf(coll_in(i, R->rank));
+		else
+			((float *)b->in)[i] = coll_in(i, R->rank);
+	}
+	for (i = 0; i < b->cols; i++) {
+		b->gamma32[i] = 1.0f + (float)(i % 17) / 64.0f;
+		if (R->adt == FABEP_AR_BF16)
+			((uint16_t *)b->gamma)[i] = fep_f32_to_bf16(b->gamma32[i]);
+		else
+			((float *)b->gamma)[i] = b->gamma32[i];
+	}
+	fabep_rmsnorm_params_init(&R->p);
+	R->p.gamma = b->gamma;
+	R->p.eps = 1e-6f;
+	return 0;
+}
+
+/* The call under test on rows x cols. */
+static int bc_fused(struct bc_run *R, size_t rows)
+{
+	struct bc_bufs *b = &R->b;
+
+	return R->arnorm ? fabep_allreduce_rmsnorm_fp8(R->ar, b->in, rows, b->cols,
+						       &R->p, b->q, b->scales)
+			 : fabep_allreduce(R->ar, b->in, b->sum, rows, b->cols);
+}
+
+/* Times the call and its reference on rows, warm + iters rounds, into
+ * t and tr.  Fused and reference interleaved, so drift hits both alike,
+ * in alternating order (the first step after a barrier runs slower on a
+ * loaded machine); each timed step starts from a barrier, so neither
+ * absorbs the peers' lag. */
+static int bc_time(struct bc_run *R, size_t rows, size_t bytes, long warm,
+		   long iters, uint64_t *t, uint64_t *tr)
+{
+	long k;
+	int ret;
+
+	for (k = -warm; k < iters; k++) {
+		uint64_t tf = 0, tw = 0;
+		int step;
+
+		for (step = 0; step < 2; step++) {
+			int fused = (step == 0) == ((k & 1) == 0);
+			uint64_t t0;
+
+			ret = fabep_barrier(R->comm);
+			if (ret)
+				return tool_fail("fabep_barrier", ret);
+			t0 = tool_now_ns();
+			if (fused) {
+				ret = bc_fused(R, rows);
+				tf = tool_now_ns() - t0;
+			} else if (R->arnorm) {
+				ret = separate(R->comm, R->ar, &R->b, R->dt, rows);
+				tw = tool_now_ns() - t0;
+			} else {
+				ret = raw_write(R->comm, R->wsrc, R->wdst, bytes, &tw);
+			}
+			if (ret)
+				return tool_fail(fused ? R->o->op : R->arnorm ?
+						 "separate steps" : "raw write", ret);
+		}
+		if (k >= 0) {
+			t[k] = tf;
+			tr[k] = tw;
+		}
+	}
+	return 0;
+}
+
+/* One more call on rows, its result checked on every rank; the verdict
+ * (rank 0's view of all ranks) in *all_ok.  seq numbers the gathers. */
+static int bc_check(struct bc_run *R, size_t rows, uint64_t seq, int *all_ok)
+{
+	int ret = fabep_barrier(R->comm);
+
+	if (!ret)
+		ret = bc_fused(R, rows);
+	if (ret)
+		return tool_fail(R->o->op, ret);
+	ret = bench_gather_ok(R->comm, R->okw, R->okc, seq,
+			      coll_check(&R->b, rows, R->size, R->arnorm, R->rank,
+					 R->o->op), all_ok);
+	if (ret)
+		return tool_fail("gathering the checks", ret);
+	return 0;
+}
+
+/* Rank 0's header of the table (not with -m). */
+static void bc_header(struct bc_run *R, FILE *out)
+{
+	const struct bench_opts *o = R->o;
+	fabep_comm_t *comm = R->comm;
+
+	fprintf(out, "# %s -o %s: %d ranks, provider %s, signal %s, %d threads, "
+		"%s, one-stage up to %zu bytes per rank\n", tool_name, o->op,
+		R->size, fabep_comm_provider(comm),
+		fabep_signal_name(fabep_comm_signal(comm)),
+		fabep_comm_threads(comm), R->adt == FABEP_AR_BF16 ? "bf16" : "fp32",
+		fabep_allreduce_onestage_max(R->ar));
+	fprintf(out, "# ref: %s\n", R->arnorm ?
+		"allreduce, then separate RMSNorm and FP8 passes (ratio = ref / fused)" :
+		"fabep_put + fabep_flush of the same bytes to one peer (ratio = ref / allreduce)");
+	fprintf(out, "%-9s %6s %6s %11s %6s %-10s %12s %14s %7s %6s\n", "op",
+		"rows", "cols", "bytes", "iters", "path", "median_us",
+		"ref_median_us", "ratio", "check");
+}
+
+/* Times, checks and (rank 0) prints one row count; *failed set when
+ * rank 0 sees a check fail. */
+static int bc_one(struct bc_run *R, FILE *out, size_t i, size_t rows,
+		  int *failed)
+{
+	const struct bench_opts *o = R->o;
+	fabep_comm_t *comm = R->comm;
+	size_t cols = R->b.cols, bytes = rows * cols * R->b.es;
+	long iters = o->iters > 0 ? o->iters :
+		     bytes < (1u << 20) ? 200 : bytes < (16u << 20) ? 50 : 20;
+	long warm = o->warmup >= 0 ? o->warmup : (iters / 10 > 3 ? iters / 10 : 3);
+	const char *path = R->size == 1 || bytes <= fabep_allreduce_onestage_max(R->ar) ?
+			   "one-stage" : "two-stage";
+	const char *chk = "off";
+	uint64_t *t, *tr;
+	double med, ref;
+	int ret;
+
+	t = calloc((size_t)iters, sizeof(*t));
+	tr = calloc((size_t)iters, sizeof(*tr));
+	if (!t || !tr) {
+		ret = tool_fail("allocating timings", -ENOMEM);
+		goto out;
+	}
+	ret = bc_time(R, rows, bytes, warm, iters, t, tr);
+	if (ret)
+		goto out;
+	med = median_us(t, iters);
+	ref = median_us(tr, iters);
+	if (o->check) {
+		int all_ok = 0;
+
+		ret = bc_check(R, rows, (uint64_t)i + 1, &all_ok);
+		if (ret)
+			goto out;
+		chk = R->rank || all_ok ? "ok" : "failed";
+		*failed |= !R->rank && !all_ok;
+	}
+	if (R->rank == 0) {
+		if (o->machine)
+			fprintf(out, "op: %s provider: %s signal: %s ranks: %d "
+				"threads: %d dtype: %s rows: %zu cols: %zu bytes: %zu "
+				"iters: %ld path: %s median_us: %.2f "
+				"ref_median_us: %.2f ratio: %.3f check: %s\n", o->op,
+				fabep_comm_provider(comm),
+				fabep_signal_name(fabep_comm_signal(comm)), R->size,
+				fabep_comm_threads(comm),
+				R->adt == FABEP_AR_BF16 ? "bf16" : "fp32", rows, cols,
+				bytes, iters, path, med, ref, med > 0 ? ref / med : 0,
+				chk);
+		else
+			fprintf(out, "%-9s %6zu %6zu %11zu %6ld %-10s %12.2f %14.2f "
+				"%7.3f %6s\n", o->op, rows, cols, bytes, iters, path,
+				med, ref, med > 0 ? ref / med : 0, chk);
+		fflush(out);
+	}
+out:
+	free(t);
+	free(tr);
+	return ret;
+}
+
+int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
+{
+	struct bc_run R;
+	size_t rows_list[8], nrows, i;
+	int failed = 0;
+	int ret;
+
+	memset(&R, 0, sizeof(R));
+	R.comm = comm;
+	R.o = o;
+	R.arnorm = !strcmp(o->op, "arnorm");
+	R.rank = fabep_comm_rank(comm);
+	R.size = fabep_comm_size(comm);
+	R.adt = FABEP_AR_BF16;
+	R.dt = FEP_K_BF16;
 	if (o->format && !strcmp(o->format, "fp32")) {
-		adt = FABEP_AR_F32;
-		dt = FEP_K_F32;
+		R.adt = FABEP_AR_F32;
+		R.dt = FEP_K_F32;
 	} else if (o->format && strcmp(o->format, "bf16")) {
 		fprintf(stderr, "%s: -o %s takes -f bf16 or fp32\n", tool_name, o->op);
 		return -EINVAL;
 	}
-	b.es = adt == FABEP_AR_BF16 ? 2 : 4;
-	b.cols = o->cols > 0 ? (size_t)o->cols : 7168;
+	R.b.es = R.adt == FABEP_AR_BF16 ? 2 : 4;
+	R.b.cols = o->cols > 0 ? (size_t)o->cols : 7168;
 	if (o->rows > 0) {
 		rows_list[0] = (size_t)o->rows;
 		nrows = 1;
@@ -261,186 +504,19 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		memcpy(rows_list, def_rows, sizeof(def_rows));
 	}
 	for (i = 0; i < nrows; i++)
-		maxr = rows_list[i] > maxr ? rows_list[i] : maxr;
+		R.maxr = rows_list[i] > R.maxr ? rows_list[i] : R.maxr;
 
-	ret = fabep_allreduce_create(comm, maxr, b.cols, adt, &ar);
-	if (ret) {
-		if (ret == -FABEP_ERR_HEAP_FULL && rank == 0)
-			fprintf(stderr, "%s: -o %s: the heap is too small: the handle "
-				"needs %zu bytes; set FABEP_HEAP_SIZE\n", tool_name,
-				o->op, fabep_allreduce_heap_bytes(maxr, b.cols, adt, size));
-		return tool_fail("fabep_allreduce_create", ret);
-	}
-	if (!arnorm) {
-		/* the raw-write reference: source and destination in the heap */
-		ret = fabep_heap_alloc(comm, maxr * b.cols * b.es, 64, &wsrc);
-		if (!ret)
-			ret = fabep_heap_alloc(comm, maxr * b.cols * b.es, 64, &wdst);
-		if (ret) {
-			if (rank == 0)
-				fprintf(stderr, "%s: -o allreduce: the raw-write reference "
-					"needs 2 x %zu more heap bytes; set FABEP_HEAP_SIZE\n",
-					tool_name, maxr * b.cols * b.es);
-			ret = tool_fail("fabep_heap_alloc", ret);
-			goto out;
-		}
-	}
-	if (o->check) {  /* a word per rank and a counter: the verdicts */
-		ret = fabep_heap_alloc(comm, (size_t)size * 8, 64, &okw);
-		if (!ret)
-			ret = fabep_heap_alloc(comm, 8, 64, &okc);
-		if (ret) {
-			ret = tool_fail("fabep_heap_alloc", ret);
-			goto out;
-		}
-	}
-	b.in = calloc(maxr * b.cols, b.es);
-	b.sum = calloc(maxr * b.cols, b.es);
-	b.normed = calloc(maxr * b.cols, b.es);
-	b.gamma = calloc(b.cols, b.es);
-	b.gamma32 = calloc(b.cols, sizeof(float));
-	b.q = calloc(maxr * b.cols, 1);
-	b.scales = calloc(maxr, sizeof(float));
-	if (!b.in || !b.sum || !b.normed || !b.gamma || !b.gamma32 || !b.q ||
-	    !b.scales) {
-		ret = tool_fail("allocating buffers", -ENOMEM);
+	ret = bc_setup(&R);
+	if (!ret)
+		ret = bc_fill(&R);
+	if (ret)
 		goto out;
-	}
-	for (i = 0; i < maxr * b.cols; i++) {
-		if (adt == FABEP_AR_BF16)
-			((uint16_t *)b.in)[i] = f2bf(coll_in(i, rank));
-		else
-			((float *)b.in)[i] = coll_in(i, rank);
-	}
-	for (i = 0; i < b.cols; i++) {
-		b.gamma32[i] = 1.0f + (float)(i % 17) / 64.0f;
-		if (adt == FABEP_AR_BF16)
-			((uint16_t *)b.gamma)[i] = fep_f32_to_bf16(b.gamma32[i]);
-		else
-			((float *)b.gamma)[i] = b.gamma32[i];
-	}
-	fabep_rmsnorm_params_init(&p);
-	p.gamma = b.gamma;
-	p.eps = 1e-6f;
-
-	if (rank == 0 && !o->machine) {
-		fprintf(out, "# %s -o %s: %d ranks, provider %s, signal %s, %d threads, "
-			"%s, one-stage up to %zu bytes per rank\n", tool_name, o->op,
-			size, fabep_comm_provider(comm),
-			fabep_signal_name(fabep_comm_signal(comm)),
-			fabep_comm_threads(comm), adt == FABEP_AR_BF16 ? "bf16" : "fp32",
-			fabep_allreduce_onestage_max(ar));
-		fprintf(out, "# ref: %s\n", arnorm ?
-			"allreduce, then separate RMSNorm and FP8 passes (ratio = ref / fused)" :
-			"fabep_put + fabep_flush of the same bytes to one peer (ratio = ref / allreduce)");
-		fprintf(out, "%-9s %6s %6s %11s %6s %-10s %12s %14s %7s %6s\n", "op",
-			"rows", "cols", "bytes", "iters", "path", "median_us",
-			"ref_median_us", "ratio", "check");
-	}
+	if (R.rank == 0 && !o->machine)
+		bc_header(&R, out);
 	for (i = 0; i < nrows; i++) {
-		size_t rows = rows_list[i], bytes = rows * b.cols * b.es;
-		long iters = o->iters > 0 ? o->iters :
-			     bytes < (1u << 20) ? 200 : bytes < (16u << 20) ? 50 : 20;
-		long warm = o->warmup >= 0 ? o->warmup : (iters / 10 > 3 ? iters / 10 : 3);
-		const char *path = size == 1 || bytes <= fabep_allreduce_onestage_max(ar) ?
-				   "one-stage" : "two-stage";
-		const char *chk = "off";
-		double med, ref;
-		long k;
-
-		t = calloc((size_t)iters, sizeof(*t));
-		tr = calloc((size_t)iters, sizeof(*tr));
-		if (!t || !tr) {
-			ret = tool_fail("allocating timings", -ENOMEM);
+		ret = bc_one(&R, out, i, rows_list[i], &failed);
+		if (ret)
 			goto out;
-		}
-		/* fused and reference interleaved, so drift hits both alike,
-		 * in alternating order (the first step after a barrier was seen
-		 * to run slower on a loaded machine); each timed step starts
-		 * from a barrier, so neither absorbs the peers' lag */
-		for (k = -warm; k < iters; k++) {
-			uint64_t tf = 0, tw = 0;
-			int step;
-
-			for (step = 0; step < 2; step++) {
-				int fused = (step == 0) == ((k & 1) == 0);
-				uint64_t t0;
-
-				ret = fabep_barrier(comm);
-				if (ret) {
-					ret = tool_fail("fabep_barrier", ret);
-					goto out;
-				}
-				t0 = tool_now_ns();
-				if (fused) {
-					ret = arnorm ? fabep_allreduce_rmsnorm_fp8(ar, b.in, rows,
-										   b.cols, &p, b.q,
-										   b.scales)
-						     : fabep_allreduce(ar, b.in, b.sum, rows,
-								       b.cols);
-					tf = tool_now_ns() - t0;
-				} else if (arnorm) {
-					ret = separate(comm, ar, &b, dt, rows);
-					tw = tool_now_ns() - t0;
-				} else {
-					ret = raw_write(comm, wsrc, wdst, bytes, &tw);
-				}
-				if (ret) {
-					ret = tool_fail(fused ? o->op : arnorm ? "separate steps" :
-							"raw write", ret);
-					goto out;
-				}
-			}
-			if (k >= 0) {
-				t[k] = tf;
-				tr[k] = tw;
-			}
-		}
-		med = median_us(t, iters);
-		ref = median_us(tr, iters);
-		if (o->check) {  /* one more call, its result checked everywhere */
-			int all_ok = 0;
-
-			ret = fabep_barrier(comm);
-			if (!ret)
-				ret = arnorm ? fabep_allreduce_rmsnorm_fp8(ar, b.in, rows, b.cols,
-									   &p, b.q, b.scales)
-					     : fabep_allreduce(ar, b.in, b.sum, rows, b.cols);
-			if (ret) {
-				ret = tool_fail(o->op, ret);
-				goto out;
-			}
-			ret = bench_gather_ok(comm, okw, okc, (uint64_t)i + 1,
-					      coll_check(&b, rows, size, arnorm, rank,
-							 o->op), &all_ok);
-			if (ret) {
-				ret = tool_fail("gathering the checks", ret);
-				goto out;
-			}
-			chk = rank || all_ok ? "ok" : "failed";
-			failed |= !rank && !all_ok;
-		}
-		if (rank == 0) {
-			if (o->machine)
-				fprintf(out, "op: %s provider: %s signal: %s ranks: %d "
-					"threads: %d dtype: %s rows: %zu cols: %zu bytes: %zu "
-					"iters: %ld path: %s median_us: %.2f "
-					"ref_median_us: %.2f ratio: %.3f check: %s\n", o->op,
-					fabep_comm_provider(comm),
-					fabep_signal_name(fabep_comm_signal(comm)), size,
-					fabep_comm_threads(comm),
-					adt == FABEP_AR_BF16 ? "bf16" : "fp32", rows, b.cols,
-					bytes, iters, path, med, ref, med > 0 ? ref / med : 0,
-					chk);
-			else
-				fprintf(out, "%-9s %6zu %6zu %11zu %6ld %-10s %12.2f %14.2f "
-					"%7.3f %6s\n", o->op, rows, b.cols, bytes, iters, path,
-					med, ref, med > 0 ? ref / med : 0, chk);
-			fflush(out);
-		}
-		free(t);
-		free(tr);
-		t = tr = NULL;
 	}
 	ret = fabep_barrier(comm);
 	if (ret)
@@ -448,15 +524,13 @@ int bench_coll(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	else if (failed)
 		ret = -FABEP_ERR_PEER;  /* rank 0: a check failed (printed) */
 out:
-	free(t);
-	free(tr);
-	free(b.in);
-	free(b.sum);
-	free(b.normed);
-	free(b.gamma);
-	free(b.gamma32);
-	free(b.q);
-	free(b.scales);
-	fabep_allreduce_destroy(ar);
+	free(R.b.in);
+	free(R.b.sum);
+	free(R.b.normed);
+	free(R.b.gamma);
+	free(R.b.gamma32);
+	free(R.b.q);
+	free(R.b.scales);
+	fabep_allreduce_destroy(R.ar);
 	return ret;
 }
