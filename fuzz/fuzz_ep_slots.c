@@ -148,7 +148,7 @@ static int ref_combine(struct fabep_moe *m, int b, uint64_t seq,
 	for (r = 0; r < m->size; r++) {
 		struct fep_ep_hdr h;
 
-		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_cslot(m, b, r)), sizeof(h));
+		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_chdr(m, b, r)), sizeof(h));
 		if (h.seq != seq || h.magic != FEP_EP_MAGIC)
 			return REF_PROTOCOL;
 		if (h.status) {
@@ -307,7 +307,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 
 	/* The combine slots: counts must be what this rank sent. */
 	for (r = 0; r < size; r++) {
-		uint8_t *slot = fep_heap_at(fab, fep_ep_cslot(m, b, r));
+		uint8_t *slot = fep_heap_at(fab, fep_ep_chdr(m, b, r));
 		uint8_t mode = fuzz_u8(&in);
 
 		s->sent[r] = fuzz_u8(&in) % (uint32_t)(cfg.max_tokens + 1);
@@ -321,7 +321,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		}
 	}
 	ref = ref_combine(m, b, seq, s->sent);
-	ret = fep_ep_check_hdrs(m, "fuzz combine", fep_ep_cslot(m, b, 0),
+	ret = fep_ep_check_hdrs(m, "fuzz combine", fep_ep_chdr(m, b, 0),
 				m->cslot_bytes, seq, s->sent, 0, s->rcount, NULL);
 	FUZZ_CHECK(ret <= 0);
 	FUZZ_CHECK(ref_agrees(ref, ret));

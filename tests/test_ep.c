@@ -2032,12 +2032,13 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 static int lie_combine(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 {
 	struct fep_ep_set *s = &m->set[0];
-	uint8_t *st = fabep_heap_ptr(comm, fep_ep_cstage(m, r));
+	uint8_t *st = fabep_heap_ptr(comm, fep_ep_cstage(m, r) + m->choff);
 
 	fep_ep_hdr_write(st, lie == LIE_C_SEQ ? s->seq + 1 : s->seq, 0,
 			 s->rcount[r] + 1);
-	return fabep_put_signal(comm, r, fep_ep_cslot(m, 0, m->rank),
-				fep_ep_cstage(m, r), FEP_EP_HDR, fep_ep_cctr(m, 0),
+	return fabep_put_signal(comm, r, fep_ep_chdr(m, 0, m->rank),
+				fep_ep_cstage(m, r) + m->choff, FEP_EP_HDR,
+				fep_ep_cctr(m, 0),
 				m->cchunks);
 }
 

@@ -114,7 +114,7 @@ static int peers_in(struct red_ctx *c)
 	for (r = 0; r < m->size && v > 0; r++) {
 		struct fep_ep_hdr h;
 
-		memcpy(&h, fep_heap_at(fab, fep_ep_cslot(m, c->b, r)), sizeof(h));
+		memcpy(&h, fep_heap_at(fab, fep_ep_chdr(m, c->b, r)), sizeof(h));
 		if (h.seq != c->s->seq || h.magic != FEP_EP_MAGIC || h.status ||
 		    h.count != c->s->sent[r])
 			v = -1;
@@ -307,7 +307,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	c.weighted = !(flags & FABEP_MOE_UNWEIGHTED);
 	c.idle.fab = fab;
 	for (d = 0; d < m->size; d++)
-		fep_ep_hdr_write(crun_base(m, b, d), s->seq, status,
+		fep_ep_hdr_write(crun_base(m, b, d) + m->choff, s->seq, status,
 				 status ? 0 : s->rcount[d]);
 	m->tm.c_put = t1 - t0;
 	m->tm.c_bytes = 0;
@@ -361,6 +361,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 				.per = m->cchunk_rows, .chunks = m->cchunks,
 				.sig = fep_ep_cctr(m, b),
 				.hsig = fep_ep_cctr(m, b), .hlast = 1,
+				.hoff = m->choff,
 			};
 
 			np += fep_ep_ready_chunks(m->puts + np, &r, &m->posted[peer]);
@@ -456,9 +457,9 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 		fep_pool_wake(m->comm->pool);  /* for the sum after the wait */
 	t0 = fep_now_ns();
 	ret = fep_ep_wait(m, m->cfn, fep_ep_cctr(m, b), comb_target(m, s),
-			  fep_ep_cslot(m, b, 0), m->cslot_bytes, s->seq);
+			  fep_ep_chdr(m, b, 0), m->cslot_bytes, s->seq);
 	if (!ret)
-		ret = fep_ep_check_hdrs(m, m->cfn, fep_ep_cslot(m, b, 0),
+		ret = fep_ep_check_hdrs(m, m->cfn, fep_ep_chdr(m, b, 0),
 					m->cslot_bytes, s->seq, s->sent, s->status,
 					NULL, &refused);
 	/* this rank's rows must have left before the caller computes (tcp) */

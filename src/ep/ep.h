@@ -128,6 +128,10 @@ struct fabep_moe {
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
 	size_t dhdr_bytes;   /* FEP_EP_HDR + 4 * L, to 64: what chunk 0 writes */
 	size_t chdr_rows, cslot_rows, cslot_bytes;
+	size_t choff;        /* a combine slot's header: at the end of its
+			      * header rows, 8-byte aligned, so that it and
+			      * the rows leave in one write without the
+			      * rows' worth of padding before it */
 	/* pipelining: every run goes as dchunks (cchunks) writes, the header
 	 * then up to dchunk_recs records (cchunk_rows rows) each, each with its
 	 * own signal, so the first leave while the rest are packed.  The counts are fixed by
@@ -241,6 +245,11 @@ static inline uint64_t fep_ep_cstage(const struct fabep_moe *m, int d)
 	int i = (d - m->rank - 1 + m->size) % m->size;
 	return m->cstage + (uint64_t)i * m->cslot_bytes;
 }
+/* The header of combine slot (b, d) (m->choff into it). */
+static inline uint64_t fep_ep_chdr(const struct fabep_moe *m, int b, int d)
+{
+	return fep_ep_cslot(m, b, d) + m->choff;
+}
 
 /* Drives the fabric while pool workers pack (fep_pool_for_idle); the
  * first error stays in err. */
@@ -301,6 +310,8 @@ struct fep_ep_run {
 	uint64_t sig;
 	size_t hlen;           /* header bytes (hlast 0; with hlast the
 				* header is hdr units) */
+	size_t hoff;           /* hlast: where in its hdr units the header
+				* starts; the write begins there */
 	uint64_t hsig;
 	/* 0: the header leaves first (chunk 0), then the chunks in order,
 	 * empty ones included; done counts the units complete from the

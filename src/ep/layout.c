@@ -112,6 +112,7 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		hdr += m->crow_bytes;
 	}
 	m->cslot_bytes = hdr;
+	m->choff = (m->chdr_rows * m->crow_bytes - FEP_EP_HDR) & ~(size_t)7;
 	{
 		size_t v = FEP_MOE_CHUNK_DEFAULT;
 
@@ -608,9 +609,9 @@ static size_t ready_hlast(struct fep_put *out, const struct fep_ep_run *r,
 		out[n].peer = r->peer;
 		out[n].sig = r->hsig;
 		out[n].add = r->chunks - *posted;
-		out[n].dst = r->dst;
-		out[n].src = r->stage;
-		out[n].len = (r->hdr + FEP_MIN(r->per, r->count)) * r->unit;
+		out[n].dst = r->dst + r->hoff;
+		out[n].src = r->stage + r->hoff;
+		out[n].len = (r->hdr + FEP_MIN(r->per, r->count)) * r->unit - r->hoff;
 		n++;
 		*posted = r->chunks;
 	}
