@@ -50,7 +50,8 @@
  * for the same reason ctr_ag never sees a signal of a later call early.
  * The argument needs every rank to signal every other rank in phase 1 of
  * every call, which is why phase 1 always goes to all peers.  The own
- * staging is reused only after fep_fabric_quiet (start of each call).
+ * staging is reused only after fep_fabric_reap_writes (start of each
+ * call).
  *
  * Error agreement.  Every rank sees the same set of headers (its own
  * included) after phase 1, so every rank computes the same verdict:
@@ -695,8 +696,10 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 	c->one = status || !h->lay.two_stage || rows * c->rb <= h->os_max;
 	c->par = (int)((h->seq + 1) & 1);
 
-	/* the staging must not change under a write still in flight */
-	ret = fep_fabric_quiet(h->comm->fab);
+	/* the staging must not change under a write still in flight; the
+	 * signals may still be unacknowledged (that would wait for every
+	 * peer to enter this call) */
+	ret = fep_fabric_reap_writes(h->comm->fab);
 	if (ret)
 		return fep_ar_fail(h, ret);
 	c->hdr.seq = ++h->seq;

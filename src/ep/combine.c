@@ -276,7 +276,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	m->tm.c_begin = fep_now_ns();
 	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	t0 = fep_now_ns();
-	ret = fep_ep_fab(m, fep_fabric_quiet(fab));
+	/* the previous runs' writes, not their signals (as dispatch) */
+	ret = fep_ep_fab(m, fep_fabric_reap_writes(fab));
 	if (ret)
 		return ret;
 	t1 = fep_now_ns();

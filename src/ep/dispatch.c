@@ -533,9 +533,12 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	s = &m->set[b];
 	m->tm.d_begin = fep_now_ns();
 	fep_pool_wake(m->comm->pool);  /* they wake while the sends drain */
-	/* the send runs of the previous call must have left (wire time) */
+	/* the send runs of the previous call must have left (wire time)
+	 * before their staging is packed again; its signals need not be
+	 * acknowledged: waiting for those would wait for every peer to
+	 * progress, i.e. to enter this call */
 	t0 = fep_now_ns();
-	ret = fep_ep_fab(m, fep_fabric_quiet(m->comm->fab));
+	ret = fep_ep_fab(m, fep_fabric_reap_writes(m->comm->fab));
 	if (ret)
 		return ret;
 	t1 = fep_now_ns();

@@ -1227,6 +1227,8 @@ int fep_fabric_reap_writes(fep_fabric_t *fab)
 
 	while (fab->writes) {
 		ret = fep_fabric_stall(fab, &st);
+		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
+			fab->tx_error = ret;  /* as fep_fabric_quiet */
 		if (ret == -ETIMEDOUT) {
 			fep_err("%zu writes still incomplete after %d ms",
 				fab->writes, fab->timeout_ms);
