@@ -15,7 +15,6 @@
 #include "config.h"
 
 #include <errno.h>
-#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1043,8 +1042,6 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 	p.heap_size = fab->heap_size;
 	p.numa_node = -1;
 	p.heap_of = fab;
-	if (madvise(fab->heap, fab->heap_size, MADV_HUGEPAGE))
-		fep_dbg("madvise(heap, MADV_HUGEPAGE): %s", strerror(errno));
 	for (c = 1; c < n; c++) {
 		ret = fep_fabric_open(&p, &fab->chan[c]);
 		if (!ret)
