@@ -1904,6 +1904,7 @@ enum {
 	LIE_SEQ,          /* header: another call's */
 	LIE_STATUS,       /* header: a status that is no error code */
 	LIE_ROWS,         /* header: more rows than count * top_k */
+	LIE_CHUNKS,       /* header: record signals neither 0 nor all chunks */
 	LIE_TOKEN,        /* record: token index past max_tokens */
 	LIE_EXPERT,       /* record: expert id past num_experts */
 	LIE_MORE,         /* records: more rows for an expert than announced */
@@ -1914,7 +1915,8 @@ enum {
 };
 
 static const char *const lie_names[LIE_N] = {
-	"count", "magic", "seq", "status", "rows", "token", "expert", "more",
+	"count", "magic", "seq", "status", "rows", "chunks", "token", "expert",
+	"more",
 	"fewer", "combine count", "combine seq"
 };
 
@@ -1922,6 +1924,7 @@ static const char *const lie_names[LIE_N] = {
 static const char *const lie_logs[LIE_N] = {
 	"announced 9 rows (expected at most 8)", "'s header holds call",
 	"'s header holds call", "sent status 5", "announced 3 rows for 1 tokens",
+	"record signals (expected 0 or",
 	"sent token index 8", "sent expert 6", "sent more rows for expert",
 	"sent 1 rows fewer for expert", "announced", "'s header holds call"
 };
@@ -1995,6 +1998,7 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 	h.seq = 1;
 	h.magic = FEP_EP_MAGIC;
 	h.count = 1;
+	h.chunks = (uint32_t)(m->dchunks - 1);  /* as it signals below */
 	rows[0] = 1;  /* one row for r's first expert */
 	meta[0] = 0;  /* token 0, stamp, ids, weights */
 	meta[1] = 1;
@@ -2008,6 +2012,7 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 	case LIE_SEQ: h.seq = 2; break;
 	case LIE_STATUS: h.status = 5; break;
 	case LIE_ROWS: rows[0] = LIE_TOPK + 1; break;
+	case LIE_CHUNKS: h.chunks = (uint32_t)m->dchunks + 5; break;
 	case LIE_TOKEN: meta[0] = LIE_TOKENS; break;
 	case LIE_EXPERT: meta[2] = LIE_EXPERTS; break;
 	case LIE_MORE: meta[3] = meta[2]; break;
@@ -2087,9 +2092,20 @@ static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
 			fabep_wait(comm, fep_ep_cctr(m, 0),
 				   (uint64_t)(size - 1) * m->cchunks) :
 			fabep_wait(comm, fep_ep_hctr(m, 0), (uint64_t)(size - 1));
-		if (!ret && lie < LIE_C_COUNT)
-			ret = fabep_wait(comm, fep_ep_dctr(m, 0),
-					 (uint64_t)(size - 1) * (m->dchunks - 1));
+		if (!ret && lie < LIE_C_COUNT) {
+			/* the record signals the others' headers announce */
+			uint64_t want = 0;
+			struct fep_ep_hdr h;
+
+			for (r = 0; r < size; r++) {
+				if (r == rank)
+					continue;
+				memcpy(&h, fabep_heap_ptr(comm, fep_ep_dslot(m, 0, r)),
+				       sizeof(h));
+				want += h.chunks;
+			}
+			ret = fabep_wait(comm, fep_ep_dctr(m, 0), want);
+		}
 		if (ret)
 			goto out;
 	} else {

@@ -346,8 +346,14 @@ static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
 	size_t np = 0;
 	int d;
 
+	size_t i;
+
 	for (d = 1; d < m->size; d++)
 		np += ready_chunks(m, c, s, (m->rank + d) % m->size, np);
+	if (m->dmerge)  /* the header's signal stands for the records */
+		for (i = 0; i < np; i++)
+			if (m->puts[i].sig != fep_ep_hctr(m, c->b))
+				m->puts[i].add = 0;
 	return fep_ep_post(m, np, &m->tm.d_bytes);
 }
 
@@ -450,11 +456,32 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 	}
 	for (d = 0; d < m->size; d++) {
 		uint8_t *h = run_base(m, b, d);
+		uint32_t chunks = m->dmerge ? 0 : (uint32_t)(m->dchunks - 1);
 
 		fep_ep_hdr_write(h, s->seq, status, s->sent[d]);
+		memcpy(h + offsetof(struct fep_ep_hdr, chunks), &chunks, 4);
 		memcpy(h + FEP_EP_HDR, m->ecnt + (size_t)d * (size_t)m->L,
 		       4 * (size_t)m->L);
 	}
+}
+
+/* Whether the headers of n tokens leave before the records. */
+static int early(const struct fabep_moe *m, size_t n)
+{
+	return n * m->rec_bytes >= FEP_EP_EARLY_BYTES;
+}
+
+/* Whether a send of n tokens leaves in one batch with one signal per peer:
+ * headers not early, one block (every chunk of every run complete when
+ * the batch is posted), and a strategy whose signal is an operation
+ * posted after the batch's writes (ordered after them, or after their
+ * completion): the header's signal then stands for the records too, and
+ * the header says so (chunks 0).  With remote CQ data every write is its
+ * own signal, so each chunk keeps its own. */
+static int fep_ep_merge(const struct fabep_moe *m, size_t n)
+{
+	return m->comm->fab->signal != FABEP_SIGNAL_CQDATA && !early(m, n) &&
+	       n <= m->dchunk_recs;
 }
 
 /* Pack the n tokens a block at a time on the workers (the caller drives
@@ -474,7 +501,7 @@ static int pack_and_post(struct fabep_moe *m, struct pack_ctx *c,
 	memset(m->cursor, 0, (size_t)m->size * sizeof(uint32_t)); /* records done */
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
-	if (n * m->rec_bytes >= FEP_EP_EARLY_BYTES) {
+	if (!m->dmerge && early(m, n)) {
 		c->te = 0;
 		ret = post_ready(m, c, s);
 		if (ret)
@@ -559,6 +586,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 
 	pack_ctx_init(m, &c, b, x, scales);
 	s->self_n = 0;
+	m->dmerge = fep_ep_merge(m, n);
 	write_headers(m, b, s, n, status);
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;
@@ -921,6 +949,39 @@ static void name_missing(struct fabep_moe *m, int b, const struct fep_ep_set *s)
 			"(their headers did)", m->dfn, missing > 1 ? "s" : "", names);
 }
 
+/* Add to the set's record-counter target what every peer's header
+ * announces (0 or dchunks - 1 signals); a header of another call counts
+ * as dchunks - 1, what its sender would have sent unmerged.  0, or
+ * -FABEP_ERR_PROTOCOL for an announcement that is neither. */
+static int announced(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
+	int r, ret = 0;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		if (r == m->rank)
+			continue;
+		memcpy(&h, base + (size_t)r * m->dslot_bytes, sizeof(h));
+		if (h.seq != s->seq || h.magic != FEP_EP_MAGIC) {
+			s->dexp += m->dchunks - 1;
+			continue;
+		}
+		if (h.chunks != 0 && h.chunks != m->dchunks - 1) {
+			if (!ret)
+				fep_err("%s: rank %d announced %u record signals "
+					"(expected 0 or %zu)", m->dfn, r, h.chunks,
+					m->dchunks - 1);
+			ret = -FABEP_ERR_PROTOCOL;
+			s->dexp += m->dchunks - 1;
+			continue;
+		}
+		s->dexp += h.chunks;
+	}
+	return ret;
+}
+
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 {
 	struct fep_ep_set *s;
@@ -946,6 +1007,12 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		ret = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
 					m->dslot_bytes, s->seq, NULL, s->status,
 					s->rcount, &refused);
+	if (!hret) {
+		int cret = announced(m, b, s);
+
+		if (!ret)
+			ret = cret;
+	}
 	t1 = fep_now_ns();
 	if (!ret)
 		ret = build_begin(m, b, s);
@@ -955,8 +1022,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 			m, s, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0)), NULL
 		};
 		int dret = fep_ep_wait_with(m, m->dfn, fep_ep_dctr(m, b),
-					    (uint64_t)(m->size - 1) * (m->dchunks - 1) *
-					    s->uses, UINT64_MAX, 0, s->seq,
+					    s->dexp, UINT64_MAX, 0, s->seq,
 					    m->zcopy && !ret ? place_own : NULL, &o);
 
 		if (dret == -ETIMEDOUT && !ret)

@@ -8,7 +8,9 @@
  *   counters  dctr[set], cctr[set], hctr[set]: uint64, every source adds
  *             1 per chunk into the set; never reset; a wait is
  *             ctr >= (size-1) * chunks * uses.  hctr counts dispatch
- *             headers (chunk 0), dctr the dispatch records that follow.
+ *             headers (chunk 0), dctr the dispatch records that follow:
+ *             as many as each header announces (its chunks), so dctr's
+ *             target is the sum of those (set->dexp).
  *   drecv     [set][2 * size] dispatch slots: [source] slots, the set's
  *             staged runs to the other ranks, the input slot.  A slot: a
  *             header (hdr_recs records: struct fep_ep_hdr, then uint32
@@ -40,7 +42,12 @@ struct fep_ep_hdr {
 	int32_t status;   /* 0 or the sender's negative error code */
 	uint32_t count;   /* records / rows that follow */
 	uint64_t magic;
-	uint64_t pad[5];
+	/* dispatch: the signals on the set's record counter that follow
+	 * from this sender in this call, dchunks - 1, or 0 when its records
+	 * came under the header's own signal (fep_ep_merge) */
+	uint32_t chunks;
+	uint32_t pad32;
+	uint64_t pad[4];
 };
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
@@ -65,7 +72,9 @@ struct fep_ep_set {
 	int state;
 	int status;          /* local error of the send half (agreed later) */
 	uint64_t seq;
-	uint64_t uses;       /* dispatches into this set (dctr target) */
+	uint64_t uses;       /* dispatches into this set (hctr target) */
+	uint64_t dexp;       /* record signals announced into this set by
+			      * the headers so far (dctr target) */
 	uint64_t cuses;      /* combines from this set (cctr target) */
 
 	/* source side: what this rank sent (for combine_recv) */
@@ -119,6 +128,8 @@ struct fabep_moe {
 	size_t nscale;       /* FP8: scales per row; else 0 */
 	int fp8;
 	int zcopy;           /* FABEP_MOE_ZERO_COPY */
+	int dmerge;          /* this dispatch's runs leave in one batch under
+			      * one signal per peer (fep_ep_merge) */
 	fep_k_dtype_t cdt;   /* combine dtype */
 	size_t crow_bytes;
 
