@@ -1185,6 +1185,14 @@ EP_TEST(shm4_chunks_fp8, "shm", 4, .rounds = 30, .tt = FABEP_MOE_FP8, .block = 1
 	.split = 1, .backward = 1)
 EP_TEST(shm2_chunks_zero, "shm", 2, .rounds = 40, .routing = R_ZERO, .topk = 2,
 	.max_tokens = 50, .chunk = "700", .zcopy = 1, .outstanding = 1)
+/* runs gathered from the input slot and staged side by side: about 135
+ * records to each peer in about 74 ranges, past what one chunk gathers
+ * (FEP_EP_GATHER_WRITES writes of 4 pieces on shm) in some rounds and
+ * not in others; chunked, every chunk gathers (cma: one thread) */
+EP_TEST(shm4_gather_stage, "shm", 4, .rounds = 20, .hidden = 8, .topk = 2,
+	.experts = 16, .max_tokens = 300, .split = 1)
+EP_TEST(shm4_gather_chunks, "shm", 4, .rounds = 20, .hidden = 8, .topk = 2,
+	.experts = 16, .max_tokens = 300, .chunk = "2000", .backward = 1)
 /* tokens put in the send buffer (no copy in dispatch) */
 EP_TEST(sb_shm3_bf16, "shm", 3, .rounds = 60, .topk = 4, .experts = 12,
 	.routing = R_NEG, .sendbuf = 1, .chunk = "3000", .split = 1, .backward = 1)
@@ -2218,6 +2226,8 @@ static Suite *ep_suite(void)
 	ADD(tc, shm3_chunks);
 	ADD(tc, shm4_chunks_fp8);
 	ADD(tc, shm2_chunks_zero);
+	ADD(tc, shm4_gather_stage);
+	ADD(tc, shm4_gather_chunks);
 	ADD(tc, tcp3_chunks);
 	ADD(tc, sb_shm3_bf16);
 	ADD(tc, sb_shm2_fp32_zc);

@@ -56,6 +56,13 @@ struct fep_ep_hdr {
  * pipelining a run only adds posts) */
 #define FEP_MOE_CHUNK_DEFAULT ((size_t)0)
 
+/* A dispatch chunk gathered from the input slot takes at most this many
+ * writes; a chunk of more ranges is staged.  Every write is a command
+ * in the target's queue (shm), and a queue filled by hundreds of small
+ * gathered writes stalls every sender to that target until it next
+ * progresses, which costs more than the staging copy it saves. */
+#define FEP_EP_GATHER_WRITES 16
+
 /* Dispatch posts its headers before packing when it packs at least this
  * many bytes of records (below, an extra post only adds latency). */
 #define FEP_EP_EARLY_BYTES ((size_t)64 << 10)
@@ -128,6 +135,9 @@ struct fabep_moe {
 	size_t nscale;       /* FP8: scales per row; else 0 */
 	int fp8;
 	int zcopy;           /* FABEP_MOE_ZERO_COPY */
+	int gather;          /* every chunk leaves from the input slot, its
+			      * records' pieces gathered into writes, none
+			      * staged */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
 	fep_k_dtype_t cdt;   /* combine dtype */

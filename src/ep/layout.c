@@ -241,7 +241,10 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->dest = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
 	m->pack_pos = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
 	m->cursor = calloc(R, sizeof(uint32_t));
-	m->puts = calloc(R * FEP_MAX(m->dchunks, m->cchunks) + 1, sizeof(*m->puts));
+	/* a chunk of a run gathered from the input slot is a put per range
+	 * of its records: at most one per record sent */
+	m->puts = calloc(R * FEP_MAX(m->dchunks, m->cchunks) + T1 * (size_t)m->kk + 1,
+			 sizeof(*m->puts));
 	m->posted = calloc(R, sizeof(size_t));
 	m->chunk_direct = calloc(R * m->dchunks, 1);
 	m->run_first = malloc(R * sizeof(int32_t));
@@ -326,6 +329,11 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	} else {
 		m->comm = comm;
 		m->rank = comm->rank;
+		/* runs leave from the input slot, gathered, where a chunk's
+		 * writes need not each carry its signal (not remote CQ data)
+		 * and one write takes several pieces */
+		m->gather = comm->fab->signal != FABEP_SIGNAL_CQDATA &&
+			    comm->fab->iov_max >= 2;
 		m->dfn = "fabep_moe_dispatch";
 		m->cfn = "fabep_moe_combine";
 		if (!status)
@@ -643,11 +651,26 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 				break;
 			out[n].dst = r->dst + (r->hdr + r0) * r->unit;
 			out[n].len = r1 > r0 ? (r1 - r0) * r->unit : 0;
-			if (r1 > r0 && r->direct && r->direct[j])
+			out[n].src = r->stage + (r->hdr + r0) * r->unit;
+			/* from the input slot: one put per range of consecutive
+			 * records there, the chunk's signal on the last (the
+			 * fabric gathers them into writes of several pieces) */
+			while (r1 > r0 && r->direct && r->direct[j]) {
+				size_t b = r0 + 1;
+
+				while (b < r1 && r->tok[b] == r->tok[b - 1] + 1)
+					b++;
+				out[n].dst = r->dst + (r->hdr + r0) * r->unit;
 				out[n].src = r->input +
 					     (r->hdr + (size_t)r->tok[r0]) * r->unit;
-			else
-				out[n].src = r->stage + (r->hdr + r0) * r->unit;
+				out[n].len = (b - r0) * r->unit;
+				if (b == r1)
+					break;
+				out[n++].add = 0;
+				out[n] = out[n - 1];
+				out[n].add = 1;
+				r0 = b;
+			}
 		}
 		n++;
 		(*posted)++;

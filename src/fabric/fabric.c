@@ -525,6 +525,8 @@ static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
 	fab->inject_size = info->tx_attr->inject_size;
 	fab->max_msg_size = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : SIZE_MAX;
 	fab->mr_mode = info->domain_attr->mr_mode;
+	fab->iov_max = FEP_MAX((size_t)1, FEP_MIN(info->tx_attr->iov_limit,
+						  (size_t)FEP_IOV_MAX));
 	fab->cq_data_size = info->domain_attr->cq_data_size;
 	fab->atomic_count = fab->desc.atomic_count;
 	fab->cq_idx_bits = fab->cq_data_size >= 8 ? 40 : 24;

@@ -28,6 +28,7 @@
 #define FEP_RAW_KEY_MAX 32
 #define FEP_NAME_MAX 160
 #define FEP_MAX_CHANNELS 16   /* FABEP_CHANNELS at most */
+#define FEP_IOV_MAX 16        /* local buffers gathered into one write */
 
 /* What a posted operation is (fep_op.kind). */
 enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA };
@@ -99,6 +100,8 @@ typedef struct fep_fabric {
 	/* limits */
 	size_t inject_size;
 	size_t max_msg_size;
+	size_t iov_max;          /* local buffers per write (tx iov_limit,
+				  * at most FEP_IOV_MAX) */
 	size_t atomic_count;
 	int mr_mode;
 	size_t cq_data_size;

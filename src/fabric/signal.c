@@ -349,30 +349,41 @@ static int fep_check_peer(fep_fabric_t *fab, int peer)
 	return 0;
 }
 
-static int fep_post_write(fep_fabric_t *fab, int peer, uint64_t dst,
-			  uint64_t src, size_t len, uint64_t flags, bool data,
-			  uint64_t cqdata)
+/* One write of cnt local pieces (heap offsets src[i], len[i] bytes) to
+ * one contiguous remote range at dst, with CQ data if data; their total
+ * is at most max_msg_size and cnt at most iov_max. */
+static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
+			   const uint64_t *src, const size_t *len, size_t cnt,
+			   uint64_t flags, bool data, uint64_t cqdata)
 {
 	struct fep_peer *p = &fab->peers[peer];
-	struct fep_op *op;
-	struct iovec iov = { .iov_base = fep_heap_at(fab, src), .iov_len = len };
-	struct fi_rma_iov rma = { .addr = p->base + dst, .len = len, .key = p->key };
+	struct iovec iov[FEP_IOV_MAX];
+	void *desc[FEP_IOV_MAX];
+	struct fi_rma_iov rma = { .addr = p->base + dst, .len = 0, .key = p->key };
 	struct fi_msg_rma msg = {
-		.msg_iov = &iov, .desc = &fab->heap_desc, .iov_count = 1,
+		.msg_iov = iov, .desc = desc, .iov_count = cnt,
 		.addr = p->addr, .rma_iov = &rma, .rma_iov_count = 1,
 		.data = cqdata,
 	};
+	struct fep_op *op;
+	size_t i;
 	int ret;
 
+	for (i = 0; i < cnt; i++) {
+		iov[i].iov_base = fep_heap_at(fab, src[i]);
+		iov[i].iov_len = len[i];
+		desc[i] = fab->heap_desc;
+		rma.len += len[i];
+	}
 	ret = fep_op_get(fab, peer, data ? OP_WRITEDATA : OP_WRITE, &op);
 	if (ret)
 		return ret;
 	msg.context = op;
 	if (data)
 		flags |= FI_REMOTE_CQ_DATA;
-	if (!flags)
+	if (!flags && cnt == 1)
 		ret = FEP_POST(fab, peer, "fi_write",
-			       fi_write(fab->ep, iov.iov_base, len, fab->heap_desc,
+			       fi_write(fab->ep, iov[0].iov_base, len[0], fab->heap_desc,
 					p->addr, rma.addr, p->key, op));
 	else
 		ret = FEP_POST(fab, peer, "fi_writemsg",
@@ -384,6 +395,13 @@ static int fep_post_write(fep_fabric_t *fab, int peer, uint64_t dst,
 		p->dc_out++;
 	}
 	return ret;
+}
+
+static int fep_post_write(fep_fabric_t *fab, int peer, uint64_t dst,
+			  uint64_t src, size_t len, uint64_t flags, bool data,
+			  uint64_t cqdata)
+{
+	return fep_post_writev(fab, peer, dst, &src, &len, 1, flags, data, cqdata);
 }
 
 static int fep_check_range(fep_fabric_t *fab, uint64_t dst, uint64_t src, size_t len)
@@ -664,14 +682,38 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	/* cma: each write is the sender's copy, done in fi_write, and the
 	 * kernel pins the target's pages under the target's page-table
 	 * locks: starting after this rank (puts in rank order) spreads the
-	 * senders over the targets instead of all copying into the first */
-	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n; j++, i = (i + 1) % n) {
-		if (!puts[i].len)
+	 * senders over the targets instead of all copying into the first.
+	 * Puts that continue the previous one's destination at the same
+	 * peer (the pieces of a run gathered from its sources) leave as one
+	 * write of up to iov_max pieces: the signals follow every write. */
+	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n;) {
+		uint64_t src[FEP_IOV_MAX];
+		size_t len[FEP_IOV_MAX], cnt = 1, tot = puts[i].len, k = (i + 1) % n;
+
+		if (!puts[i].len) {
+			j++;
+			i = k;
 			continue;
-		ret = fep_fab_write(fab, puts[i].peer, puts[i].dst, puts[i].src,
-				    puts[i].len, wflags);
+		}
+		src[0] = puts[i].src;
+		len[0] = puts[i].len;
+		while (j + cnt < n && cnt < fab->iov_max && puts[k].len &&
+		       puts[k].peer == puts[i].peer &&
+		       puts[k].dst == puts[i].dst + tot &&
+		       tot + puts[k].len <= fab->max_msg_size) {
+			src[cnt] = puts[k].src;
+			len[cnt++] = puts[k].len;
+			tot += puts[k].len;
+			k = (k + 1) % n;
+		}
+		ret = cnt == 1 ? fep_fab_write(fab, puts[i].peer, puts[i].dst,
+					       puts[i].src, puts[i].len, wflags) :
+				 fep_post_writev(fab, puts[i].peer, puts[i].dst, src,
+						 len, cnt, wflags, false, 0);
 		if (ret)
 			return ret;
+		j += cnt;
+		i = k;
 	}
 	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
 		ret = fep_fabric_quiet(fab);
