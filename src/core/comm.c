@@ -647,6 +647,14 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 			 "%s: using one channel", n, fep_signal_name(comm->fab->signal));
 		n = 1;
 	}
+	/* cqdata in place of cma with at most FEP_SENDER_COPY_CHANNELS
+	 * channels: dispatch still copies on the sender (shm's fast path,
+	 * which the endpoint was opened for), since that one copy beats
+	 * the receivers' copies on so few threads; combine keeps the
+	 * receivers' */
+	comm->fab->sender_copy = may_switch &&
+				 comm->fab->signal == FABEP_SIGNAL_CQDATA &&
+				 n <= FEP_SENDER_COPY_CHANNELS;
 	if (n <= 1)
 		return 0;
 	mine = calloc((size_t)n, sizeof(*mine));
@@ -888,12 +896,13 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 
 	comm->boot->idle = comm_boot_idle;
 	comm->boot->idle_ctx = comm;
-	fep_info("rank %d of %d: provider %s domain %s signal %s, %d channel%s, "
+	fep_info("rank %d of %d: provider %s domain %s signal %s%s, %d channel%s, "
 		 "%d threads on node %d", comm->rank, comm->size,
 		 comm->fab->desc.provider, comm->fab->desc.domain,
-		 fep_signal_name(comm->fab->signal), comm->fab->nchan,
-		 comm->fab->nchan > 1 ? "s" : "", fep_pool_threads(comm->pool),
-		 comm->numa_node);
+		 fep_signal_name(comm->fab->signal),
+		 comm->fab->sender_copy ? " (dispatch: the sender's copies)" : "",
+		 comm->fab->nchan, comm->fab->nchan > 1 ? "s" : "",
+		 fep_pool_threads(comm->pool), comm->numa_node);
 	*out = comm;
 	return 0;
 

@@ -368,7 +368,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			np += fep_ep_ready_chunks(m->puts + np, &r, &m->posted[peer]);
 		}
 		/* the peers' copy is left to the next pool run's caller */
-		ret = fep_ep_post(m, np, &m->tm.c_bytes);
+		ret = fep_ep_post(m, np, &m->tm.c_bytes, false);
 		if (ret)
 			goto fail;
 		m->tm.c_put += fep_now_ns() - t3;

@@ -362,7 +362,7 @@ static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
 		for (i = 0; i < np; i++)
 			if (m->puts[i].sig != fep_ep_hctr(m, c->b))
 				m->puts[i].add = 0;
-	return fep_ep_post(m, np, &m->tm.d_bytes);
+	return fep_ep_post(m, np, &m->tm.d_bytes, true);
 }
 
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out);
@@ -488,7 +488,7 @@ static int early(const struct fabep_moe *m, size_t n)
  * own signal, so each chunk keeps its own. */
 static int fep_ep_merge(const struct fabep_moe *m, size_t n)
 {
-	return m->comm->fab->signal != FABEP_SIGNAL_CQDATA && !early(m, n) &&
+	return fep_fab_signals_after_writes(m->comm->fab) && !early(m, n) &&
 	       n <= m->dchunk_recs;
 }
 

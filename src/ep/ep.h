@@ -291,7 +291,9 @@ int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
  * data in, with the workers idle between two pool runs; the phase's next
  * step (a pool run whose caller drives the fabric, or the wait) overlaps
  * that copy with the workers' own work instead. */
-int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes);
+/* Post m->puts[0, np), counting their bytes into *bytes; sender: the
+ * phase's copies are better made by the sender (fep_fab_put_copy_many). */
+int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender);
 
 /* layout.c */
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);

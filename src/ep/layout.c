@@ -332,7 +332,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 		/* runs leave from the input slot, gathered, where a chunk's
 		 * writes need not each carry its signal (not remote CQ data)
 		 * and one write takes several pieces */
-		m->gather = comm->fab->signal != FABEP_SIGNAL_CQDATA &&
+		m->gather = fep_fab_signals_after_writes(comm->fab) &&
 			    comm->fab->iov_max >= 2;
 		m->dfn = "fabep_moe_dispatch";
 		m->cfn = "fabep_moe_combine";
@@ -498,14 +498,19 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	return 0;
 }
 
-int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes)
+int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender)
 {
 	size_t i;
 	int ret;
 
 	for (i = 0; i < np; i++)
 		*bytes += m->puts[i].len;
-	ret = np ? fep_fab_put_signal_many(m->comm->fab, m->puts, np) : 0;
+	if (!np)
+		ret = 0;
+	else if (sender)
+		ret = fep_fab_put_copy_many(m->comm->fab, m->puts, np);
+	else
+		ret = fep_fab_put_signal_many(m->comm->fab, m->puts, np);
 	return fep_ep_fab(m, ret);
 }
 

@@ -29,6 +29,7 @@
 #define FEP_NAME_MAX 160
 #define FEP_MAX_CHANNELS 16   /* FABEP_CHANNELS at most */
 #define FEP_IOV_MAX 16        /* local buffers gathered into one write */
+#define FEP_SENDER_COPY_CHANNELS 2  /* fab->sender_copy up to this many */
 
 /* What a posted operation is (fep_op.kind). */
 enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA };
@@ -129,6 +130,9 @@ typedef struct fep_fabric {
 	int tx_error;           /* first error seen on the TX CQ */
 	bool tx_progress;       /* a posted write moves only while this rank
 				   progresses (software transports) */
+	bool sender_copy;       /* cqdata on shm with its fast path and at
+				   most two channels: fep_fab_put_copy_many
+				   writes plainly, then signals */
 	bool oversubscribed;    /* more ranks on this host than CPUs: a wait
 				   yields at once instead of spinning first,
 				   so that the peer it waits for gets a CPU */
@@ -332,6 +336,20 @@ struct fep_put {
 };
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 			    size_t n);
+/* The same, for a phase whose copies are better made by the sender: where
+ * fab->sender_copy, the writes go without CQ data (shm's fast path: the
+ * sender's process_vm_writev, done when fi_write returns), are reaped,
+ * and then every signal is a zero-byte write with CQ data; elsewhere as
+ * fep_fab_put_signal_many. */
+int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
+			  size_t n);
+/* Whether fep_fab_put_copy_many signals only after every write of the
+ * batch has completed (or is ordered before it): not so where each write
+ * of remote CQ data is its own signal. */
+static inline bool fep_fab_signals_after_writes(const fep_fabric_t *fab)
+{
+	return fab->signal != FABEP_SIGNAL_CQDATA || fab->sender_copy;
+}
 
 /* Local counter access: acquire load, in the units of the adds. */
 static inline uint64_t fep_counter_load(fep_fabric_t *fab, uint64_t off)

@@ -600,8 +600,7 @@ static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	return 0;
 }
 
-int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
-			    size_t n)
+static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	size_t i;
 	int ret;
@@ -617,7 +616,47 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 		if (ret)
 			return ret;
 	}
+	return 0;
+}
+
+int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
+			    size_t n)
+{
+	int ret = put_checks(fab, puts, n);
+
+	if (ret)
+		return ret;
 	return fab->nchan > 1 ? put_sliced(fab, puts, n) : put_many(fab, puts, n);
+}
+
+static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
+		      uint64_t wflags);
+
+int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
+			  size_t n)
+{
+	size_t i;
+	int ret;
+
+	if (!fab->sender_copy)
+		return fep_fab_put_signal_many(fab, puts, n);
+	ret = put_checks(fab, puts, n);
+	if (!ret)
+		ret = put_writes(fab, puts, n, 0);
+	/* the fast path completed each write in fi_write: every byte is in
+	 * place before any signal leaves */
+	if (!ret)
+		ret = fep_fabric_reap_writes(fab);
+	for (i = 0; !ret && i < n; i++) {
+		uint64_t data, rest = puts[i].add * (uint64_t)fab->nchan;
+
+		while (!ret && rest) {
+			fep_cqdata_pack(fab, puts[i].sig, rest, &data, &rest);
+			ret = fep_post_write(fab, puts[i].peer, puts[i].sig,
+					     puts[i].sig, 0, 0, true, data);
+		}
+	}
+	return ret;
 }
 
 /* Where cma's writes start: the first put to a rank above this one. */
@@ -626,7 +665,7 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 {
 	size_t i;
 
-	if (fab->signal != FABEP_SIGNAL_CMA)
+	if (fab->signal != FABEP_SIGNAL_CMA && !fab->sender_copy)
 		return 0;
 	for (i = 0; i < n; i++)
 		if (puts[i].peer > fab->rank)
@@ -639,7 +678,7 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
-	size_t i, j;
+	size_t i;
 	int ret;
 
 	if (fab->signal == FABEP_SIGNAL_CQDATA) {
@@ -679,13 +718,45 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		}
 		return 0;
 	}
-	/* cma: each write is the sender's copy, done in fi_write, and the
-	 * kernel pins the target's pages under the target's page-table
-	 * locks: starting after this rank (puts in rank order) spreads the
-	 * senders over the targets instead of all copying into the first.
-	 * Puts that continue the previous one's destination at the same
-	 * peer (the pieces of a run gathered from its sources) leave as one
-	 * write of up to iov_max pieces: the signals follow every write. */
+	ret = put_writes(fab, puts, n, wflags);
+	if (ret)
+		return ret;
+	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
+		ret = fep_fabric_quiet(fab);
+		if (ret)
+			return ret;
+	}
+	/* shm's fast path completed each write before fi_write returned:
+	 * its completion is in the CQ already; earlier atomics need not be
+	 * acknowledged first */
+	if (fab->signal == FABEP_SIGNAL_CMA) {
+		ret = fep_fabric_reap_writes(fab);
+		if (ret)
+			return ret;
+	}
+	for (i = 0; i < n; i++) {
+		if (!puts[i].add)
+			continue;
+		ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* The writes of a batch, without signals.  With the sender's copies (cma,
+ * sender_copy) each write is done in fi_write, and the kernel pins the
+ * target's pages under the target's locks: starting after this rank
+ * (puts in rank order) spreads the senders over the targets instead of
+ * all copying into the first.  Puts that continue the previous one's
+ * destination at the same peer (the pieces of a run gathered from its
+ * sources) leave as one write of up to iov_max pieces. */
+static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
+		      uint64_t wflags)
+{
+	size_t i, j;
+	int ret;
+
 	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n;) {
 		uint64_t src[FEP_IOV_MAX];
 		size_t len[FEP_IOV_MAX], cnt = 1, tot = puts[i].len, k = (i + 1) % n;
@@ -714,26 +785,6 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 			return ret;
 		j += cnt;
 		i = k;
-	}
-	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
-		ret = fep_fabric_quiet(fab);
-		if (ret)
-			return ret;
-	}
-	/* shm's fast path completed each write before fi_write returned:
-	 * its completion is in the CQ already; earlier atomics need not be
-	 * acknowledged first */
-	if (fab->signal == FABEP_SIGNAL_CMA) {
-		ret = fep_fabric_reap_writes(fab);
-		if (ret)
-			return ret;
-	}
-	for (i = 0; i < n; i++) {
-		if (!puts[i].add)
-			continue;
-		ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
-		if (ret)
-			return ret;
 	}
 	return 0;
 }
