@@ -382,6 +382,12 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.skip = s->tbase[m->rank];
 		c.p0 = 0;
 		c.fuse = fuse_setup(&c, out, ld_out, cb, cb_ctx);
+		/* where the receivers copy (cma's combine), the peers' rows
+		 * that came meanwhile are copied in by this progress, so that
+		 * a rank that starts late fuses from its first claim */
+		ret = c.fuse ? fep_ep_fab(m, fep_fabric_progress_all(fab)) : 0;
+		if (ret)
+			goto fail;
 		ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, s->rcount[m->rank],
 						    1, reduce_block, &c, &c.idle));
 		if (ret)

@@ -292,7 +292,8 @@ int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
  * step (a pool run whose caller drives the fabric, or the wait) overlaps
  * that copy with the workers' own work instead. */
 /* Post m->puts[0, np), counting their bytes into *bytes; sender: the
- * phase's copies are better made by the sender (fep_fab_put_copy_many). */
+ * phase's copies are better made by the sender (fep_fab_put_copy_many),
+ * else by the receivers (fep_fab_put_recv_many). */
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender);
 
 /* layout.c */

@@ -510,7 +510,7 @@ int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender)
 	else if (sender)
 		ret = fep_fab_put_copy_many(m->comm->fab, m->puts, np);
 	else
-		ret = fep_fab_put_signal_many(m->comm->fab, m->puts, np);
+		ret = fep_fab_put_recv_many(m->comm->fab, m->puts, np);
 	return fep_ep_fab(m, ret);
 }
 

@@ -343,6 +343,12 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
  * fep_fab_put_signal_many. */
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n);
+/* The same, for a phase whose copies are better made by the receivers:
+ * under cma every write carries its signal as CQ data (shm's
+ * receiver-driven path, the target's progress copies and counts);
+ * elsewhere as fep_fab_put_signal_many. */
+int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
+			  size_t n);
 /* Whether fep_fab_put_copy_many signals only after every write of the
  * batch has completed (or is ordered before it): not so where each write
  * of remote CQ data is its own signal. */

@@ -438,20 +438,24 @@ uint64_t fep_fab_write_flags(const fep_fabric_t *fab)
 	return fab->signal == FABEP_SIGNAL_DELIVERY ? FI_DELIVERY_COMPLETE : 0;
 }
 
-static int fep_check_sig(fep_fabric_t *fab, uint64_t sig)
+static int fep_check_sig_as(fep_fabric_t *fab, uint64_t sig, bool cqdata)
 {
 	if ((sig & 7) || !fep_heap_range_ok(fab, sig, 8)) {
 		fep_err("signal counter offset %llu is not an 8-byte aligned heap "
 			"offset", (unsigned long long)sig);
 		return -EINVAL;
 	}
-	if (fab->signal == FABEP_SIGNAL_CQDATA &&
-	    (sig / 8) >> fab->cq_idx_bits) {
+	if (cqdata && (sig / 8) >> fab->cq_idx_bits) {
 		fep_err("signal counter offset %llu is beyond what %zu-byte CQ data "
 			"can name", (unsigned long long)sig, fab->cq_data_size);
 		return -ERANGE;
 	}
 	return 0;
+}
+
+static int fep_check_sig(fep_fabric_t *fab, uint64_t sig)
+{
+	return fep_check_sig_as(fab, sig, fab->signal == FABEP_SIGNAL_CQDATA);
 }
 
 /* With channels an add counts nchan times: it must stay in range. */
@@ -547,6 +551,9 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 }
 
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
+static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
+		      uint64_t wflags);
+static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
 
 /* A slice carries at least this much (below, the copies' start-up costs
  * more than the threads win). */
@@ -600,7 +607,8 @@ static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	return 0;
 }
 
-static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
+		      bool cqdata)
 {
 	size_t i;
 	int ret;
@@ -610,7 +618,7 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		if (!ret)
 			ret = fep_check_range(fab, puts[i].dst, puts[i].src, puts[i].len);
 		if (!ret && puts[i].add)
-			ret = fep_check_sig(fab, puts[i].sig);
+			ret = fep_check_sig_as(fab, puts[i].sig, cqdata);
 		if (!ret)
 			ret = fep_check_add(fab, puts[i].add);
 		if (ret)
@@ -622,15 +630,24 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 			    size_t n)
 {
-	int ret = put_checks(fab, puts, n);
+	int ret = put_checks(fab, puts, n, fab->signal == FABEP_SIGNAL_CQDATA);
 
 	if (ret)
 		return ret;
 	return fab->nchan > 1 ? put_sliced(fab, puts, n) : put_many(fab, puts, n);
 }
 
-static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
-		      uint64_t wflags);
+int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
+			  size_t n)
+{
+	int ret;
+
+	if (fab->signal != FABEP_SIGNAL_CMA || !fab->cq_data_size)
+		return fep_fab_put_signal_many(fab, puts, n);
+	ret = put_checks(fab, puts, n, true);
+	return ret ? ret : put_cqdata(fab, puts, n);
+}
+
 
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n)
@@ -640,7 +657,7 @@ int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 
 	if (!fab->sender_copy)
 		return fep_fab_put_signal_many(fab, puts, n);
-	ret = put_checks(fab, puts, n);
+	ret = put_checks(fab, puts, n, true);
 	if (!ret)
 		ret = put_writes(fab, puts, n, 0);
 	/* the fast path completed each write in fi_write: every byte is in
@@ -675,49 +692,58 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 
 /* The puts of one channel, checked by fep_fab_put_signal_many; adds as
  * given (in units of the channels). */
+/* Every put's signal in the CQ data of its own write (of its last write,
+ * past max_msg_size), counted by the target's progress. */
+static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+{
+	size_t i;
+	int ret;
+
+	for (i = 0; i < n; i++) {
+		const struct fep_put *p = &puts[i];
+		uint64_t data, rest;
+		size_t len = p->len, head;
+
+		if (!p->add) {
+			ret = fep_fab_write(fab, p->peer, p->dst, p->src, len, 0);
+			if (ret)
+				return ret;
+			continue;
+		}
+		/* Larger than one message: the head goes with
+		 * delivery-complete writes, reaped before the tail that
+		 * carries the signal. */
+		head = len > fab->max_msg_size ? len - fab->max_msg_size : 0;
+		if (head) {
+			ret = fep_fab_write(fab, p->peer, p->dst, p->src, head,
+					    FI_DELIVERY_COMPLETE);
+			if (!ret)
+				ret = fep_fabric_quiet(fab);
+			if (ret)
+				return ret;
+		}
+		fep_cqdata_pack(fab, p->sig, p->add, &data, &rest);
+		ret = fep_post_write(fab, p->peer, p->dst + head, p->src + head,
+				     len - head, 0, true, data);
+		while (!ret && rest) {
+			fep_cqdata_pack(fab, p->sig, rest, &data, &rest);
+			ret = fep_post_write(fab, p->peer, p->sig, p->sig, 0, 0,
+					     true, data);
+		}
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
 	size_t i;
 	int ret;
 
-	if (fab->signal == FABEP_SIGNAL_CQDATA) {
-		for (i = 0; i < n; i++) {
-			const struct fep_put *p = &puts[i];
-			uint64_t data, rest;
-			size_t len = p->len, head;
-
-			if (!p->add) {
-				ret = fep_fab_write(fab, p->peer, p->dst, p->src, len, 0);
-				if (ret)
-					return ret;
-				continue;
-			}
-			/* Larger than one message: the head goes with
-			 * delivery-complete writes, reaped before the tail that
-			 * carries the signal. */
-			head = len > fab->max_msg_size ? len - fab->max_msg_size : 0;
-			if (head) {
-				ret = fep_fab_write(fab, p->peer, p->dst, p->src, head,
-						    FI_DELIVERY_COMPLETE);
-				if (!ret)
-					ret = fep_fabric_quiet(fab);
-				if (ret)
-					return ret;
-			}
-			fep_cqdata_pack(fab, p->sig, p->add, &data, &rest);
-			ret = fep_post_write(fab, p->peer, p->dst + head, p->src + head,
-					     len - head, 0, true, data);
-			while (!ret && rest) {
-				fep_cqdata_pack(fab, p->sig, rest, &data, &rest);
-				ret = fep_post_write(fab, p->peer, p->sig, p->sig, 0, 0,
-						     true, data);
-			}
-			if (ret)
-				return ret;
-		}
-		return 0;
-	}
+	if (fab->signal == FABEP_SIGNAL_CQDATA)
+		return put_cqdata(fab, puts, n);
 	ret = put_writes(fab, puts, n, wflags);
 	if (ret)
 		return ret;
