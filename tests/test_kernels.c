@@ -863,6 +863,136 @@ START_TEST(test_rmsnorm)
 }
 END_TEST
 
+/* Rows that reach every branch of the vector FP8 and bf16 paths: signed
+ * and zero gammas, zero, tiny (FP8 subnormal codes), overflowing and
+ * non-finite values, NaN or inf in gamma, eps 0 (a zero row's inv is
+ * inf), bf16 rounding ties, scale_ub (saturation) and pow2 scales.  Every level gives the scalar reference's bits (NaNs
+ * compared as NaNs where their payload is the compiler's choice). */
+static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
+				fep_k_dtype_t out_dt, size_t cols, int with_res,
+				int gcase, int scase)
+{
+	const size_t rows = 8, ld = cols + 3;
+	size_t es = fep_k_dtype_size(in_dt), os = fep_k_dtype_size(out_dt);
+	float *v = xmalloc(rows * ld * 4), *gamma = xmalloc(cols * 4);
+	void *in = xmalloc(rows * ld * es), *rs = xmalloc(rows * ld * es);
+	void *rv = xmalloc(rows * ld * es);
+	void *o_s = xmalloc(rows * ld * os), *o_v = xmalloc(rows * ld * os);
+	float ss[8], sv[8];
+	fep_k_rmsnorm_args_t a = {
+		.in = in, .in_dt = in_dt, .ld_in = ld, .residual = with_res ? rs : NULL,
+		.ld_res = ld, .gamma = gamma, .eps = gcase == 0 ? 0.0f : 1e-6f,
+		.weight_offset = gcase == 1 ? 1.0f : 0.0f,
+		.out = o_s, .out_dt = out_dt, .ld_out = ld, .scales = ss,
+		.ld_scales = 1, .scale_ub = scase == 1 ? 1e-3f : 0.0f,
+		.pow2 = scase == 2, .cols = cols,
+	};
+	size_t r, i;
+
+	for (i = 0; i < cols; i++) {
+		/* mixed signs and zeros (0, 2), or near 0 with an offset of 1 */
+		gamma[i] = gcase == 1 ? rnd_unit() * 0.5f : rnd_unit() * 2.0f;
+		if (gcase != 1 && i % 13 == 5)
+			gamma[i] = (i & 2) ? -0.0f : 0.0f;
+		/* halfway between two bf16 values: with eps 0, row 7's
+		 * inv is 1, so its bf16 output rounds these ties */
+		if (gcase == 0 && i % 4 == 1)
+			gamma[i] = u2f((f2u(gamma[i]) & 0xffff0000u) | 0x8000u);
+	}
+	if (gcase == 2) /* one huge gamma: that y overflows to inf */
+		gamma[cols / 2] = -3.0e38f;
+	if (gcase == 3)
+		gamma[cols - 1] = NAN;
+	for (r = 0; r < rows; r++)
+		for (i = 0; i < ld; i++) {
+			float x = rnd_act(0);
+
+			if (i >= cols)
+				x = 12345.0f;
+			else if (r == 1)
+				x = (i & 1) ? -0.0f : 0.0f;
+			else if (r == 2 && i == cols / 3)
+				x = INFINITY;
+			else if (r == 3 && i == cols - 1)
+				x = -NAN;
+			else if (r == 4) /* one large value, the rest tiny */
+				x = i == cols / 4 ? -1.0e4f : x * 1e-3f;
+			else if (r == 5)
+				x = i % 3 ? x * 1e-20f : 1e-30f;
+			else if (r == 6 && i == 0)
+				x = 3.0e38f;
+			else if (r == 7)
+				x = (rnd32() & 1) ? -1.0f : 1.0f;
+			v[r * ld + i] = x;
+		}
+	for (i = 0; i < rows * ld; i++) {
+		if (in_dt == FEP_K_F32)
+			((float *)in)[i] = v[i];
+		else
+			((uint16_t *)in)[i] = fep_f32_to_bf16(v[i]);
+	}
+	if (with_res) { /* residual: the input's values in reverse order */
+		for (i = 0; i < rows * ld; i++)
+			memcpy((char *)rs + i * es, (char *)in + (rows * ld - 1 - i) * es, es);
+		memcpy(rv, rs, rows * ld * es);
+	}
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->rmsnorm(&a, 0, rows);
+	a.residual = with_res ? rv : NULL;
+	a.out = o_v;
+	a.scales = sv;
+	fep_k_ops_isa(isa)->rmsnorm(&a, 0, rows);
+	if (with_res)
+		for (i = 0; i < rows * ld; i++)
+			EXPECT(same_f32(ld_row(rs, in_dt, i), ld_row(rv, in_dt, i)),
+			       "%s residual %zu", isa_name(isa), i);
+	for (r = 0; r < rows; r++) {
+		if (out_dt == FEP_K_FP8)
+			EXPECT(same_f32(sv[r], ss[r]), "%s scale row %zu: %a vs %a",
+			       isa_name(isa), r, sv[r], ss[r]);
+		for (i = 0; i < cols; i++) {
+			size_t k = r * ld + i;
+
+			if (out_dt == FEP_K_FP8) {
+				uint8_t qs = ((uint8_t *)o_s)[k], qv = ((uint8_t *)o_v)[k];
+
+				EXPECT(qs == qv || ((qs & 0x7f) == 0x7f && (qv & 0x7f) == 0x7f),
+				       "%s %s -> fp8 cols %zu res %d g %d s %d row %zu col %zu: "
+				       "%02x vs %02x", isa_name(isa), fep_k_dtype_name(in_dt),
+				       cols, with_res, gcase, scase, r, i, qv, qs);
+			} else {
+				float ys = ld_row(o_s, out_dt, k), yv = ld_row(o_v, out_dt, k);
+
+				EXPECT(same_f32(yv, ys), "%s %s -> %s cols %zu res %d g %d "
+				       "row %zu col %zu: %a vs %a", isa_name(isa),
+				       fep_k_dtype_name(in_dt), fep_k_dtype_name(out_dt), cols,
+				       with_res, gcase, r, i, yv, ys);
+			}
+		}
+	}
+	free(v); free(gamma); free(in); free(rs); free(rv); free(o_s); free(o_v);
+}
+
+START_TEST(test_rmsnorm_edges)
+{
+	static const size_t cols[] = { 7, 33, 100, 2880, 7168, 9000 };
+	size_t k;
+	int idt, odt, res, g, s;
+
+	FOR_HW_BF16(hw)
+	FOR_VECTOR_LEVELS(isa)
+		for (k = 0; k < FEP_ARRAY_SIZE(cols); k++)
+			for (idt = 0; idt < 2; idt++)
+				for (odt = 0; odt < 3; odt++)
+					for (res = 0; res < 2; res++)
+						for (g = 0; g < 4; g++)
+							for (s = 0; s < (odt == 2 ? 3 : 1); s++)
+								check_rmsnorm_edges(isa,
+									(fep_k_dtype_t)idt,
+									(fep_k_dtype_t)odt,
+									cols[k], res, g, s);
+}
+END_TEST
+
 START_TEST(test_rmsnorm_nan)
 {
 	float in[100], gamma[100], out[100], sc;
@@ -1643,6 +1773,7 @@ static Suite *kernels_suite(int forked)
 	tc = tcase_create("rmsnorm");
 	tcase_add_test(tc, test_rmsnorm);
 	tcase_add_test(tc, test_rmsnorm_nan);
+	tcase_add_test(tc, test_rmsnorm_edges);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 
