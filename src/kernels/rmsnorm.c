@@ -196,12 +196,165 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 					 _mm256_add_ps(acc[1], acc[3])));
 }
 
+/* Codes of y * is for a row to out, y from ybuf (natural order) or,
+ * ybuf NULL, recomputed; nan: the row may hold NaNs (inf and values to
+ * saturate are handled either way).  Each 32 values prefetch 16 of the
+ * next row. */
+static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
+					     const char *h, fep_k_dtype_t dt,
+					     const float *gamma, const float *gw,
+					     size_t n, __m256 vi, __m256 wo,
+					     __m256 is, int nan, int nt,
+					     fep_pf_t *px, fep_pf_t *pr)
+{
+	size_t i, q, es = fep_k_dtype_size(dt);
+
+	for (i = 0; i + 32 <= n; i += 32) {
+		__m256 v[4];
+		__m256i c;
+
+		if (ybuf)
+			#pragma GCC unroll 4
+			for (q = 0; q < 4; q++)
+				v[q] = _mm256_mul_ps(_mm256_load_ps(ybuf + i + 8 * q), is);
+		else
+			#pragma GCC unroll 4
+			for (q = 0; q < 4; q++)
+				v[q] = _mm256_mul_ps(y256(h, dt, gamma, gw, i + 8 * q,
+							  n, vi, wo), is);
+		c = nan ? fep256_e4m3_x32(v, 1) : fep256_e4m3_x32(v, 0);
+		if (nt && !((uintptr_t)(out + i) & 31))
+			_mm256_stream_si256((__m256i *)(out + i), c);
+		else
+			_mm256_storeu_si256((__m256i *)(out + i), c);
+		fep_pf_step(px, 16 * es);
+		fep_pf_step(pr, 16 * es);
+	}
+	if (i < n) {
+		__m256 v[4];
+		uint8_t t[32];
+
+		#pragma GCC unroll 4
+		for (q = 0; q < 4; q++)
+			v[q] = i + 8 * q < n ? _mm256_mul_ps(y256(h, dt, gamma, gw,
+				i + 8 * q, n, vi, wo), is) : _mm256_setzero_ps();
+		_mm256_storeu_si256((__m256i *)t, fep256_e4m3_x32(v, 1));
+		memcpy(out + i, t, n - i);
+	}
+}
+
+/* FP8 output of bf16 rows, the first n32 = n & ~31 values in even/odd
+ * order: 16 bf16 values (one vector) are read as two fp32 vectors
+ * without a widening shuffle, the even values (low halves shifted up)
+ * and the odd ones (high halves masked), as fep256_e4m3_bf16x16 does.
+ * For each 16 values, ga holds |gamma + weight_offset| of the 8 even
+ * then of the 8 odd ones, and the row pass keeps |y| in that order.
+ * |y| = (|h| * inv) * |g| exactly (inv > 0; NaN rows take the general
+ * path), so the amax pass needs no sign, and the encoding pass gets
+ * the signs, sign(h) ^ sign(g), from the bf16 sign bits as
+ * _mm256_packs_epi16 of 32 values orders them, xor gs (the sign bytes
+ * of g in that order). */
+static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
+				   float *ga, uint8_t *gs)
+{
+	size_t i, j;
+
+	for (i = 0; i < n32; i += 16)
+		for (j = 0; j < 8; j++) {
+			ga[i + j] = fabsf(gamma[i + 2 * j] + wo);
+			ga[i + 8 + j] = fabsf(gamma[i + 2 * j + 1] + wo);
+		}
+	/* byte j of 32: its lane (j / 16), the vector (j / 8 % 2: the
+	 * first or second 16 values), the word in that lane (j % 8) */
+	for (i = 0; i < n32; i += 32)
+		for (j = 0; j < 32; j++)
+			gs[i + j] = signbit(gamma[i + j / 16 * 8 + j / 8 % 2 * 16 + j % 8] +
+					    wo) ? 0x80 : 0;
+}
+
+/* The amax pass of a bf16 row in even/odd order: |y| of [0, n32) to
+ * ybuf, returns the largest |y| bits (NaN and inf included) */
+static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
+						 const float *ga, float *ybuf,
+						 __m256 vi, fep_pf_t *px, fep_pf_t *pr)
+{
+	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
+	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+	__m256i m[4];
+	size_t i, q;
+
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		m[q] = _mm256_setzero_si256();
+	for (i = 0; i < n32; i += 32) {
+		#pragma GCC unroll 2
+		for (q = 0; q < 2; q++) {
+			size_t k = i + 16 * q;
+			__m256i xa = _mm256_and_si256(_mm256_loadu_si256(
+				(const __m256i *)(h + k)), a16);
+			__m256 ye = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(
+				_mm256_slli_epi32(xa, 16)), vi), _mm256_load_ps(ga + k));
+			__m256 yo = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(
+				_mm256_and_si256(xa, hi)), vi), _mm256_load_ps(ga + k + 8));
+
+			_mm256_store_ps(ybuf + k, ye);
+			_mm256_store_ps(ybuf + k + 8, yo);
+			m[2 * q] = _mm256_max_epu32(m[2 * q], _mm256_castps_si256(ye));
+			m[2 * q + 1] = _mm256_max_epu32(m[2 * q + 1], _mm256_castps_si256(yo));
+		}
+		fep_pf_step(px, 16 * 2);
+		fep_pf_step(pr, 16 * 2);
+	}
+	return fep256_hmax_u32(_mm256_max_epu32(_mm256_max_epu32(m[0], m[1]),
+						_mm256_max_epu32(m[2], m[3])));
+}
+
+/* The encoding pass of [0, n32) from eo_amax256's ybuf, for rows whose
+ * |y| * is are all below 464 (no clamp) and finite */
+static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
+					    size_t n32, const uint8_t *gs,
+					    const float *ybuf, __m256 is, int nt,
+					    fep_pf_t *px, fep_pf_t *pr)
+{
+	const __m256i b1128 = _mm256_set1_epi16(141 << 3);
+	size_t i, q;
+
+	for (i = 0; i < n32; i += 32) {
+		__m256i c[2], sg;
+
+		#pragma GCC unroll 2
+		for (q = 0; q < 2; q++) {
+			const float *y = ybuf + i + 16 * q;
+			__m256i ce = fep256_e4m3_c1128(_mm256_castps_si256(
+				_mm256_mul_ps(_mm256_load_ps(y), is)));
+			__m256i co = fep256_e4m3_c1128(_mm256_castps_si256(
+				_mm256_mul_ps(_mm256_load_ps(y + 8), is)));
+
+			c[q] = _mm256_sub_epi16(_mm256_or_si256(ce, _mm256_slli_epi32(co, 16)),
+						b1128);
+		}
+		sg = _mm256_and_si256(_mm256_xor_si256(_mm256_packs_epi16(
+			_mm256_loadu_si256((const __m256i *)(h + i)),
+			_mm256_loadu_si256((const __m256i *)(h + i + 16))),
+			_mm256_loadu_si256((const __m256i *)(gs + i))),
+			_mm256_set1_epi8((char)0x80));
+		c[0] = _mm256_permute4x64_epi64(_mm256_or_si256(
+			_mm256_packus_epi16(c[0], c[1]), sg), 0xd8);
+		if (nt && !((uintptr_t)(out + i) & 31))
+			_mm256_stream_si256((__m256i *)(out + i), c[0]);
+		else
+			_mm256_storeu_si256((__m256i *)(out + i), c[0]);
+		fep_pf_step(px, 16 * 2);
+		fep_pf_step(pr, 16 * 2);
+	}
+}
+
 static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 					  size_t r0, size_t r1,
 					  const fep_k_dtype_t dt,
 					  const fep_k_dtype_t odt)
 {
-	size_t r, i, q, n = a->cols, es = fep_k_dtype_size(dt);
+	size_t r, i, n = a->cols, es = fep_k_dtype_size(dt);
 	const __m256 wo = _mm256_set1_ps(a->weight_offset);
 	const float *gamma = a->gamma, *gw = NULL;
 	int nt = a->nt ? a->nt > 0 :
@@ -212,10 +365,18 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
 	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
 	int keep = n <= RMS_YBUF, gnan = 0;
+	/* bf16 to FP8 in even/odd order (eo_gamma256): gbuf holds |g| in
+	 * that order, gsgn the signs */
+	int eo = dt == FEP_K_BF16 && odt == FEP_K_FP8 && keep && r1 - r0 > 1;
+	size_t n32 = n & ~(size_t)31;
+	uint8_t gsgn[eo ? RMS_YBUF : 1] __attribute__((aligned(32)));
 
-	/* a NaN in gamma (or the offset) would reach the output with its
-	 * payload, which the short bf16 rounding does not handle */
-	if (keep && r1 - r0 > 1) {
+	if (eo) {
+		eo_gamma256(gamma, a->weight_offset, n32, gbuf, gsgn);
+	} else if (keep && r1 - r0 > 1) {
+		/* a NaN in gamma (or the offset) would reach the output
+		 * with its payload, which the short bf16 rounding does not
+		 * handle */
 		for (i = 0; i < n; i++) {
 			gbuf[i] = gamma[i] + a->weight_offset;
 			gnan |= gbuf[i] != gbuf[i];
@@ -263,6 +424,36 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			__m256 is;
 			float s;
 
+			if (eo) {
+				const uint16_t *hw = (const uint16_t *)h;
+
+				amax = eo_amax256(hw, n32, gbuf, ybuf, vi, &px, &pr);
+				for (i = n32; i < n; i += 8)
+					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(
+						y256(h, dt, gamma, NULL, i, n, vi, wo)),
+						_mm256_set1_epi32(0x7fffffff)));
+				amax = FEP_MAX(amax, fep256_hmax_u32(m));
+				nan = amax >= 0x7f800000u;
+				if (nan)
+					for (amax = 0, i = 0; i < n; i++)
+						amax = FEP_MAX(amax, fep_absbits_finite(fep_ld1(h, dt, i) *
+							inv * (gamma[i] + a->weight_offset)));
+				s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
+				a->scales[r * a->ld_scales] = s;
+				is = _mm256_set1_ps(1.0f / s);
+				/* |y| * is <= amax * is (rounding is monotone) */
+				if (nan || !(fep_u2f(amax) * (1.0f / s) < 464.0f)) {
+					enc_row256(out, NULL, h, dt, gamma, NULL, n, vi, wo, is,
+						   nan, nt, &px, &pr);
+					continue;
+				}
+				eo_enc256(out, hw, n32, gsgn, ybuf, is, nt, &px, &pr);
+				if (n32 < n)
+					enc_row256(out + n32, NULL, (const char *)(hw + n32), dt,
+						   gamma + n32, NULL, n - n32, vi, wo, is, 1, nt,
+						   &px, &pr);
+				continue;
+			}
 			/* the largest |y| of all, and of the finite ones only
 			 * if that is not finite; each pass prefetches half of
 			 * the next row */
@@ -306,38 +497,8 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales] = s;
 			is = _mm256_set1_ps(1.0f / s);
-			for (i = 0; i + 32 <= n; i += 32) {
-				__m256 v[4];
-				__m256i c;
-
-				if (keep)
-					#pragma GCC unroll 4
-					for (q = 0; q < 4; q++)
-						v[q] = _mm256_mul_ps(_mm256_load_ps(ybuf + i + 8 * q), is);
-				else
-					#pragma GCC unroll 4
-					for (q = 0; q < 4; q++)
-						v[q] = _mm256_mul_ps(y256(h, dt, gamma, gw, i + 8 * q,
-									  n, vi, wo), is);
-				c = nan ? fep256_e4m3_x32(v, 1) : fep256_e4m3_x32(v, 0);
-				if (nt && !((uintptr_t)(out + i) & 31))
-					_mm256_stream_si256((__m256i *)(out + i), c);
-				else
-					_mm256_storeu_si256((__m256i *)(out + i), c);
-				fep_pf_step(&px, 16 * es);
-				fep_pf_step(&pr, 16 * es);
-			}
-			if (i < n) {
-				__m256 v[4];
-				uint8_t t[32];
-
-				#pragma GCC unroll 4
-				for (q = 0; q < 4; q++)
-					v[q] = i + 8 * q < n ? _mm256_mul_ps(y256(h, dt, gamma, gw,
-						i + 8 * q, n, vi, wo), is) : _mm256_setzero_ps();
-				_mm256_storeu_si256((__m256i *)t, fep256_e4m3_x32(v, 1));
-				memcpy(out + i, t, n - i);
-			}
+			enc_row256(out, keep ? ybuf : NULL, h, dt, gamma, gw, n, vi, wo, is,
+				   nan, nt, &px, &pr);
 		}
 	}
 	if (nt)
