@@ -160,6 +160,52 @@ static FEP_INLINE FEP_T_AVX2 __m256 res8_256(const char *x, char *res,
 	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
 }
 
+/* 32 bf16 values (x0: the first 16) squared into acc in even/odd
+ * order: acc[0] holds the partial sums 0, 2, .., 14, acc[1] 1, 3, ..,
+ * 15, acc[2] 16, 18, .., 30, acc[3] 17, 19, .., 31. */
+static FEP_INLINE FEP_T_AVX2 void eo_sq32(__m256i x0, __m256i x1, __m256 *acc)
+{
+	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+	__m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(x0, 16));
+	__m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(x0, hi));
+	__m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(x1, 16));
+	__m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(x1, hi));
+
+	acc[0] = _mm256_fmadd_ps(e0, e0, acc[0]);
+	acc[1] = _mm256_fmadd_ps(o0, o0, acc[1]);
+	acc[2] = _mm256_fmadd_ps(e1, e1, acc[2]);
+	acc[3] = _mm256_fmadd_ps(o1, o1, acc[3]);
+}
+
+/* The sum of squares of a bf16 row as sumsq256, in even/odd order
+ * (eo_sq32); the tree's first step pairs the same sums, then the
+ * partial sums are put back in order for the rest. */
+static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n)
+{
+	__m256 acc[4], e, o, lo, hi;
+	size_t i;
+
+	acc[0] = acc[1] = acc[2] = acc[3] = _mm256_setzero_ps();
+	for (i = 0; i + 32 <= n; i += 32)
+		eo_sq32(_mm256_loadu_si256((const __m256i *)(x + i)),
+			_mm256_loadu_si256((const __m256i *)(x + i + 16)), acc);
+	if (i < n) { /* zeros leave the sums as they are */
+		uint16_t t[32] __attribute__((aligned(32))) = { 0 };
+
+		memcpy(t, x + i, (n - i) * sizeof(*t));
+		eo_sq32(_mm256_load_si256((const __m256i *)t),
+			_mm256_load_si256((const __m256i *)t + 1), acc);
+	}
+	/* w = 16: sums 0, 2, .., 14 (e) and 1, 3, .., 15 (o) */
+	e = _mm256_add_ps(acc[0], acc[2]);
+	o = _mm256_add_ps(acc[1], acc[3]);
+	/* in order: lo = sums 0..3 | 8..11, hi = 4..7 | 12..15 */
+	lo = _mm256_unpacklo_ps(e, o);
+	hi = _mm256_unpackhi_ps(e, o);
+	return fep256_hsum(_mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20),
+					 _mm256_permute2f128_ps(lo, hi, 0x31)));
+}
+
 /* The sum of squares of a row (rms_tree's order) and, with res, the
  * residual add. */
 static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
@@ -168,6 +214,8 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 	__m256 acc[4];
 	size_t i, q;
 
+	if (dt == FEP_K_BF16 && !res)
+		return eo_sumsq256((const uint16_t *)x, n);
 	#pragma GCC unroll 4
 	for (q = 0; q < 4; q++)
 		acc[q] = _mm256_setzero_ps();
