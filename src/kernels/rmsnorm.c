@@ -295,8 +295,9 @@ static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
  * order: 16 bf16 values (one vector) are read as two fp32 vectors
  * without a widening shuffle, the even values (low halves shifted up)
  * and the odd ones (high halves masked), as fep256_e4m3_bf16x16 does.
- * For each 16 values, ga holds |gamma + weight_offset| of the 8 even
- * then of the 8 odd ones, and the row pass keeps |y| in that order.
+ * For each 16 values, ga holds gamma + weight_offset of the 8 even
+ * then of the 8 odd ones (for FP8, with gs, their absolute values), and
+ * the FP8 row pass keeps |y| in that order.
  * |y| = (|h| * inv) * |g| exactly (inv > 0; NaN rows take the general
  * path), so the amax pass needs no sign, and the encoding pass gets
  * the signs, sign(h) ^ sign(g), from the bf16 sign bits as
@@ -309,12 +310,16 @@ static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 
 	for (i = 0; i < n32; i += 16)
 		for (j = 0; j < 8; j++) {
-			ga[i + j] = fabsf(gamma[i + 2 * j] + wo);
-			ga[i + 8 + j] = fabsf(gamma[i + 2 * j + 1] + wo);
+			ga[i + j] = gamma[i + 2 * j] + wo;
+			ga[i + 8 + j] = gamma[i + 2 * j + 1] + wo;
+			if (gs) {
+				ga[i + j] = fabsf(ga[i + j]);
+				ga[i + 8 + j] = fabsf(ga[i + 8 + j]);
+			}
 		}
 	/* byte j of 32: its lane (j / 16), the vector (j / 8 % 2: the
 	 * first or second 16 values), the word in that lane (j % 8) */
-	for (i = 0; i < n32; i += 32)
+	for (i = 0; gs && i < n32; i += 32)
 		for (j = 0; j < 32; j++)
 			gs[i + j] = signbit(gamma[i + j / 16 * 8 + j / 8 % 2 * 16 + j % 8] +
 					    wo) ? 0x80 : 0;
@@ -355,6 +360,41 @@ static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
 	}
 	return fep256_hmax_u32(_mm256_max_epu32(_mm256_max_epu32(m[0], m[1]),
 						_mm256_max_epu32(m[2], m[3])));
+}
+
+/* bf16 output of [0, n32) of a bf16 row in even/odd order (ga signed),
+ * for rows with no NaN but the default one (fep256_bf16_rne_nn): the
+ * rounded even values are the low halves of the output words and the
+ * odd ones the high halves, so the words come out in order. */
+static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
+					      size_t n32, const float *ga, __m256 vi,
+					      int nt, fep_pf_t *px, fep_pf_t *pr)
+{
+	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+	const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+	size_t i;
+
+	for (i = 0; i < n32; i += 16) {
+		__m256i x = _mm256_loadu_si256((const __m256i *)(h + i));
+		__m256i ye = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
+			_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), vi),
+			_mm256_load_ps(ga + i)));
+		__m256i yo = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
+			_mm256_castsi256_ps(_mm256_and_si256(x, hi)), vi),
+			_mm256_load_ps(ga + i + 8)));
+		__m256i b = _mm256_or_si256(
+			_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ye, half),
+				_mm256_and_si256(_mm256_srli_epi32(ye, 16), one)), 16),
+			_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(yo, half),
+				_mm256_and_si256(_mm256_srli_epi32(yo, 16), one)), hi));
+
+		if (nt && !((uintptr_t)(out + i) & 31))
+			_mm256_stream_si256((__m256i *)(out + i), b);
+		else
+			_mm256_storeu_si256((__m256i *)(out + i), b);
+		fep_pf_step(px, 16 * 2);
+		fep_pf_step(pr, 16 * 2);
+	}
 }
 
 /* The encoding pass of [0, n32) from eo_amax256's ybuf, for rows whose
@@ -415,13 +455,14 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 	int keep = n <= RMS_YBUF, gnan = 0;
 	/* bf16 to FP8 in even/odd order (eo_gamma256): gbuf holds |g| in
 	 * that order, gsgn the signs */
-	int eo = dt == FEP_K_BF16 && odt == FEP_K_FP8 && keep && r1 - r0 > 1;
+	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && keep && r1 - r0 > 1;
 	size_t n32 = n & ~(size_t)31;
 	uint8_t gsgn[eo ? RMS_YBUF : 1] __attribute__((aligned(32)));
 
-	if (eo) {
-		eo_gamma256(gamma, a->weight_offset, n32, gbuf, gsgn);
-	} else if (keep && r1 - r0 > 1) {
+	if (eo)
+		eo_gamma256(gamma, a->weight_offset, n32, gbuf,
+			    odt == FEP_K_FP8 ? gsgn : NULL);
+	if (!eo && keep && r1 - r0 > 1) {
 		/* a NaN in gamma (or the offset) would reach the output
 		 * with its payload, which the short bf16 rounding does not
 		 * handle */
@@ -455,15 +496,21 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			/* a NaN in h makes ss a NaN; other NaNs are default */
 			int fast = !gnan && ss == ss;
 
-			for (i = 0; i + 16 <= n; i += 16) {
-				st16_256(out, odt, i, y256(h, dt, gamma, gw, i, n, vi, wo),
-					 y256(h, dt, gamma, gw, i + 8, n, vi, wo), nt, fast);
+			i = 0;
+			if (eo && fast) {
+				eo_bf16_256((uint16_t *)out, (const uint16_t *)h, n32, gbuf, vi,
+					    nt, &px, &pr);
+				i = n32;
+			}
+			for (; i + 16 <= n; i += 16) {
+				st16_256(out, odt, i, y256(h, dt, gamma, eo ? NULL : gw, i, n, vi, wo),
+					 y256(h, dt, gamma, eo ? NULL : gw, i + 8, n, vi, wo), nt, fast);
 				fep_pf_step(&px, 16 * es);
 				fep_pf_step(&pr, 16 * es);
 			}
 			for (; i < n; i += 8)
-				fep256_store(out, odt, i, y256(h, dt, gamma, gw, i, n, vi, wo),
-					     n - i);
+				fep256_store(out, odt, i, y256(h, dt, gamma, eo ? NULL : gw, i, n,
+								vi, wo), n - i);
 		} else {
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			__m256i m = _mm256_setzero_si256();
