@@ -646,6 +646,86 @@ static inline FEP_T_AVX512 __m512i yb_fast(__m512 v)
 		_mm512_castps_si512(v), 24), _mm512_set1_epi32(0x80), 0xf8);
 }
 
+/* The sum of squares of a bf16 row without residual up to the tree's
+ * step w = 8, in even/odd order as eo_sumsq256: 32 values per vector,
+ * a0 holds the partial sums 0, 2, .., 30 and a1 1, 3, .., 31, so the
+ * step w = 16 adds lanes l and l + 8 of each. */
+static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n)
+{
+	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+	__m512 a0 = _mm512_setzero_ps(), a1 = a0;
+	__m256 e, o, lo, up;
+	size_t i;
+
+	for (i = 0; i < n; i += 32) {
+		__mmask32 k = n - i >= 32 ? (__mmask32)~0u :
+			      (__mmask32)((1u << (n - i)) - 1);
+		__m512i v = _mm512_maskz_loadu_epi16(k, x + i);
+		__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+		__m512 od = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+
+		a0 = _mm512_fmadd_ps(ev, ev, a0);
+		a1 = _mm512_fmadd_ps(od, od, a1);
+	}
+	e = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(
+		_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
+	o = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(
+		_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
+	/* in order: lo = sums 0..3 | 8..11, up = 4..7 | 12..15 */
+	lo = _mm256_unpacklo_ps(e, o);
+	up = _mm256_unpackhi_ps(e, o);
+	return _mm256_add_ps(_mm256_permute2f128_ps(lo, up, 0x20),
+			     _mm256_permute2f128_ps(lo, up, 0x31));
+}
+
+/* The sum of squares of a row (with res, the residual add) up to the
+ * tree's step w = 8: lanes j of the result are the sums j (after
+ * w = 16) plus j + 8. */
+static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
+						 fep_k_dtype_t dt, size_t n)
+{
+	__m512 acc0, acc1;
+	size_t i;
+
+	if (dt == FEP_K_BF16 && !res)
+		return eo_sumsq512((const uint16_t *)x, n);
+	acc0 = acc1 = _mm512_setzero_ps();
+	/* lanes of acc0, acc1: partial sums 0..15, 16..31 of rms_tree */
+	if (res)
+		for (i = 0; i + 32 <= n; i += 32) {
+			__m512 v0 = res512(x, res, dt, i, 0xffff);
+			__m512 v1 = res512(x, res, dt, i + 16, 0xffff);
+
+			acc0 = _mm512_fmadd_ps(v0, v0, acc0);
+			acc1 = _mm512_fmadd_ps(v1, v1, acc1);
+		}
+	else
+		for (i = 0; i + 32 <= n; i += 32) {
+			__m512 v0 = fep512_load(x, dt, i, 0xffff);
+			__m512 v1 = fep512_load(x, dt, i + 16, 0xffff);
+
+			acc0 = _mm512_fmadd_ps(v0, v0, acc0);
+			acc1 = _mm512_fmadd_ps(v1, v1, acc1);
+		}
+	if (i < n) {
+		__mmask16 k = fep512_mask(n - i);
+		__m512 v = res ? res512(x, res, dt, i, k) : fep512_load(x, dt, i, k);
+
+		acc0 = _mm512_fmadd_ps(v, v, acc0);
+	}
+	if (i + 16 < n) {
+		__mmask16 k = fep512_mask(n - i - 16);
+		__m512 v = res ? res512(x, res, dt, i + 16, k) :
+				 fep512_load(x, dt, i + 16, k);
+
+		acc1 = _mm512_fmadd_ps(v, v, acc1);
+	}
+	/* the tree's steps w = 16, 8 */
+	acc0 = _mm512_add_ps(acc0, acc1);
+	return _mm256_add_ps(_mm512_castps512_ps256(acc0), _mm256_castpd_ps(
+		_mm512_extractf64x4_pd(_mm512_castps_pd(acc0), 1)));
+}
+
 static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					    size_t r0, size_t r1,
 					    const fep_k_dtype_t dt,
@@ -671,7 +751,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		const char *x = CROW(a->in, dt, a->ld_in, r);
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
-		__m512 acc0, acc1, vi;
+		__m512 vi;
 		__m256 t8;
 		__m128 t4;
 		float inv;
@@ -683,41 +763,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			    n * fep_k_dtype_size(dt));
 		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * fep_k_dtype_size(dt) :
 			    NULL, n * fep_k_dtype_size(dt));
-		acc0 = acc1 = _mm512_setzero_ps();
-		/* lanes of acc0, acc1: partial sums 0..15, 16..31 of rms_tree */
-		if (res)
-			for (i = 0; i + 32 <= n; i += 32) {
-				__m512 v0 = res512(x, res, dt, i, 0xffff);
-				__m512 v1 = res512(x, res, dt, i + 16, 0xffff);
-
-				acc0 = _mm512_fmadd_ps(v0, v0, acc0);
-				acc1 = _mm512_fmadd_ps(v1, v1, acc1);
-			}
-		else
-			for (i = 0; i + 32 <= n; i += 32) {
-				__m512 v0 = fep512_load(x, dt, i, 0xffff);
-				__m512 v1 = fep512_load(x, dt, i + 16, 0xffff);
-
-				acc0 = _mm512_fmadd_ps(v0, v0, acc0);
-				acc1 = _mm512_fmadd_ps(v1, v1, acc1);
-			}
-		if (i < n) {
-			__mmask16 k = fep512_mask(n - i);
-			__m512 v = res ? res512(x, res, dt, i, k) : fep512_load(x, dt, i, k);
-
-			acc0 = _mm512_fmadd_ps(v, v, acc0);
-		}
-		if (i + 16 < n) {
-			__mmask16 k = fep512_mask(n - i - 16);
-			__m512 v = res ? res512(x, res, dt, i + 16, k) :
-					 fep512_load(x, dt, i + 16, k);
-
-			acc1 = _mm512_fmadd_ps(v, v, acc1);
-		}
-		/* the tree: w = 16, 8, 4, 2, 1 */
-		vi = _mm512_add_ps(acc0, acc1);
-		t8 = _mm256_add_ps(_mm512_castps512_ps256(vi), _mm256_castpd_ps(
-			_mm512_extractf64x4_pd(_mm512_castps_pd(vi), 1)));
+		/* the tree: w = 16, 8 there, then 4, 2, 1 */
+		t8 = sumsq8_512(x, res, dt, n);
 		t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
 		t4 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
 		t4 = _mm_add_ss(t4, _mm_movehdup_ps(t4));
