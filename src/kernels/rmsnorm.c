@@ -246,8 +246,8 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 
 /* Codes of y * is for a row to out, y from ybuf (natural order) or,
  * ybuf NULL, recomputed; nan: the row may hold NaNs (inf and values to
- * saturate are handled either way).  Each 32 values prefetch 16 of the
- * next row. */
+ * saturate are handled either way).  It prefetches the next row, as
+ * eo_enc256 does. */
 static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 					     const char *h, fep_k_dtype_t dt,
 					     const float *gamma, const float *gw,
@@ -275,8 +275,8 @@ static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 			_mm256_stream_si256((__m256i *)(out + i), c);
 		else
 			_mm256_storeu_si256((__m256i *)(out + i), c);
-		fep_pf_step(px, 16 * es);
-		fep_pf_step(pr, 16 * es);
+		fep_pf_step(px, 32 * es);
+		fep_pf_step(pr, 32 * es);
 	}
 	if (i < n) {
 		__m256 v[4];
@@ -328,8 +328,7 @@ static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 /* The amax pass of a bf16 row in even/odd order: |y| of [0, n32) to
  * ybuf, returns the largest |y| bits (NaN and inf included) */
 static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
-						 const float *ga, float *ybuf,
-						 __m256 vi, fep_pf_t *px, fep_pf_t *pr)
+						 const float *ga, float *ybuf, __m256 vi)
 {
 	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
 	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -355,8 +354,6 @@ static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
 			m[2 * q] = _mm256_max_epu32(m[2 * q], _mm256_castps_si256(ye));
 			m[2 * q + 1] = _mm256_max_epu32(m[2 * q + 1], _mm256_castps_si256(yo));
 		}
-		fep_pf_step(px, 16 * 2);
-		fep_pf_step(pr, 16 * 2);
 	}
 	return fep256_hmax_u32(_mm256_max_epu32(_mm256_max_epu32(m[0], m[1]),
 						_mm256_max_epu32(m[2], m[3])));
@@ -398,7 +395,9 @@ static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 }
 
 /* The encoding pass of [0, n32) from eo_amax256's ybuf, for rows whose
- * |y| * is are all below 464 (no clamp) and finite */
+ * |y| * is are all below 464 (no clamp) and finite.  It prefetches the
+ * next row: spread over the longest pass, the reads keep the memory
+ * busy while the encoding waits on its streaming stores. */
 static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 					    size_t n32, const uint8_t *gs,
 					    const float *ybuf, __m256 is, int nt,
@@ -432,8 +431,8 @@ static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 			_mm256_stream_si256((__m256i *)(out + i), c[0]);
 		else
 			_mm256_storeu_si256((__m256i *)(out + i), c[0]);
-		fep_pf_step(px, 16 * 2);
-		fep_pf_step(pr, 16 * 2);
+		fep_pf_step(px, 32 * 2);
+		fep_pf_step(pr, 32 * 2);
 	}
 }
 
@@ -522,7 +521,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			if (eo) {
 				const uint16_t *hw = (const uint16_t *)h;
 
-				amax = eo_amax256(hw, n32, gbuf, ybuf, vi, &px, &pr);
+				amax = eo_amax256(hw, n32, gbuf, ybuf, vi);
 				for (i = n32; i < n; i += 8)
 					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(
 						y256(h, dt, gamma, NULL, i, n, vi, wo)),
@@ -550,8 +549,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				continue;
 			}
 			/* the largest |y| of all, and of the finite ones only
-			 * if that is not finite; each pass prefetches half of
-			 * the next row */
+			 * if that is not finite */
 			i = 0;
 			if (keep) {
 				__m256i m1 = m;
@@ -566,8 +564,6 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 						_mm256_set1_epi32(0x7fffffff)));
 					m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_castps_si256(y1),
 						_mm256_set1_epi32(0x7fffffff)));
-					fep_pf_step(&px, 8 * es);
-					fep_pf_step(&pr, 8 * es);
 				}
 				m = _mm256_max_epu32(m, m1);
 			}
@@ -578,10 +574,6 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 					_mm256_store_ps(ybuf + i, y);
 				m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(y),
 					_mm256_set1_epi32(0x7fffffff)));
-				if (!(i & 15)) {
-					fep_pf_step(&px, 8 * es);
-					fep_pf_step(&pr, 8 * es);
-				}
 			}
 			amax = fep256_hmax_u32(m);
 			nan = amax >= 0x7f800000u;
@@ -827,8 +819,6 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 						m1 = _mm512_max_epu32(m1, _mm512_and_si512(
 							_mm512_castps_si512(y1),
 							_mm512_set1_epi32(0x7fffffff)));
-						fep_pf_step(&px, 16 * fep_k_dtype_size(dt));
-						fep_pf_step(&pr, 16 * fep_k_dtype_size(dt));
 					}
 					m = _mm512_max_epu32(m, m1);
 				}
@@ -841,8 +831,6 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					_mm512_store_ps(ybuf + i, y);
 					m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(y),
 						_mm512_set1_epi32(0x7fffffff)));
-					fep_pf_step(&px, 8 * fep_k_dtype_size(dt));
-					fep_pf_step(&pr, 8 * fep_k_dtype_size(dt));
 				}
 				mx = (uint32_t)_mm512_reduce_max_epu32(m);
 				fast = mx <= 0x7f800000u; /* no NaN: vrangeps clamps */
@@ -862,8 +850,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 							     YB(fep512_e4m3_codes, 32),
 							     YB(fep512_e4m3_codes, 48));
 
-					fep_pf_step(&px, 32 * fep_k_dtype_size(dt));
-					fep_pf_step(&pr, 32 * fep_k_dtype_size(dt));
+					fep_pf_step(&px, 64 * fep_k_dtype_size(dt));
+					fep_pf_step(&pr, 64 * fep_k_dtype_size(dt));
 					if (ntr)
 						_mm512_stream_si512((void *)(out + i), q);
 					else
@@ -880,8 +868,6 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);
 				m = _mm512_max_epu32(m, fep512_absbits(_mm512_mul_ps(
 					_mm512_mul_ps(fep512_load(h, dt, i, k), vi), g)));
-				fep_pf_step(&px, 8 * fep_k_dtype_size(dt));
-				fep_pf_step(&pr, 8 * fep_k_dtype_size(dt));
 			}
 			s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(m)),
 					  a->scale_ub, a->pow2);
@@ -892,8 +878,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		_mm512_add_ps(_mm512_loadu_ps(a->gamma + i + (j)), wo)), is))
 			for (i = 0; i + 64 <= n; i += 64) {
 				__m512i q = fep512_pack4(Y16(0), Y16(16), Y16(32), Y16(48));
-				fep_pf_step(&px, 32 * fep_k_dtype_size(dt));
-				fep_pf_step(&pr, 32 * fep_k_dtype_size(dt));
+				fep_pf_step(&px, 64 * fep_k_dtype_size(dt));
+				fep_pf_step(&pr, 64 * fep_k_dtype_size(dt));
 
 				if (ntr)
 					_mm512_stream_si512((void *)(out + i), q);
