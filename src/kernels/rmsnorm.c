@@ -403,7 +403,6 @@ static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 					    const float *ybuf, __m256 is, int nt,
 					    fep_pf_t *px, fep_pf_t *pr)
 {
-	const __m256i b1128 = _mm256_set1_epi16(141 << 3);
 	size_t i, q;
 
 	for (i = 0; i < n32; i += 32) {
@@ -412,13 +411,10 @@ static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 		#pragma GCC unroll 2
 		for (q = 0; q < 2; q++) {
 			const float *y = ybuf + i + 16 * q;
-			__m256i ce = fep256_e4m3_c1128(_mm256_castps_si256(
-				_mm256_mul_ps(_mm256_load_ps(y), is)));
-			__m256i co = fep256_e4m3_c1128(_mm256_castps_si256(
-				_mm256_mul_ps(_mm256_load_ps(y + 8), is)));
 
-			c[q] = _mm256_sub_epi16(_mm256_or_si256(ce, _mm256_slli_epi32(co, 16)),
-						b1128);
+			c[q] = fep256_e4m3_eo16(
+				_mm256_castps_si256(_mm256_mul_ps(_mm256_load_ps(y), is)),
+				_mm256_castps_si256(_mm256_mul_ps(_mm256_load_ps(y + 8), is)));
 		}
 		sg = _mm256_and_si256(_mm256_xor_si256(_mm256_packs_epi16(
 			_mm256_loadu_si256((const __m256i *)(h + i)),

@@ -501,19 +501,31 @@ static inline FEP_T_AVX2 __m256i fep256_e4m3_bf16x32(__m256i x0, __m256i x1,
 		fep256_e4m3_bf16x16(x0, inv), fep256_e4m3_bf16x16(x1, inv)), 0xd8);
 }
 
-/* Codes + 1128 (141 << 3) of 8 magnitudes (fp32 bits, < 464, none a
- * NaN): fep256_e4m3_c without its last subtraction, which the caller
- * makes once per two vectors in 16-bit lanes.  Below 464 every value
- * rounds to at most 448 (code 0x7e), so no clamp is needed. */
-static inline FEP_T_AVX2 __m256i fep256_e4m3_c1128(__m256i c)
+/* 16 * (code + 1128) of 8 magnitudes (fp32 bits, < 464, none a NaN):
+ * fep256_e4m3_c without its last subtraction, which the caller makes
+ * once per two vectors in 16-bit lanes (below 464 every value rounds to
+ * at most 448, code 0x7e, so no clamp is needed).  The sum's low 16
+ * bits are its mantissa field, at most 16, and its high 16 bits its
+ * exponent field << 7, at most 155 << 7, so one multiply-add of the
+ * 16-bit halves, low * 16 + high, adds the exponent field << 3 and the
+ * mantissa, times 16, where fep256_e4m3_c needs a shift, a mask and an
+ * add. */
+static inline FEP_T_AVX2 __m256i fep256_e4m3_c16(__m256i c)
 {
 	__m256i e = _mm256_max_epu32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f800000)),
 				     _mm256_set1_epi32(0x3c800000));
 	__m256i s = _mm256_castps_si256(_mm256_fmadd_ps(_mm256_castsi256_ps(e),
 		_mm256_set1_ps(1048576.0f), _mm256_castsi256_ps(c)));
 
-	return _mm256_add_epi32(_mm256_srli_epi32(s, 20),
-				_mm256_and_si256(s, _mm256_set1_epi32(0x1f)));
+	return _mm256_madd_epi16(s, _mm256_set1_epi32(0x00010010));
+}
+
+/* 16 magnitudes (fp32 bits, < 464, none a NaN; e: values 0, 2, .., 14,
+ * o: values 1, 3, .., 15) -> their 16 codes in 16-bit lanes, in order */
+static inline FEP_T_AVX2 __m256i fep256_e4m3_eo16(__m256i e, __m256i o)
+{
+	return _mm256_srli_epi16(_mm256_sub_epi16(_mm256_or_si256(fep256_e4m3_c16(e),
+		_mm256_slli_epi32(fep256_e4m3_c16(o), 16)), _mm256_set1_epi16(16 * 1128)), 4);
 }
 
 /* 16 bf16 values, |v| * inv < 464 and none a NaN, -> 16 codes without
@@ -523,11 +535,8 @@ static inline FEP_T_AVX2 __m256i fep256_e4m3_bf16x16_fast(__m256i x, __m256 inv)
 {
 	__m256 ev = _mm256_castsi256_ps(_mm256_srli_epi32(_mm256_slli_epi32(x, 17), 1));
 	__m256 od = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(0x7fff0000)));
-	__m256i ce = fep256_e4m3_c1128(_mm256_castps_si256(_mm256_mul_ps(ev, inv)));
-	__m256i co = fep256_e4m3_c1128(_mm256_castps_si256(_mm256_mul_ps(od, inv)));
-
-	return _mm256_sub_epi16(_mm256_or_si256(ce, _mm256_slli_epi32(co, 16)),
-				_mm256_set1_epi16(141 << 3));
+	return fep256_e4m3_eo16(_mm256_castps_si256(_mm256_mul_ps(ev, inv)),
+				_mm256_castps_si256(_mm256_mul_ps(od, inv)));
 }
 
 /* 32 bf16 values (two vectors; as above) times inv -> 32 codes in
