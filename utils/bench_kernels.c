@@ -31,7 +31,7 @@ struct kb {
 	size_t hidden;
 	/* arenas, allocated on the pool's node, first touched by its threads */
 	char *in;          /* bytes * 2: inputs (and residual) */
-	char *out;         /* bytes * 2: outputs */
+	char *out;         /* bytes * 4: outputs (fp8 -> f32 is 4x) */
 	char *msrc, *mdst; /* memcpy reference, bytes * 2 each */
 	size_t in_sz, out_sz, m_sz;
 	int32_t *idx;      /* row permutation / top-k indices */
@@ -284,7 +284,9 @@ static int kb_setup(struct kb *b)
 	uint16_t *h;
 
 	b->in_sz = b->bytes * 2;
-	b->out_sz = b->bytes * 2;
+	/* the FP8 dequantization reads bytes of codes: to f32 it writes
+	 * four times that */
+	b->out_sz = b->bytes * 4;
 	b->m_sz = b->bytes * 2;
 	b->in = fep_pool_alloc(b->pool, b->in_sz / 4096, 4096);
 	b->out = fep_pool_alloc(b->pool, b->out_sz / 4096, 4096);
