@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -515,6 +516,76 @@ static int rescue_rank(int rank, int size, void *arg)
 	END_TEST
 
 SHM2_TEST(channels_rescue, rescue_rank)
+
+/* fabep_barrier: no rank leaves a barrier before every rank has entered
+ * it.  Each rank marks its entry (in memory shared by the forked ranks)
+ * before it enters, the ranks entering in a different order each round,
+ * and checks every mark when it leaves; sizes that are and are not
+ * powers of two, on one channel and on three. */
+struct barrier_arg {
+	volatile uint64_t *entered;  /* [rounds][size]: round + 1 once entered */
+	const char *channels;
+};
+
+#define BARRIER_ROUNDS 6
+
+static int barrier_rank(int rank, int size, void *arg)
+{
+	struct barrier_arg *b = arg;
+	fabep_comm_t *comm;
+	int round, r, ret;
+
+	ret = make_comm_chan(FABEP_SIGNAL_CQDATA, 1u << 20, b->channels,
+			     b->channels ? 3 : 1, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	for (round = 0; round < BARRIER_ROUNDS; round++) {
+		struct timespec ts = { 0, (long)((rank * 7 + round * 3) % size) * 4000000L };
+
+		if (round % 2)  /* odd rounds: straight in, late ranks overlap */
+			nanosleep(&ts, NULL);
+		__atomic_store_n(&b->entered[round * size + rank], (uint64_t)round + 1,
+				 __ATOMIC_RELEASE);
+		ret = fabep_barrier(comm);
+		if (ret) {
+			fprintf(stderr, "rank %d round %d: barrier: %s\n", rank, round,
+				fabep_strerror(ret));
+			return 1;
+		}
+		for (r = 0; r < size; r++)
+			if (__atomic_load_n(&b->entered[round * size + r],
+					    __ATOMIC_ACQUIRE) != (uint64_t)round + 1) {
+				fprintf(stderr, "rank %d left barrier %d before rank %d "
+					"entered it\n", rank, round, r);
+				return 1;
+			}
+	}
+	return fabep_comm_destroy(comm) ? 1 : 0;
+}
+
+START_TEST(barrier_order)
+{
+	static const int sizes[] = { 2, 3, 5, 8 };
+	struct barrier_arg b = { NULL, NULL };
+	size_t len = BARRIER_ROUNDS * 8 * sizeof(uint64_t);
+	unsigned i;
+
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	b.entered = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne((void *)b.entered, MAP_FAILED);
+	for (i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		memset((void *)b.entered, 0, len);
+		b.channels = i == 2 ? "3" : NULL;
+		ck_assert_msg(fep_test_run_ranks(sizes[i], 60, barrier_rank, &b) == 0,
+			      "%d ranks%s", sizes[i], b.channels ? ", 3 channels" : "");
+	}
+	munmap((void *)b.entered, len);
+}
+END_TEST
 
 /* A peer that leaves right after its last signal: rank 1 signals rank 0
  * and exits.  Once it is gone, rank 0's liveness check is due with the
@@ -1097,6 +1168,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, heap_blocks_model);
 	tcase_add_test(tc, heap_blocks_table_full);
 	tcase_add_test(tc, shm_agree_rounds);
+	tcase_add_test(tc, barrier_order);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("failures");

@@ -518,13 +518,53 @@ int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
 	return ret;
 }
 
+/*
+ * The dissemination barrier: in round k each rank signals rank + 2^k and
+ * waits for rank - 2^k, so after ceil(log2 size) rounds each has heard,
+ * directly or through others, from every rank.  One signal a round
+ * where an exchange with every peer posts size - 1 and waits for as
+ * many: at 16 ranks 4 signals, and the ranks leave within one signal's
+ * latency of each other, which is what a timed call after the barrier
+ * measures.  Round k's counter counts the barriers; a signal of the
+ * next barrier that lands first only means its sender is past this one.
+ * The previous calls' transfers are complete first, as for every
+ * collective.
+ */
+static int fep_comm_barrier(fabep_comm_t *comm)
+{
+	fep_fabric_t *fab = comm->fab;
+	uint64_t seq;
+	int k, d, ret;
+
+	ret = fep_fabric_quiet(fab);
+	if (ret || comm->size == 1)
+		return ret;
+	seq = ++comm->dis_seq;
+	for (k = 0, d = 1; d < comm->size; k++, d *= 2) {
+		uint64_t ctr = comm->dis_ctr + 8 * (uint64_t)k;
+		int from = (comm->rank - d + comm->size) % comm->size;
+		char what[64];
+
+		ret = fep_fab_signal(fab, (comm->rank + d) % comm->size, ctr, 1);
+		if (ret)
+			return ret;
+		if (fep_counter_load(fab, ctr) >= seq)
+			continue;
+		snprintf(what, sizeof(what), "barrier: waiting for rank %d", from);
+		ret = fep_comm_wait(comm, what, ctr, seq, UINT64_MAX, 0, 0);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
 FEP_EXPORT int fabep_barrier(fabep_comm_t *comm)
 {
 	if (!comm) {
 		fep_err("fabep_barrier: NULL communicator");
 		return -EINVAL;
 	}
-	return fep_comm_xchg(comm, "barrier", 0, NULL);
+	return fep_comm_barrier(comm);
 }
 
 /* Every rank reports its status; all return the same verdict. */
@@ -830,7 +870,9 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
 	    (ret = fep_heap_alloc_(comm->fab, 2 * (size_t)comm->size *
 				   sizeof(struct fep_xslot), 64, &comm->bar_slots)) ||
 	    (ret = fep_heap_alloc_(comm->fab, sizeof(struct fep_xslot), 64,
-				   &comm->bar_src)))
+				   &comm->bar_src)) ||
+	    (ret = fep_heap_alloc_(comm->fab, 8 * FEP_DIS_ROUNDS, 64,
+				   &comm->dis_ctr)))
 		return ret;
 	/* First contact one direction at a time, higher to lower ranks and
 	 * then back, so no pair connects from both ends at once (the sockets

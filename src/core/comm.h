@@ -40,7 +40,14 @@ struct fabep_comm {
 	uint64_t bar_src;
 	uint64_t bar_seq;
 	uint64_t *bar_exp;    /* [size]: what each source's counter must reach */
+	/* fabep_barrier: a counter per dissemination round, and how many
+	 * barriers this rank has entered */
+	uint64_t dis_ctr;     /* [FEP_DIS_ROUNDS] */
+	uint64_t dis_seq;
 };
+
+/* Rounds of the dissemination barrier: ceil(log2 size) for any int size. */
+#define FEP_DIS_ROUNDS 32
 
 /*
  * Wait until the local counter at `ctr` reaches `target`.  On timeout,
