@@ -736,15 +736,46 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	return 0;
 }
 
+/* cma: a put with a signal that fits in one injected message goes as
+ * one write with CQ data, where a write and an atomic would be two
+ * operations under the target's lock: the few bytes are copied by the
+ * target's progress, and the decode calls, whose runs to most peers are
+ * a header alone, post half the operations. */
+static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p)
+{
+	return fab->signal == FABEP_SIGNAL_CMA && fab->cq_data_size &&
+	       p->add && p->len && p->len <= fab->inject_size &&
+	       !((p->sig / 8) >> fab->cq_idx_bits);
+}
+
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
-	size_t i;
+	const struct fep_put *big = puts;
+	size_t i, nbig = n;
 	int ret;
 
 	if (fab->signal == FABEP_SIGNAL_CQDATA)
 		return put_cqdata(fab, puts, n);
-	ret = put_writes(fab, puts, n, wflags);
+	for (i = 0; i < n && !put_inline(fab, &puts[i]); i++)
+		;
+	if (i < n) {  /* the writes without the inline puts */
+		struct fep_put *list;
+
+		if (fab->slices_cap < n) {
+			list = realloc(fab->slices, n * sizeof(*list));
+			if (!list)
+				return -ENOMEM;
+			fab->slices = list;
+			fab->slices_cap = n;
+		}
+		list = fab->slices;
+		for (nbig = 0, i = 0; i < n; i++)
+			if (!put_inline(fab, &puts[i]))
+				list[nbig++] = puts[i];
+		big = list;
+	}
+	ret = put_writes(fab, big, nbig, wflags);
 	if (ret)
 		return ret;
 	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
@@ -763,7 +794,10 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	for (i = 0; i < n; i++) {
 		if (!puts[i].add)
 			continue;
-		ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
+		if (nbig < n && put_inline(fab, &puts[i]))
+			ret = put_cqdata(fab, &puts[i], 1);
+		else
+			ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
 		if (ret)
 			return ret;
 	}
