@@ -554,6 +554,10 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
 static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		      uint64_t wflags);
 static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
+static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p);
+static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
+			   size_t n, const struct fep_put **big, size_t *nbig);
+static int put_one_inline(fep_fabric_t *fab, const struct fep_put *p);
 
 /* A slice carries at least this much (below, the copies' start-up costs
  * more than the threads win). */
@@ -652,20 +656,28 @@ int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n)
 {
-	size_t i;
+	const struct fep_put *big;
+	size_t i, nbig = n;
 	int ret;
 
 	if (!fab->sender_copy)
 		return fep_fab_put_signal_many(fab, puts, n);
 	ret = put_checks(fab, puts, n, true);
 	if (!ret)
-		ret = put_writes(fab, puts, n, 0);
+		ret = puts_not_inline(fab, puts, n, &big, &nbig);
+	if (!ret)
+		ret = put_writes(fab, big, nbig, 0);
 	/* the fast path completed each write in fi_write: every byte is in
 	 * place before any signal leaves */
 	if (!ret)
 		ret = fep_fabric_reap_writes(fab);
 	for (i = 0; !ret && i < n; i++) {
 		uint64_t data, rest = puts[i].add * (uint64_t)fab->nchan;
+
+		if (nbig < n && put_inline(fab, &puts[i])) {
+			ret = put_one_inline(fab, &puts[i]);
+			continue;
+		}
 
 		while (!ret && rest) {
 			fep_cqdata_pack(fab, puts[i].sig, rest, &data, &rest);
@@ -736,45 +748,69 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	return 0;
 }
 
-/* cma: a put with a signal that fits in one injected message goes as
- * one write with CQ data, where a write and an atomic would be two
- * operations under the target's lock: the few bytes are copied by the
- * target's progress, and the decode calls, whose runs to most peers are
- * a header alone, post half the operations. */
+/* The sender's copies (cma, sender_copy): a put with a signal that fits
+ * in one injected message goes as one write with CQ data, where a write
+ * and its signal would be two operations under the target's lock: the
+ * few bytes are copied by the target's progress, and the decode calls,
+ * whose runs to most peers are a header alone, post half the
+ * operations. */
 static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p)
 {
-	return fab->signal == FABEP_SIGNAL_CMA && fab->cq_data_size &&
-	       p->add && p->len && p->len <= fab->inject_size &&
-	       !((p->sig / 8) >> fab->cq_idx_bits);
+	return (fab->signal == FABEP_SIGNAL_CMA || fab->sender_copy) &&
+	       fab->cq_data_size && p->add && p->len &&
+	       p->len <= fab->inject_size && !((p->sig / 8) >> fab->cq_idx_bits);
+}
+
+/* The puts that are not put_inline: puts itself when all are, else a
+ * list in fab->slices.  *nbig = how many. */
+static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
+			   size_t n, const struct fep_put **big, size_t *nbig)
+{
+	struct fep_put *list;
+	size_t i;
+
+	*big = puts;
+	*nbig = n;
+	for (i = 0; i < n && !put_inline(fab, &puts[i]); i++)
+		;
+	if (i == n)
+		return 0;
+	if (fab->slices_cap < n) {
+		list = realloc(fab->slices, n * sizeof(*list));
+		if (!list)
+			return -ENOMEM;
+		fab->slices = list;
+		fab->slices_cap = n;
+	}
+	list = fab->slices;
+	for (*nbig = 0, i = 0; i < n; i++)
+		if (!put_inline(fab, &puts[i]))
+			list[(*nbig)++] = puts[i];
+	*big = list;
+	return 0;
+}
+
+/* A put_inline put, its add in units of the channels. */
+static int put_one_inline(fep_fabric_t *fab, const struct fep_put *p)
+{
+	struct fep_put q = *p;
+
+	q.add *= (uint64_t)fab->nchan;
+	return put_cqdata(fab, &q, 1);
 }
 
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	uint64_t wflags = fep_fab_write_flags(fab);
-	const struct fep_put *big = puts;
-	size_t i, nbig = n;
+	const struct fep_put *big;
+	size_t i, nbig;
 	int ret;
 
 	if (fab->signal == FABEP_SIGNAL_CQDATA)
 		return put_cqdata(fab, puts, n);
-	for (i = 0; i < n && !put_inline(fab, &puts[i]); i++)
-		;
-	if (i < n) {  /* the writes without the inline puts */
-		struct fep_put *list;
-
-		if (fab->slices_cap < n) {
-			list = realloc(fab->slices, n * sizeof(*list));
-			if (!list)
-				return -ENOMEM;
-			fab->slices = list;
-			fab->slices_cap = n;
-		}
-		list = fab->slices;
-		for (nbig = 0, i = 0; i < n; i++)
-			if (!put_inline(fab, &puts[i]))
-				list[nbig++] = puts[i];
-		big = list;
-	}
+	ret = puts_not_inline(fab, puts, n, &big, &nbig);
+	if (ret)
+		return ret;
 	ret = put_writes(fab, big, nbig, wflags);
 	if (ret)
 		return ret;
@@ -795,7 +831,7 @@ static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		if (!puts[i].add)
 			continue;
 		if (nbig < n && put_inline(fab, &puts[i]))
-			ret = put_cqdata(fab, &puts[i], 1);
+			ret = put_one_inline(fab, &puts[i]);
 		else
 			ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
 		if (ret)
