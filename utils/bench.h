@@ -52,6 +52,13 @@ size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks);
 #include "fabep.h"
 int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
 size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks);
+/* dispatch, combine, moe: the iterations and warm-up of -I and -w, or
+ * their defaults for that many tokens per rank (the scale part gives the
+ * MPI baseline the same): 200 and 20 up to 8 tokens, where a call takes
+ * tens of microseconds and the first tens of calls of a run are slower;
+ * 20 and 3 above. */
+int bench_moe_iters(const struct bench_opts *o, int tokens);
+int bench_moe_warmup(const struct bench_opts *o, int tokens);
 
 /* --check: rank 0 learns whether every rank's check passed (*all_ok, set
  * on rank 0 only).  words: a heap word per rank; ctr: a counter that

@@ -86,8 +86,18 @@ size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
 	rec = cfg.hidden * 8 + 16 * (size_t)cfg.top_k + 64;
 	return fabep_moe_heap_bytes(&cfg, nranks) +
 	       ((size_t)nranks + 1) * ((size_t)cfg.max_tokens * rec + 256) +
-	       6 * (size_t)nranks * 8 * (size_t)(o->iters > 0 ? o->iters : 20) +
+	       6 * (size_t)nranks * 8 * (size_t)bench_moe_iters(o, (int)cfg.max_tokens) +
 	       (4u << 20);
+}
+
+int bench_moe_iters(const struct bench_opts *o, int tokens)
+{
+	return o->iters > 0 ? o->iters : tokens <= 8 ? 200 : 20;
+}
+
+int bench_moe_warmup(const struct bench_opts *o, int tokens)
+{
+	return o->warmup >= 0 ? o->warmup : tokens <= 8 ? 20 : 3;
 }
 
 /* Every rank's n words v to rank 0: each rank's part of buf (size * n
@@ -1070,8 +1080,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		.do_c = strcmp(o->op, "dispatch") != 0,
 		.rv = { .size = sizeof(s.rv) },
 		.tm = { .size = sizeof(s.tm) },
-		.iters = o->iters > 0 ? o->iters : 20,
-		.warmup = o->warmup >= 0 ? o->warmup : 3,
+		.iters = bench_moe_iters(o, o->tokens > 0 ? o->tokens : 128),
+		.warmup = bench_moe_warmup(o, o->tokens > 0 ? o->tokens : 128),
 	};
 	long it;
 	int ret, failed = 0, d;

@@ -281,9 +281,11 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				}
 				r.mpi_failed = 1;
 				if (mpi_moe) {
-					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s -t %d%s%s -m",
-						 mpirun, mpiopt, mpib, r.part, tokens[j], miters,
-						 shape);
+					/* the iterations fabep's part takes */
+					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s -t %d -I %d -w %d%s -m",
+						 mpirun, mpiopt, mpib, r.part, tokens[j],
+						 bench_moe_iters(o, tokens[j]),
+						 bench_moe_warmup(o, tokens[j]), shape);
 					if (!run_line(cmd, line, sizeof(line)) &&
 					    !strstr(line, "check: failed")) {
 						r.mpi_us = field(line, "median_us");

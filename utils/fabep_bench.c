@@ -93,11 +93,11 @@ static const struct tool_help bench_help[] = {
 	{ 'I', NULL,
 	  "timed iterations (kernels: default 11, the median is shown; write: 1000 "
 	  "windows below 64k, 100 below 1M, 10 from 1M; dispatch, combine, moe: "
-	  "20; allreduce, arnorm: 200 below 1M of input, 50 below 16M, 20 from "
-	  "16M)" },
+	  "200 up to 8 tokens per rank, else 20; allreduce, arnorm: 200 below 1M "
+	  "of input, 50 below 16M, 20 from 16M)" },
 	{ 'w', NULL, "warm-up iterations (kernels: 2; write: a tenth of -I, 10 to "
-		     "1000; dispatch, combine, moe: 3; allreduce, arnorm: a tenth of "
-		     "-I, at least 3)" },
+		     "1000; dispatch, combine, moe: 20 up to 8 tokens per rank, else "
+		     "3; allreduce, arnorm: a tenth of -I, at least 3)" },
 	{ 'T', NULL, "worker threads per rank (default: FABEP_THREADS, else fabep's "
 		     "choice); kernels run with 1 thread and with N" },
 	{ 'n', "N|LIST", "fork N local ranks (default 2 for the parts that need "
