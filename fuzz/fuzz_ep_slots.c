@@ -13,9 +13,10 @@
  *
  * Input: geometry bytes (ranks, rank, experts per rank, top_k, hidden,
  * max_tokens, token type and flags), then per source rank a header mode
- * byte (valid header with a fuzzed count / fully fuzzed header; rows per
- * expert fuzzed, or counted from the records) and count, then the bytes
- * of the records, then the combine counts.
+ * byte (valid header with a fuzzed count / fully fuzzed header; record
+ * signals 0 or from the mode's high bits; rows per expert fuzzed, or
+ * counted from the records) and count, then the bytes of the records,
+ * then the combine counts.
  *
  * The verdict is checked against an independent reading of the layout's
  * rules (ref_dispatch, ref_combine): every bound on what a peer wrote
@@ -69,17 +70,43 @@ static void fuzz_check_result(struct fabep_moe *m, int b, struct fep_ep_set *s)
 
 #define REF_PROTOCOL 1
 
+/* The record signals the peers' dispatch headers of set b announce: 0
+ * or one per data chunk; dchunks - 1 for a header that is not this
+ * call's or announces neither (the records' wait then drains what an
+ * unmerged sender sends). */
+static uint64_t ref_signals(struct fabep_moe *m, int b, uint64_t seq)
+{
+	uint64_t sum = 0;
+	int r;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		if (r == m->rank)
+			continue;
+		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, r)), sizeof(h));
+		if (h.seq == seq && h.magic == FEP_EP_MAGIC &&
+		    (h.chunks == 0 || h.chunks == m->dchunks - 1))
+			sum += h.chunks;
+		else
+			sum += m->dchunks - 1;
+	}
+	return sum;
+}
+
 /* What check_hdrs + build must make of set b's dispatch slots, from the
  * rules alone: REF_PROTOCOL when a peer broke one (header sequence or
- * magic, a status that is no error code, a count past max_tokens, more
- * rows announced than count * top_k, a record's token index or expert id
- * out of range, records that do not bring the rows per expert their
- * header announced), else the status of the lowest failing rank, else 0. */
+ * magic, a status that is no error code, a count past max_tokens, record
+ * signals neither 0 nor one per data chunk, more rows announced than
+ * count * top_k, a record's token index or expert id out of range,
+ * records that do not bring the rows per expert their header announced),
+ * else the status of the lowest failing rank, else 0.  A failing rank's
+ * status comes before a peer's bad record signals. */
 static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	uint32_t cnt[FUZZ_MAX_SIZE], ann[4], got[4];
-	int r, j, e, agreed = 0;
+	int r, j, e, agreed = 0, bad_signals = 0;
 	size_t i;
 
 	for (r = 0; r < m->size; r++) {
@@ -88,6 +115,8 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		memcpy(&h, fep_heap_at(fab, fep_ep_dslot(m, b, r)), sizeof(h));
 		if (h.seq != seq || h.magic != FEP_EP_MAGIC)
 			return REF_PROTOCOL;
+		if (r != m->rank && h.chunks != 0 && h.chunks != m->dchunks - 1)
+			bad_signals = 1;
 		if (h.status) {
 			if (h.status > 0 || h.status < -100000)
 				return REF_PROTOCOL;
@@ -101,6 +130,8 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 	}
 	if (agreed)
 		return agreed;
+	if (bad_signals)
+		return REF_PROTOCOL;
 	for (r = 0; r < m->size; r++) {
 		uint64_t sum = 0;
 
@@ -181,7 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	struct fep_ep_set *s;
 	uint8_t tt;
 	size_t need, got, i;
-	uint64_t seq = 7;
+	uint64_t seq = 7, sigs = 0;
 	uint8_t modes[FUZZ_MAX_SIZE];
 	int size, rank, r, b = 0, ret, ref;
 
@@ -241,8 +272,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			p = fuzz_bytes(&in, FEP_EP_HDR, &got);
 			memcpy(slot, p, got);
 		} else {
+			uint32_t chunks = (uint32_t)modes[r] >> 4;
+
 			fep_ep_hdr_write(slot, seq, (modes[r] & 2) ? -(int)fuzz_u8(&in) : 0,
 					 (modes[r] & 4) ? fuzz_u32(&in) : fuzz_u8(&in) % 10);
+			memcpy(slot + offsetof(struct fep_ep_hdr, chunks), &chunks, 4);
 		}
 		if (!(modes[r] & 8)) {  /* rows per expert: fuzzed */
 			p = fuzz_bytes(&in, 4 * (size_t)m->L, &got);
@@ -282,8 +316,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 
 	ref = ref_dispatch(m, b, seq);
 	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dslot(m, b, 0),
-				m->dslot_bytes, seq, NULL, 0, s->rcount, NULL);
+				m->dslot_bytes, seq, NULL, 0, s->rcount, &sigs, NULL);
 	FUZZ_CHECK(ret <= 0);
+	/* the records' target, whatever the verdict */
+	FUZZ_CHECK(sigs == ref_signals(m, b, seq));
 	if (!ret) {
 		for (r = 0; r < size; r++)
 			FUZZ_CHECK(s->rcount[r] <= (uint32_t)cfg.max_tokens);
@@ -322,7 +358,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	}
 	ref = ref_combine(m, b, seq, s->sent);
 	ret = fep_ep_check_hdrs(m, "fuzz combine", fep_ep_chdr(m, b, 0),
-				m->cslot_bytes, seq, s->sent, 0, s->rcount, NULL);
+				m->cslot_bytes, seq, s->sent, 0, s->rcount, NULL, NULL);
 	FUZZ_CHECK(ret <= 0);
 	FUZZ_CHECK(ref_agrees(ref, ret));
 	if (!ret)

@@ -124,9 +124,10 @@ put("fuzz_tool_opts", "timeout", args(0x80, "5000"))
 EP_MAGIC, EP_SEQ = 0x66616265704d6f45, 7   # FEP_EP_MAGIC, the harness's call
 
 
-def ep_hdr(seq=EP_SEQ, status=0, count=0, magic=EP_MAGIC):
-    """A whole 64-byte slot header (struct fep_ep_hdr)."""
-    return struct.pack("<QiIQ", seq, status, count, magic) + bytes(40)
+def ep_hdr(seq=EP_SEQ, status=0, count=0, magic=EP_MAGIC, chunks=0):
+    """A whole 64-byte slot header (struct fep_ep_hdr); chunks: the
+    record signals a dispatch header announces."""
+    return struct.pack("<QiIQI", seq, status, count, magic, chunks) + bytes(36)
 
 
 def ep(size, rank, epr, k, hidden, T, tt, counts, recs, ccounts, ecounts=None,
@@ -203,6 +204,9 @@ bound("seq", hdrs={0: ep_hdr(seq=EP_SEQ + 1, count=2)})
 bound("status", hdrs={0: ep_hdr(status=5, count=2)})
 bound("status-low", hdrs={0: ep_hdr(status=-100001, count=2)})
 bound("status-agreed", hdrs={0: ep_hdr(status=-22, count=0)})
+bound("chunks", hdrs={0: ep_hdr(count=2, chunks=5)})
+bound("chunks-all", hdrs={0: ep_hdr(count=2, chunks=1)})
+bound("chunks-agreed", hdrs={0: ep_hdr(status=-22, count=0, chunks=5)})
 bound("rows", counts=(1, 1), ecounts=[[40, 1], [2, 0]])
 bound("token", recs={(0, 1): ([3, -1], [1.0, 0.0], 4)})
 bound("token-neg", recs={(0, 1): ([3, -1], [1.0, 0.0], -1)})

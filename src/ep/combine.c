@@ -468,7 +468,7 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	if (!ret)
 		ret = fep_ep_check_hdrs(m, m->cfn, fep_ep_chdr(m, b, 0),
 					m->cslot_bytes, s->seq, s->sent, s->status,
-					NULL, &refused);
+					NULL, NULL, &refused);
 	/* this rank's rows must have left before the caller computes (tcp) */
 	if (!ret)
 		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));

@@ -957,39 +957,6 @@ static void name_missing(struct fabep_moe *m, int b, const struct fep_ep_set *s)
 			"(their headers did)", m->dfn, missing > 1 ? "s" : "", names);
 }
 
-/* Add to the set's record-counter target what every peer's header
- * announces (0 or dchunks - 1 signals); a header of another call counts
- * as dchunks - 1, what its sender would have sent unmerged.  0, or
- * -FABEP_ERR_PROTOCOL for an announcement that is neither. */
-static int announced(struct fabep_moe *m, int b, struct fep_ep_set *s)
-{
-	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
-	int r, ret = 0;
-
-	for (r = 0; r < m->size; r++) {
-		struct fep_ep_hdr h;
-
-		if (r == m->rank)
-			continue;
-		memcpy(&h, base + (size_t)r * m->dslot_bytes, sizeof(h));
-		if (h.seq != s->seq || h.magic != FEP_EP_MAGIC) {
-			s->dexp += m->dchunks - 1;
-			continue;
-		}
-		if (h.chunks != 0 && h.chunks != m->dchunks - 1) {
-			if (!ret)
-				fep_err("%s: rank %d announced %u record signals "
-					"(expected 0 or %zu)", m->dfn, r, h.chunks,
-					m->dchunks - 1);
-			ret = -FABEP_ERR_PROTOCOL;
-			s->dexp += m->dchunks - 1;
-			continue;
-		}
-		s->dexp += h.chunks;
-	}
-	return ret;
-}
-
 static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 {
 	struct fep_ep_set *s;
@@ -1011,16 +978,10 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	hret = ret = fep_ep_wait(m, m->dfn, fep_ep_hctr(m, b),
 				 (uint64_t)(m->size - 1) * s->uses,
 				 fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
-	if (!ret)
+	if (!ret)  /* and adds the records' signals to their target */
 		ret = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
 					m->dslot_bytes, s->seq, NULL, s->status,
-					s->rcount, &refused);
-	if (!hret) {
-		int cret = announced(m, b, s);
-
-		if (!ret)
-			ret = cret;
-	}
+					s->rcount, &s->dexp, &refused);
 	t1 = fep_now_ns();
 	if (!ret)
 		ret = build_begin(m, b, s);

@@ -301,12 +301,17 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);
 /* Check the headers of set b's slots (base: first slot, stride between
  * slots) after the wait: sequence, magic, count bounds.  `expect`: per
  * source the exact count required, or NULL (<= max_tokens); counts
- * (may be NULL) gets each accepted count.  Returns 0,
- * the agreed error of the lowest failing rank (local status included;
- * then *refused = 1, a rank refused its input), or -FABEP_ERR_PROTOCOL. */
+ * (may be NULL) gets each accepted count.  `signals`: NULL for combine
+ * headers; for dispatch headers, each peer's record signals (0 or
+ * dchunks - 1) are checked too and added to *signals, whatever else is
+ * refused (dchunks - 1 for a header that is not this call's or not
+ * valid).  Returns 0, the agreed error of the lowest failing rank (local
+ * status included; then *refused = 1, a rank refused its input), or
+ * -FABEP_ERR_PROTOCOL. */
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		      size_t stride, uint64_t seq, const uint32_t *expect,
-		      int local_status, uint32_t *counts, int *refused);
+		      int local_status, uint32_t *counts, uint64_t *signals,
+		      int *refused);
 /* After a call that every rank refused alike: return once every rank
  * has read that call's headers, so that a peer's next call cannot write
  * over them (a barrier; its failure leaves m unclean). */

@@ -713,28 +713,54 @@ int fep_ep_settle(struct fabep_moe *m, const char *what)
 
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		      size_t stride, uint64_t seq, const uint32_t *expect,
-		      int local_status, uint32_t *counts, int *refused)
+		      int local_status, uint32_t *counts, uint64_t *signals,
+		      int *refused)
 {
 	fep_fabric_t *fab = m->comm->fab;
-	int r, agreed = 0, who = -1;
+	int r, agreed = 0, who = -1, ret = 0, sret = 0;
 
 	for (r = 0; r < m->size; r++) {
 		struct fep_ep_hdr h;
+		int current;
 
 		memcpy(&h, fep_heap_at(fab, base + (uint64_t)r * stride), sizeof(h));
-		if (h.seq != seq || h.magic != FEP_EP_MAGIC) {
+		current = h.seq == seq && h.magic == FEP_EP_MAGIC;
+		/* a dispatch header announces 0 record signals (merged into
+		 * its own) or one per data chunk.  Every peer's count goes
+		 * into the target, even past another error, so that the
+		 * records' wait drains what was sent; one that is not this
+		 * call's, or not a valid count, counts as what an unmerged
+		 * sender sends. */
+		if (signals && r != m->rank) {
+			uint64_t n = m->dchunks - 1;  /* an unmerged sender's */
+
+			if (current && (h.chunks == 0 || h.chunks == n))
+				n = h.chunks;
+			else if (current && !sret) {
+				fep_err("%s: rank %d announced %u record signals "
+					"(expected 0 or %zu)", what, r, h.chunks,
+					m->dchunks - 1);
+				sret = -FABEP_ERR_PROTOCOL;
+			}
+			*signals += n;
+		}
+		if (ret)
+			continue;  /* past the first error: the signals only */
+		if (!current) {
 			fep_err("%s: rank %d's header holds call %llu (magic %llx), "
 				"expected call %llu", what, r,
 				(unsigned long long)h.seq, (unsigned long long)h.magic,
 				(unsigned long long)seq);
-			return -FABEP_ERR_PROTOCOL;
+			ret = -FABEP_ERR_PROTOCOL;
+			continue;
 		}
 		if (r == m->rank && local_status)
 			h.status = local_status;
 		if (h.status) {
 			if (h.status > 0 || h.status < -100000) {
 				fep_err("%s: rank %d sent status %d", what, r, h.status);
-				return -FABEP_ERR_PROTOCOL;
+				ret = -FABEP_ERR_PROTOCOL;
+				continue;
 			}
 			if (!agreed) {
 				agreed = h.status;
@@ -747,17 +773,22 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 			fep_err("%s: rank %d announced %u rows (expected %s%u)", what,
 				r, h.count, expect ? "" : "at most ",
 				expect ? expect[r] : (uint32_t)m->cfg.max_tokens);
-			return -FABEP_ERR_PROTOCOL;
+			ret = -FABEP_ERR_PROTOCOL;
+			continue;
 		}
 		if (counts)
 			counts[r] = h.count;
 	}
+	if (ret)
+		return ret;
 	if (agreed && who != m->rank)
 		fep_err("%s: rank %d rejected its input: %s", what, who,
 			fabep_strerror(agreed));
 	if (agreed && refused)
 		*refused = 1;
-	return agreed;
+	/* a sender's refusal is what every rank agrees on before a bad
+	 * signal count */
+	return agreed ? agreed : sret;
 }
 
 FEP_EXPORT int fabep_moe_timing(const fabep_moe_t *m, fabep_moe_timing_t *out)
