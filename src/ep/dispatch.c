@@ -206,7 +206,7 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 {
 	int R = m->size, k = m->k, kk = m->kk, d;
 	uint32_t *cursor = m->cursor;
-	size_t t;
+	size_t t, max;
 
 	memset(s->sent, 0, (size_t)R * sizeof(uint32_t));
 	for (t = 0; t < n; t++) {
@@ -294,9 +294,10 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 		}
 	}
 	/* a chunk goes straight from the input slot when its tokens are
-	 * consecutive there (pack_tok rises within a destination), or, where
-	 * the fabric gathers (m->gather), when its ranges of consecutive
-	 * tokens fill at most FEP_EP_GATHER_WRITES writes */
+	 * one range of consecutive records there, or, where the fabric
+	 * gathers (m->gather), ranges that fill at most FEP_EP_GATHER_WRITES
+	 * writes */
+	max = m->gather ? FEP_EP_GATHER_WRITES * m->comm->fab->iov_max : 1;
 	for (d = 0; d < R; d++) {
 		const int32_t *tok = m->pack_tok + m->pack_base[d];
 		size_t j, b;
@@ -304,15 +305,12 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 		for (j = 1; j < m->dchunks; j++) {
 			size_t r0 = (j - 1) * m->dchunk_recs;
 			size_t r1 = FEP_MIN(r0 + m->dchunk_recs, (size_t)s->sent[d]);
-			size_t ranges = 1;
+			size_t ranges = 0;
 
-			if (m->gather && r1 > r0)
-				for (b = r0 + 1; b < r1; b++)
-					ranges += tok[b] != tok[b - 1] + 1;
-			m->chunk_direct[(size_t)d * m->dchunks + j] = r1 <= r0 ||
-				(size_t)(tok[r1 - 1] - tok[r0]) == r1 - r0 - 1 ||
-				(m->gather && ranges <= FEP_EP_GATHER_WRITES *
-					      m->comm->fab->iov_max);
+			for (b = r0; b < r1 && ranges <= max;
+			     b = fep_ep_range_end(tok, b, r1))
+				ranges++;
+			m->chunk_direct[(size_t)d * m->dchunks + j] = ranges <= max;
 		}
 	}
 }

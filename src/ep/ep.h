@@ -358,6 +358,18 @@ struct fep_ep_run {
 	const int32_t *tok;    /* run position -> input record (direct chunks) */
 	uint64_t input;        /* the input slot */
 };
+/* The end of the range of consecutive input records that starts at run
+ * position r0 of tok (run position -> input record), at most r1.  A
+ * chunk that leaves from the input slot is one put per range: route()
+ * decides by their number, fep_ep_ready_chunks posts them. */
+static inline size_t fep_ep_range_end(const int32_t *tok, size_t r0, size_t r1)
+{
+	size_t b = r0 + 1;
+
+	while (b < r1 && tok[b] == tok[b - 1] + 1)
+		b++;
+	return b;
+}
 /* Append to out the chunks of r that are complete and not yet posted
  * (*posted of them are); each adds 1 to its counter.  Returns how many. */
 size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,

@@ -661,10 +661,8 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			 * records there, the chunk's signal on the last (the
 			 * fabric gathers them into writes of several pieces) */
 			while (r1 > r0 && r->direct && r->direct[j]) {
-				size_t b = r0 + 1;
+				size_t b = fep_ep_range_end(r->tok, r0, r1);
 
-				while (b < r1 && r->tok[b] == r->tok[b - 1] + 1)
-					b++;
 				out[n].dst = r->dst + (r->hdr + r0) * r->unit;
 				out[n].src = r->input +
 					     (r->hdr + (size_t)r->tok[r0]) * r->unit;
