@@ -338,6 +338,7 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	r.hlen = m->dhdr_bytes;
 	r.hsig = fep_ep_hctr(m, c->b);
 	/* r.hlast 0: headers go first, on their own counter, often early */
+	r.merge = m->dmerge;
 	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
 	r.tok = m->pack_tok + m->pack_base[peer];
 	r.input = fep_ep_dinput(m, c->b);
@@ -352,14 +353,8 @@ static int post_ready(struct fabep_moe *m, const struct pack_ctx *c,
 	size_t np = 0;
 	int d;
 
-	size_t i;
-
 	for (d = 1; d < m->size; d++)
 		np += ready_chunks(m, c, s, (m->rank + d) % m->size, np);
-	if (m->dmerge)  /* the header's signal stands for the records */
-		for (i = 0; i < np; i++)
-			if (m->puts[i].sig != fep_ep_hctr(m, c->b))
-				m->puts[i].add = 0;
 	return fep_ep_post(m, np, &m->tm.d_bytes, true);
 }
 

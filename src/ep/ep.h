@@ -354,6 +354,10 @@ struct fep_ep_run {
 	 * had no units.  Unchunked (2 chunks), the run is one write adding 2.
 	 * Needs sig == hsig, no direct chunks. */
 	int hlast;
+	/* hlast 0 only: the header's signal stands for the data chunks
+	 * (dispatch's merged batch, chunks 0 in its header), whose puts add
+	 * nothing */
+	int merge;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */
 	uint64_t input;        /* the input slot */
@@ -371,7 +375,8 @@ static inline size_t fep_ep_range_end(const int32_t *tok, size_t r0, size_t r1)
 	return b;
 }
 /* Append to out the chunks of r that are complete and not yet posted
- * (*posted of them are); each adds 1 to its counter.  Returns how many. */
+ * (*posted of them are); each adds 1 to its counter (a data chunk under
+ * r->merge adds 0).  Returns how many. */
 size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 			   size_t *posted);
 

@@ -644,7 +644,7 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 
 		out[n].peer = r->peer;
 		out[n].sig = j ? r->sig : r->hsig;
-		out[n].add = 1;
+		out[n].add = j && r->merge ? 0 : 1;
 		if (j == 0) {  /* the header */
 			out[n].dst = r->dst;
 			out[n].src = r->stage;
@@ -669,9 +669,8 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 				out[n].len = (b - r0) * r->unit;
 				if (b == r1)
 					break;
+				out[n + 1] = out[n];  /* the next keeps the signal */
 				out[n++].add = 0;
-				out[n] = out[n - 1];
-				out[n].add = 1;
 				r0 = b;
 			}
 		}
