@@ -69,12 +69,14 @@ static int make_comm(fabep_signal_t sig, size_t heap, fabep_comm_t **comm)
 	return make_comm_chan(sig, heap, NULL, 1, comm);
 }
 
+#define BIG_ADD ((3ull << 24) + 5)
+
 static int stress_rank(int rank, int size, void *arg)
 {
 	struct stress *st = arg;
 	fabep_comm_t *comm;
 	size_t maxlen = 0;
-	fabep_off_t ctr, ack, slots, src;
+	fabep_off_t ctr, ack, big, slots, src;
 	uint8_t *expect;
 	int i, s, ret;
 
@@ -99,6 +101,7 @@ static int stress_rank(int rank, int size, void *arg)
 	}
 	if ((ret = fabep_heap_alloc(comm, 8, 8, &ctr)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 8, &ack)) ||
+	    (ret = fabep_heap_alloc(comm, 8, 8, &big)) ||
 	    (ret = fabep_heap_alloc(comm, (size_t)size * maxlen, 64, &slots)) ||
 	    (ret = fabep_heap_alloc(comm, maxlen, 64, &src))) {
 		fprintf(stderr, "alloc: %s\n", fabep_strerror(ret));
@@ -110,6 +113,22 @@ static int stress_rank(int rank, int size, void *arg)
 	    (ret = fabep_put_signal(comm, (rank + 1) % size, src, src, 0, ctr,
 				    UINT64_MAX)) != -ERANGE) {
 		fprintf(stderr, "rank %d: add past 64 bits gave %d\n", rank, ret);
+		return 1;
+	}
+	/* an add past what one CQ data carries (24 bits, 8 with 4 bytes of
+	 * CQ data) arrives whole from every rank, in as many writes as it
+	 * takes: the counter reads exactly the sum */
+	if (rank != 0)
+		ret = fabep_put_signal(comm, 0, slots, src, 0, big, BIG_ADD);
+	else if (!(ret = fabep_wait(comm, big, (uint64_t)(size - 1) * BIG_ADD)) &&
+		 fabep_counter_read(comm, big) != (uint64_t)(size - 1) * BIG_ADD) {
+		fprintf(stderr, "big add: counter %llu, want %llu\n",
+			(unsigned long long)fabep_counter_read(comm, big),
+			(unsigned long long)(size - 1) * BIG_ADD);
+		return 1;
+	}
+	if (ret) {
+		fprintf(stderr, "rank %d: big add: %s\n", rank, fabep_strerror(ret));
 		return 1;
 	}
 	expect = malloc(maxlen ? maxlen : 1);
