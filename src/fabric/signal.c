@@ -483,6 +483,22 @@ static int fep_cqdata_pack(fep_fabric_t *fab, uint64_t sig, uint64_t add,
 	return 0;
 }
 
+/* cqdata: add to peer's counter sig in zero-byte writes that carry the
+ * CQ data, as many as the add needs (none for 0): the signal of writes
+ * already posted. */
+static int cqdata_signal(fep_fabric_t *fab, int peer, uint64_t sig,
+			 uint64_t add)
+{
+	uint64_t data;
+	int ret = 0;
+
+	while (!ret && add) {
+		fep_cqdata_pack(fab, sig, add, &data, &add);
+		ret = fep_post_write(fab, peer, sig, sig, 0, 0, true, data);
+	}
+	return ret;
+}
+
 static int fep_post_atomic(fep_fabric_t *fab, int peer, uint64_t sig,
 			   uint64_t add)
 {
@@ -672,18 +688,11 @@ int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 	if (!ret)
 		ret = fep_fabric_reap_writes(fab);
 	for (i = 0; !ret && i < n; i++) {
-		uint64_t data, rest = puts[i].add * (uint64_t)fab->nchan;
-
-		if (nbig < n && put_inline(fab, &puts[i])) {
+		if (nbig < n && put_inline(fab, &puts[i]))
 			ret = put_one_inline(fab, &puts[i]);
-			continue;
-		}
-
-		while (!ret && rest) {
-			fep_cqdata_pack(fab, puts[i].sig, rest, &data, &rest);
-			ret = fep_post_write(fab, puts[i].peer, puts[i].sig,
-					     puts[i].sig, 0, 0, true, data);
-		}
+		else
+			ret = cqdata_signal(fab, puts[i].peer, puts[i].sig,
+					    puts[i].add * (uint64_t)fab->nchan);
 	}
 	return ret;
 }
@@ -737,11 +746,8 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		fep_cqdata_pack(fab, p->sig, p->add, &data, &rest);
 		ret = fep_post_write(fab, p->peer, p->dst + head, p->src + head,
 				     len - head, 0, true, data);
-		while (!ret && rest) {
-			fep_cqdata_pack(fab, p->sig, rest, &data, &rest);
-			ret = fep_post_write(fab, p->peer, p->sig, p->sig, 0, 0,
-					     true, data);
-		}
+		if (!ret)  /* past what one CQ data holds */
+			ret = cqdata_signal(fab, p->peer, p->sig, rest);
 		if (ret)
 			return ret;
 	}
