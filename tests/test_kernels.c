@@ -741,6 +741,29 @@ static int close_to(float got, float want, float rel, float abs_tol)
 	return fabsf(got - want) <= rel * fabsf(want) + abs_tol;
 }
 
+/* The scalar kernel on a (its residual, output and scales), then level
+ * isa on the same input with residual rv (a copy of a's before the
+ * run), output ov and scales sv.  Residual adds are element-wise: both
+ * residuals must hold the same values (bits; NaNs as NaNs).  The caller
+ * compares the outputs. */
+static void rmsnorm_both(fabep_isa_t isa, const fep_k_rmsnorm_args_t *a,
+			 size_t rows, void *rv, void *ov, float *sv)
+{
+	fep_k_rmsnorm_args_t b = *a;
+	size_t i;
+
+	fep_k_ops_isa(FABEP_ISA_SCALAR)->rmsnorm(a, 0, rows);
+	b.residual = a->residual ? rv : NULL;
+	b.out = ov;
+	b.scales = sv;
+	fep_k_ops_isa(isa)->rmsnorm(&b, 0, rows);
+	if (a->residual)
+		for (i = 0; i < rows * a->ld_res; i++)
+			EXPECT(same_f32(ld_row(a->residual, a->in_dt, i),
+					ld_row(rv, a->in_dt, i)),
+			       "%s residual %zu", isa_name(isa), i);
+}
+
 static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 			  fep_k_dtype_t out_dt, size_t cols, int with_res)
 {
@@ -767,14 +790,7 @@ static void check_rmsnorm(fabep_isa_t isa, fep_k_dtype_t in_dt,
 		gamma[i] = rnd_unit() * 0.5f;
 	memcpy(rs, res0, rows * ld * es);
 	memcpy(rv, res0, rows * ld * es);
-	fep_k_ops_isa(FABEP_ISA_SCALAR)->rmsnorm(&a, 0, rows);
-	a.residual = with_res ? rv : NULL;
-	a.out = ov;
-	a.scales = sv;
-	fep_k_ops_isa(isa)->rmsnorm(&a, 0, rows);
-	if (with_res)  /* element-wise adds: bitwise equal */
-		EXPECT(!memcmp(rs, rv, rows * ld * es), "%s residual",
-			      isa_name(isa));
+	rmsnorm_both(isa, &a, rows, rv, ov, sv);
 	for (r = 0; r < rows; r++) {
 		const void *h = (const char *)(with_res ? rs : in) + r * ld * es;
 		double acc = 0, inv;
@@ -936,15 +952,7 @@ static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 			memcpy((char *)rs + i * es, (char *)in + (rows * ld - 1 - i) * es, es);
 		memcpy(rv, rs, rows * ld * es);
 	}
-	fep_k_ops_isa(FABEP_ISA_SCALAR)->rmsnorm(&a, 0, rows);
-	a.residual = with_res ? rv : NULL;
-	a.out = o_v;
-	a.scales = sv;
-	fep_k_ops_isa(isa)->rmsnorm(&a, 0, rows);
-	if (with_res)
-		for (i = 0; i < rows * ld; i++)
-			EXPECT(same_f32(ld_row(rs, in_dt, i), ld_row(rv, in_dt, i)),
-			       "%s residual %zu", isa_name(isa), i);
+	rmsnorm_both(isa, &a, rows, rv, o_v, sv);
 	for (r = 0; r < rows; r++) {
 		if (out_dt == FEP_K_FP8)
 			EXPECT(same_f32(sv[r], ss[r]), "%s scale row %zu: %a vs %a",
