@@ -1406,6 +1406,138 @@ START_TEST(ready_hlast)
 }
 END_TEST
 
+/* fep_ep_ready_chunks with the header first (dispatch's runs): against a
+ * model of the receiver's slot, for random run sizes, chunk sizes and
+ * progress steps, chunks sent from the input slot (random rising token
+ * lists) or staged, with the signal merged into the header's or not.
+ * Every unit and the header land exactly once, from the stage or, in a
+ * chunk sent from the input slot, from its token's record there; the
+ * header leaves first and the chunks in order, each once complete; such
+ * a chunk is one put per range of consecutive tokens, its signal on the
+ * last; each chunk adds 1 on its counter (0 when merged: the header's
+ * signal stands for them) and the header 1 on its own. */
+START_TEST(ready_head)
+{
+	uint64_t seed = 0x4eadf157ull;
+	int iter;
+
+	for (iter = 0; iter < 4000; iter++) {
+		size_t max = 1 + fep_test_rand(&seed) % 40;
+		size_t per = 1 + fep_test_rand(&seed) % 12;
+		size_t hdr = 1 + fep_test_rand(&seed) % 3, unit = 8;
+		size_t count = fep_test_rand(&seed) % (max + 1);
+		struct fep_ep_run r;
+		struct fep_put out[128];
+		uint8_t direct[64], signalled[64];
+		int32_t tok[64], t;
+		unsigned char hits[64], nputs[64], adds[64];
+		size_t posted = 0, last = 0, i, j, n, u;
+		uint64_t hadds = 0;
+
+		memset(&r, 0, sizeof(r));
+		r.peer = 2;
+		r.dst = 1000;
+		r.stage = 5000;
+		r.input = 90000;
+		r.unit = unit;
+		r.hdr = hdr;
+		r.count = count;
+		r.per = per;
+		r.chunks = 1 + (max + per - 1) / per;
+		r.sig = 77;
+		r.hsig = 88;
+		r.hlen = hdr * unit;
+		r.merge = (int)(fep_test_rand(&seed) % 2);
+		t = (int32_t)(fep_test_rand(&seed) % 3);
+		for (i = 0; i < count; i++) {
+			tok[i] = t;
+			t += 1 + (fep_test_rand(&seed) % 3 ? 0 :
+				  (int32_t)(fep_test_rand(&seed) % 4));
+		}
+		for (j = 0; j < r.chunks; j++)
+			direct[j] = j && fep_test_rand(&seed) % 2;
+		if (fep_test_rand(&seed) % 4) {
+			r.direct = direct;
+			r.tok = tok;
+		}
+		memset(hits, 0, sizeof(hits));
+		memset(nputs, 0, sizeof(nputs));
+		memset(adds, 0, sizeof(adds));
+		memset(signalled, 0, sizeof(signalled));
+		while (posted < r.chunks) {
+			n = fep_ep_ready_chunks(out, &r, &posted);
+			for (i = 0; i < n; i++) {
+				const struct fep_put *p = &out[i];
+				size_t u0, u1;
+
+				ck_assert_int_eq(p->peer, 2);
+				ck_assert_uint_eq((p->dst - r.dst) % unit, 0);
+				ck_assert_uint_eq(p->len % unit, 0);
+				u0 = (p->dst - r.dst) / unit;
+				u1 = u0 + p->len / unit;
+				j = u0 < hdr ? 0 : 1 + (u0 - hdr) / per;
+				ck_assert_msg(j >= last && j < r.chunks,
+					      "chunk %zu after chunk %zu", j, last);
+				last = j;
+				ck_assert_msg(!signalled[j], "a put of chunk %zu after "
+					      "its signal", j);
+				if (j == 0) {  /* the header */
+					ck_assert_uint_eq(u0, 0);
+					ck_assert_uint_eq(p->len, r.hlen);
+					ck_assert_uint_eq(p->src, r.stage);
+					ck_assert_uint_eq(p->sig, 88);
+					ck_assert_uint_eq(p->add, 1);
+					hadds += p->add;
+					signalled[0] = 1;
+				} else {
+					size_t c1 = FEP_MIN(j * per, count);
+
+					ck_assert_uint_eq(p->sig, 77);
+					ck_assert_uint_le(p->add, 1);
+					/* within its chunk, and complete */
+					ck_assert_uint_le(u1, hdr + FEP_MAX(c1, (j - 1) * per));
+					ck_assert_uint_le(c1, r.done);
+					for (u = u0; u < u1; u++) {
+						uint64_t want = r.direct && direct[j] ?
+							r.input + (hdr + (size_t)tok[u - hdr]) * unit :
+							r.stage + u * unit;
+
+						ck_assert_uint_eq(p->src + (u - u0) * unit, want);
+					}
+					nputs[j]++;
+					adds[j] += (unsigned char)p->add;
+					signalled[j] = p->add || (r.merge && u1 ==
+						hdr + FEP_MAX(c1, (j - 1) * per));
+				}
+				for (u = u0; u < u1; u++)
+					hits[u]++;
+			}
+			if (r.done < count)
+				r.done += 1 + fep_test_rand(&seed) % (2 * per);
+			if (r.done > count)
+				r.done = count;
+		}
+		for (i = 0; i < hdr + count; i++)
+			ck_assert_msg(hits[i] == 1, "count %zu per %zu: unit %zu "
+				      "written %u times", count, per, i, hits[i]);
+		ck_assert_uint_eq(hadds, 1);
+		for (j = 1; j < r.chunks; j++) {
+			size_t r0 = (j - 1) * per, r1 = FEP_MIN(r0 + per, count);
+			size_t ranges = 1, b;
+
+			ck_assert_msg(signalled[j], "chunk %zu: not all sent", j);
+			ck_assert_uint_eq(adds[j], (r.merge ? 0u : 1u));
+			if (r.direct && direct[j] && r1 > r0)
+				for (b = r0 + 1; b < r1; b++)
+					ranges += tok[b] != tok[b - 1] + 1;
+			ck_assert_uint_eq(nputs[j], ranges);
+		}
+		/* nothing more once done */
+		ck_assert_uint_eq(fep_ep_ready_chunks(out, &r, &posted), 0);
+	}
+}
+END_TEST
+
 /* A dispatch that returns with its rows still queued holds its receiver
  * on tcp, whose writes move only while the sender progresses: rank 0
  * sends 2048 rows of 7168 bf16 (29 MB, more than sockets buffer) to rank
@@ -2282,6 +2414,7 @@ static Suite *ep_suite(void)
 	/* the run schedule alone (no ranks) */
 	tc = tcase_create("chunks");
 	ADD(tc, ready_hlast);
+	ADD(tc, ready_head);
 	suite_add_tcase(s, tc);
 	/* a sender's rows leave before its call returns (tcp) */
 	tc = tcase_create("drain");
