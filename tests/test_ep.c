@@ -1309,7 +1309,23 @@ EP_TEST(refuse_tcp3_chunks, "tcp", 3, .rounds = 3, .experts = 9, .topk = 4,
 	.refuse = 1, .bad_rank = 2, .chunk = "1000", .routing = R_NEG)
 EP_TEST(sockets2_small, "sockets", 2, .rounds = 5, .hidden = 16)
 
-/* Unknown config flags: no heap size, and fabep_moe_timing's NULL checks. */
+/* A random run for the fep_ep_ready_chunks models below: room for up
+ * to 40 units in chunks of per, a header of 1 to 3 units, count units
+ * to send; the rest of *r zeroed. */
+static void run_shape(uint64_t *seed, struct fep_ep_run *r, size_t unit)
+{
+	size_t max = 1 + fep_test_rand(seed) % 40;
+
+	memset(r, 0, sizeof(*r));
+	r->per = 1 + fep_test_rand(seed) % 12;
+	r->hdr = 1 + fep_test_rand(seed) % 3;
+	r->count = fep_test_rand(seed) % (max + 1);
+	r->unit = unit;
+	r->dst = 1000;
+	r->stage = 5000;
+	r->chunks = 1 + (max + r->per - 1) / r->per;
+}
+
 /* fep_ep_ready_chunks with the header last (combine's runs, produced back
  * to front: the last block is reduced first): against a model of the
  * receiver's slot, for random run sizes, chunk sizes and progress steps.
@@ -1323,25 +1339,18 @@ START_TEST(ready_hlast)
 	int iter;
 
 	for (iter = 0; iter < 4000; iter++) {
-		size_t max = 1 + fep_test_rand(&seed) % 40;
-		size_t per = 1 + fep_test_rand(&seed) % 12;
-		size_t hdr = 1 + fep_test_rand(&seed) % 3, unit = 8;
-		size_t count = fep_test_rand(&seed) % (max + 1);
+		size_t per, hdr, count, unit = 8;
 		struct fep_ep_run r;
 		struct fep_put out[64];
 		unsigned char hits[64];
 		size_t posted = 0, adds = 0, writes = 0, i, n;
 		int hdr_seen = 0;
 
-		memset(&r, 0, sizeof(r));
+		run_shape(&seed, &r, unit);
+		per = r.per;
+		hdr = r.hdr;
+		count = r.count;
 		r.peer = 1;
-		r.dst = 1000;
-		r.stage = 5000;
-		r.unit = unit;
-		r.hdr = hdr;
-		r.count = count;
-		r.per = per;
-		r.chunks = 1 + (max + per - 1) / per;
 		r.sig = r.hsig = 77;
 		r.hlen = 64;
 		r.hlast = 1;
@@ -1422,10 +1431,7 @@ START_TEST(ready_head)
 	int iter;
 
 	for (iter = 0; iter < 4000; iter++) {
-		size_t max = 1 + fep_test_rand(&seed) % 40;
-		size_t per = 1 + fep_test_rand(&seed) % 12;
-		size_t hdr = 1 + fep_test_rand(&seed) % 3, unit = 8;
-		size_t count = fep_test_rand(&seed) % (max + 1);
+		size_t per, hdr, count, unit = 8;
 		struct fep_ep_run r;
 		struct fep_put out[128];
 		uint8_t direct[64], signalled[64];
@@ -1434,16 +1440,12 @@ START_TEST(ready_head)
 		size_t posted = 0, last = 0, i, j, n, u;
 		uint64_t hadds = 0;
 
-		memset(&r, 0, sizeof(r));
+		run_shape(&seed, &r, unit);
+		per = r.per;
+		hdr = r.hdr;
+		count = r.count;
 		r.peer = 2;
-		r.dst = 1000;
-		r.stage = 5000;
 		r.input = 90000;
-		r.unit = unit;
-		r.hdr = hdr;
-		r.count = count;
-		r.per = per;
-		r.chunks = 1 + (max + per - 1) / per;
 		r.sig = 77;
 		r.hsig = 88;
 		r.hlen = hdr * unit;
@@ -2307,6 +2309,7 @@ START_TEST(shm3_lying_peer)
 }
 END_TEST
 
+/* Unknown config flags: no heap size, and fabep_moe_timing's NULL checks. */
 START_TEST(bad_flags)
 {
 	fabep_moe_config_t c;
