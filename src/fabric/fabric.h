@@ -339,8 +339,9 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 /* The same, for a phase whose copies are better made by the sender: where
  * fab->sender_copy, the writes go without CQ data (shm's fast path: the
  * sender's process_vm_writev, done when fi_write returns), are reaped,
- * and then every signal is a zero-byte write with CQ data; elsewhere as
- * fep_fab_put_signal_many. */
+ * and then every signal is a zero-byte write with CQ data (a put that
+ * fits in the inject size goes as one write with its signal); elsewhere
+ * as fep_fab_put_signal_many. */
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n);
 /* The same, for a phase whose copies are better made by the receivers:

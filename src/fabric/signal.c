@@ -574,6 +574,8 @@ static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p);
 static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
 			   size_t n, const struct fep_put **big, size_t *nbig);
 static int put_one_inline(fep_fabric_t *fab, const struct fep_put *p);
+static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
+			   size_t n, uint64_t wflags, bool cq_signal);
 
 /* A slice carries at least this much (below, the copies' start-up costs
  * more than the threads win). */
@@ -668,33 +670,15 @@ int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
 	return ret ? ret : put_cqdata(fab, puts, n);
 }
 
-
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n)
 {
-	const struct fep_put *big;
-	size_t i, nbig = n;
 	int ret;
 
 	if (!fab->sender_copy)
 		return fep_fab_put_signal_many(fab, puts, n);
 	ret = put_checks(fab, puts, n, true);
-	if (!ret)
-		ret = puts_not_inline(fab, puts, n, &big, &nbig);
-	if (!ret)
-		ret = put_writes(fab, big, nbig, 0);
-	/* the fast path completed each write in fi_write: every byte is in
-	 * place before any signal leaves */
-	if (!ret)
-		ret = fep_fabric_reap_writes(fab);
-	for (i = 0; !ret && i < n; i++) {
-		if (nbig < n && put_inline(fab, &puts[i]))
-			ret = put_one_inline(fab, &puts[i]);
-		else
-			ret = cqdata_signal(fab, puts[i].peer, puts[i].sig,
-					    puts[i].add * (uint64_t)fab->nchan);
-	}
-	return ret;
+	return ret ? ret : put_then_signal(fab, puts, n, 0, true);
 }
 
 /* Where cma's writes start: the first put to a rank above this one. */
@@ -711,8 +695,6 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 	return 0;
 }
 
-/* The puts of one channel, checked by fep_fab_put_signal_many; adds as
- * given (in units of the channels). */
 /* Every put's signal in the CQ data of its own write (of its last write,
  * past max_msg_size), counted by the target's progress. */
 static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
@@ -805,45 +787,48 @@ static int put_one_inline(fep_fabric_t *fab, const struct fep_put *p)
 	return put_cqdata(fab, &q, 1);
 }
 
-static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+/* The writes of a batch, then its signals: an atomic each, or with
+ * cq_signal (sender_copy) zero-byte writes with CQ data, in units of the
+ * channels; a put_inline put goes instead as one write that carries its
+ * signal, after the others.  Where the sender copies (cma, cq_signal)
+ * each write was done in fi_write, so reaping the completions puts every
+ * byte in place before any signal leaves; earlier signals need not be
+ * acknowledged first. */
+static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
+			   size_t n, uint64_t wflags, bool cq_signal)
 {
-	uint64_t wflags = fep_fab_write_flags(fab);
 	const struct fep_put *big;
 	size_t i, nbig;
 	int ret;
 
-	if (fab->signal == FABEP_SIGNAL_CQDATA)
-		return put_cqdata(fab, puts, n);
 	ret = puts_not_inline(fab, puts, n, &big, &nbig);
-	if (ret)
-		return ret;
-	ret = put_writes(fab, big, nbig, wflags);
-	if (ret)
-		return ret;
-	if (fab->signal == FABEP_SIGNAL_DELIVERY) {
+	if (!ret)
+		ret = put_writes(fab, big, nbig, wflags);
+	if (!ret && fab->signal == FABEP_SIGNAL_DELIVERY)
 		ret = fep_fabric_quiet(fab);
-		if (ret)
-			return ret;
-	}
-	/* shm's fast path completed each write before fi_write returned:
-	 * its completion is in the CQ already; earlier atomics need not be
-	 * acknowledged first */
-	if (fab->signal == FABEP_SIGNAL_CMA) {
+	if (!ret && (fab->signal == FABEP_SIGNAL_CMA || cq_signal))
 		ret = fep_fabric_reap_writes(fab);
-		if (ret)
-			return ret;
-	}
-	for (i = 0; i < n; i++) {
+	for (i = 0; !ret && i < n; i++) {
 		if (!puts[i].add)
 			continue;
 		if (nbig < n && put_inline(fab, &puts[i]))
 			ret = put_one_inline(fab, &puts[i]);
+		else if (cq_signal)
+			ret = cqdata_signal(fab, puts[i].peer, puts[i].sig,
+					    puts[i].add * (uint64_t)fab->nchan);
 		else
 			ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
-		if (ret)
-			return ret;
 	}
-	return 0;
+	return ret;
+}
+
+/* The puts of one channel, checked by fep_fab_put_signal_many; adds as
+ * given (in units of the channels). */
+static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+{
+	if (fab->signal == FABEP_SIGNAL_CQDATA)
+		return put_cqdata(fab, puts, n);
+	return put_then_signal(fab, puts, n, fep_fab_write_flags(fab), false);
 }
 
 /* The writes of a batch, without signals.  With the sender's copies (cma,
