@@ -679,6 +679,118 @@ static int leave_rank(int rank, int size, void *arg)
 
 SHM2_TEST(peer_leaves_after_signal, leave_rank)
 
+/* The fabric's reads of a peer's heap and puts from a pointer outside the
+ * heap (the allreduce's direct path), under every strategy shm offers
+ * (each rank one thread: cma by default): bytes compared with the pattern
+ * the peer wrote, and the bad ranges refused. */
+#define RD_BYTES (96u << 10)
+
+static uint8_t rd_pat(int rank, size_t i)
+{
+	return (uint8_t)(i * 131u + (size_t)rank * 7u + (i >> 12));
+}
+
+static int reads_rank(int rank, int size, void *arg)
+{
+	fabep_signal_t sig = *(const fabep_signal_t *)arg;
+	fabep_comm_t *comm;
+	fep_fabric_t *fab;
+	fabep_off_t mine, into, ctr;
+	uint8_t *got = malloc(RD_BYTES), *src = malloc(RD_BYTES), *p;
+	int peer = 1 - rank, ret;
+	struct fep_put pu;
+	size_t i;
+
+	(void)size;
+	ret = got && src ? make_comm(sig, 4u << 20, &comm) : -ENOMEM;
+	if (!ret)
+		ret = fabep_heap_alloc(comm, RD_BYTES, 64, &mine);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, RD_BYTES, 64, &into);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
+	if (ret) {
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	fab = comm->fab;
+	p = fep_heap_at(fab, mine);
+	for (i = 0; i < RD_BYTES; i++) {
+		p[i] = rd_pat(rank, i);
+		src[i] = rd_pat(rank + 2, i);
+	}
+	ret = fabep_barrier(comm);
+	/* the peer's block, in two reads, into unregistered memory */
+	if (!ret)
+		ret = fep_fab_read(fab, peer, got, mine, RD_BYTES / 3);
+	if (!ret)
+		ret = fep_fab_read(fab, peer, got + RD_BYTES / 3, mine + RD_BYTES / 3,
+				   RD_BYTES - RD_BYTES / 3);
+	if (!ret)
+		ret = fep_fabric_reap_writes(fab);
+	for (i = 0; !ret && i < RD_BYTES; i++)
+		if (got[i] != rd_pat(peer, i)) {
+			fprintf(stderr, "rank %d: read byte %zu is %u, want %u\n", rank,
+				i, got[i], rd_pat(peer, i));
+			return 1;
+		}
+	/* a put with its signal from the unregistered buffer */
+	memset(&pu, 0, sizeof(pu));
+	pu.peer = peer;
+	pu.dst = into;
+	pu.src = FEP_PUT_PTR;
+	pu.ptr = src;
+	pu.len = RD_BYTES;
+	pu.sig = ctr;
+	pu.add = 1;
+	if (!ret)
+		ret = fep_fab_put_signal_many(fab, &pu, 1);
+	if (!ret)
+		ret = fep_fab_wait(fab, ctr, 1, -1);
+	if (!ret)
+		ret = fep_fabric_reap_writes(fab);
+	p = fep_heap_at(fab, into);
+	for (i = 0; !ret && i < RD_BYTES; i++)
+		if (p[i] != rd_pat(peer + 2, i)) {
+			fprintf(stderr, "rank %d: put byte %zu is %u, want %u\n", rank,
+				i, p[i], rd_pat(peer + 2, i));
+			return 1;
+		}
+	if (ret) {
+		fprintf(stderr, "rank %d: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	/* refused before anything is posted */
+	if (fep_fab_read(fab, peer, got, fab->heap_size - 8, 16) != -ERANGE) {
+		fprintf(stderr, "rank %d: a read past the heap was not refused\n", rank);
+		return 1;
+	}
+	pu.ptr = NULL;
+	if (fep_fab_put_signal_many(fab, &pu, 1) != -EINVAL) {
+		fprintf(stderr, "rank %d: a put from NULL was not refused\n", rank);
+		return 1;
+	}
+	ret = fabep_barrier(comm);
+	free(got);
+	free(src);
+	return fabep_comm_destroy(comm) || ret ? 1 : 0;
+}
+
+START_TEST(shm_reads)
+{
+	static const fabep_signal_t sigs[] = {
+		FABEP_SIGNAL_AUTO, FABEP_SIGNAL_CQDATA, FABEP_SIGNAL_DELIVERY,
+	};
+	unsigned i;
+
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		ck_assert_msg(fep_test_run_ranks(2, 60, reads_rank, (void *)&sigs[i]) == 0,
+			      "signal %s", fabep_signal_name(sigs[i]));
+}
+END_TEST
+
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
  * shm and 4 on tcp; one elsewhere. */
 struct chan_default { int threads, want; };
@@ -1184,6 +1296,7 @@ static Suite *suite(void)
 
 	tc = tcase_create("heap");
 	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, shm_reads);
 	tcase_add_test(tc, heap_blocks_model);
 	tcase_add_test(tc, heap_blocks_table_full);
 	tcase_add_test(tc, shm_agree_rounds);

@@ -42,7 +42,7 @@ static struct fi_info *fep_hints(const char *prov, const char *fabric,
 
 	if (!h)
 		return NULL;
-	h->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
+	h->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ;
 	if (probe & PROBE_ATOMIC)
 		h->caps |= FI_ATOMIC;
 	if (probe & PROBE_FENCE)

@@ -32,7 +32,8 @@
 #define FEP_SENDER_COPY_CHANNELS 2  /* fab->sender_copy up to this many */
 
 /* What a posted operation is (fep_op.kind). */
-enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA };
+enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA,
+		   FEP_OP_READ };
 
 /* One posted operation: pooled, never on the stack. */
 struct fep_op {
@@ -322,6 +323,11 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add);
 /* Write + signal as one, for one peer. */
 int fep_fab_put_signal(fep_fabric_t *fab, int peer, uint64_t dst,
 		       uint64_t src, size_t len, uint64_t sig, uint64_t add);
+/* Read len bytes at heap offset src of peer into buf: in the heap, or
+ * anywhere where fep_fab_ptr_ok.  Counted with the writes: buf holds
+ * them once fep_fabric_reap_writes returns. */
+int fep_fab_read(fep_fabric_t *fab, int peer, void *buf, uint64_t src,
+		 size_t len);
 /* The flags data writes need under the current strategy. */
 uint64_t fep_fab_write_flags(const fep_fabric_t *fab);
 /* Batch: the put + signal of many destinations with one round trip:
@@ -329,11 +335,21 @@ uint64_t fep_fab_write_flags(const fep_fabric_t *fab);
 struct fep_put {
 	int peer;
 	uint64_t dst;
-	uint64_t src;
+	uint64_t src;   /* a heap offset, or FEP_PUT_PTR: the bytes at ptr */
 	size_t len;
 	uint64_t sig;
 	uint64_t add;   /* 0: no signal */
+	const void *ptr; /* read only where src is FEP_PUT_PTR: a buffer
+			    outside the heap (fep_fab_ptr_ok), which must
+			    not change until the writes are reaped */
 };
+#define FEP_PUT_PTR UINT64_MAX
+/* Whether puts may read from unregistered local memory (FEP_PUT_PTR):
+ * the provider needs no local descriptors (no FI_MR_LOCAL). */
+static inline bool fep_fab_ptr_ok(const fep_fabric_t *fab)
+{
+	return !(fab->mr_mode & FI_MR_LOCAL);
+}
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 			    size_t n);
 /* The same, for a phase whose copies are better made by the sender: where

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * mr.c - the symmetric heap: one region of the same size on every rank,
- * registered once for FI_REMOTE_WRITE, holding every remotely written
- * object (receive regions, counters) at the same offset everywhere, and the
- * send staging.  Allocation is a bump allocator: every rank makes the same
+ * registered once for remote writes and reads, holding every remotely
+ * written object (receive regions, counters) and every remotely read one
+ * (the allreduce's results) at the same offset everywhere, and the send
+ * staging.  Allocation is a bump allocator: every rank makes the same
  * sequence of allocations, so offsets agree.  The handles' blocks are given
  * back and reused by agreement at creation (fep_hb_*, fabric.h).
  */
@@ -23,7 +24,8 @@
 
 static int fep_heap_register(fep_fabric_t *fab, void *p, size_t size)
 {
-	int ret = fi_mr_reg(fab->domain, p, size, FI_WRITE | FI_REMOTE_WRITE, 0,
+	int ret = fi_mr_reg(fab->domain, p, size, FI_READ | FI_WRITE |
+			    FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
 			    FEP_HEAP_KEY, 0, &fab->heap_mr, NULL);
 
 	if (ret) {

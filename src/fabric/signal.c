@@ -42,7 +42,7 @@
 #include "fabric/fabric.h"
 
 enum { OP_WRITE = FEP_OP_WRITE, OP_ATOMIC = FEP_OP_ATOMIC,
-       OP_WRITEDATA = FEP_OP_WRITEDATA };
+       OP_WRITEDATA = FEP_OP_WRITEDATA, OP_READ = FEP_OP_READ };
 
 const char *fep_signal_name(fabep_signal_t s)
 {
@@ -349,11 +349,27 @@ static int fep_check_peer(fep_fabric_t *fab, int peer)
 	return 0;
 }
 
-/* One write of cnt local pieces (heap offsets src[i], len[i] bytes) to
- * one contiguous remote range at dst, with CQ data if data; their total
- * is at most max_msg_size and cnt at most iov_max. */
+/* The local bytes of a put: at its heap offset, or at its pointer. */
+static inline uint8_t *put_buf(fep_fabric_t *fab, const struct fep_put *p)
+{
+	return p->src == FEP_PUT_PTR ? (uint8_t *)(uintptr_t)p->ptr :
+				       (uint8_t *)fep_heap_at(fab, p->src);
+}
+
+/* A local buffer's descriptor: the heap's inside it; none outside (a
+ * caller's buffer, where the provider needs no local registration). */
+static inline void *buf_desc(const fep_fabric_t *fab, const void *b)
+{
+	uintptr_t h = (uintptr_t)fab->heap, a = (uintptr_t)b;
+
+	return a >= h && a - h < fab->heap_size ? fab->heap_desc : NULL;
+}
+
+/* One write of cnt local pieces (buf[i], len[i] bytes) to one contiguous
+ * remote range at dst, with CQ data if data; their total is at most
+ * max_msg_size and cnt at most iov_max. */
 static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
-			   const uint64_t *src, const size_t *len, size_t cnt,
+			   uint8_t *const *buf, const size_t *len, size_t cnt,
 			   uint64_t flags, bool data, uint64_t cqdata)
 {
 	struct fep_peer *p = &fab->peers[peer];
@@ -370,9 +386,9 @@ static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 	int ret;
 
 	for (i = 0; i < cnt; i++) {
-		iov[i].iov_base = fep_heap_at(fab, src[i]);
+		iov[i].iov_base = buf[i];
 		iov[i].iov_len = len[i];
-		desc[i] = fab->heap_desc;
+		desc[i] = buf_desc(fab, buf[i]);
 		rma.len += len[i];
 	}
 	ret = fep_op_get(fab, peer, data ? OP_WRITEDATA : OP_WRITE, &op);
@@ -383,7 +399,7 @@ static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 		flags |= FI_REMOTE_CQ_DATA;
 	if (!flags && cnt == 1)
 		ret = FEP_POST(fab, peer, "fi_write",
-			       fi_write(fab->ep, iov[0].iov_base, len[0], fab->heap_desc,
+			       fi_write(fab->ep, iov[0].iov_base, len[0], desc[0],
 					p->addr, rma.addr, p->key, op));
 	else
 		ret = FEP_POST(fab, peer, "fi_writemsg",
@@ -398,10 +414,27 @@ static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 }
 
 static int fep_post_write(fep_fabric_t *fab, int peer, uint64_t dst,
-			  uint64_t src, size_t len, uint64_t flags, bool data,
+			  uint8_t *buf, size_t len, uint64_t flags, bool data,
 			  uint64_t cqdata)
 {
-	return fep_post_writev(fab, peer, dst, &src, &len, 1, flags, data, cqdata);
+	return fep_post_writev(fab, peer, dst, &buf, &len, 1, flags, data, cqdata);
+}
+
+/* len bytes from buf to dst at peer, in writes of at most max_msg_size. */
+static int write_buf(fep_fabric_t *fab, int peer, uint64_t dst, uint8_t *buf,
+		     size_t len, uint64_t flags)
+{
+	int ret = 0;
+
+	while (!ret && len) {
+		size_t n = FEP_MIN(len, fab->max_msg_size);
+
+		ret = fep_post_write(fab, peer, dst, buf, n, flags, false, 0);
+		dst += n;
+		buf += n;
+		len -= n;
+	}
+	return ret;
 }
 
 static int fep_check_range(fep_fabric_t *fab, uint64_t dst, uint64_t src, size_t len)
@@ -415,6 +448,26 @@ static int fep_check_range(fep_fabric_t *fab, uint64_t dst, uint64_t src, size_t
 	return 0;
 }
 
+/* A put's ranges: its destination in the heap, and its source there or,
+ * from a pointer, where the provider reads unregistered memory. */
+static int check_put_range(fep_fabric_t *fab, const struct fep_put *p)
+{
+	if (p->src != FEP_PUT_PTR)
+		return fep_check_range(fab, p->dst, p->src, p->len);
+	if (!fep_fab_ptr_ok(fab) || (!p->ptr && p->len)) {
+		fep_err("put of %zu bytes from %p: %s", p->len, p->ptr,
+			p->ptr ? "the provider needs registered local buffers" :
+				 "NULL source");
+		return -EINVAL;
+	}
+	if (!fep_heap_range_ok(fab, p->dst, p->len)) {
+		fep_err("put of %zu bytes to offset %llu leaves the heap (%zu "
+			"bytes)", p->len, (unsigned long long)p->dst, fab->heap_size);
+		return -ERANGE;
+	}
+	return 0;
+}
+
 int fep_fab_write(fep_fabric_t *fab, int peer, uint64_t dst, uint64_t src,
 		  size_t len, uint64_t flags)
 {
@@ -422,11 +475,43 @@ int fep_fab_write(fep_fabric_t *fab, int peer, uint64_t dst, uint64_t src,
 
 	if (!ret)
 		ret = fep_check_range(fab, dst, src, len);
-	while (!ret && len) {
-		size_t n = FEP_MIN(len, fab->max_msg_size);
+	if (!ret)
+		ret = write_buf(fab, peer, dst, fep_heap_at(fab, src), len, flags);
+	return ret;
+}
 
-		ret = fep_post_write(fab, peer, dst, src, n, flags, false, 0);
-		dst += n;
+int fep_fab_read(fep_fabric_t *fab, int peer, void *buf, uint64_t src,
+		 size_t len)
+{
+	uint8_t *b = buf;
+	void *desc = buf_desc(fab, buf);
+	int ret = fep_check_peer(fab, peer);
+
+	if (!ret && !fep_heap_range_ok(fab, src, len)) {
+		fep_err("read of %zu bytes from offset %llu of rank %d leaves "
+			"the heap (%zu bytes)", len, (unsigned long long)src, peer,
+			fab->heap_size);
+		ret = -ERANGE;
+	}
+	if (!ret && !desc && !fep_fab_ptr_ok(fab)) {
+		fep_err("read into %p, outside the heap: the provider needs "
+			"registered local buffers", buf);
+		ret = -EINVAL;
+	}
+	while (!ret && len) {
+		struct fep_peer *p = &fab->peers[peer];
+		size_t n = FEP_MIN(len, fab->max_msg_size);
+		struct fep_op *op;
+
+		ret = fep_op_get(fab, peer, OP_READ, &op);
+		if (ret)
+			break;
+		ret = FEP_POST(fab, peer, "fi_read",
+			       fi_read(fab->ep, b, n, desc, p->addr, p->base + src,
+				       p->key, op));
+		if (ret)
+			fep_op_unget(fab, op);
+		b += n;
 		src += n;
 		len -= n;
 	}
@@ -494,7 +579,8 @@ static int cqdata_signal(fep_fabric_t *fab, int peer, uint64_t sig,
 
 	while (!ret && add) {
 		fep_cqdata_pack(fab, sig, add, &data, &add);
-		ret = fep_post_write(fab, peer, sig, sig, 0, 0, true, data);
+		ret = fep_post_write(fab, peer, sig, fep_heap_at(fab, sig), 0, 0,
+				     true, data);
 	}
 	return ret;
 }
@@ -559,7 +645,8 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 
 		do {
 			fep_cqdata_pack(fab, sig, rest, &data, &rest);
-			ret = fep_post_write(fab, peer, sig, sig, 0, 0, true, data);
+			ret = fep_post_write(fab, peer, sig, fep_heap_at(fab, sig), 0, 0,
+				     true, data);
 		} while (!ret && rest);
 		return ret;
 	}
@@ -616,7 +703,10 @@ static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 
 			*q = *p;
 			q->dst += b0;
-			q->src += b0;
+			if (q->src == FEP_PUT_PTR)
+				q->ptr = (const uint8_t *)q->ptr + b0;
+			else
+				q->src += b0;
 			q->len = b1 - b0;
 			q->add = total / s + (j < total % s);
 		}
@@ -638,7 +728,7 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 	for (i = 0; i < n; i++) {
 		ret = fep_check_peer(fab, puts[i].peer);
 		if (!ret)
-			ret = fep_check_range(fab, puts[i].dst, puts[i].src, puts[i].len);
+			ret = check_put_range(fab, &puts[i]);
 		if (!ret && puts[i].add)
 			ret = fep_check_sig_as(fab, puts[i].sig, cqdata);
 		if (!ret)
@@ -708,7 +798,7 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		size_t len = p->len, head;
 
 		if (!p->add) {
-			ret = fep_fab_write(fab, p->peer, p->dst, p->src, len, 0);
+			ret = write_buf(fab, p->peer, p->dst, put_buf(fab, p), len, 0);
 			if (ret)
 				return ret;
 			continue;
@@ -718,16 +808,17 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 		 * carries the signal. */
 		head = len > fab->max_msg_size ? len - fab->max_msg_size : 0;
 		if (head) {
-			ret = fep_fab_write(fab, p->peer, p->dst, p->src, head,
-					    FI_DELIVERY_COMPLETE);
+			ret = write_buf(fab, p->peer, p->dst, put_buf(fab, p), head,
+					FI_DELIVERY_COMPLETE);
 			if (!ret)
 				ret = fep_fabric_quiet(fab);
 			if (ret)
 				return ret;
 		}
 		fep_cqdata_pack(fab, p->sig, p->add, &data, &rest);
-		ret = fep_post_write(fab, p->peer, p->dst + head, p->src + head,
-				     len - head, 0, true, data);
+		ret = fep_post_write(fab, p->peer, p->dst + head,
+				     put_buf(fab, p) + head, len - head, 0, true,
+				     data);
 		if (!ret)  /* past what one CQ data holds */
 			ret = cqdata_signal(fab, p->peer, p->sig, rest);
 		if (ret)
@@ -845,7 +936,7 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 	int ret;
 
 	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n;) {
-		uint64_t src[FEP_IOV_MAX];
+		uint8_t *buf[FEP_IOV_MAX];
 		size_t len[FEP_IOV_MAX], cnt = 1, tot = puts[i].len, k = (i + 1) % n;
 
 		if (!puts[i].len) {
@@ -853,20 +944,20 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 			i = k;
 			continue;
 		}
-		src[0] = puts[i].src;
+		buf[0] = put_buf(fab, &puts[i]);
 		len[0] = puts[i].len;
 		while (j + cnt < n && cnt < fab->iov_max && puts[k].len &&
 		       puts[k].peer == puts[i].peer &&
 		       puts[k].dst == puts[i].dst + tot &&
 		       tot + puts[k].len <= fab->max_msg_size) {
-			src[cnt] = puts[k].src;
+			buf[cnt] = put_buf(fab, &puts[k]);
 			len[cnt++] = puts[k].len;
 			tot += puts[k].len;
 			k = (k + 1) % n;
 		}
-		ret = cnt == 1 ? fep_fab_write(fab, puts[i].peer, puts[i].dst,
-					       puts[i].src, puts[i].len, wflags) :
-				 fep_post_writev(fab, puts[i].peer, puts[i].dst, src,
+		ret = cnt == 1 ? write_buf(fab, puts[i].peer, puts[i].dst, buf[0],
+					   puts[i].len, wflags) :
+				 fep_post_writev(fab, puts[i].peer, puts[i].dst, buf,
 						 len, cnt, wflags, false, 0);
 		if (ret)
 			return ret;
@@ -879,7 +970,7 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 int fep_fab_put_signal(fep_fabric_t *fab, int peer, uint64_t dst,
 		       uint64_t src, size_t len, uint64_t sig, uint64_t add)
 {
-	struct fep_put p = { peer, dst, src, len, sig, add };
+	struct fep_put p = { peer, dst, src, len, sig, add, NULL };
 
 	return fep_fab_put_signal_many(fab, &p, 1);
 }
