@@ -862,6 +862,18 @@ static void fep_op_put(fep_fabric_t *fab, struct fep_op *op)
 		fab->writes--;
 }
 
+/* After the first failed transfer: the liveness check names the rank
+ * that is gone.  A rank of another host is known gone through the
+ * bootstrap's root, which can come after the failed transfer (a read
+ * fails at once): ask again for up to FEP_LOST_GRACE_MS until it does. */
+static void name_lost(fep_fabric_t *fab)
+{
+	uint64_t end = fep_now_ns() + (uint64_t)FEP_LOST_GRACE_MS * 1000000ull;
+
+	while (!fab->alive(fab->alive_ctx, true) && fep_now_ns() < end)
+		usleep(1000);
+}
+
 static int fep_cq_tx(fep_fabric_t *fab)
 {
 	struct fi_cq_data_entry e[FEP_CQ_BATCH];
@@ -890,8 +902,9 @@ static int fep_cq_tx(fep_fabric_t *fab)
 				 * there once one is gone: name that one (the
 				 * liveness check; only where no pool thread
 				 * progresses channels beside this one) */
-				if (fab->alive && fab->nchan <= 1 && !fab->heap_shared)
-					(void)fab->alive(fab->alive_ctx, true);
+				if (fab->alive && fab->nchan <= 1 && !fab->heap_shared &&
+				    !fab->tx_error)
+					name_lost(fab);
 			} else {
 				fep_err("transfer failed: %s", fi_strerror(err.err));
 			}

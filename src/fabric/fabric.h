@@ -178,6 +178,9 @@ typedef struct fep_fabric {
 } fep_fabric_t;
 
 #define FEP_ALIVE_EVERY_MS 50
+/* A failed transfer waits at most this long for the liveness check to
+ * name the rank that is gone (fabric.c, name_lost). */
+#define FEP_LOST_GRACE_MS 500
 
 /* ---- fabric.c ---- */
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
