@@ -35,6 +35,7 @@
 
 #include "fabep.h"
 #include "harness.h"
+#include "coll/coll.h"
 #include "kernels/kernels.h"
 
 enum { OP_SUM = 0, OP_NORM = 1, OP_FP8 = 2 };
@@ -57,6 +58,8 @@ struct ar_run {
 	int ncases;
 	int repeat;
 	int threads;
+	bool copies;          /* phase 1 staged and the results copied, not
+				 written from the input and read (coll.h) */
 };
 
 /* One hash per rank, in memory shared with the parent. */
@@ -427,6 +430,8 @@ static int run_rank(int rank, int size, void *arg)
 	ret = fabep_allreduce_create(comm, t->max_rows, t->max_cols, t->dt, &ar);
 	if (ret)
 		FAILF("fabep_allreduce_create: %s", fabep_strerror(ret));
+	if (t->copies)
+		ar->direct = ar->rd = false;
 	for (k = 0; k < size; k++)
 		ins[k] = malloc(n * es);
 	res0 = malloc(n * es);
@@ -513,13 +518,13 @@ static const struct ar_case mixed[] = {
 
 #define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-static void run_cases(const char *prov, int size, fabep_ar_dtype_t dt,
-		      const char *os_max, const struct ar_case *cases, int ncases,
-		      int repeat)
+static void run_cases_as(const char *prov, int size, fabep_ar_dtype_t dt,
+			 const char *os_max, const struct ar_case *cases,
+			 int ncases, int repeat, bool copies)
 {
 	struct ar_run t = { .dt = dt, .os_max = os_max, .cases = cases,
 			    .ncases = ncases, .repeat = repeat,
-			    .threads = fep_test_threads(1) };
+			    .threads = fep_test_threads(1), .copies = copies };
 	int i;
 
 	for (i = 0; i < ncases; i++) {
@@ -533,6 +538,13 @@ static void run_cases(const char *prov, int size, fabep_ar_dtype_t dt,
 	run(prov, size, &t);
 }
 
+static void run_cases(const char *prov, int size, fabep_ar_dtype_t dt,
+		      const char *os_max, const struct ar_case *cases, int ncases,
+		      int repeat)
+{
+	run_cases_as(prov, size, dt, os_max, cases, ncases, repeat, false);
+}
+
 START_TEST(shm_wide_auto) { run_cases("shm", 2, FABEP_AR_BF16, NULL, wide, N(wide), 1); } END_TEST
 START_TEST(shm_wide_two) { run_cases("shm", 3, FABEP_AR_BF16, "0", wide, N(wide), 1); } END_TEST
 START_TEST(shm_wide_one) { run_cases("shm", 4, FABEP_AR_BF16, "1G", wide, N(wide), 1); } END_TEST
@@ -544,6 +556,9 @@ START_TEST(shm_1rank) { run_cases("shm", 1, FABEP_AR_BF16, NULL, mixed, N(mixed)
 START_TEST(shm_8ranks) { run_cases("shm", 8, FABEP_AR_BF16, "2k", mixed, N(mixed), 3); } END_TEST
 /* threshold 4k: rows <= 20 of 100 bf16 go one-stage, the rest two-stage */
 START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 40); } END_TEST
+/* The staged phase 1 and the copied results, which this machine's shm
+ * (fewer than three threads a rank) would not take. */
+START_TEST(shm_copies) { run_cases_as("shm", 3, FABEP_AR_F32, "4k", mixed, N(mixed), 2, true); } END_TEST
 START_TEST(tcp_auto) { run_cases("tcp", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 3); } END_TEST
 START_TEST(tcp_wide_two) { run_cases("tcp", 2, FABEP_AR_BF16, "0", wide, 7, 1); } END_TEST
 START_TEST(sockets_mixed) { run_cases("sockets", 2, FABEP_AR_BF16, "4k", mixed, N(mixed), 1); } END_TEST
@@ -709,6 +724,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_1rank);
 	tcase_add_test(tc, shm_8ranks);
 	tcase_add_test(tc, shm_b2b);
+	tcase_add_test(tc, shm_copies);
 	tcase_add_test(tc, tcp_auto);
 	tcase_add_test(tc, tcp_wide_two);
 	tcase_add_test(tc, sockets_mixed);

@@ -201,9 +201,14 @@ static void fault_now(int sig)
 
 /*
  * "During" an allreduce: the victim passes an input whose pages are
- * PROT_NONE, so the library's first read of it faults inside the call;
- * the handler then kills the process (or stops it, after making the pages
- * readable, so that it resumes where it was).
+ * PROT_NONE from float `keep` on, so the library's first read of them
+ * faults inside the call; the handler then kills the process (or stops
+ * it, after making the pages readable, so that it resumes where it was).
+ * The allreduce's trap covers only the rows the victim owns, which the
+ * library reduces itself after phase 1: the rows it sends may leave
+ * straight from the input, read by the provider (the kernel's
+ * process_vm_writev on shm), where an unreadable page fails the write
+ * instead of trapping.
  */
 static void *g_trap;
 static size_t g_trap_len;
@@ -231,10 +236,11 @@ static void trap_handler(int sig, siginfo_t *si, void *uc)
 	fault_now(g_trap_sig);
 }
 
-static float *trap_input(const float *src, size_t n, int sig)
+static float *trap_input(const float *src, size_t n, size_t keep, int sig)
 {
 	struct sigaction sa;
 	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	size_t k = keep * sizeof(float);
 
 	g_trap_len = (n * sizeof(float) + pg - 1) / pg * pg;
 	g_trap = mmap(NULL, g_trap_len, PROT_READ | PROT_WRITE,
@@ -248,7 +254,9 @@ static float *trap_input(const float *src, size_t n, int sig)
 	sa.sa_sigaction = trap_handler;
 	sa.sa_flags = SA_SIGINFO;
 	sigaction(SIGSEGV, &sa, NULL);
-	mprotect(g_trap, g_trap_len, PROT_NONE);
+	if (k % pg || k >= g_trap_len)
+		return NULL;
+	mprotect((char *)g_trap + k, g_trap_len - k, PROT_NONE);
 	return g_trap;
 }
 
@@ -261,7 +269,9 @@ static float *trap_input(const float *src, size_t n, int sig)
 #define E_HIDDEN 2048
 #define E_TOKENS 16
 #define AR_ROWS 64
-#define AR_COLS 1024
+#define AR_COLS 1024     /* a row is one 4 KiB page */
+/* the first row the victim owns in the two-stage allreduce */
+#define AR_VICTIM_ROW0 (VICTIM * ((AR_ROWS + NRANKS - 1) / NRANKS))
 
 struct world {
 	fabep_comm_t *comm;
@@ -389,7 +399,7 @@ static int fault_rank(int rank, int size, void *arg)
 
 			if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_PACK) {
 				x = trap_input((const float *)wd.x,
-					       sizeof(wd.x) / sizeof(float), sig);
+					       sizeof(wd.x) / sizeof(float), 0, sig);
 				if (!x) {
 					rc = 4;
 					break;
@@ -434,7 +444,8 @@ static int fault_rank(int rank, int size, void *arg)
 			const float *in = wd.arin;
 
 			if (hit && fc->op == OP_AR && during) {
-				in = trap_input(wd.arin, AR_ROWS * AR_COLS, sig);
+				in = trap_input(wd.arin, AR_ROWS * AR_COLS,
+						AR_VICTIM_ROW0 * AR_COLS, sig);
 				if (!in) {
 					rc = 4;
 					break;

@@ -11,7 +11,8 @@
  *   slots1[2] phase-1 slots by call parity: one per source rank, each a
  *             header (struct fep_ar_hdr, seq first) + data
  *   stage     what this rank writes in phase 1: block 0 (one-stage) or
- *             one block per destination (two-stage), header + rows
+ *             one block per destination (two-stage), header + rows (the
+ *             header alone where phase 1 is direct, below)
  *   ag        allgather blocks, one per owner rank: header + the owner's
  *             results (FP8 rows, scales, new residual rows, or dtype rows)
  *
@@ -22,6 +23,11 @@
  *      owns (rows [o*q, o*q + n_o), q = ceil(rows / ranks)) into slot[me]
  *      of peer o.  Each write is followed by +1 on ctr1[parity] there
  *      (fep_fab_put_signal_many: one round trip for all destinations).
+ *      Direct (fep_ar_direct_ok: the provider reads unregistered memory
+ *      and signals after the writes): the rows go from the caller's
+ *      input, gathered behind the staged header, so they are not first
+ *      copied to the staging; the call waits for these writes before it
+ *      returns, as the caller may then change its input.
  *   2. Wait for ctr1[parity] to grow by ranks - 1, then read every
  *      header: an error flag or differing rows / cols / op on any rank
  *      gives every rank the same verdict (below) before any output is
@@ -32,6 +38,16 @@
  *      into the own allgather block, which is then written (header +
  *      results) into the same block of every peer with +1 on ctr_ag;
  *      wait for ranks - 1, then copy every block into the outputs.
+ *      By reads (h->rd: the provider reads into unregistered memory
+ *      and without the owner's progress, fep_fab_reads_alone, since an
+ *      owner may have returned and be computing; at most
+ *      FEP_AR_READ_THREADS threads per rank; an output in the dtype,
+ *      not FP8; fep_ar_read_blocks): only the header is written, and
+ *      each rank reads every owner's results from the owner's own block
+ *      straight into its outputs, one copy instead of a write and a
+ *      copy.  With more threads the pool's parallel copy is faster than
+ *      one thread's reads; the FP8 output's blocks are small, and its
+ *      scales would be a second read per owner.
  *
  * Back-to-back safety.  Call N uses slots1[N & 1].  Rank A's phase-1
  * write for call N + 2 into B's slots1[N & 1] happens after A's phase-1
@@ -47,7 +63,10 @@
  * call N from C).  The allgather blocks need only one copy: A writes
  * its block of call N + 1 into B after A's phase-1 wait of call N + 1,
  * i.e. after B finished call N (including its reads of the blocks), and
- * for the same reason ctr_ag never sees a signal of a later call early.
+ * for the same reason ctr_ag never sees a signal of a later call early;
+ * with reads, A rewrites its own block for call N + 1 after that same
+ * wait, i.e. after every peer finished call N, whose reads of it
+ * completed before the peer returned.
  * The argument needs every rank to signal every other rank in phase 1 of
  * every call, which is why phase 1 always goes to all peers.  The own
  * staging is reused only after fep_fabric_reap_writes (start of each
@@ -73,6 +92,11 @@
 
 #define FEP_AR_HDR ((size_t)sizeof(struct fep_ar_hdr))
 #define A64(x) FEP_ALIGN_UP((x), (size_t)64)
+/* The allgather reads (h->rd) where the pool has at most this many
+ * threads: one thread's reads skip a copy, and beat a parallel copy by
+ * two threads but not by more (fp32 7168 columns, 16 and 1024 rows,
+ * at 2, 8 and 16 ranks of one 16-core host; docs/performance.md). */
+#define FEP_AR_READ_THREADS 2
 /* Rows of a sum + norm chunk: about this many bytes, so the summed chunk
  * is still in cache when the norm reads it. */
 #define FEP_AR_CHUNK_BYTES ((size_t)64 << 10)
@@ -97,6 +121,11 @@ int fep_ar_onestage_env(size_t *os_max)
 		return ret;
 	*os_max = v;
 	return 0;
+}
+
+bool fep_ar_direct_ok(const fep_fabric_t *fab)
+{
+	return fep_fab_ptr_ok(fab) && fab->signal != FABEP_SIGNAL_CQDATA;
 }
 
 static int mul_ok(size_t a, size_t b, size_t *out)
@@ -243,7 +272,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		h->gamma32 = malloc(max_cols * sizeof(float));
 		h->ins = calloc((size_t)h->nthreads * (size_t)comm->size,
 				sizeof(void *));
-		h->puts = calloc((size_t)comm->size, sizeof(*h->puts));
+		h->puts = calloc(2 * (size_t)comm->size, sizeof(*h->puts));
 		h->scratch = aligned_alloc(64, (size_t)h->nthreads * h->scratch_bytes);
 		if (!h->gamma32 || !h->ins || !h->puts || !h->scratch) {
 			fep_err("fabep_allreduce_create: out of memory");
@@ -326,6 +355,9 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->slots1[1] = h->slots1[0] + (uint64_t)comm->size * h->lay.blk1;
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
+	h->direct = fep_ar_direct_ok(fab);
+	h->rd = fep_fab_ptr_ok(fab) && fep_fab_reads_alone(fab) &&
+		h->nthreads <= FEP_AR_READ_THREADS;
 	free(all);
 	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
 		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,
@@ -527,6 +559,15 @@ static void fep_ar_gather_rows(void *ctx, size_t r0, size_t r1)
 	}
 }
 
+/* This rank's own results into the outputs: rows [0, n) of its block. */
+static void fep_ar_gather_own(void *ctx, size_t r0, size_t r1)
+{
+	const struct fep_ar_copy *c = ctx;
+	size_t my0 = (size_t)c->me * c->q;
+
+	fep_ar_gather_rows(ctx, my0 + r0, my0 + r1);
+}
+
 /* ---- the call ---- */
 
 static const char *fep_ar_op_name(int op)
@@ -656,6 +697,8 @@ struct fep_ar_state {
 	size_t q, my0, myn;    /* two-stage: rows per owner, this rank's rows */
 	bool one;              /* the one-stage path (or an error to agree on) */
 	bool res;              /* a residual is added */
+	bool direct;           /* phase 1 from the caller's input */
+	bool rd;               /* the allgather by reads (h->rd) */
 	int par;               /* the slots' parity */
 	struct fep_ar_hdr hdr; /* this rank's header */
 	struct fep_ar_copy cp; /* staging and gather */
@@ -694,6 +737,8 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 	c->res = !status && c->p && c->p->residual && rows;
 	c->rb = cols * h->lay.esize;
 	c->one = status || !h->lay.two_stage || rows * c->rb <= h->os_max;
+	c->direct = h->direct && !status;
+	c->rd = h->rd && !c->one && op != FEP_AR_NORM_FP8;
 	c->par = (int)((h->seq + 1) & 1);
 
 	/* the staging must not change under a write still in flight; the
@@ -715,9 +760,44 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 	return 0;
 }
 
-/* Phase 1: stage this rank's rows (all of them, one-stage; each owner's,
- * two-stage) with the header, write them to every peer, and wait for
- * every peer's. */
+/* The rows of owner o's block (two-stage): from row *r0, *n of them. */
+static void fep_ar_owned(const struct fep_ar_state *c, int o, size_t *r0,
+			 size_t *n)
+{
+	*r0 = FEP_MIN(c->rows, (size_t)o * c->q);
+	*n = FEP_MIN(c->rows - *r0, c->q);
+}
+
+/* Phase 1's put to peer o: this rank's rows (all of them,
+ * one-stage; o's, two-stage) with the header before them, from the
+ * staging, or (direct) the header from the staging and the rows from
+ * the caller's input, in one write where the provider gathers.  The
+ * signal goes with the rows' put, the last. */
+static int fep_ar_put1(struct fep_ar_state *c, int o, struct fep_put *pu)
+{
+	struct fabep_allreduce *h = c->h;
+	uint64_t dst = h->slots1[c->par] + (uint64_t)h->comm->rank * h->lay.blk1;
+	uint64_t st = h->stage + (c->one ? 0 : (uint64_t)o * h->lay.blk1);
+	size_t r0 = 0, nr = c->hdr.status ? 0 : c->rows;
+	int n = 0;
+
+	if (!c->one)
+		fep_ar_owned(c, o, &r0, &nr);
+	pu[n] = (struct fep_put){ .peer = o, .dst = dst, .src = st,
+				  .len = FEP_AR_HDR + (c->direct ? 0 : nr * c->rb) };
+	if (c->direct && nr)
+		pu[++n] = (struct fep_put){ .peer = o, .dst = dst + FEP_AR_HDR,
+					    .src = FEP_PUT_PTR,
+					    .ptr = (const uint8_t *)c->in + r0 * c->rb,
+					    .len = nr * c->rb };
+	pu[n].sig = h->ctr1[c->par];
+	pu[n].add = 1;
+	return n + 1;
+}
+
+/* Phase 1: stage this rank's headers and, unless direct, its rows (all
+ * of them, one-stage; each owner's, two-stage), write them to every
+ * peer, and wait for every peer's. */
 static int fep_ar_phase1(struct fep_ar_state *c)
 {
 	struct fabep_allreduce *h = c->h;
@@ -728,7 +808,7 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 
 	if (c->one) {
 		memcpy(st, &c->hdr, sizeof(c->hdr));
-		if (!c->hdr.status && c->rows && P > 1)
+		if (!c->direct && !c->hdr.status && c->rows && P > 1)
 			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_flat,
 				     &c->cp);
 	} else {
@@ -736,34 +816,20 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 		c->cp.q = c->q;
 		for (r = 0; r < P; r++)
 			memcpy(st + (size_t)r * h->lay.blk1, &c->hdr, sizeof(c->hdr));
-		fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_rows, &c->cp);
-		c->my0 = FEP_MIN(c->rows, (size_t)me * c->q);
-		c->myn = FEP_MIN(c->rows - c->my0, c->q);
+		if (!c->direct)
+			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_rows,
+				     &c->cp);
+		fep_ar_owned(c, me, &c->my0, &c->myn);
 	}
-	for (i = 1; i < (size_t)P; i++) {
-		struct fep_put *pu = &h->puts[n++];
-		int o = (int)((me + i) % (size_t)P);
-		size_t o0, on;
-
-		pu->peer = o;
-		pu->dst = h->slots1[c->par] + (uint64_t)me * h->lay.blk1;
-		pu->sig = h->ctr1[c->par];
-		pu->add = 1;
-		if (c->one) {
-			pu->src = h->stage;
-			pu->len = FEP_AR_HDR + (c->hdr.status ? 0 : c->rows * c->rb);
-		} else {
-			o0 = FEP_MIN(c->rows, (size_t)o * c->q);
-			on = FEP_MIN(c->rows - o0, c->q);
-			pu->src = h->stage + (uint64_t)o * h->lay.blk1;
-			pu->len = FEP_AR_HDR + on * c->rb;
-		}
-	}
+	for (i = 1; i < (size_t)P; i++)
+		n += fep_ar_put1(c, (int)((me + i) % (size_t)P), h->puts + n);
 	if (!n)
 		return 0;
 	ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
 	if (ret) {
 		fep_err("%s: posting phase 1: %s", c->name, fabep_strerror(ret));
+		if (c->direct)  /* see below */
+			(void)fep_fabric_reap_writes(fab);
 		return fep_ar_fail(h, ret);
 	}
 	h->expect1[c->par] += (uint64_t)(P - 1);
@@ -774,6 +840,16 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 			    h->slots1[c->par], h->lay.blk1, c->hdr.seq);
 	if (!ret)  /* the peers wait for these rows (tcp) */
 		ret = fep_fabric_drain(fab);
+	if (c->direct) {
+		/* the writes read the caller's input, which the caller may
+		 * change or free once the call returns, even with an error
+		 * (the fabric's timeout at most: past it they are not coming
+		 * back) */
+		int rret = fep_fabric_reap_writes(fab);
+
+		if (!ret)
+			ret = rret;
+	}
 	if (ret)
 		return fep_ar_fail(h, ret);
 	return 0;
@@ -843,8 +919,49 @@ static int fep_ar_reduce(struct fep_ar_state *c, const uint8_t *slots)
 	return 0;
 }
 
-/* Two-stage: write this rank's results to every peer, wait for every
- * peer's, check that each block is of this call. */
+/* Allgather by reads (sum, or norm with a bf16 / fp32 output): every
+ * peer's results from its own block straight into the caller's outputs
+ * (rows, and the new residual rows), this rank's own copied; then wait for the
+ * reads, so the outputs are whole when the call returns.  An owner
+ * rewrites its block only after every peer's phase 1 of a later call has
+ * come, and a peer starts that only after its reads completed. */
+static int fep_ar_read_blocks(struct fep_ar_state *c)
+{
+	struct fabep_allreduce *h = c->h;
+	fep_fabric_t *fab = h->comm->fab;
+	int P = h->comm->size, me = h->comm->rank, ret = 0;
+	size_t rb = c->rb, i;
+
+	for (i = 1; !ret && i < (size_t)P; i++) {
+		int o = (int)((me + i) % (size_t)P);
+		uint64_t b = h->ag + (uint64_t)o * h->lay.blkag + FEP_AR_HDR;
+		size_t r0, n;
+
+		fep_ar_owned(c, o, &r0, &n);
+		if (!n)
+			continue;
+		ret = fep_fab_read(fab, o, (uint8_t *)c->out + r0 * rb, b, n * rb);
+		if (!ret && c->res)  /* after the rows, as ag_bytes lays out */
+			ret = fep_fab_read(fab, o, (uint8_t *)c->p->residual + r0 * rb,
+					   b + A64(c->q * rb), n * rb);
+	}
+	if (!ret && c->myn)
+		ret = fep_pool_for(h->comm->pool, c->myn, 1, fep_ar_gather_own,
+				   &c->cp);
+	if (ret)  /* the reads posted must be done before the call returns */
+		(void)fep_fabric_reap_writes(fab);
+	else
+		ret = fep_fabric_reap_writes(fab);
+	if (ret) {
+		fep_err("%s: reading the results: %s", c->name, fabep_strerror(ret));
+		return fep_ar_fail(h, ret);
+	}
+	return 0;
+}
+
+/* Two-stage: write this rank's results (c->rd: only its header, the
+ * peers read the rest) to every peer, wait for every peer's, check that
+ * each block is of this call. */
 static int fep_ar_allgather(struct fep_ar_state *c)
 {
 	struct fabep_allreduce *h = c->h;
@@ -858,8 +975,8 @@ static int fep_ar_allgather(struct fep_ar_state *c)
 		pu->peer = (int)((me + i) % (size_t)P);
 		pu->dst = h->ag + (uint64_t)me * h->lay.blkag;
 		pu->src = pu->dst;
-		pu->len = FEP_AR_HDR + (c->myn ? ag_bytes(c->op, c->res, c->q,
-							  c->cols, es) : 0);
+		pu->len = FEP_AR_HDR + (c->myn && !c->rd ?
+					ag_bytes(c->op, c->res, c->q, c->cols, es) : 0);
 		pu->sig = h->ctr_ag;
 		pu->add = 1;
 	}
@@ -927,6 +1044,8 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 	c.cp.out = out;
 	c.cp.scales = scales;
 	c.cp.residual = c.res ? c.p->residual : NULL;
+	if (c.rd)
+		return fep_ar_read_blocks(&c);
 	return fep_pool_for(h->comm->pool, rows, 1, fep_ar_gather_rows, &c.cp);
 }
 

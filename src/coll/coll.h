@@ -71,6 +71,10 @@ struct fabep_allreduce {
 	uint64_t expect1[2];    /* what ctr1[p] must reach */
 	uint64_t expect_ag;
 	int broken;             /* an earlier call failed mid-protocol */
+	bool direct;            /* phase 1 writes from the caller's input
+				   (fep_ar_direct_ok), not from staging */
+	bool rd;                /* the allgather reads the owners' blocks
+				   into the caller's outputs */
 
 	/* local scratch */
 	int nthreads;
@@ -78,12 +82,17 @@ struct fabep_allreduce {
 	const void **ins;       /* nthreads x ranks input pointers */
 	uint8_t *scratch;       /* nthreads x scratch_bytes */
 	size_t scratch_bytes;
-	struct fep_put *puts;   /* ranks */
+	struct fep_put *puts;   /* 2 x ranks */
 };
 
 /* Compute the layout; 0 or -EINVAL / -EOVERFLOW (not logged). */
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 		  size_t os_max, struct fep_ar_layout *l);
+
+/* Whether phase 1 may write straight from the caller's input: the
+ * provider reads unregistered memory, and each put's signal follows
+ * all of its writes (not so under cqdata, where a write carries it). */
+bool fep_ar_direct_ok(const fep_fabric_t *fab);
 
 /* FABEP_AR_ONESTAGE_MAX, else the default.  0 or -EINVAL (logged). */
 int fep_ar_onestage_env(size_t *os_max);
