@@ -39,7 +39,7 @@
  *      results) into the same block of every peer with +1 on ctr_ag;
  *      wait for ranks - 1, then copy every block into the outputs.
  *      By reads (h->rd: the provider reads into unregistered memory
- *      and without the owner's progress, fep_fab_reads_alone, since an
+ *      without the owner's progress, fep_fab_reads_alone, since an
  *      owner may have returned and be computing; at most
  *      FEP_AR_READ_THREADS threads per rank; an output in the dtype,
  *      not FP8; fep_ar_read_blocks): only the header is written, and
@@ -123,7 +123,10 @@ int fep_ar_onestage_env(size_t *os_max)
 	return 0;
 }
 
-bool fep_ar_direct_ok(const fep_fabric_t *fab)
+/* Whether phase 1 may write straight from the caller's input: the
+ * provider reads unregistered memory, and each put's signal follows all
+ * of its writes (not so under cqdata, where a write carries it). */
+static bool fep_ar_direct_ok(const fep_fabric_t *fab)
 {
 	return fep_fab_ptr_ok(fab) && fab->signal != FABEP_SIGNAL_CQDATA;
 }
@@ -356,8 +359,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
 	h->direct = fep_ar_direct_ok(fab);
-	h->rd = fep_fab_ptr_ok(fab) && fep_fab_reads_alone(fab) &&
-		h->nthreads <= FEP_AR_READ_THREADS;
+	h->rd = fep_fab_reads_alone(fab) && h->nthreads <= FEP_AR_READ_THREADS;
 	free(all);
 	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
 		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,

@@ -89,11 +89,6 @@ struct fabep_allreduce {
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 		  size_t os_max, struct fep_ar_layout *l);
 
-/* Whether phase 1 may write straight from the caller's input: the
- * provider reads unregistered memory, and each put's signal follows
- * all of its writes (not so under cqdata, where a write carries it). */
-bool fep_ar_direct_ok(const fep_fabric_t *fab);
-
 /* FABEP_AR_ONESTAGE_MAX, else the default.  0 or -EINVAL (logged). */
 int fep_ar_onestage_env(size_t *os_max);
 

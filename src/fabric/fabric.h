@@ -353,15 +353,16 @@ static inline bool fep_fab_ptr_ok(const fep_fabric_t *fab)
 {
 	return !(fab->mr_mode & FI_MR_LOCAL);
 }
-/* Whether a read moves its bytes in the reader's own call, whatever the
- * target does: shm with CMA to every peer, on an endpoint without RMA
- * ordering (cma, cqdata), takes its fast path, the reader's
- * process_vm_readv.  Elsewhere the target's progress serves a read
- * (tcp;ofi_rxm's, shm's without the fast path), and a target busy
- * outside the library would hold its readers up. */
+/* Whether a read into any local memory (fep_fab_ptr_ok) moves its bytes
+ * in the reader's own call, whatever the target does: shm with CMA to
+ * every peer, on an endpoint without RMA ordering (cma, cqdata), takes
+ * its fast path, the reader's process_vm_readv.  Elsewhere the target's
+ * progress serves a read (tcp;ofi_rxm's, shm's without the fast path),
+ * and a target busy outside the library would hold its readers up. */
 static inline bool fep_fab_reads_alone(const fep_fabric_t *fab)
 {
-	return (fab->desc.signals & (1u << FABEP_SIGNAL_CMA)) &&
+	return fep_fab_ptr_ok(fab) &&
+	       (fab->desc.signals & (1u << FABEP_SIGNAL_CMA)) &&
 	       (fab->signal == FABEP_SIGNAL_CMA || fab->signal == FABEP_SIGNAL_CQDATA);
 }
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
