@@ -58,6 +58,7 @@ struct ar_run {
 	int ncases;
 	int repeat;
 	int threads;
+	int threads0;         /* rank 0's threads, where not 0 */
 	bool copies;          /* phase 1 staged and the results copied, not
 				 written from the input and read (coll.h) */
 };
@@ -173,7 +174,8 @@ static int make_comm(const char *prov, size_t heap, int threads,
 static int open_comm(const struct ar_run *t, int rank, size_t heap,
 		     fabep_comm_t **comm)
 {
-	int ret = make_comm(t->prov, heap, t->threads ? t->threads : 1, comm);
+	int th = rank == 0 && t->threads0 ? t->threads0 : t->threads;
+	int ret = make_comm(t->prov, heap, th ? th : 1, comm);
 
 	if (ret == -ETIMEDOUT && !strcmp(t->prov, "sockets")) {
 		fprintf(stderr, "SKIP: rank %d: fabep_comm_create on sockets timed "
@@ -559,6 +561,17 @@ START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 
 /* The staged phase 1 and the copied results, which this machine's shm
  * (fewer than three threads a rank) would not take. */
 START_TEST(shm_copies) { run_cases_as("shm", 3, FABEP_AR_F32, "4k", mixed, N(mixed), 2, true); } END_TEST
+/* Ranks with different thread counts: each rank's own choice of the
+ * allgather (reads or written results) must be the same on all. */
+START_TEST(shm_uneven_threads)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2, .threads = 1,
+			    .threads0 = 4, .max_rows = 100, .max_cols = 100 };
+
+	run("shm", 3, &t);
+}
+END_TEST
 START_TEST(tcp_auto) { run_cases("tcp", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 3); } END_TEST
 START_TEST(tcp_wide_two) { run_cases("tcp", 2, FABEP_AR_BF16, "0", wide, 7, 1); } END_TEST
 START_TEST(sockets_mixed) { run_cases("sockets", 2, FABEP_AR_BF16, "4k", mixed, N(mixed), 1); } END_TEST
@@ -725,6 +738,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_8ranks);
 	tcase_add_test(tc, shm_b2b);
 	tcase_add_test(tc, shm_copies);
+	tcase_add_test(tc, shm_uneven_threads);
 	tcase_add_test(tc, tcp_auto);
 	tcase_add_test(tc, tcp_wide_two);
 	tcase_add_test(tc, sockets_mixed);

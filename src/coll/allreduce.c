@@ -41,7 +41,8 @@
  *      By reads (h->rd: the provider reads into unregistered memory
  *      without the owner's progress, fep_fab_reads_alone, since an
  *      owner may have returned and be computing; at most
- *      FEP_AR_READ_THREADS threads per rank; an output in the dtype,
+ *      FEP_AR_READ_THREADS threads on every rank, agreed at creation;
+ *      an output in the dtype,
  *      not FP8; fep_ar_read_blocks): only the header is written, and
  *      each rank reads every owner's results from the owner's own block
  *      straight into its outputs, one copy instead of a write and a
@@ -224,6 +225,8 @@ struct fep_ar_hello {
 	uint64_t os_max;
 	int32_t dtype;
 	int32_t status;
+	int32_t reads;        /* this rank would take the reads (h->rd) */
+	int32_t pad;
 	struct fep_hb_hello hb;
 };
 
@@ -292,6 +295,8 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	fep_hb_hello(fab, &me.hb);
 	me.dtype = (int32_t)dtype;
 	me.status = status;
+	me.reads = fep_fab_reads_alone(fab) && h &&
+		   h->nthreads <= FEP_AR_READ_THREADS;
 	all = calloc((size_t)comm->size, sizeof(*all));
 	if (!all) {
 		ret = -ENOMEM;
@@ -359,7 +364,11 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
 	h->direct = fep_ar_direct_ok(fab);
-	h->rd = fep_fab_reads_alone(fab) && h->nthreads <= FEP_AR_READ_THREADS;
+	/* every rank reads or every rank writes its results: the thread
+	 * counts, and so the choice, may differ between ranks */
+	h->rd = true;
+	for (r = 0; r < comm->size; r++)
+		h->rd = h->rd && all[r].reads;
 	free(all);
 	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
 		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,
