@@ -561,6 +561,15 @@ START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 
 /* The staged phase 1 and the copied results, which this machine's shm
  * (fewer than three threads a rank) would not take. */
 START_TEST(shm_copies) { run_cases_as("shm", 3, FABEP_AR_F32, "4k", mixed, N(mixed), 2, true); } END_TEST
+/* cma over channels (each rank's writes from its input, and its
+ * signals, on its own channel), the reads on the first */
+START_TEST(shm_cma_channels)
+{
+	fep_test_use_signal("shm", FABEP_SIGNAL_CMA);
+	setenv("FABEP_CHANNELS", "3", 1);
+	run_cases("shm", 4, FABEP_AR_F32, "4k", mixed, N(mixed), 2);
+}
+END_TEST
 /* Ranks with different thread counts: each rank's own choice of the
  * allgather (reads or written results) must be the same on all. */
 START_TEST(shm_uneven_threads)
@@ -739,6 +748,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_b2b);
 	tcase_add_test(tc, shm_copies);
 	tcase_add_test(tc, shm_uneven_threads);
+	tcase_add_test(tc, shm_cma_channels);
 	tcase_add_test(tc, tcp_auto);
 	tcase_add_test(tc, tcp_wide_two);
 	tcase_add_test(tc, sockets_mixed);

@@ -53,6 +53,7 @@ struct params {
 	const char *chunk; /* FABEP_MOE_CHUNK (mismatch 2: only rank 1's) */
 	int sendbuf;      /* tokens go through fabep_moe_send_buffer */
 	const char *channels; /* FABEP_CHANNELS */
+	fabep_signal_t signal; /* 0: the automatic choice */
 	int fused;        /* fused_round: fabep_moe_combine against the halves */
 	int noweights;    /* dispatch with topk_weights NULL (all 1) */
 	int refuse;       /* round 2: refused send halves on bad_rank (refuse_round) */
@@ -644,13 +645,16 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	if (p->channels)
 		setenv("FABEP_CHANNELS", p->channels, 1);
 	a.threads = p->threads ? p->threads : fep_test_threads(1);
+	a.signal = p->signal;
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
 	if (p->heap_small)
 		a.heap_size = 1u << 20;
 	ret = fabep_comm_create(&a, comm);
 	if (ret) {
 		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank, fabep_strerror(ret));
-		return ret == -ETIMEDOUT ? 77 : 1;
+		/* a timeout; or a strategy asked for that is not offered here */
+		return ret == -ETIMEDOUT ||
+		       (p->signal && ret == -FABEP_ERR_NO_SIGNAL) ? 77 : 1;
 	}
 	if (p->chunk && (p->mismatch != 2 || rank == 1))
 		setenv("FABEP_MOE_CHUNK", p->chunk, 1);
@@ -1137,6 +1141,9 @@ static void run(const char *prov, int size, struct params *p)
 	if (!strcmp(prov, "sockets") && status[0] == 77)
 		fep_test_skip("sockets: fabep_comm_create timed out (known "
 			      "intermittent warm-up failure)");
+	if (p->signal && status[0] == 77)
+		fep_test_skip("%s does not offer signal strategy %s here", prov,
+			      fabep_signal_name(p->signal));
 	for (r = 0; r < size; r++)
 		ck_assert_msg(status[r] == 0, "%s, %d ranks: rank %d exited %d", prov,
 			      size, r, status[r]);
@@ -1224,6 +1231,15 @@ EP_TEST(chan_shm3_fp8_zc, "shm", 3, .rounds = 4, .hidden = 4096, .topk = 6,
 EP_TEST(chan_tcp2_chunks, "tcp", 2, .rounds = 4, .hidden = 4096, .topk = 4,
 	.experts = 8, .max_tokens = 32, .threads = 2, .channels = "2",
 	.chunk = "200000", .routing = R_NEG)
+/* cma over channels (every rank's puts on its own channel): dispatch's
+ * sender copies, combine's receiver copies, small runs as one write with
+ * CQ data; the caller alone progressing them, or the pool's threads */
+EP_TEST(cma_chan_shm4, "shm", 4, .rounds = 6, .hidden = 4096, .topk = 8,
+	.experts = 16, .max_tokens = 48, .threads = 1, .channels = "4",
+	.signal = FABEP_SIGNAL_CMA, .routing = R_NEG, .split = 1, .backward = 1)
+EP_TEST(cma_chan_shm3_fused, "shm", 3, .rounds = 6, .hidden = 2880, .topk = 8,
+	.experts = 12, .max_tokens = 40, .threads = 2, .channels = "3",
+	.signal = FABEP_SIGNAL_CMA, .fused = 1, .outstanding = 1)
 /* combine's final sum in the own run (rank 0 late): the same bits as
  * the halves, on threads with channels, with one channel, on tcp */
 EP_TEST(fused_shm2, "shm", 2, .rounds = 8, .hidden = 2880, .topk = 8,
@@ -2384,6 +2400,8 @@ static Suite *ep_suite(void)
 	ADD(tc, chan_shm2_big);
 	ADD(tc, chan_shm3_fp8_zc);
 	ADD(tc, chan_tcp2_chunks);
+	ADD(tc, cma_chan_shm4);
+	ADD(tc, cma_chan_shm3_fused);
 	ADD(tc, zc_shm2_fp8_tok);
 	ADD(tc, zc_shm2_outstanding);
 	ADD(tc, zc_tcp2_fp8);

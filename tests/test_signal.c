@@ -92,7 +92,8 @@ static int stress_rank(int rank, int size, void *arg)
 		return 1;
 	}
 	if (st->channels &&
-	    fabep_comm_channels(comm) != (fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ?
+	    fabep_comm_channels(comm) != (fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ||
+					  fabep_comm_signal(comm) == FABEP_SIGNAL_CMA ?
 					  atoi(st->channels) : 1)) {
 		fprintf(stderr, "rank %d: %d channels with FABEP_CHANNELS=%s, signal %s\n",
 			rank, fabep_comm_channels(comm), st->channels,
@@ -234,11 +235,13 @@ static void run_stress(const char *prov, fabep_signal_t sig, int size,
 
 #define STRESS_TEST(name, prov, sig, n, small, big)        \
 	START_TEST(name) { run_stress(prov, sig, n, small, big); } END_TEST
-/* Channels: puts of 128 KiB and more are split over them; the counter
- * must read exactly the sum of the adds (never more, never early), with
- * the waits' threads progressing the channels side by side (threads 2)
- * or the caller progressing all of them (threads 1).  Asked for with
- * another strategy than cqdata, a warning and one channel. */
+/* Channels: under cqdata puts of 128 KiB and more are split over them,
+ * under cma every put of a rank and its signal go on the rank's own
+ * channel; the counter must read exactly the sum of the adds (never
+ * more, never early), with the waits' threads progressing the channels
+ * side by side (threads 2) or the caller progressing all of them
+ * (threads 1).  Asked for with another strategy, a warning and one
+ * channel. */
 #define CHAN_TEST(name, prov, sig, n, small, big, chans, threads)  \
 	START_TEST(name) { run_stress_chan(prov, sig, n, small, big, chans, threads); } END_TEST
 
@@ -258,6 +261,8 @@ STRESS_TEST(sockets_delivery, "sockets", FABEP_SIGNAL_DELIVERY, 2, 500, 8)
 CHAN_TEST(shm_chan4, "shm", FABEP_SIGNAL_AUTO, 3, 1000, 40, "4", 2)
 CHAN_TEST(shm_chan3_one_thread, "shm", FABEP_SIGNAL_CQDATA, 2, 500, 30, "3", 1)
 CHAN_TEST(shm_chan_ordered, "shm", FABEP_SIGNAL_ORDERED, 2, 200, 10, "4", 2)
+CHAN_TEST(shm_cma_chan4, "shm", FABEP_SIGNAL_CMA, 4, 2000, 30, "4", 1)
+CHAN_TEST(shm_cma_chan3_threads, "shm", FABEP_SIGNAL_CMA, 3, 1000, 20, "3", 2)
 CHAN_TEST(tcp_chan2, "tcp", FABEP_SIGNAL_CQDATA, 3, 500, 10, "2", 2)
 
 /* ---- failures ---- */
@@ -792,8 +797,9 @@ START_TEST(shm_reads)
 END_TEST
 
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
- * shm and 4 on tcp; one elsewhere. */
-struct chan_default { int threads, want; };
+ * shm and 4 on tcp; with cma, 4 where every rank has one thread and
+ * there are at least 16 ranks; one elsewhere. */
+struct chan_default { int threads, want, ranks, cma_want; };
 
 static int default_rank(int rank, int size, void *arg)
 {
@@ -808,7 +814,8 @@ static int default_rank(int rank, int size, void *arg)
 		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
 		return 1;
 	}
-	want = fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ? d->want : 1;
+	want = fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ? d->want :
+	       fabep_comm_signal(comm) == FABEP_SIGNAL_CMA ? d->cma_want : 1;
 	if (fabep_comm_channels(comm) != want) {
 		fprintf(stderr, "rank %d: %s, %d threads, signal %s: %d channels, "
 			"want %d\n", rank, fabep_comm_provider(comm), d->threads,
@@ -823,9 +830,11 @@ static int default_rank(int rank, int size, void *arg)
 START_TEST(channels_default)
 {
 	static const struct { const char *prov; struct chan_default d; } c[] = {
-		{ "shm", { 3, 3 } }, { "shm", { 10, 8 } },
-		{ "tcp", { 2, 2 } }, { "tcp", { 6, 4 } },
-		{ "sockets", { 3, 1 } },
+		{ "shm", { 3, 3, 2, 1 } }, { "shm", { 10, 8, 2, 1 } },
+		{ "shm", { 1, 1, 2, 1 } }, { "shm", { 1, 1, 16, 4 } },
+		{ "shm", { 1, 1, 15, 1 } },
+		{ "tcp", { 2, 2, 2, 1 } }, { "tcp", { 6, 4, 2, 1 } },
+		{ "sockets", { 3, 1, 2, 1 } },
 	};
 	size_t i;
 
@@ -835,8 +844,9 @@ START_TEST(channels_default)
 		if (!fep_test_have_provider(c[i].prov))
 			continue;
 		fep_test_use_provider(c[i].prov);
-		ck_assert_msg(fep_test_run_ranks(2, 60, default_rank, &d) == 0,
-			      "%s with %d threads", c[i].prov, d.threads);
+		ck_assert_msg(fep_test_run_ranks(d.ranks, 60, default_rank, &d) == 0,
+			      "%s with %d ranks of %d threads", c[i].prov, d.ranks,
+			      d.threads);
 	}
 }
 END_TEST
@@ -1288,6 +1298,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, shm_chan4);
 	tcase_add_test(tc, shm_chan3_one_thread);
 	tcase_add_test(tc, shm_chan_ordered);
+	tcase_add_test(tc, shm_cma_chan4);
+	tcase_add_test(tc, shm_cma_chan3_threads);
 	tcase_add_test(tc, tcp_chan2);
 	tcase_add_test(tc, channels_bad);
 	tcase_add_test(tc, channels_rescue);

@@ -638,7 +638,8 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
  * or 0: with the cqdata strategy on shm as many as the pool has threads,
  * at most 8, on tcp at most 4 (each connection pushed by its own
  * thread, so a large run is not bound by one socket), the fewest of any
- * rank; elsewhere one. */
+ * rank; with cma, one thread a rank and at least FEP_CMA_CHANNEL_RANKS
+ * ranks, FEP_CMA_CHANNELS; elsewhere one. */
 static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 {
 	struct fep_fab_blob *mine, *all;
@@ -656,15 +657,19 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		fep_info("FABEP_CHANNELS=%d: signal cqdata instead of cma", n);
 		comm->fab->signal = FABEP_SIGNAL_CQDATA;
 	}
+	/* cma where every rank has one thread: a target's senders copy
+	 * into its region one at a time, under the region's lock (shm,
+	 * smr_generic_rma), and with 15 or more of them the copies queue
+	 * there; a few channels give each target as many regions, and each
+	 * rank sends on its own one (signal.c, put_cma_chan).  Measured at
+	 * 16 ranks: dispatch and combine of 128 tokens 16 % faster with 4
+	 * channels (docs/performance.md); at 8 ranks no clear gain. */
 	if (!n) {
-		int32_t want = 1, *wants;
-
 		const char *prov = comm->fab->desc.provider;
 		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
 			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
+		int32_t want = FEP_MIN(fep_pool_threads(comm->pool), cap), *wants;
 
-		if (comm->fab->signal == FABEP_SIGNAL_CQDATA || may_switch)
-			want = FEP_MIN(fep_pool_threads(comm->pool), cap);
 		wants = calloc((size_t)comm->size, sizeof(*wants));
 		if (!wants)
 			return -ENOMEM;
@@ -674,17 +679,23 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		free(wants);
 		if (ret)
 			return ret;
-		n = want;
-		if (may_switch && n > 1) {
+		if (may_switch && want > 1) {
 			fep_info("%d threads per rank: signal cqdata with %d channels "
-				 "instead of cma", n, n);
+				 "instead of cma", want, want);
 			comm->fab->signal = FABEP_SIGNAL_CQDATA;
-		} else if (may_switch) {
-			n = 1;
 		}
-	} else if (n > 1 && comm->fab->signal != FABEP_SIGNAL_CQDATA) {
-		fep_warn("FABEP_CHANNELS=%d needs the cqdata signal strategy, not "
-			 "%s: using one channel", n, fep_signal_name(comm->fab->signal));
+		if (comm->fab->signal == FABEP_SIGNAL_CQDATA)
+			n = want;
+		else if (comm->fab->signal == FABEP_SIGNAL_CMA && want == 1 &&
+			 comm->size >= FEP_CMA_CHANNEL_RANKS)
+			n = FEP_CMA_CHANNELS;
+		else
+			n = 1;
+	} else if (n > 1 && comm->fab->signal != FABEP_SIGNAL_CQDATA &&
+		   comm->fab->signal != FABEP_SIGNAL_CMA) {
+		fep_warn("FABEP_CHANNELS=%d needs the cqdata or cma signal "
+			 "strategy, not %s: using one channel", n,
+			 fep_signal_name(comm->fab->signal));
 		n = 1;
 	}
 	/* cqdata in place of cma with at most FEP_SENDER_COPY_CHANNELS

@@ -1039,9 +1039,9 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 
 	if (n <= 1)
 		return 0;
-	if (fab->signal != FABEP_SIGNAL_CQDATA) {
-		fep_err("%d channels need the cqdata signal strategy (this "
-			"communicator's is %s)", n, fep_signal_name(fab->signal));
+	if (fab->signal != FABEP_SIGNAL_CQDATA && fab->signal != FABEP_SIGNAL_CMA) {
+		fep_err("%d channels need the cqdata or cma signal strategy "
+			"(this communicator's is %s)", n, fep_signal_name(fab->signal));
 		return -FABEP_ERR_NO_SIGNAL;
 	}
 	fab->chan = calloc((size_t)n, sizeof(*fab->chan));
@@ -1050,7 +1050,10 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 	fab->chan[0] = fab;
 	p.provider = fab->info->fabric_attr->prov_name;
 	p.domain = fab->info->domain_attr->name;
-	p.signal = FABEP_SIGNAL_CQDATA;
+	/* the same strategy: under cma its atomics and the fast path's
+	 * conditions, checked again for each channel's endpoint */
+	p.signal = fab->signal;
+	p.cma_peers = fab->signal == FABEP_SIGNAL_CMA;
 	p.rank = fab->rank;
 	p.size = fab->size;
 	p.timeout_ms = fab->timeout_ms;

@@ -30,6 +30,10 @@
 #define FEP_MAX_CHANNELS 16   /* FABEP_CHANNELS at most */
 #define FEP_IOV_MAX 16        /* local buffers gathered into one write */
 #define FEP_SENDER_COPY_CHANNELS 2  /* fab->sender_copy up to this many */
+/* cma chosen by default, one thread a rank and at least this many ranks:
+ * FEP_CMA_CHANNELS channels (comm.c, signal.c put_cma_chan) */
+#define FEP_CMA_CHANNEL_RANKS 16
+#define FEP_CMA_CHANNELS 4
 
 /* What a posted operation is (fep_op.kind). */
 enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA,
@@ -153,7 +157,11 @@ typedef struct fep_fabric {
 	 * copies: one thread per channel copies one slice).  So that every
 	 * slice counts, every signal adds nchan times its amount, shared out
 	 * over the slices, and fep_counter_load divides by nchan (a channel
-	 * itself has nchan 1: its adds are already in those units). */
+	 * itself has nchan 1: its adds are already in those units).  Under
+	 * cma a put is not split: every put of a rank, and its signal, go on
+	 * the rank's own channel (rank % nchan), so that the senders to one
+	 * target spread over its channels' regions, each with its own lock
+	 * (shm copies into a region under that region's lock). */
 	int nchan;
 	struct fep_fabric **chan;
 	/* a channel's progress by a pool run's threads (fep_fabric_progress_mine):
@@ -223,7 +231,7 @@ struct fep_chan_watch {
  * no channel back for longer. */
 int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
 			     struct fep_chan_watch *w, unsigned scan_every);
-/* Open channels 1..n-1 of fab (cqdata only: they share its counters) and
+/* Open channels 1..n-1 of fab (cqdata or cma: they share its counters) and
  * fill their blobs (blobs[c - 1]); asks for transparent huge pages on the
  * heap (the kernel's copy between processes pins pages one by one, and
  * with 4 KiB pages the copies of every channel queue on one page-table

@@ -102,7 +102,8 @@ fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 		snprintf(why, len, "shm with CMA: the sender's process_vm_writev "
 			 "completes each write within fi_write (beyond libfabric's "
 			 "promise); cqdata with channels where ranks have spare "
-			 "threads");
+			 "threads, 4 channels with one thread a rank and 16 ranks "
+			 "or more");
 		return FABEP_SIGNAL_CMA;
 	}
 	s = fep_signal_choose_portable(d, why, len);
@@ -656,13 +657,14 @@ int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add)
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
 static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		      uint64_t wflags);
-static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
+static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
+		      uint64_t mult);
 static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p);
 static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
 			   size_t n, const struct fep_put **big, size_t *nbig);
-static int put_one_inline(fep_fabric_t *fab, const struct fep_put *p);
 static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
-			   size_t n, uint64_t wflags, bool cq_signal);
+			   size_t n, uint64_t wflags, bool cq_signal,
+			   uint64_t mult);
 
 /* A slice carries at least this much (below, the copies' start-up costs
  * more than the threads win). */
@@ -739,6 +741,20 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 	return 0;
 }
 
+/* cma with channels: every put on this rank's own channel, each signal
+ * times the channel count; recv: each write carries its signal as CQ
+ * data (the target copies), else the sender's copies, reaped, then the
+ * signals. */
+static int put_cma_chan(fep_fabric_t *fab, const struct fep_put *puts,
+			size_t n, bool recv)
+{
+	fep_fabric_t *ch = fab->chan[fab->rank % fab->nchan];
+	uint64_t mult = (uint64_t)fab->nchan;
+
+	return recv ? put_cqdata(ch, puts, n, mult) :
+		      put_then_signal(ch, puts, n, 0, false, mult);
+}
+
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 			    size_t n)
 {
@@ -746,6 +762,8 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 
 	if (ret)
 		return ret;
+	if (fab->nchan > 1 && fab->signal == FABEP_SIGNAL_CMA)
+		return put_cma_chan(fab, puts, n, false);
 	return fab->nchan > 1 ? put_sliced(fab, puts, n) : put_many(fab, puts, n);
 }
 
@@ -757,7 +775,10 @@ int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
 	if (fab->signal != FABEP_SIGNAL_CMA || !fab->cq_data_size)
 		return fep_fab_put_signal_many(fab, puts, n);
 	ret = put_checks(fab, puts, n, true);
-	return ret ? ret : put_cqdata(fab, puts, n);
+	if (ret)
+		return ret;
+	return fab->nchan > 1 ? put_cma_chan(fab, puts, n, true) :
+				put_cqdata(fab, puts, n, 1);
 }
 
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
@@ -768,7 +789,8 @@ int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 	if (!fab->sender_copy)
 		return fep_fab_put_signal_many(fab, puts, n);
 	ret = put_checks(fab, puts, n, true);
-	return ret ? ret : put_then_signal(fab, puts, n, 0, true);
+	return ret ? ret : put_then_signal(fab, puts, n, 0, true,
+					   (uint64_t)fab->nchan);
 }
 
 /* Where cma's writes start: the first put to a rank above this one. */
@@ -785,9 +807,10 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 	return 0;
 }
 
-/* Every put's signal in the CQ data of its own write (of its last write,
- * past max_msg_size), counted by the target's progress. */
-static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+/* Every put's signal, times mult, in the CQ data of its own write (of
+ * its last write, past max_msg_size), counted by the target's progress. */
+static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
+		      uint64_t mult)
 {
 	size_t i;
 	int ret;
@@ -815,7 +838,7 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 			if (ret)
 				return ret;
 		}
-		fep_cqdata_pack(fab, p->sig, p->add, &data, &rest);
+		fep_cqdata_pack(fab, p->sig, p->add * mult, &data, &rest);
 		ret = fep_post_write(fab, p->peer, p->dst + head,
 				     put_buf(fab, p) + head, len - head, 0, true,
 				     data);
@@ -869,24 +892,17 @@ static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
 	return 0;
 }
 
-/* A put_inline put, its add in units of the channels. */
-static int put_one_inline(fep_fabric_t *fab, const struct fep_put *p)
-{
-	struct fep_put q = *p;
-
-	q.add *= (uint64_t)fab->nchan;
-	return put_cqdata(fab, &q, 1);
-}
-
-/* The writes of a batch, then its signals: an atomic each, or with
- * cq_signal (sender_copy) zero-byte writes with CQ data, in units of the
- * channels; a put_inline put goes instead as one write that carries its
- * signal, after the others.  Where the sender copies (cma, cq_signal)
- * each write was done in fi_write, so reaping the completions puts every
- * byte in place before any signal leaves; earlier signals need not be
+/* The writes of a batch, then its signals, each add times mult (the
+ * channel count where the adds are not yet in its units): an atomic
+ * each, or with cq_signal (sender_copy) zero-byte writes with CQ data; a
+ * put_inline put goes instead as one write that carries its signal,
+ * after the others.  Where the sender copies (cma, cq_signal) each write
+ * was done in fi_write, so reaping the completions puts every byte in
+ * place before any signal leaves; earlier signals need not be
  * acknowledged first. */
 static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
-			   size_t n, uint64_t wflags, bool cq_signal)
+			   size_t n, uint64_t wflags, bool cq_signal,
+			   uint64_t mult)
 {
 	const struct fep_put *big;
 	size_t i, nbig;
@@ -903,12 +919,13 @@ static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 		if (!puts[i].add)
 			continue;
 		if (nbig < n && put_inline(fab, &puts[i]))
-			ret = put_one_inline(fab, &puts[i]);
+			ret = put_cqdata(fab, &puts[i], 1, mult);
 		else if (cq_signal)
 			ret = cqdata_signal(fab, puts[i].peer, puts[i].sig,
-					    puts[i].add * (uint64_t)fab->nchan);
+					    puts[i].add * mult);
 		else
-			ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig, puts[i].add);
+			ret = fep_post_atomic(fab, puts[i].peer, puts[i].sig,
+					      puts[i].add * mult);
 	}
 	return ret;
 }
@@ -918,8 +935,8 @@ static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 static int put_many(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 {
 	if (fab->signal == FABEP_SIGNAL_CQDATA)
-		return put_cqdata(fab, puts, n);
-	return put_then_signal(fab, puts, n, fep_fab_write_flags(fab), false);
+		return put_cqdata(fab, puts, n, 1);
+	return put_then_signal(fab, puts, n, fep_fab_write_flags(fab), false, 1);
 }
 
 /* The writes of a batch, without signals.  With the sender's copies (cma,
