@@ -1231,6 +1231,12 @@ EP_TEST(chan_shm3_fp8_zc, "shm", 3, .rounds = 4, .hidden = 4096, .topk = 6,
 EP_TEST(chan_tcp2_chunks, "tcp", 2, .rounds = 4, .hidden = 4096, .topk = 4,
 	.experts = 8, .max_tokens = 32, .threads = 2, .channels = "2",
 	.chunk = "200000", .routing = R_NEG)
+/* auto strategy with two channels asked for: cqdata, dispatch with the
+ * sender's copies (plain writes, reaped, then zero-byte writes with CQ
+ * data), combine with the receivers' */
+EP_TEST(sender_copy_shm3, "shm", 3, .rounds = 6, .hidden = 4096, .topk = 8,
+	.experts = 12, .max_tokens = 40, .threads = 2, .channels = "2",
+	.routing = R_NEG, .split = 1)
 /* cma over channels (every rank's puts on its own channel): dispatch's
  * sender copies, combine's receiver copies, small runs as one write with
  * CQ data; the caller alone progressing them, or the pool's threads */
@@ -2400,6 +2406,7 @@ static Suite *ep_suite(void)
 	ADD(tc, chan_shm2_big);
 	ADD(tc, chan_shm3_fp8_zc);
 	ADD(tc, chan_tcp2_chunks);
+	ADD(tc, sender_copy_shm3);
 	ADD(tc, cma_chan_shm4);
 	ADD(tc, cma_chan_shm3_fused);
 	ADD(tc, zc_shm2_fp8_tok);

@@ -638,18 +638,23 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
  * or 0: with the cqdata strategy on shm as many as the pool has threads,
  * at most 8, on tcp at most 4 (each connection pushed by its own
  * thread, so a large run is not bound by one socket), the fewest of any
- * rank; with cma, one thread a rank and at least FEP_CMA_CHANNEL_RANKS
- * ranks, FEP_CMA_CHANNELS; elsewhere one. */
+ * rank; with cma, one per thread where ranks have FEP_CMA_THREADS and
+ * number at least FEP_CMA_THREADS_RANKS, FEP_CMA_CHANNELS where they
+ * have one thread and number at least FEP_CMA_CHANNEL_RANKS; elsewhere
+ * one. */
 static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 {
 	struct fep_fab_blob *mine, *all;
 	int c, ret, status, n = asked;
 	/* cma chosen by default gives way to cqdata with channels where a
-	 * rank has threads to spare: there the receivers' threads copy side
-	 * by side (one per channel), faster than the sender's one copy;
-	 * where each rank has one thread, the sender's copy avoids the
-	 * receiver's one-thread progress.  Both use the same endpoint (no
-	 * ordering, atomics and CQ data). */
+	 * rank has more than FEP_CMA_THREADS threads, or that many and the
+	 * ranks are fewer than FEP_CMA_THREADS_RANKS: there the receivers'
+	 * threads copy side by side (one per channel), faster than the
+	 * sender's one copy (under cma a target with few senders would
+	 * receive on few channels, copied by as few threads); with one
+	 * thread, the sender's copy avoids the receiver's one-thread
+	 * progress.  Both use the same endpoint (no ordering, atomics and
+	 * CQ data). */
 	bool may_switch = sig_auto && comm->fab->signal == FABEP_SIGNAL_CMA &&
 			  (comm->fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA));
 
@@ -657,18 +662,21 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		fep_info("FABEP_CHANNELS=%d: signal cqdata instead of cma", n);
 		comm->fab->signal = FABEP_SIGNAL_CQDATA;
 	}
-	/* cma where every rank has one thread: a target's senders copy
-	 * into its region one at a time, under the region's lock (shm,
-	 * smr_generic_rma), and with 15 or more of them the copies queue
-	 * there; a few channels give each target as many regions, and each
-	 * rank sends on its own one (signal.c, put_cma_chan).  Measured at
-	 * 16 ranks: dispatch and combine of 128 tokens 16 % faster with 4
-	 * channels (docs/performance.md); at 8 ranks no clear gain. */
+	/* cma: a target's senders copy into its region one at a time,
+	 * under the region's lock (shm, smr_generic_rma), and with many of
+	 * them the copies queue there; channels give each target as many
+	 * regions, and each rank sends on its own one (signal.c,
+	 * put_cma_chan).  With one thread a rank, 4 channels from 16 ranks
+	 * (dispatch and combine of 128 tokens 16 % faster at 16; no clear
+	 * gain at 8); with two threads, two channels from 8 ranks (at 8,
+	 * 128 tokens 16 % and one token 20 % faster than cqdata with two
+	 * channels; docs/performance.md). */
 	if (!n) {
 		const char *prov = comm->fab->desc.provider;
 		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
 			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
 		int32_t want = FEP_MIN(fep_pool_threads(comm->pool), cap), *wants;
+		bool two;
 
 		wants = calloc((size_t)comm->size, sizeof(*wants));
 		if (!wants)
@@ -679,15 +687,19 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		free(wants);
 		if (ret)
 			return ret;
-		if (may_switch && want > 1) {
+		two = want == FEP_CMA_THREADS && comm->size >= FEP_CMA_THREADS_RANKS;
+		if (may_switch && want > 1 && !two) {
 			fep_info("%d threads per rank: signal cqdata with %d channels "
 				 "instead of cma", want, want);
 			comm->fab->signal = FABEP_SIGNAL_CQDATA;
 		}
 		if (comm->fab->signal == FABEP_SIGNAL_CQDATA)
 			n = want;
-		else if (comm->fab->signal == FABEP_SIGNAL_CMA && want == 1 &&
-			 comm->size >= FEP_CMA_CHANNEL_RANKS)
+		else if (comm->fab->signal != FABEP_SIGNAL_CMA)
+			n = 1;
+		else if (two)
+			n = FEP_CMA_THREADS;
+		else if (want == 1 && comm->size >= FEP_CMA_CHANNEL_RANKS)
 			n = FEP_CMA_CHANNELS;
 		else
 			n = 1;
@@ -699,10 +711,10 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		n = 1;
 	}
 	/* cqdata in place of cma with at most FEP_SENDER_COPY_CHANNELS
-	 * channels: dispatch still copies on the sender (shm's fast path,
-	 * which the endpoint was opened for), since that one copy beats
-	 * the receivers' copies on so few threads; combine keeps the
-	 * receivers' */
+	 * channels (FABEP_CHANNELS asked for them): dispatch still copies
+	 * on the sender (shm's fast path, which the endpoint was opened
+	 * for), since that one copy beats the receivers' copies on so few
+	 * threads; combine keeps the receivers' */
 	comm->fab->sender_copy = may_switch &&
 				 comm->fab->signal == FABEP_SIGNAL_CQDATA &&
 				 n <= FEP_SENDER_COPY_CHANNELS;

@@ -30,8 +30,12 @@
 #define FEP_MAX_CHANNELS 16   /* FABEP_CHANNELS at most */
 #define FEP_IOV_MAX 16        /* local buffers gathered into one write */
 #define FEP_SENDER_COPY_CHANNELS 2  /* fab->sender_copy up to this many */
-/* cma chosen by default, one thread a rank and at least this many ranks:
- * FEP_CMA_CHANNELS channels (comm.c, signal.c put_cma_chan) */
+/* cma chosen by default stays where ranks have one thread, with
+ * FEP_CMA_CHANNELS channels from FEP_CMA_CHANNEL_RANKS ranks, and where
+ * they have FEP_CMA_THREADS and number at least FEP_CMA_THREADS_RANKS,
+ * with a channel per thread (comm.c, signal.c put_cma_chan) */
+#define FEP_CMA_THREADS 2
+#define FEP_CMA_THREADS_RANKS 8
 #define FEP_CMA_CHANNEL_RANKS 16
 #define FEP_CMA_CHANNELS 4
 
