@@ -52,8 +52,9 @@ struct params {
 	int zcopy;        /* FABEP_MOE_ZERO_COPY */
 	const char *chunk; /* FABEP_MOE_CHUNK (mismatch 2: only rank 1's) */
 	int sendbuf;      /* tokens go through fabep_moe_send_buffer */
-	const char *channels; /* FABEP_CHANNELS */
-	fabep_signal_t signal; /* 0: the automatic choice */
+	const char *channels; /* FABEP_CHANNELS: the channels it must get */
+	fabep_signal_t signal; /* 0: the automatic choice; else it must get it */
+	int sender_copy;  /* it must get dispatch's sender copies under cqdata */
 	int fused;        /* fused_round: fabep_moe_combine against the halves */
 	int noweights;    /* dispatch with topk_weights NULL (all 1) */
 	int refuse;       /* round 2: refused send halves on bad_rank (refuse_round) */
@@ -656,6 +657,20 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		return ret == -ETIMEDOUT ||
 		       (p->signal && ret == -FABEP_ERR_NO_SIGNAL) ? 77 : 1;
 	}
+	/* the configuration the case is about, not another one */
+	if ((p->channels && fabep_comm_channels(*comm) != atoi(p->channels)) ||
+	    (p->signal && fabep_comm_signal(*comm) != p->signal) ||
+	    (p->sender_copy && !(*comm)->fab->sender_copy)) {
+		fprintf(stderr, "rank %d: signal %s, %d channels%s; the case asks "
+			"for %s, %s channels%s\n", rank,
+			fabep_signal_name(fabep_comm_signal(*comm)),
+			fabep_comm_channels(*comm),
+			(*comm)->fab->sender_copy ? ", the sender's copies" : "",
+			p->signal ? fabep_signal_name(p->signal) : "any strategy",
+			p->channels ? p->channels : "any",
+			p->sender_copy ? ", the sender's copies" : "");
+		return 1;
+	}
 	if (p->chunk && (p->mismatch != 2 || rank == 1))
 		setenv("FABEP_MOE_CHUNK", p->chunk, 1);
 	if (p->mismatch == 1 && rank == 1)
@@ -1236,7 +1251,7 @@ EP_TEST(chan_tcp2_chunks, "tcp", 2, .rounds = 4, .hidden = 4096, .topk = 4,
  * data), combine with the receivers' */
 EP_TEST(sender_copy_shm3, "shm", 3, .rounds = 6, .hidden = 4096, .topk = 8,
 	.experts = 12, .max_tokens = 40, .threads = 2, .channels = "2",
-	.routing = R_NEG, .split = 1)
+	.sender_copy = 1, .routing = R_NEG, .split = 1)
 /* cma over channels (every rank's puts on its own channel): dispatch's
  * sender copies, combine's receiver copies, small runs as one write with
  * CQ data; the caller alone progressing them, or the pool's threads */
