@@ -839,18 +839,17 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 	ret = fep_fab_put_signal_many(fab, h->puts, (size_t)n);
 	if (ret) {
 		fep_err("%s: posting phase 1: %s", c->name, fabep_strerror(ret));
-		if (c->direct)  /* see below */
-			(void)fep_fabric_reap_writes(fab);
-		return fep_ar_fail(h, ret);
+	} else {
+		h->expect1[c->par] += (uint64_t)(P - 1);
+		snprintf(c->what, sizeof(c->what), "%s (call %llu, %s)", c->name,
+			 (unsigned long long)c->hdr.seq,
+			 c->one ? "one-stage" : "reduce-scatter");
+		ret = fep_comm_wait(h->comm, c->what, h->ctr1[c->par],
+				    h->expect1[c->par], h->slots1[c->par],
+				    h->lay.blk1, c->hdr.seq);
+		if (!ret)  /* the peers wait for these rows (tcp) */
+			ret = fep_fabric_drain(fab);
 	}
-	h->expect1[c->par] += (uint64_t)(P - 1);
-	snprintf(c->what, sizeof(c->what), "%s (call %llu, %s)", c->name,
-		 (unsigned long long)c->hdr.seq,
-		 c->one ? "one-stage" : "reduce-scatter");
-	ret = fep_comm_wait(h->comm, c->what, h->ctr1[c->par], h->expect1[c->par],
-			    h->slots1[c->par], h->lay.blk1, c->hdr.seq);
-	if (!ret)  /* the peers wait for these rows (tcp) */
-		ret = fep_fabric_drain(fab);
 	if (c->direct) {
 		/* the writes read the caller's input, which the caller may
 		 * change or free once the call returns, even with an error
@@ -940,7 +939,7 @@ static int fep_ar_read_blocks(struct fep_ar_state *c)
 {
 	struct fabep_allreduce *h = c->h;
 	fep_fabric_t *fab = h->comm->fab;
-	int P = h->comm->size, me = h->comm->rank, ret = 0;
+	int P = h->comm->size, me = h->comm->rank, ret = 0, rret;
 	size_t rb = c->rb, i;
 
 	for (i = 1; !ret && i < (size_t)P; i++) {
@@ -959,10 +958,11 @@ static int fep_ar_read_blocks(struct fep_ar_state *c)
 	if (!ret && c->myn)
 		ret = fep_pool_for(h->comm->pool, c->myn, 1, fep_ar_gather_own,
 				   &c->cp);
-	if (ret)  /* the reads posted must be done before the call returns */
-		(void)fep_fabric_reap_writes(fab);
-	else
-		ret = fep_fabric_reap_writes(fab);
+	/* the reads posted must be done before the call returns, even
+	 * after an error */
+	rret = fep_fabric_reap_writes(fab);
+	if (!ret)
+		ret = rret;
 	if (ret) {
 		fep_err("%s: reading the results: %s", c->name, fabep_strerror(ret));
 		return fep_ar_fail(h, ret);
