@@ -797,9 +797,9 @@ START_TEST(shm_reads)
 END_TEST
 
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
- * shm and 4 on tcp; with cma (shm), one per thread where ranks have two
- * threads and number at least 8, 4 where every rank has one thread and
- * there are at least 16 ranks; one elsewhere.  want and cma_want are the
+ * shm and 4 on tcp; with cma (shm), one per thread where ranks have
+ * several threads and number at least 8, 4 where every rank has one
+ * thread and there are at least 16 ranks; one elsewhere.  want and cma_want are the
  * channels with cqdata and with cma; 0: that strategy must not be the
  * choice. */
 struct chan_default { int threads, want, ranks, cma_want; };
@@ -836,6 +836,7 @@ START_TEST(channels_default)
 		{ "shm", { 3, 3, 2, 0 } }, { "shm", { 10, 8, 2, 0 } },
 		{ "shm", { 1, 0, 2, 1 } }, { "shm", { 1, 0, 16, 4 } },
 		{ "shm", { 2, 2, 3, 0 } }, { "shm", { 2, 0, 8, 2 } },
+		{ "shm", { 3, 3, 7, 0 } }, { "shm", { 3, 0, 8, 3 } },
 		{ "shm", { 1, 0, 15, 1 } },
 		{ "tcp", { 2, 2, 2, 1 } }, { "tcp", { 6, 4, 2, 1 } },
 		{ "sockets", { 3, 1, 2, 1 } },

@@ -638,21 +638,21 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
  * or 0: with the cqdata strategy on shm as many as the pool has threads,
  * at most 8, on tcp at most 4 (each connection pushed by its own
  * thread, so a large run is not bound by one socket), the fewest of any
- * rank; with cma, one per thread where ranks have FEP_CMA_THREADS and
- * number at least FEP_CMA_THREADS_RANKS, FEP_CMA_CHANNELS where they
+ * rank; with cma, one per thread (at most 8) where ranks have several
+ * and number at least FEP_CMA_THREADS_RANKS, FEP_CMA_CHANNELS where they
  * have one thread and number at least FEP_CMA_CHANNEL_RANKS; elsewhere
  * one. */
 static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 {
 	struct fep_fab_blob *mine, *all;
 	int c, ret, status, n = asked;
-	/* cma chosen by default gives way to cqdata with channels where a
-	 * rank has more than FEP_CMA_THREADS threads, or that many and the
-	 * ranks are fewer than FEP_CMA_THREADS_RANKS: there the receivers'
-	 * threads copy side by side (one per channel), faster than the
-	 * sender's one copy (under cma a target with few senders would
-	 * receive on few channels, copied by as few threads); with one
-	 * thread, the sender's copy avoids the receiver's one-thread
+	/* cma chosen by default gives way to cqdata with channels where
+	 * ranks have several threads and are fewer than
+	 * FEP_CMA_THREADS_RANKS: a target has few senders there, and the
+	 * receivers' threads copy side by side (one per channel), faster
+	 * than the senders' copies (under cma a target with few senders
+	 * would receive on few channels, copied by as few threads); with
+	 * one thread, the sender's copy avoids the receiver's one-thread
 	 * progress.  Both use the same endpoint (no ordering, atomics and
 	 * CQ data). */
 	bool may_switch = sig_auto && comm->fab->signal == FABEP_SIGNAL_CMA &&
@@ -668,15 +668,18 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	 * regions, and each rank sends on its own one (signal.c,
 	 * put_cma_chan).  With one thread a rank, 4 channels from 16 ranks
 	 * (dispatch and combine of 128 tokens 16 % faster at 16; no clear
-	 * gain at 8); with two threads, two channels from 8 ranks (at 8,
-	 * 128 tokens 16 % and one token 20 % faster than cqdata with two
-	 * channels; docs/performance.md). */
+	 * gain at 8); with several threads, one channel per thread from 8
+	 * ranks (against cqdata with as many channels: at 8 ranks of two
+	 * threads 16 % less time at 128 tokens and 20 % at one token; at
+	 * 16 ranks of four threads 37-39 % less for a dispatch of 128
+	 * tokens and 45-51 % for one; at 8 of eight threads 45 % less at
+	 * one token and the same at 128; docs/performance.md). */
 	if (!n) {
 		const char *prov = comm->fab->desc.provider;
 		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
 			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
 		int32_t want = FEP_MIN(fep_pool_threads(comm->pool), cap), *wants;
-		bool two;
+		bool many;
 
 		wants = calloc((size_t)comm->size, sizeof(*wants));
 		if (!wants)
@@ -687,8 +690,8 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		free(wants);
 		if (ret)
 			return ret;
-		two = want == FEP_CMA_THREADS && comm->size >= FEP_CMA_THREADS_RANKS;
-		if (may_switch && want > 1 && !two) {
+		many = want > 1 && comm->size >= FEP_CMA_THREADS_RANKS;
+		if (may_switch && want > 1 && !many) {
 			fep_info("%d threads per rank: signal cqdata with %d channels "
 				 "instead of cma", want, want);
 			comm->fab->signal = FABEP_SIGNAL_CQDATA;
@@ -697,8 +700,8 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 			n = want;
 		else if (comm->fab->signal != FABEP_SIGNAL_CMA)
 			n = 1;
-		else if (two)
-			n = FEP_CMA_THREADS;
+		else if (many)
+			n = want;
 		else if (want == 1 && comm->size >= FEP_CMA_CHANNEL_RANKS)
 			n = FEP_CMA_CHANNELS;
 		else

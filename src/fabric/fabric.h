@@ -32,9 +32,8 @@
 #define FEP_SENDER_COPY_CHANNELS 2  /* fab->sender_copy up to this many */
 /* cma chosen by default stays where ranks have one thread, with
  * FEP_CMA_CHANNELS channels from FEP_CMA_CHANNEL_RANKS ranks, and where
- * they have FEP_CMA_THREADS and number at least FEP_CMA_THREADS_RANKS,
+ * they have more threads and number at least FEP_CMA_THREADS_RANKS,
  * with a channel per thread (comm.c, signal.c put_cma_chan) */
-#define FEP_CMA_THREADS 2
 #define FEP_CMA_THREADS_RANKS 8
 #define FEP_CMA_CHANNEL_RANKS 16
 #define FEP_CMA_CHANNELS 4

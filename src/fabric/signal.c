@@ -101,10 +101,8 @@ fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 	if (d->signals & (1u << FABEP_SIGNAL_CMA)) {
 		snprintf(why, len, "shm with CMA: the sender's process_vm_writev "
 			 "completes each write within fi_write (beyond libfabric's "
-			 "promise), with a channel per thread at two threads a "
-			 "rank and 8 ranks or more, 4 at one thread and 16 ranks "
-			 "or more; cqdata with channels where ranks have more "
-			 "threads, or two and fewer than 8 ranks");
+			 "promise); below 8 ranks of several threads, cqdata with "
+			 "a channel per thread");
 		return FABEP_SIGNAL_CMA;
 	}
 	s = fep_signal_choose_portable(d, why, len);
