@@ -7,10 +7,17 @@
 Each rank is a new interpreter (sys.executable) with FABEP_RANK,
 FABEP_WORLD_SIZE, FABEP_LOCAL_RANK, FABEP_LOCAL_SIZE and FABEP_ROOT
 (127.0.0.1 and a free port, or --root) set, so fabep.Comm.from_env()
-needs nothing else.  When a rank fails (nonzero exit or a signal) or
---timeout passes, the others are stopped (SIGTERM, then SIGKILL), and
-the launcher exits nonzero: with the failing rank's status (128 + the
-signal for a signal), 124 on a timeout; 0 when every rank succeeded.
+needs nothing else.  Ranks are bound as the C tools bind theirs and as
+mpirun --bind-to core does: the cores this process may use, whole
+physical cores, are shared out in contiguous blocks, rank r taking the
+r-th block, and its fabep worker threads default to the block's cores
+(FABEP_THREADS, unless set).  With more ranks than cores, or with
+FABEP_BIND=none, they stay unbound.
+
+When a rank fails (nonzero exit or a signal) or --timeout passes, the
+others are stopped (SIGTERM, then SIGKILL), and the launcher exits
+nonzero: with the failing rank's status (128 + the signal for a
+signal), 124 on a timeout; 0 when every rank succeeded.
 """
 import argparse
 import os
@@ -27,6 +34,44 @@ def _free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def _core_key(cpu):
+    """(package, core) of a CPU from sysfs; the CPU itself if unknown."""
+    key = []
+    for f, default in (("physical_package_id", 0), ("core_id", cpu)):
+        try:
+            with open("/sys/devices/system/cpu/cpu%d/topology/%s" %
+                      (cpu, f)) as fh:
+                key.append(int(fh.read()))
+        except (OSError, ValueError):
+            key.append(default)
+    return tuple(key)
+
+
+def bind_sets(nranks, env=None):
+    """The CPU set of each rank (None: unbound), as the C tools' -n and
+    mpirun --bind-to core: this process's CPUs grouped by physical core,
+    contiguous blocks of cores // nranks cores.  None for every rank
+    with more ranks than cores, with FABEP_BIND=none, or where the
+    affinity cannot be read."""
+    env = os.environ if env is None else env
+    if env.get("FABEP_BIND") == "none" or \
+            not hasattr(os, "sched_getaffinity"):
+        return [None] * nranks
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except OSError:
+        return [None] * nranks
+    groups = {}
+    for c in cpus:  # numbered in the order of their first CPU
+        groups.setdefault(_core_key(c), []).append(c)
+    groups = list(groups.values())
+    if nranks > len(groups):
+        return [None] * nranks
+    per = len(groups) // nranks
+    return [sorted(c for g in groups[r * per:(r + 1) * per] for c in g)
+            for r in range(nranks)]
 
 
 def _stop(procs, grace=2.0):
@@ -52,11 +97,21 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
     base = dict(os.environ if env is None else env)
     root = root or "127.0.0.1:%d" % _free_port()
     procs = []
+    sets = bind_sets(nranks, base)
     for r in range(nranks):
         e = dict(base, FABEP_RANK=str(r), FABEP_WORLD_SIZE=str(nranks),
                  FABEP_LOCAL_RANK=str(r), FABEP_LOCAL_SIZE=str(nranks),
                  FABEP_ROOT=root)
-        procs.append(subprocess.Popen([sys.executable] + list(argv), env=e))
+        pre = None
+        if sets[r]:
+            # the block's cores, not cores / local ranks of the block
+            if not e.get("FABEP_THREADS"):
+                e["FABEP_THREADS"] = str(len({_core_key(c)
+                                               for c in sets[r]}))
+            pre = (lambda cpus: lambda: os.sched_setaffinity(0, cpus))(
+                sets[r])
+        procs.append(subprocess.Popen([sys.executable] + list(argv), env=e,
+                                      preexec_fn=pre))
     deadline = time.monotonic() + timeout if timeout else None
     status = 0
     try:

@@ -40,6 +40,45 @@ c.close()
         assert (tmp_path / ("out%d" % r)).read_text() == "%d 3 3" % r
 
 
+def test_binding(tmp_path):
+    """Each rank runs on its own block of cores with as many threads,
+    the blocks disjoint; FABEP_BIND=none and more ranks than cores leave
+    them unbound with the library's default threads."""
+    prog = _script(tmp_path, """
+import os, sys
+import fabep
+c = fabep.Comm.from_env()
+open(sys.argv[1] + str(c.rank), "w").write("%s;%d;%s" % (
+    ",".join(map(str, sorted(os.sched_getaffinity(0)))), c.threads,
+    os.environ.get("FABEP_THREADS", "")))
+c.close()
+""")
+    mine = sorted(os.sched_getaffinity(0))
+    cores = len({frun._core_key(c) for c in mine})
+    env = _env()
+    env.pop("FABEP_THREADS", None)
+    env.pop("FABEP_BIND", None)
+    n = min(cores, 2)
+    assert frun.launch(n, [prog, str(tmp_path / "b")], env=env) == 0
+    seen = set()
+    for r in range(n):
+        cpus, threads, var = (tmp_path / ("b%d" % r)).read_text().split(";")
+        cpus = [int(x) for x in cpus.split(",")]
+        assert cpus == frun.bind_sets(n, env)[r]
+        assert not seen & set(cpus)
+        seen |= set(cpus)
+        assert int(threads) == len({frun._core_key(c) for c in cpus})
+        assert var == threads
+    # unbound: FABEP_BIND=none, and more ranks than cores
+    for e, m in ((dict(env, FABEP_BIND="none"), n), (env, cores + 1)):
+        assert frun.launch(m, [prog, str(tmp_path / "u")], env=e) == 0
+        for r in range(m):
+            cpus, threads, var = (tmp_path / ("u%d" % r)).read_text().split(
+                ";")
+            assert [int(x) for x in cpus.split(",")] == mine
+            assert var == ""
+
+
 def test_failure_stops_the_others(tmp_path):
     prog = _script(tmp_path, """
 import os, sys, time
