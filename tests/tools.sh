@@ -183,8 +183,13 @@ floor_ok() { # op fmt zero-copy: the -m line's floor against the formula
 		clo = lo / (ov + 0.05 > lo ? ov + 0.05 : lo) - 0.001
 		chi = hi / (ov - 0.05 > hi ? ov - 0.05 : hi) + 0.001
 		c = v["ceiling_overlap:"]
+		# ratio_live is live / median, printed to 0.001: a slow
+		# build (the sanitizers) may print 0.000
+		m = v["median_us:"]; r = v["ratio_live:"]
+		rlo = lo / (m + 0.05) - 0.0006
+		rhi = hi / (m - 0.05 > 0 ? m - 0.05 : 0.01) + 0.0006
 		if (v["floor_bytes:"] != want || v["rows:"] <= 0 ||
-		    !(lv > 0) || !(v["ratio_live:"] > 0) ||
+		    !(lv > 0) || r == "" || r < 0 || r < rlo || r > rhi ||
 		    !(v["ceiling_live:"] > 0 && v["ceiling_live:"] <= 1) ||
 		    (want == 0 && v["ceiling_live:"] != "1.000") ||
 		    !(ov > 0) || c < clo || c > chi ||
