@@ -166,6 +166,15 @@ FABEP_API int fabep_comm_create(const fabep_comm_attr_t *attr,
 /* Destroy it.  Collective when every rank is alive; returns after a
  * bounded wait when peers are gone.  NULL is accepted and ignored. */
 FABEP_API int fabep_comm_destroy(fabep_comm_t *comm);
+/* For launchers: remove the shared-memory regions that process `pid` of
+ * this host left behind when it died without destroying its
+ * communicators (killed, or crashed): libfabric's shm names them
+ * /dev/shm/<pid>:<domain>:<endpoint>.  Call it after reaping a rank
+ * (0 removed where it destroyed them).  Returns how many it removed,
+ * -EINVAL for pid <= 0,
+ * -EBUSY while a process with that pid exists (its regions may be in
+ * use).  See fabep_shm_cleanup(3). */
+FABEP_API int fabep_shm_cleanup(long pid);
 
 FABEP_API int fabep_comm_rank(const fabep_comm_t *comm);
 FABEP_API int fabep_comm_size(const fabep_comm_t *comm);

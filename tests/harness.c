@@ -210,7 +210,9 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 				status[r] = 128 + WTERMSIG(st);
 			else
 				continue;
-			if (p > 0 && WIFSIGNALED(st))
+			/* killed, or gone without destroying its
+			 * communicator: its shm regions stay behind */
+			if (p > 0)
 				fep_shm_remove_regions(p);
 			pids[r] = 0;
 			left--;

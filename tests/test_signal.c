@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -317,6 +319,89 @@ static void run_killed(const char *prov)
 }
 
 START_TEST(killed_shm) { run_killed("shm"); } END_TEST
+
+/* The /dev/shm regions named after process pid. */
+static int shm_regions(pid_t pid)
+{
+	char prefix[32];
+	struct dirent *e;
+	int n = 0;
+	size_t len;
+	DIR *d = opendir("/dev/shm");
+
+	if (!d)
+		return -1;
+	len = (size_t)snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
+	while ((e = readdir(d)))
+		n += !strncmp(e->d_name, prefix, len);
+	closedir(d);
+	return n;
+}
+
+/* A one-rank communicator's process, killed: its regions stay until
+ * fabep_shm_cleanup removes them, which refuses a live process and a
+ * pid that is none. */
+static int cleanup_rank(int rank, int size, void *arg)
+{
+	int fds[2], before, after, got, again;
+	pid_t child;
+	char c = 0;
+
+	(void)rank; (void)size; (void)arg;
+	if (pipe(fds))
+		return 1;
+	child = fork();
+	if (child < 0)
+		return 1;
+	if (child == 0) {
+		fabep_comm_t *comm;
+
+		close(fds[0]);
+		if (make_comm(FABEP_SIGNAL_AUTO, 4u << 20, &comm))
+			_exit(2);
+		c = 1;
+		if (write(fds[1], &c, 1) != 1)
+			_exit(3);
+		pause();
+		_exit(0);
+	}
+	close(fds[1]);
+	if (read(fds[0], &c, 1) != 1 || c != 1) {
+		fprintf(stderr, "the child made no communicator\n");
+		return 1;
+	}
+	close(fds[0]);
+	got = fabep_shm_cleanup(child);
+	if (got != -EBUSY) {
+		fprintf(stderr, "cleanup of a live process: %d\n", got);
+		return 1;
+	}
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	before = shm_regions(child);
+	got = fabep_shm_cleanup(child);
+	after = shm_regions(child);
+	again = fabep_shm_cleanup(child);
+	if (before < 1 || got != before || after != 0 || again != 0) {
+		fprintf(stderr, "regions %d, removed %d, left %d, again %d\n",
+			before, got, after, again);
+		return 1;
+	}
+	if (fabep_shm_cleanup(0) != -EINVAL || fabep_shm_cleanup(-3) != -EINVAL ||
+	    fabep_shm_cleanup(getpid()) != -EBUSY) {
+		fprintf(stderr, "bad pids accepted\n");
+		return 1;
+	}
+	return 0;
+}
+
+START_TEST(shm_cleanup)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	ck_assert(fep_test_run_ranks(1, 60, cleanup_rank, NULL) == 0);
+}
+END_TEST
 START_TEST(killed_tcp) { run_killed("tcp"); } END_TEST
 
 static int bad_env_rank(int rank, int size, void *arg)
@@ -1331,6 +1416,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, killed_shm);
 	tcase_add_test(tc, killed_tcp);
+	tcase_add_test(tc, shm_cleanup);
 	tcase_add_test(tc, bad_provider);
 	tcase_add_test(tc, bad_signal);
 	tcase_add_test(tc, numa_node_env);

@@ -784,8 +784,10 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			fprintf(stderr, "%s: fork: %s\n", tool_name, strerror(errno));
 			for (int q = 0; q < r; q++)
 				kill(pids[q], SIGKILL);
-			for (int q = 0; q < r; q++)
+			for (int q = 0; q < r; q++) {
 				waitpid(pids[q], NULL, 0);
+				fabep_shm_cleanup(pids[q]);
+			}
 			free(pids);
 			free(done);
 			return TOOL_EXIT_FAIL;
@@ -829,6 +831,9 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			done[r] = 1;
 			left--;
 			reaped = 1;
+			/* a rank that died, or exited without destroying its
+			 * communicator, leaves its shm regions behind */
+			fabep_shm_cleanup(pids[r]);
 			if (!WIFEXITED(status) || WEXITSTATUS(status)) {
 				describe_status(r, status);
 				if (!failed)
@@ -844,6 +849,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 					continue;
 				kill(pids[r], SIGKILL);
 				waitpid(pids[r], NULL, 0);
+				fabep_shm_cleanup(pids[r]);
 				done[r] = 1;
 				left--;
 				if (now > deadline)

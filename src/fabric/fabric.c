@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 #include <limits.h>
+#include <signal.h>
 #include <dirent.h>
 #include <unistd.h>
 
@@ -396,21 +397,23 @@ static int fep_ops_create(fep_fabric_t *fab)
  * shm (1.17) names its region /dev/shm/<pid>:<domain>:<endpoint> and fails
  * with -FI_EBUSY when that name exists.  A process killed before it closed
  * its endpoint leaves its region behind, and a later process that gets the
- * same pid then cannot open shm.  A region named after this process's own
- * pid can only be such a leftover: fep_fabric_open removes it (and the
- * test harness those of the ranks it killed).
+ * same pid then cannot open shm, and the region's memory stays taken.  A
+ * region named after this process's own pid can only be such a leftover:
+ * fep_fabric_open removes it; launchers remove those of the ranks they
+ * reap (fabep_shm_cleanup).  Returns how many were removed.
  */
-void fep_shm_remove_regions(pid_t pid)
+int fep_shm_remove_regions(pid_t pid)
 {
 	char prefix[32], path[300];
 	struct dirent *e;
+	int removed = 0;
 	size_t n;
 	DIR *d;
 
 	n = (size_t)snprintf(prefix, sizeof(prefix), "%d:", (int)pid);
 	d = opendir("/dev/shm");
 	if (!d)
-		return;
+		return 0;
 	while ((e = readdir(d))) {
 		const char *rest = e->d_name + n;
 
@@ -418,10 +421,27 @@ void fep_shm_remove_regions(pid_t pid)
 		    strspn(rest, "0123456789:") != strlen(rest))
 			continue;
 		snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-		if (!unlink(path))
+		if (!unlink(path)) {
 			fep_info("removed %s, left by a dead process", path);
+			removed++;
+		}
 	}
 	closedir(d);
+	return removed;
+}
+
+FEP_EXPORT int fabep_shm_cleanup(long pid)
+{
+	if (pid <= 0 || pid != (long)(pid_t)pid) {
+		fep_err("fabep_shm_cleanup: pid %ld is not a process id", pid);
+		return -EINVAL;
+	}
+	/* a live process (or one of another user: EPERM) keeps its own */
+	if (!kill((pid_t)pid, 0) || errno == EPERM) {
+		fep_err("fabep_shm_cleanup: process %ld is alive", pid);
+		return -EBUSY;
+	}
+	return fep_shm_remove_regions((pid_t)pid);
 }
 
 /*
