@@ -51,6 +51,20 @@ def strerror(code):
     return _clib.fabep_strerror(code).decode(errors="replace")
 
 
+def shm_cleanup(pid):
+    """Remove the shared-memory regions that process `pid` of this host
+    left in /dev/shm when it died without closing its communicators
+    (fabep_shm_cleanup): for launchers, after reaping a rank.  Returns
+    how many it removed; raises InvalidArgumentError for
+    a pid of 0 or less, and FabepError with code -EBUSY while a process
+    with that pid is alive."""
+    from .errors import raise_for
+    ret = _clib.fabep_shm_cleanup(int(pid))
+    if ret < 0:
+        raise_for(ret, "fabep_shm_cleanup")
+    return ret
+
+
 def providers(name=None, max_count=32):
     """The libfabric providers fabep can use (fabep_provider_list), as
     dicts of what each grants."""
@@ -83,4 +97,4 @@ __all__ = ["Comm", "HeapBlock", "MoE", "RecvView", "Timing", "AllReduce",
            "TimeoutError", "MismatchError", "PeerError", "PeerLostError",
            "ProtocolError", "NoProviderError", "NoSignalError",
            "HeapFullError", "BusyError", "StaleViewError", "version", "isa",
-           "strerror", "providers"]
+           "strerror", "providers", "shm_cleanup"]

@@ -74,6 +74,19 @@ def bind_sets(nranks, env=None):
             for r in range(nranks)]
 
 
+def _shm_cleanup(proc):
+    """A rank that died, or exited without closing its communicators,
+    leaves its shm regions in /dev/shm: remove them (fabep_shm_cleanup),
+    where the library loads."""
+    if proc.returncode is None:
+        return
+    try:
+        from fabep._lib import lib
+    except (ImportError, OSError):
+        return
+    lib.fabep_shm_cleanup(proc.pid)  # 0 or more removed: nothing to raise
+
+
 def _stop(procs, grace=2.0):
     for p in procs:
         if p.poll() is None:
@@ -85,6 +98,7 @@ def _stop(procs, grace=2.0):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+        _shm_cleanup(p)
 
 
 def _status(rc):
@@ -113,6 +127,7 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
         procs.append(subprocess.Popen([sys.executable] + list(argv), env=e,
                                       preexec_fn=pre))
     deadline = time.monotonic() + timeout if timeout else None
+    cleaned = set()
     status = 0
     try:
         while True:
@@ -121,7 +136,11 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
                 rc = p.poll()
                 if rc is None:
                     running += 1
-                elif rc != 0:
+                    continue
+                if r not in cleaned:
+                    _shm_cleanup(p)
+                    cleaned.add(r)
+                if rc != 0:
                     if not quiet:
                         print("fabep.run: rank %d %s; stopping the others" % (
                             r, "exited with %d" % rc if rc > 0 else

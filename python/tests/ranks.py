@@ -33,6 +33,13 @@ def _port():
     return p
 
 
+def _cleanup(pid):
+    """The shm regions a reaped rank left (killed, or gone without
+    closing its communicator)."""
+    import fabep
+    fabep.shm_cleanup(pid)
+
+
 def run(n, fn, *args, timeout=60, env=None, allow_killed=False):
     """fn(rank, n, *args) on n ranks; returns the list of results.  A
     rank that raises fails the test with its traceback."""
@@ -79,6 +86,7 @@ def run(n, fn, *args, timeout=60, env=None, allow_killed=False):
                     with os.fdopen(rfd, "rb") as f:
                         bufs[r] = f.read()
                     done[r] = True
+                    _cleanup(pid)
                     if os.WIFSIGNALED(st):
                         out[r] = Killed(os.WTERMSIG(st))
                     elif bufs[r]:
@@ -100,6 +108,7 @@ def run(n, fn, *args, timeout=60, env=None, allow_killed=False):
                     os.close(rfd)
                 except OSError:
                     pass
+                _cleanup(pid)
     results = []
     for r, o in enumerate(out):
         if isinstance(o, Killed):

@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """python3 -m fabep.run: ranks see their variables; a failing rank stops
 the others and the exit status says so; a timeout stops every rank."""
+import errno
 import os
 import subprocess
 import sys
 import time
 
+import pytest
+
+import fabep
 import fabep.run as frun
 
 
@@ -77,6 +81,40 @@ c.close()
                 ";")
             assert [int(x) for x in cpus.split(",")] == mine
             assert var == ""
+
+
+def _regions(pid):
+    return [f for f in os.listdir("/dev/shm") if f.startswith("%d:" % pid)]
+
+
+def test_killed_rank_leaves_no_shm(tmp_path):
+    """A rank killed after it made a communicator leaves shm regions;
+    the launcher removes them, and the others' as it stops them."""
+    prog = _script(tmp_path, """
+import os, signal, sys, time
+import fabep
+c = fabep.Comm.from_env(provider="shm")
+open(sys.argv[1] + os.environ["FABEP_RANK"], "w").write(str(os.getpid()))
+c.barrier()
+if os.environ["FABEP_RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+""")
+    out = str(tmp_path / "pid")
+    assert frun.launch(2, [prog, out], env=_env(), quiet=True) == 128 + 9
+    for r in range(2):
+        pid = int((tmp_path / ("pid%d" % r)).read_text())
+        assert _regions(pid) == [], "rank %d (pid %d)" % (r, pid)
+        assert fabep.shm_cleanup(pid) == 0
+
+
+def test_shm_cleanup_refuses():
+    """Not a pid, or a live process: refused, nothing removed."""
+    with pytest.raises(fabep.InvalidArgumentError):
+        fabep.shm_cleanup(0)
+    with pytest.raises(fabep.FabepError) as e:
+        fabep.shm_cleanup(os.getpid())
+    assert e.value.code == -errno.EBUSY
 
 
 def test_failure_stops_the_others(tmp_path):
