@@ -55,9 +55,9 @@ def shm_cleanup(pid):
     """Remove the shared-memory regions that process `pid` of this host
     left in /dev/shm when it died without closing its communicators
     (fabep_shm_cleanup): for launchers, after reaping a rank.  Returns
-    how many it removed; raises InvalidArgumentError for
-    a pid of 0 or less, and FabepError with code -EBUSY while a process
-    with that pid is alive."""
+    how many it removed; raises InvalidArgumentError for a pid of 0 or
+    less, and FabepError with code -EBUSY while a process with that pid
+    is alive."""
     from .errors import raise_for
     ret = _clib.fabep_shm_cleanup(int(pid))
     if ret < 0:

@@ -77,9 +77,11 @@ def bind_sets(nranks, env=None):
 def _shm_cleanup(proc):
     """A rank that died, or exited without closing its communicators,
     leaves its shm regions in /dev/shm: remove them (fabep_shm_cleanup),
-    where the library loads."""
-    if proc.returncode is None:
+    where the library loads.  Once per rank, right after it is reaped: a
+    later call could meet another process that took its pid."""
+    if proc.returncode is None or getattr(proc, "_fabep_cleaned", False):
         return
+    proc._fabep_cleaned = True
     try:
         from fabep._lib import lib
     except (ImportError, OSError):
@@ -127,7 +129,6 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
         procs.append(subprocess.Popen([sys.executable] + list(argv), env=e,
                                       preexec_fn=pre))
     deadline = time.monotonic() + timeout if timeout else None
-    cleaned = set()
     status = 0
     try:
         while True:
@@ -137,9 +138,7 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
                 if rc is None:
                     running += 1
                     continue
-                if r not in cleaned:
-                    _shm_cleanup(p)
-                    cleaned.add(r)
+                _shm_cleanup(p)
                 if rc != 0:
                     if not quiet:
                         print("fabep.run: rank %d %s; stopping the others" % (

@@ -696,13 +696,11 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 				 "instead of cma", want, want);
 			comm->fab->signal = FABEP_SIGNAL_CQDATA;
 		}
-		if (comm->fab->signal == FABEP_SIGNAL_CQDATA)
+		if (comm->fab->signal == FABEP_SIGNAL_CQDATA ||
+		    (comm->fab->signal == FABEP_SIGNAL_CMA && many))
 			n = want;
-		else if (comm->fab->signal != FABEP_SIGNAL_CMA)
-			n = 1;
-		else if (many)
-			n = want;
-		else if (want == 1 && comm->size >= FEP_CMA_CHANNEL_RANKS)
+		else if (comm->fab->signal == FABEP_SIGNAL_CMA && want == 1 &&
+			 comm->size >= FEP_CMA_CHANNEL_RANKS)
 			n = FEP_CMA_CHANNELS;
 		else
 			n = 1;

@@ -201,7 +201,8 @@ int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *blob);
 /* Insert every rank's address, record bases and keys.  blobs: size entries. */
 int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
 /* Remove libfabric shm's regions /dev/shm/<pid>:<n>:<n> of process pid
- * (dead: its own leftovers block a new process with the same pid). */
+ * (dead: its own leftovers block a new process with the same pid);
+ * returns how many.  fabep_shm_cleanup is the checked public form. */
 int fep_shm_remove_regions(pid_t pid);
 /* Install the liveness check of the waits (see fep_fabric_t.alive). */
 void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx, bool report),
