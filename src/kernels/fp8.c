@@ -405,8 +405,9 @@ static inline FEP_T_AVX512 uint32_t hmax512_epu16(__m512i v)
 	return 0xffffu - ((uint32_t)_mm_cvtsi128_si32(b) & 0xffffu);
 }
 
-/* Largest finite |value| of in[c0, c1) as fp32 bits; bf16: *nan set
- * when the values hold a NaN. */
+/* Largest finite |value| of in[c0, c1) as fp32 bits; bf16: *nan gets
+ * bit 0 when the values hold a NaN, bit 1 when they hold a NaN or an
+ * inf. */
 static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 				     size_t c0, size_t c1, uint8_t *nan)
 {
@@ -433,7 +434,7 @@ static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 				_mm512_maskz_loadu_epi16(k, p + i), abs));
 		}
 		mx = hmax512_epu16(_mm512_max_epu16(m0, m1));
-		*nan = mx > 0x7f80;
+		*nan = (uint8_t)((mx > 0x7f80) | (mx >= 0x7f80) << 1);
 		if (mx < 0x7f80)
 			return mx << 16;
 		m0 = _mm512_setzero_si512();
@@ -545,12 +546,16 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 			}
 			inv = _mm512_set1_ps(invs[b % 64]);
 			i = c0;
-			if (dt == FEP_K_BF16 && !nan[b % 64]) {  /* a NaN: below */
+			if (dt == FEP_K_BF16 && !(nan[b % 64] & 1)) {  /* a NaN: below */
 				const uint16_t *p = (const uint16_t *)in;
+				/* |v| * inv <= amax * inv (rounding is monotone) */
+				int fast = !nan[b % 64] && amax[b % 64] * invs[b % 64] < 464.0f;
 
 				for (; i + 64 <= c1; i += 64) {
-					__m512i q = fep512_e4m3_bf16x64(_mm512_loadu_si512(p + i),
-						_mm512_loadu_si512(p + i + 32), inv);
+					__m512i x0 = _mm512_loadu_si512(p + i);
+					__m512i x1 = _mm512_loadu_si512(p + i + 32);
+					__m512i q = fast ? fep512_e4m3_bf16x64_fast(x0, x1, inv) :
+							   fep512_e4m3_bf16x64(x0, x1, inv);
 
 					if (ntr && (c0 & 63) == 0)
 						_mm512_stream_si512((void *)(out + i), q);

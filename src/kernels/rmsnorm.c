@@ -326,9 +326,12 @@ static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 }
 
 /* The amax pass of a bf16 row in even/odd order: |y| of [0, n32) to
- * ybuf, returns the largest |y| bits (NaN and inf included) */
+ * ybuf, returns the largest |y| bits (NaN and inf included).  It
+ * prefetches the first half of the next row, eo_enc256 the second:
+ * spread over both passes, the reads keep pace with the memory. */
 static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
-						 const float *ga, float *ybuf, __m256 vi)
+						 const float *ga, float *ybuf, __m256 vi,
+						 fep_pf_t *px, fep_pf_t *pr)
 {
 	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
 	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -354,6 +357,8 @@ static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
 			m[2 * q] = _mm256_max_epu32(m[2 * q], _mm256_castps_si256(ye));
 			m[2 * q + 1] = _mm256_max_epu32(m[2 * q + 1], _mm256_castps_si256(yo));
 		}
+		fep_pf_step(px, 32);
+		fep_pf_step(pr, 32);
 	}
 	return fep256_hmax_u32(_mm256_max_epu32(_mm256_max_epu32(m[0], m[1]),
 						_mm256_max_epu32(m[2], m[3])));
@@ -396,8 +401,7 @@ static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 
 /* The encoding pass of [0, n32) from eo_amax256's ybuf, for rows whose
  * |y| * is are all below 464 (no clamp) and finite.  It prefetches the
- * next row: spread over the longest pass, the reads keep the memory
- * busy while the encoding waits on its streaming stores. */
+ * second half of the next row (eo_amax256 the first). */
 static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 					    size_t n32, const uint8_t *gs,
 					    const float *ybuf, __m256 is, int nt,
@@ -427,8 +431,8 @@ static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 			_mm256_stream_si256((__m256i *)(out + i), c[0]);
 		else
 			_mm256_storeu_si256((__m256i *)(out + i), c[0]);
-		fep_pf_step(px, 32 * 2);
-		fep_pf_step(pr, 32 * 2);
+		fep_pf_step(px, 32);
+		fep_pf_step(pr, 32);
 	}
 }
 
@@ -517,7 +521,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			if (eo) {
 				const uint16_t *hw = (const uint16_t *)h;
 
-				amax = eo_amax256(hw, n32, gbuf, ybuf, vi);
+				amax = eo_amax256(hw, n32, gbuf, ybuf, vi, &px, &pr);
 				for (i = n32; i < n; i += 8)
 					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(
 						y256(h, dt, gamma, NULL, i, n, vi, wo)),
@@ -714,12 +718,177 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 		_mm512_extractf64x4_pd(_mm512_castps_pd(acc0), 1)));
 }
 
+/* FP8 and bf16 output of bf16 rows in even/odd order, as the AVX2
+ * kernel does (eo_gamma256) at twice the width: a vector of 32 bf16
+ * values is read as the 16 even ones (low halves shifted up) and the
+ * 16 odd ones (high halves masked).  For each 32 values ga holds gamma
+ * + weight_offset of the even then of the odd ones (for FP8, with gs,
+ * their absolute values, and gs their signs, one bit per value in
+ * order, 64 to a word). */
+static FEP_T_AVX512 void eo_gamma512(const float *gamma, float wo, size_t n32,
+				     float *ga, uint64_t *gs)
+{
+	size_t i, j;
+
+	for (i = 0; i < n32; i += 32)
+		for (j = 0; j < 16; j++) {
+			ga[i + j] = gamma[i + 2 * j] + wo;
+			ga[i + 16 + j] = gamma[i + 2 * j + 1] + wo;
+			if (gs) {
+				ga[i + j] = fabsf(ga[i + j]);
+				ga[i + 16 + j] = fabsf(ga[i + 16 + j]);
+			}
+		}
+	for (i = 0; gs && i < n32; i++) {
+		if (i % 64 == 0)
+			gs[i / 64] = 0;
+		if (signbit(gamma[i] + wo))
+			gs[i / 64] |= 1ull << (i % 64);
+	}
+}
+
+/* The amax pass of a bf16 row in even/odd order: |y| of [0, n64) to
+ * ybuf, returns the largest |y| bits (NaN and inf included); it
+ * prefetches the first half of the next row (eo_enc512 the second). */
+static FEP_INLINE FEP_T_AVX512 uint32_t eo_amax512(const uint16_t *h, size_t n64,
+						   const float *ga, float *ybuf, __m512 vi,
+						   fep_pf_t *px, fep_pf_t *pr)
+{
+	const __m512i a16 = _mm512_set1_epi32(0x7fff7fff);
+	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+	__m512i m0 = _mm512_setzero_si512(), m1 = m0;
+	size_t i;
+
+	for (i = 0; i < n64; i += 32) {
+		__m512i xa = _mm512_and_si512(_mm512_loadu_si512(h + i), a16);
+		__m512 ye = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
+			_mm512_slli_epi32(xa, 16)), vi), _mm512_load_ps(ga + i));
+		__m512 yo = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
+			_mm512_and_si512(xa, hi)), vi), _mm512_load_ps(ga + i + 16));
+
+		_mm512_store_ps(ybuf + i, ye);
+		_mm512_store_ps(ybuf + i + 16, yo);
+		m0 = _mm512_max_epu32(m0, _mm512_castps_si512(ye));
+		m1 = _mm512_max_epu32(m1, _mm512_castps_si512(yo));
+		fep_pf_step(px, 32);
+		fep_pf_step(pr, 32);
+	}
+	return (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+}
+
+/* The encoding pass of [0, n64) from eo_amax512's ybuf, for rows whose
+ * |y| * is are all below 464 (no clamp) and finite: 64 codes packed to
+ * bytes, the 128-bit lanes' quarters put back in order, the signs,
+ * sign(h) ^ sign(g), set through a mask. */
+static FEP_INLINE FEP_T_AVX512 void eo_enc512(uint8_t *out, const uint16_t *h,
+					      size_t n64, const uint64_t *gs,
+					      const float *ybuf, __m512 is, int nt,
+					      fep_pf_t *px, fep_pf_t *pr)
+{
+	const __m512i ord = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+	size_t i;
+	int q;
+
+	for (i = 0; i < n64; i += 64) {
+		__m512i c[2], b;
+		__mmask64 k;
+
+		#pragma GCC unroll 2
+		for (q = 0; q < 2; q++) {
+			const float *y = ybuf + i + 32 * q;
+
+			c[q] = fep512_e4m3_eo32(
+				_mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(y), is)),
+				_mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(y + 16), is)));
+		}
+		b = _mm512_permutexvar_epi64(ord, _mm512_packus_epi16(c[0], c[1]));
+		k = _mm512_kunpackd(_mm512_movepi16_mask(_mm512_loadu_si512(h + i + 32)),
+				    _mm512_movepi16_mask(_mm512_loadu_si512(h + i))) ^ gs[i / 64];
+		b = _mm512_mask_add_epi8(b, k, b, _mm512_set1_epi8((char)0x80));
+		if (nt)
+			_mm512_stream_si512((void *)(out + i), b);
+		else
+			_mm512_storeu_si512(out + i, b);
+		fep_pf_step(px, 64);
+		fep_pf_step(pr, 64);
+	}
+}
+
+/* bf16 output of [0, n32) of a bf16 row in even/odd order (ga signed):
+ * the hardware conversion of the even and odd values interleaved back
+ * in order by one word permute, or without it (or with subnormals,
+ * which it flushes) the rounded even values as the low halves of the
+ * output words and the odd ones as the high halves. */
+static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h,
+						size_t n32, const float *ga, __m512 vi,
+						int nt, fep_pf_t *px, fep_pf_t *pr)
+{
+	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+	const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
+					     26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+					     5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+	size_t i;
+
+	for (i = 0; i < n32; i += 32) {
+		__m512i x = _mm512_loadu_si512(h + i), b;
+		__m512 ye = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
+			_mm512_slli_epi32(x, 16)), vi), _mm512_load_ps(ga + i));
+		__m512 yo = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
+			_mm512_and_si512(x, hi)), vi), _mm512_load_ps(ga + i + 16));
+
+		if (fep_k_hw_bf16 && !(fep512_subnormals(ye) | fep512_subnormals(yo)))
+			b = _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(yo, ye));
+		else
+			b = _mm512_or_si512(fep512_bf16_bits(ye),
+					    _mm512_slli_epi32(fep512_bf16_bits(yo), 16));
+		if (nt)
+			_mm512_stream_si512((void *)(out + i), b);
+		else
+			_mm512_storeu_si512(out + i, b);
+		fep_pf_step(px, 64);
+		fep_pf_step(pr, 64);
+	}
+}
+
+/* Codes of [i0, n) of a row (i0 a multiple of 64) to out, y recomputed
+ * from h and gamma: the general encoding (NaN, clamp). */
+static FEP_INLINE FEP_T_AVX512 void enc_row512(uint8_t *out, const char *h,
+					       fep_k_dtype_t dt, const float *gamma,
+					       __m512 wo, __m512 vi, __m512 is,
+					       size_t i0, size_t n, int nt,
+					       fep_pf_t *px, fep_pf_t *pr)
+{
+	size_t i, es = fep_k_dtype_size(dt);
+
+#define Y16(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(    \
+		fep512_load(h, dt, i + (j), 0xffff), vi),                      \
+		_mm512_add_ps(_mm512_loadu_ps(gamma + i + (j)), wo)), is))
+	for (i = i0; i + 64 <= n; i += 64) {
+		__m512i q = fep512_pack4(Y16(0), Y16(16), Y16(32), Y16(48));
+
+		fep_pf_step(px, 64 * es);
+		fep_pf_step(pr, 64 * es);
+		if (nt)
+			_mm512_stream_si512((void *)(out + i), q);
+		else
+			_mm512_storeu_si512(out + i, q);
+	}
+#undef Y16
+	for (; i < n; i += 16) {
+		__mmask16 k = fep512_mask(n - i);
+		__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
+
+		_mm_mask_storeu_epi8(out + i, k, fep512_e4m3(_mm512_mul_ps(
+			_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, k), vi), g), is)));
+	}
+}
+
 static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					    size_t r0, size_t r1,
 					    const fep_k_dtype_t dt,
 					    const fep_k_dtype_t odt)
 {
-	size_t r, i, n = a->cols;
+	size_t r, i, n = a->cols, es = fep_k_dtype_size(dt);
 	__m512 wo = _mm512_set1_ps(a->weight_offset);
 	const float *gamma = a->gamma;
 	int nt = a->nt ? a->nt > 0 :
@@ -729,8 +898,16 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
 	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
 	const float *gw = NULL;
+	/* bf16 rows to FP8 or bf16 in even/odd order (eo_gamma512): gbuf
+	 * holds gamma + weight_offset in that order, gsgn the FP8 signs */
+	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && n <= RMS_YBUF && r1 - r0 > 1;
+	size_t n32 = n & ~(size_t)31, n64 = n & ~(size_t)63;
+	uint64_t gsgn[RMS_YBUF / 64];
 
-	if (odt == FEP_K_FP8 && n <= RMS_YBUF && r1 - r0 > 1) {
+	if (eo)
+		eo_gamma512(gamma, a->weight_offset, odt == FEP_K_FP8 ? n64 : n32, gbuf,
+			    odt == FEP_K_FP8 ? gsgn : NULL);
+	else if (odt == FEP_K_FP8 && n <= RMS_YBUF && r1 - r0 > 1) {
 		for (i = 0; i < n; i++)
 			gbuf[i] = gamma[i] + a->weight_offset;
 		gw = gbuf;
@@ -747,10 +924,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 
 		/* the next row's input (and residual), while this one is
 		 * worked on from cache */
-		fep_pf_init(&px, r + 1 < r1 ? x + a->ld_in * fep_k_dtype_size(dt) : NULL,
-			    n * fep_k_dtype_size(dt));
-		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * fep_k_dtype_size(dt) :
-			    NULL, n * fep_k_dtype_size(dt));
+		fep_pf_init(&px, r + 1 < r1 ? x + a->ld_in * es : NULL, n * es);
+		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * es : NULL, n * es);
 		/* the tree: w = 16, 8 there, then 4, 2, 1 */
 		t8 = sumsq8_512(x, res, dt, n);
 		t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
@@ -762,7 +937,13 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			char *out = ROW(a->out, odt, a->ld_out, r);
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
 
-			for (i = 0; i + 32 <= n; i += 32) {
+			i = 0;
+			if (eo) {
+				eo_bf16_512((uint16_t *)out, (const uint16_t *)h, n32, gbuf, vi,
+					    ntr, &px, &pr);
+				i = n32;
+			}
+			for (; i + 32 <= n; i += 32) {
 				__m512 g0 = _mm512_add_ps(_mm512_loadu_ps(gamma + i), wo);
 				__m512 g1 = _mm512_add_ps(_mm512_loadu_ps(gamma + i + 16), wo);
 
@@ -771,8 +952,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 								    vi), g0),
 					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
 								    vi), g1), ntr);
-				fep_pf_step(&px, 32 * fep_k_dtype_size(dt));
-				fep_pf_step(&pr, 32 * fep_k_dtype_size(dt));
+				fep_pf_step(&px, 32 * es);
+				fep_pf_step(&pr, 32 * es);
 			}
 			for (; i < n; i += 16) {
 				__mmask16 k = fep512_mask(n - i);
@@ -787,10 +968,42 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
 			__m512i m = _mm512_setzero_si512();
 			__m512 is;
+			uint32_t mx;
 			float s;
 
+			if (eo) {
+				const uint16_t *hw = (const uint16_t *)h;
+				int nan;
+
+				mx = eo_amax512(hw, n64, gbuf, ybuf, vi, &px, &pr);
+				for (i = n64; i < n; i += 16) {
+					__mmask16 k = fep512_mask(n - i);
+					__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
+
+					m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(
+						_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, k),
+									    vi), g)),
+						_mm512_set1_epi32(0x7fffffff)));
+				}
+				mx = FEP_MAX(mx, (uint32_t)_mm512_reduce_max_epu32(m));
+				nan = mx >= 0x7f800000u;
+				if (nan)
+					for (mx = 0, i = 0; i < n; i++)
+						mx = FEP_MAX(mx, fep_absbits_finite(fep_ld1(h, dt, i) * inv *
+							(gamma[i] + a->weight_offset)));
+				s = fep_fp8_scale(fep_u2f(mx), a->scale_ub, a->pow2);
+				a->scales[r * a->ld_scales] = s;
+				is = _mm512_set1_ps(1.0f / s);
+				/* |y| * is <= amax * is (rounding is monotone) */
+				if (nan || !(fep_u2f(mx) * (1.0f / s) < 464.0f)) {
+					enc_row512(out, h, dt, gamma, wo, vi, is, 0, n, ntr, &px, &pr);
+					continue;
+				}
+				eo_enc512(out, hw, n64, gsgn, ybuf, is, ntr, &px, &pr);
+				enc_row512(out, h, dt, gamma, wo, vi, is, n64, n, ntr, &px, &pr);
+				continue;
+			}
 			if (n <= RMS_YBUF) { /* keep y for the encoding pass */
-				uint32_t mx;
 				int fast;
 
 				/* the largest |y| of all; of the finite ones only
@@ -846,8 +1059,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 							     YB(fep512_e4m3_codes, 32),
 							     YB(fep512_e4m3_codes, 48));
 
-					fep_pf_step(&px, 64 * fep_k_dtype_size(dt));
-					fep_pf_step(&pr, 64 * fep_k_dtype_size(dt));
+					fep_pf_step(&px, 64 * es);
+					fep_pf_step(&pr, 64 * es);
 					if (ntr)
 						_mm512_stream_si512((void *)(out + i), q);
 					else
@@ -869,27 +1082,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					  a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales] = s;
 			is = _mm512_set1_ps(1.0f / s);
-#define Y16(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(    \
-		fep512_load(h, dt, i + (j), 0xffff), vi),                      \
-		_mm512_add_ps(_mm512_loadu_ps(a->gamma + i + (j)), wo)), is))
-			for (i = 0; i + 64 <= n; i += 64) {
-				__m512i q = fep512_pack4(Y16(0), Y16(16), Y16(32), Y16(48));
-				fep_pf_step(&px, 64 * fep_k_dtype_size(dt));
-				fep_pf_step(&pr, 64 * fep_k_dtype_size(dt));
-
-				if (ntr)
-					_mm512_stream_si512((void *)(out + i), q);
-				else
-					_mm512_storeu_si512(out + i, q);
-			}
-#undef Y16
-			for (; i < n; i += 16) {
-				__mmask16 k = fep512_mask(n - i);
-				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);
-				_mm_mask_storeu_epi8(out + i, k, fep512_e4m3(_mm512_mul_ps(
-					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, k), vi), g),
-					is)));
-			}
+			enc_row512(out, h, dt, gamma, wo, vi, is, 0, n, ntr, &px, &pr);
 		}
 	}
 	if (nt)

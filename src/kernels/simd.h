@@ -358,6 +358,51 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1, _
 	return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8((char)0x80));
 }
 
+/* 16 * (code + 1128) of 16 magnitudes (fp32 bits, < 464, none a NaN),
+ * in the low 16 bits of each lane: fep256_e4m3_c16 at twice the width. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_c16(__m512i c)
+{
+	__m512i e = _mm512_max_epu32(_mm512_and_si512(c, _mm512_set1_epi32(0x7f800000)),
+				     _mm512_set1_epi32(0x3c800000));
+	__m512i s = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(e),
+		_mm512_set1_ps(1048576.0f), _mm512_castsi512_ps(c)));
+
+	return _mm512_madd_epi16(s, _mm512_set1_epi32(0x00010010));
+}
+
+/* 32 magnitudes (fp32 bits, < 464, none a NaN; e: values 0, 2, .., 30,
+ * o: values 1, 3, .., 31) -> their 32 codes in 16-bit lanes, in order */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_eo32(__m512i e, __m512i o)
+{
+	return _mm512_srli_epi16(_mm512_sub_epi16(_mm512_or_si512(fep512_e4m3_c16(e),
+		_mm512_slli_epi32(fep512_e4m3_c16(o), 16)), _mm512_set1_epi16(16 * 1128)), 4);
+}
+
+/* 32 bf16 values (one vector), |v| * inv < 464 and none a NaN or inf,
+ * -> their codes without sign in 16-bit lanes, in order */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16w_fast(__m512i x, __m512 inv)
+{
+	__m512i a = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff7fff));
+	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(a, _mm512_set1_epi32((int)0xffff0000u)));
+
+	return fep512_e4m3_eo32(_mm512_castps_si512(_mm512_mul_ps(ev, inv)),
+				_mm512_castps_si512(_mm512_mul_ps(od, inv)));
+}
+
+/* 64 bf16 values (two vectors) as fep512_e4m3_bf16x64, for blocks
+ * known to need neither the clamp nor the NaN rule */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64_fast(__m512i x0, __m512i x1,
+							    __m512 inv)
+{
+	__m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
+		_mm512_packus_epi16(fep512_e4m3_bf16w_fast(x0, inv),
+				    fep512_e4m3_bf16w_fast(x1, inv)));
+	__mmask64 k = _mm512_kunpackd(_mm512_movepi16_mask(x1), _mm512_movepi16_mask(x0));
+
+	return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8((char)0x80));
+}
+
 static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
 {
 	return _mm512_cvtepi32_epi8(fep512_e4m3_codes(v));
