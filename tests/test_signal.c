@@ -948,6 +948,91 @@ START_TEST(channels_default)
 }
 END_TEST
 
+/* fep_fabric_reap_writes waits for the writes of every channel, not
+ * only of chan[0]: under cma with 2 channels rank 1 posts on its own
+ * channel, 1, with CQ data, so that the target's progress copies; the
+ * target does not progress for a while, and after the reap no write
+ * may be in flight on any channel.  77: cma is not offered here. */
+#define REAP_BYTES (256u << 10)
+
+static int reap_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	fep_fabric_t *fab;
+	fabep_off_t buf, ctr;
+	struct fep_put pu;
+	size_t out = 0, i;
+	uint8_t *p;
+	int c, ret;
+
+	(void)size;
+	(void)arg;
+	ret = make_comm_chan(FABEP_SIGNAL_CMA, 4u << 20, "2", 2, &comm);
+	if (ret == -FABEP_ERR_NO_SIGNAL)
+		return 77;
+	if (!ret)
+		ret = fabep_heap_alloc(comm, REAP_BYTES, 64, &buf);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
+	if (ret) {
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	fab = comm->fab;
+	p = fep_heap_at(fab, buf);
+	memset(p, rank + 1, REAP_BYTES);
+	ret = fabep_barrier(comm);
+	if (!ret && rank == 1) {
+		memset(&pu, 0, sizeof(pu));
+		pu.peer = 0;
+		pu.dst = buf;
+		pu.src = buf;
+		pu.len = REAP_BYTES;
+		pu.sig = ctr;
+		pu.add = 1;
+		ret = fep_fab_put_recv_many(fab, &pu, 1);
+		if (!ret)
+			ret = fep_fabric_reap_writes(fab);
+		for (c = 0; c < fab->nchan; c++)
+			out += fab->chan[c]->writes;
+		if (!ret && out) {
+			fprintf(stderr, "rank 1: %zu writes in flight after the reap\n", out);
+			return 1;
+		}
+	} else if (!ret) {
+		struct timespec ts = { 0, 300000000L };
+
+		nanosleep(&ts, NULL);  /* the write waits for this rank */
+		ret = fep_fab_wait(fab, ctr, 1, -1);
+		for (i = 0; !ret && i < REAP_BYTES; i++)
+			if (p[i] != 2) {
+				fprintf(stderr, "rank 0: byte %zu is %u, want 2\n", i, p[i]);
+				return 1;
+			}
+	}
+	if (!ret)
+		ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	return fabep_comm_destroy(comm) ? 1 : 0;
+}
+
+START_TEST(reap_channels)
+{
+	int status[2], r;
+
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	(void)fep_test_run_ranks_status(2, 60, reap_rank, NULL, status);
+	if (status[0] == 77 || status[1] == 77)
+		fep_test_skip("shm does not offer signal strategy cma");
+	for (r = 0; r < 2; r++)
+		ck_assert_msg(status[r] == 0, "rank %d exited %d", r, status[r]);
+}
+END_TEST
+
 /* rank 1 asks for 3 channels, the others for 2: refused on every rank */
 static int chan_mismatch_rank(int rank, int size, void *arg)
 {
@@ -1401,6 +1486,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, channels_bad);
 	tcase_add_test(tc, channels_rescue);
 	tcase_add_test(tc, channels_default);
+	tcase_add_test(tc, reap_channels);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("heap");

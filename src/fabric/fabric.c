@@ -1255,25 +1255,48 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 	return fep_tx_error(fab);
 }
 
-int fep_fabric_reap_writes(fep_fabric_t *fab)
+/* The writes (and reads) in flight on this endpoint, or with all on
+ * every channel: a sliced put, and every put under cma with channels,
+ * goes out on channels other than chan[0]. */
+static size_t fep_writes(const fep_fabric_t *fab, bool all)
+{
+	size_t n = fab->writes;
+	int c;
+
+	for (c = 1; all && c < fab->nchan; c++)
+		n += fab->chan[c]->writes;
+	return n;
+}
+
+static int fep_reap(fep_fabric_t *fab, bool all)
 {
 	struct fep_stall st = { { 0, 0 }, 0 };
 	int ret;
 
-	while (fab->writes) {
+	while (fep_writes(fab, all)) {
 		ret = fep_fabric_stall(fab, &st);
 		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
 			fab->tx_error = ret;  /* as fep_fabric_quiet */
 		if (ret == -ETIMEDOUT) {
 			fep_err("%zu writes still incomplete after %d ms",
-				fab->writes, fab->timeout_ms);
+				fep_writes(fab, all), fab->timeout_ms);
 			if (!fab->tx_error)
 				fab->tx_error = -ETIMEDOUT;
 		}
 		if (ret)
 			return ret;
 	}
-	return fab->tx_error;
+	return all ? fep_tx_error(fab) : fab->tx_error;
+}
+
+int fep_fabric_reap_writes(fep_fabric_t *fab)
+{
+	return fep_reap(fab, true);
+}
+
+int fep_fabric_reap_own(fep_fabric_t *fab)
+{
+	return fep_reap(fab, false);
 }
 
 int fep_fabric_drain(fep_fabric_t *fab)

@@ -254,9 +254,14 @@ struct fep_stall {
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st);
 /* Wait until no operation is outstanding (timeout -> -ETIMEDOUT). */
 int fep_fabric_quiet(fep_fabric_t *fab);
-/* Wait until no write of this fabric is outstanding; atomics may stay
- * (timeout -> -ETIMEDOUT). */
+/* Wait until no write (or read) of this fabric, on any of its
+ * channels, is outstanding; atomics may stay (timeout -> -ETIMEDOUT).
+ * Before a buffer that writes read from changes, or before the
+ * results of reads are used. */
 int fep_fabric_reap_writes(fep_fabric_t *fab);
+/* The same for the writes of this endpoint alone (a batch's writes
+ * before its signals, on the endpoint that posted both). */
+int fep_fabric_reap_own(fep_fabric_t *fab);
 /* Before a call returns to a caller that may compute for long: on a
  * provider whose writes move only while this rank progresses (tx_progress:
  * tcp, udp, net, efa's emulated protocols), wait until they have all left

@@ -913,7 +913,7 @@ static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 	if (!ret && fab->signal == FABEP_SIGNAL_DELIVERY)
 		ret = fep_fabric_quiet(fab);
 	if (!ret && (fab->signal == FABEP_SIGNAL_CMA || cq_signal))
-		ret = fep_fabric_reap_writes(fab);
+		ret = fep_fabric_reap_own(fab);
 	for (i = 0; !ret && i < n; i++) {
 		if (!puts[i].add)
 			continue;
