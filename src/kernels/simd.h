@@ -84,11 +84,7 @@ static inline FEP_T_AVX512 __m512i fep512_bf16_bits(__m512 v)
  * hardware conversion flushes them, so they take the integer path. */
 static inline FEP_T_AVX512 __mmask16 fep512_subnormals(__m512 v)
 {
-	__m512i u = _mm512_castps_si512(v);
-
-	return _mm512_mask_test_epi32_mask(
-		_mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)), u,
-		_mm512_set1_epi32(0x007fffff));
+	return _mm512_fpclass_ps_mask(v, 0x20);  /* the denormal class */
 }
 
 /* 16 fp32 -> 16 bf16, RNE, NaN kept (quietened), subnormals kept. */
