@@ -613,6 +613,15 @@ FEP_T_AVX2 void fep_k_rmsnorm_avx2(const fep_k_rmsnorm_args_t *a, size_t r0, siz
 
 /* ---- AVX-512 ---- */
 
+/* 64 bytes to p, streaming when nt (p then 64-byte aligned) */
+static inline FEP_T_AVX512 void st64_512(void *p, __m512i v, int nt)
+{
+	if (nt)
+		_mm512_stream_si512((__m512i *)p, v);
+	else
+		_mm512_storeu_si512(p, v);
+}
+
 /* Values [i, i + 16) of in + residual (mask k): the sum, rounded to
  * dt, is written back to the residual and returned as rounded. */
 static FEP_INLINE FEP_T_AVX512 __m512 res512(const char *x, char *res,
@@ -805,10 +814,7 @@ static FEP_INLINE FEP_T_AVX512 void eo_enc512(uint8_t *out, const uint16_t *h,
 		k = _mm512_kunpackd(_mm512_movepi16_mask(_mm512_loadu_si512(h + i + 32)),
 				    _mm512_movepi16_mask(_mm512_loadu_si512(h + i))) ^ gs[i / 64];
 		b = _mm512_mask_add_epi8(b, k, b, _mm512_set1_epi8((char)0x80));
-		if (nt)
-			_mm512_stream_si512((void *)(out + i), b);
-		else
-			_mm512_storeu_si512(out + i, b);
+		st64_512(out + i, b, nt);
 		fep_pf_step(px, 64);
 		fep_pf_step(pr, 64);
 	}
@@ -841,10 +847,7 @@ static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h
 		else
 			b = _mm512_or_si512(fep512_bf16_bits(ye),
 					    _mm512_slli_epi32(fep512_bf16_bits(yo), 16));
-		if (nt)
-			_mm512_stream_si512((void *)(out + i), b);
-		else
-			_mm512_storeu_si512(out + i, b);
+		st64_512(out + i, b, nt);
 		fep_pf_step(px, 64);
 		fep_pf_step(pr, 64);
 	}
@@ -868,10 +871,7 @@ static FEP_INLINE FEP_T_AVX512 void enc_row512(uint8_t *out, const char *h,
 
 		fep_pf_step(px, 64 * es);
 		fep_pf_step(pr, 64 * es);
-		if (nt)
-			_mm512_stream_si512((void *)(out + i), q);
-		else
-			_mm512_storeu_si512(out + i, q);
+		st64_512(out + i, q, nt);
 	}
 #undef Y16
 	for (; i < n; i += 16) {
@@ -1061,10 +1061,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 
 					fep_pf_step(&px, 64 * es);
 					fep_pf_step(&pr, 64 * es);
-					if (ntr)
-						_mm512_stream_si512((void *)(out + i), q);
-					else
-						_mm512_storeu_si512(out + i, q);
+					st64_512(out + i, q, ntr);
 				}
 #undef YB
 				for (; i < n; i += 16)
