@@ -291,6 +291,24 @@ static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 	}
 }
 
+/* gamma + weight_offset in the even/odd order of bf16 vectors of
+ * 2 * half values (eo_gamma256, eo_gamma512); mag: absolute values. */
+static void eo_gamma(const float *gamma, float wo, size_t n, size_t half,
+		     int mag, float *ga)
+{
+	size_t i, j;
+
+	/* per vector of 2 * half bf16 values: the half even, then the
+	 * half odd ones (for FP8, mag: their absolute values) */
+	for (i = 0; i < n; i += 2 * half)
+		for (j = 0; j < half; j++) {
+			float e = gamma[i + 2 * j] + wo, o = gamma[i + 2 * j + 1] + wo;
+
+			ga[i + j] = mag ? fabsf(e) : e;
+			ga[i + half + j] = mag ? fabsf(o) : o;
+		}
+}
+
 /* FP8 output of bf16 rows, the first n32 = n & ~31 values in even/odd
  * order: 16 bf16 values (one vector) are read as two fp32 vectors
  * without a widening shuffle, the even values (low halves shifted up)
@@ -308,15 +326,7 @@ static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 {
 	size_t i, j;
 
-	for (i = 0; i < n32; i += 16)
-		for (j = 0; j < 8; j++) {
-			ga[i + j] = gamma[i + 2 * j] + wo;
-			ga[i + 8 + j] = gamma[i + 2 * j + 1] + wo;
-			if (gs) {
-				ga[i + j] = fabsf(ga[i + j]);
-				ga[i + 8 + j] = fabsf(ga[i + 8 + j]);
-			}
-		}
+	eo_gamma(gamma, wo, n32, 8, gs != NULL, ga);
 	/* byte j of 32: its lane (j / 16), the vector (j / 8 % 2: the
 	 * first or second 16 values), the word in that lane (j % 8) */
 	for (i = 0; gs && i < n32; i += 32)
@@ -737,17 +747,9 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 static FEP_T_AVX512 void eo_gamma512(const float *gamma, float wo, size_t n32,
 				     float *ga, uint64_t *gs)
 {
-	size_t i, j;
+	size_t i;
 
-	for (i = 0; i < n32; i += 32)
-		for (j = 0; j < 16; j++) {
-			ga[i + j] = gamma[i + 2 * j] + wo;
-			ga[i + 16 + j] = gamma[i + 2 * j + 1] + wo;
-			if (gs) {
-				ga[i + j] = fabsf(ga[i + j]);
-				ga[i + 16 + j] = fabsf(ga[i + 16 + j]);
-			}
-		}
+	eo_gamma(gamma, wo, n32, 16, gs != NULL, ga);
 	for (i = 0; gs && i < n32; i++) {
 		if (i % 64 == 0)
 			gs[i / 64] = 0;
