@@ -1019,6 +1019,65 @@ static int reap_rank(int rank, int size, void *arg)
 	return fabep_comm_destroy(comm) ? 1 : 0;
 }
 
+/* A transfer error seen on a channel other than the first: destroy must
+ * not wait for the peers' closing exchange (they may be gone).  Rank 1
+ * marks its second channel failed, as a write's error completion would,
+ * and destroys at once; rank 0 destroys only 2 s later, when rank 1
+ * must have returned (an exchange would have waited for rank 0), and
+ * then finds rank 1 gone. */
+static int destroy_err_rank(int rank, int size, void *arg)
+{
+	struct timespec ts = { 0, 100000000L };
+	fabep_comm_t *comm;
+	uint64_t t0, ms;
+	int ret;
+
+	(void)size;
+	(void)arg;
+	setenv("FABEP_TIMEOUT_MS", "3000", 1);
+	ret = make_comm_chan(FABEP_SIGNAL_CMA, 1u << 20, "2", 1, &comm);
+	if (ret == -FABEP_ERR_NO_SIGNAL)
+		return 77;
+	if (!ret)
+		ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if (rank == 0) {
+		struct timespec late = { 2, 0 };
+
+		nanosleep(&late, NULL);
+		(void)fabep_comm_destroy(comm);  /* the peer is gone: an error */
+		return 0;
+	}
+	nanosleep(&ts, NULL);
+	comm->fab->chan[1]->tx_error = -FABEP_ERR_PEER_LOST;
+	t0 = fep_now_ns();
+	ret = fabep_comm_destroy(comm);
+	ms = (fep_now_ns() - t0) / 1000000;
+	if (ret || ms >= 1500) {
+		fprintf(stderr, "rank 1: destroy after a channel's error: %s "
+			"after %llu ms\n", fabep_strerror(ret), (unsigned long long)ms);
+		return 1;
+	}
+	return 0;
+}
+
+START_TEST(destroy_chan_error)
+{
+	int status[2], r;
+
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	(void)fep_test_run_ranks_status(2, 60, destroy_err_rank, NULL, status);
+	if (status[0] == 77 || status[1] == 77)
+		fep_test_skip("shm does not offer signal strategy cma");
+	for (r = 0; r < 2; r++)
+		ck_assert_msg(status[r] == 0, "rank %d exited %d", r, status[r]);
+}
+END_TEST
+
 START_TEST(reap_channels)
 {
 	int status[2], r;
@@ -1487,6 +1546,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, channels_rescue);
 	tcase_add_test(tc, channels_default);
 	tcase_add_test(tc, reap_channels);
+	tcase_add_test(tc, destroy_chan_error);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("heap");

@@ -996,7 +996,7 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 	 * waiting for the others as long as any call does (the timeout:
 	 * ranks may reach destroy far apart).  After a failed wait or
 	 * transfer, peers may be gone: do not wait for them again. */
-	if (!comm->fab->tx_error && !comm->failed)
+	if (!fep_fabric_tx_error(comm->fab) && !comm->failed)
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
 	if (comm->pool)
 		fep_pool_destroy(comm->pool);

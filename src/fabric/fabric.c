@@ -1216,8 +1216,7 @@ static size_t fep_outstanding(const fep_fabric_t *fab)
 	return n;
 }
 
-/* The first error any channel has seen. */
-static int fep_tx_error(const fep_fabric_t *fab)
+int fep_fabric_tx_error(const fep_fabric_t *fab)
 {
 	int c;
 
@@ -1252,7 +1251,7 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 		if (ret)
 			return ret;
 	}
-	return fep_tx_error(fab);
+	return fep_fabric_tx_error(fab);
 }
 
 /* The writes (and reads) in flight on this endpoint, or with all on
@@ -1286,7 +1285,7 @@ static int fep_reap(fep_fabric_t *fab, bool all)
 		if (ret)
 			return ret;
 	}
-	return all ? fep_tx_error(fab) : fab->tx_error;
+	return all ? fep_fabric_tx_error(fab) : fab->tx_error;
 }
 
 int fep_fabric_reap_writes(fep_fabric_t *fab)

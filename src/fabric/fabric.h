@@ -252,6 +252,8 @@ struct fep_stall {
 	uint64_t deadline;
 };
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st);
+/* The first transfer error any channel has seen, or 0. */
+int fep_fabric_tx_error(const fep_fabric_t *fab);
 /* Wait until no operation is outstanding (timeout -> -ETIMEDOUT). */
 int fep_fabric_quiet(fep_fabric_t *fab);
 /* Wait until no write (or read) of this fabric, on any of its
