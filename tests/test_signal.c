@@ -1064,31 +1064,29 @@ static int destroy_err_rank(int rank, int size, void *arg)
 	return 0;
 }
 
-START_TEST(destroy_chan_error)
+/* fn on 2 ranks over shm with the cma strategy (exit 77: not offered) */
+static void run_cma_pair(fep_test_rank_fn fn)
 {
 	int status[2], r;
 
 	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
-	(void)fep_test_run_ranks_status(2, 60, destroy_err_rank, NULL, status);
+	(void)fep_test_run_ranks_status(2, 60, fn, NULL, status);
 	if (status[0] == 77 || status[1] == 77)
 		fep_test_skip("shm does not offer signal strategy cma");
 	for (r = 0; r < 2; r++)
 		ck_assert_msg(status[r] == 0, "rank %d exited %d", r, status[r]);
 }
+
+START_TEST(destroy_chan_error)
+{
+	run_cma_pair(destroy_err_rank);
+}
 END_TEST
 
 START_TEST(reap_channels)
 {
-	int status[2], r;
-
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	(void)fep_test_run_ranks_status(2, 60, reap_rank, NULL, status);
-	if (status[0] == 77 || status[1] == 77)
-		fep_test_skip("shm does not offer signal strategy cma");
-	for (r = 0; r < 2; r++)
-		ck_assert_msg(status[r] == 0, "rank %d exited %d", r, status[r]);
+	run_cma_pair(reap_rank);
 }
 END_TEST
 
