@@ -554,8 +554,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 				for (; i + 64 <= c1; i += 64) {
 					__m512i x0 = _mm512_loadu_si512(p + i);
 					__m512i x1 = _mm512_loadu_si512(p + i + 32);
-					__m512i q = fast ? fep512_e4m3_bf16x64_fast(x0, x1, inv) :
-							   fep512_e4m3_bf16x64(x0, x1, inv);
+					__m512i q = fep512_e4m3_bf16x64(x0, x1, inv, fast);
 
 					if (ntr && (c0 & 63) == 0)
 						_mm512_stream_si512((void *)(out + i), q);

@@ -796,12 +796,11 @@ static FEP_INLINE FEP_T_AVX512 void eo_enc512(uint8_t *out, const uint16_t *h,
 					      const float *ybuf, __m512 is, int nt,
 					      fep_pf_t *px, fep_pf_t *pr)
 {
-	const __m512i ord = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
 	size_t i;
 	int q;
 
 	for (i = 0; i < n64; i += 64) {
-		__m512i c[2], b;
+		__m512i c[2];
 		__mmask64 k;
 
 		#pragma GCC unroll 2
@@ -812,11 +811,9 @@ static FEP_INLINE FEP_T_AVX512 void eo_enc512(uint8_t *out, const uint16_t *h,
 				_mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(y), is)),
 				_mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(y + 16), is)));
 		}
-		b = _mm512_permutexvar_epi64(ord, _mm512_packus_epi16(c[0], c[1]));
-		k = _mm512_kunpackd(_mm512_movepi16_mask(_mm512_loadu_si512(h + i + 32)),
-				    _mm512_movepi16_mask(_mm512_loadu_si512(h + i))) ^ gs[i / 64];
-		b = _mm512_mask_add_epi8(b, k, b, _mm512_set1_epi8((char)0x80));
-		st64_512(out + i, b, nt);
+		k = fep512_bf16_signs64(_mm512_loadu_si512(h + i),
+					_mm512_loadu_si512(h + i + 32)) ^ gs[i / 64];
+		st64_512(out + i, fep512_e4m3_join64(c[0], c[1], k), nt);
 		fep_pf_step(px, 64);
 		fep_pf_step(pr, 64);
 	}

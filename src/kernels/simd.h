@@ -341,19 +341,6 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16w(__m512i x, __m512 inv)
 			       _mm512_slli_epi32(fep512_e4m3_mag(_mm512_mul_ps(od, inv)), 16));
 }
 
-/* 64 bf16 values (two vectors, no NaN) times inv -> 64 codes in order:
- * packed to bytes (codes are at most 0x7e), the lanes' quarters put back
- * in order, and the signs set from the bf16 sign bits through a mask
- * (adding 0x80). */
-static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1, __m512 inv)
-{
-	__m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-		_mm512_packus_epi16(fep512_e4m3_bf16w(x0, inv), fep512_e4m3_bf16w(x1, inv)));
-	__mmask64 k = _mm512_kunpackd(_mm512_movepi16_mask(x1), _mm512_movepi16_mask(x0));
-
-	return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8((char)0x80));
-}
-
 /* 16 * (code + 1128) of 16 magnitudes (fp32 bits, < 464, none a NaN),
  * in the low 16 bits of each lane: fep256_e4m3_c16 at twice the width. */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_c16(__m512i c)
@@ -386,17 +373,35 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16w_fast(__m512i x, __m512 inv)
 				_mm512_castps_si512(_mm512_mul_ps(od, inv)));
 }
 
-/* 64 bf16 values (two vectors) as fep512_e4m3_bf16x64, for blocks
- * known to need neither the clamp nor the NaN rule */
-static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64_fast(__m512i x0, __m512i x1,
-							    __m512 inv)
+/* The sign bits of 64 bf16 values (two vectors), value i in bit i */
+static inline FEP_T_AVX512 __mmask64 fep512_bf16_signs64(__m512i x0, __m512i x1)
+{
+	return _mm512_kunpackd(_mm512_movepi16_mask(x1), _mm512_movepi16_mask(x0));
+}
+
+/* 64 codes without sign in 16-bit lanes (w0: the first 32, in order)
+ * -> 64 bytes in order: packed (codes are at most 0x7e), the lanes'
+ * quarters put back in order, and the sign set (adding 0x80) where neg
+ * has a bit. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_join64(__m512i w0, __m512i w1,
+						      __mmask64 neg)
 {
 	__m512i q = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
-		_mm512_packus_epi16(fep512_e4m3_bf16w_fast(x0, inv),
-				    fep512_e4m3_bf16w_fast(x1, inv)));
-	__mmask64 k = _mm512_kunpackd(_mm512_movepi16_mask(x1), _mm512_movepi16_mask(x0));
+					     _mm512_packus_epi16(w0, w1));
 
-	return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8((char)0x80));
+	return _mm512_mask_add_epi8(q, neg, q, _mm512_set1_epi8((char)0x80));
+}
+
+/* 64 bf16 values (two vectors, no NaN) times inv -> 64 codes in order,
+ * with the bf16 signs.  fast: a block known to need neither the clamp
+ * nor the NaN rule (fep512_e4m3_bf16w_fast). */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1,
+						       __m512 inv, int fast)
+{
+	__m512i w0 = fast ? fep512_e4m3_bf16w_fast(x0, inv) : fep512_e4m3_bf16w(x0, inv);
+	__m512i w1 = fast ? fep512_e4m3_bf16w_fast(x1, inv) : fep512_e4m3_bf16w(x1, inv);
+
+	return fep512_e4m3_join64(w0, w1, fep512_bf16_signs64(x0, x1));
 }
 
 static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
