@@ -1206,16 +1206,6 @@ out:
 	free(hit);
 }
 
-static size_t fep_outstanding(const fep_fabric_t *fab)
-{
-	size_t n = fab->outstanding;
-	int c;
-
-	for (c = 1; c < fab->nchan; c++)
-		n += fab->chan[c]->outstanding;
-	return n;
-}
-
 int fep_fabric_tx_error(const fep_fabric_t *fab)
 {
 	int c;
@@ -1226,12 +1216,31 @@ int fep_fabric_tx_error(const fep_fabric_t *fab)
 	return fab->tx_error;
 }
 
-int fep_fabric_quiet(fep_fabric_t *fab)
+/* What a wait for completions waits for: every operation of every
+ * channel (quiet), the writes (and reads) of every channel, or those of
+ * this endpoint alone.  A sliced put, and every put under cma with
+ * channels, goes out on channels other than chan[0]. */
+enum fep_pending { FEP_PEND_OPS, FEP_PEND_WRITES, FEP_PEND_OWN_WRITES };
+
+static size_t fep_pending(const fep_fabric_t *fab, enum fep_pending what)
+{
+	size_t n = what == FEP_PEND_OPS ? fab->outstanding : fab->writes;
+	int c;
+
+	for (c = 1; what != FEP_PEND_OWN_WRITES && c < fab->nchan; c++)
+		n += what == FEP_PEND_OPS ? fab->chan[c]->outstanding :
+					    fab->chan[c]->writes;
+	return n;
+}
+
+/* Progress until none of `what` is pending; the first error of the
+ * channels waited for. */
+static int fep_wait_pending(fep_fabric_t *fab, enum fep_pending what)
 {
 	struct fep_stall st = { { 0, 0 }, 0 };
 	int ret;
 
-	while (fep_outstanding(fab)) {
+	while (fep_pending(fab, what)) {
 		ret = fep_fabric_stall(fab, &st);
 		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
 			fab->tx_error = ret;  /* as after a timeout, below */
@@ -1239,9 +1248,11 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 			char peers[160];
 
 			fep_busy_peers(fab, peers, sizeof(peers));
-			fep_err("%zu transfers still incomplete after %d ms%s%s%s",
-				fep_outstanding(fab), fab->timeout_ms,
-				peers[0] ? " (to " : "", peers, peers[0] ? ")" : "");
+			fep_err("%zu %s still incomplete after %d ms%s%s%s",
+				fep_pending(fab, what),
+				what == FEP_PEND_OPS ? "transfers" : "writes",
+				fab->timeout_ms, peers[0] ? " (to " : "", peers,
+				peers[0] ? ")" : "");
 			/* as after a failed wait: the peers may be gone, so
 			 * nothing (fabep_comm_destroy included) waits for them
 			 * again */
@@ -1251,51 +1262,22 @@ int fep_fabric_quiet(fep_fabric_t *fab)
 		if (ret)
 			return ret;
 	}
-	return fep_fabric_tx_error(fab);
+	return what == FEP_PEND_OWN_WRITES ? fab->tx_error : fep_fabric_tx_error(fab);
 }
 
-/* The writes (and reads) in flight on this endpoint, or with all on
- * every channel: a sliced put, and every put under cma with channels,
- * goes out on channels other than chan[0]. */
-static size_t fep_writes(const fep_fabric_t *fab, bool all)
+int fep_fabric_quiet(fep_fabric_t *fab)
 {
-	size_t n = fab->writes;
-	int c;
-
-	for (c = 1; all && c < fab->nchan; c++)
-		n += fab->chan[c]->writes;
-	return n;
-}
-
-static int fep_reap(fep_fabric_t *fab, bool all)
-{
-	struct fep_stall st = { { 0, 0 }, 0 };
-	int ret;
-
-	while (fep_writes(fab, all)) {
-		ret = fep_fabric_stall(fab, &st);
-		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
-			fab->tx_error = ret;  /* as fep_fabric_quiet */
-		if (ret == -ETIMEDOUT) {
-			fep_err("%zu writes still incomplete after %d ms",
-				fep_writes(fab, all), fab->timeout_ms);
-			if (!fab->tx_error)
-				fab->tx_error = -ETIMEDOUT;
-		}
-		if (ret)
-			return ret;
-	}
-	return all ? fep_fabric_tx_error(fab) : fab->tx_error;
+	return fep_wait_pending(fab, FEP_PEND_OPS);
 }
 
 int fep_fabric_reap_writes(fep_fabric_t *fab)
 {
-	return fep_reap(fab, true);
+	return fep_wait_pending(fab, FEP_PEND_WRITES);
 }
 
 int fep_fabric_reap_own(fep_fabric_t *fab)
 {
-	return fep_reap(fab, false);
+	return fep_wait_pending(fab, FEP_PEND_OWN_WRITES);
 }
 
 int fep_fabric_drain(fep_fabric_t *fab)
