@@ -60,6 +60,10 @@ struct params {
 	int refuse;       /* round 2: refused send halves on bad_rank (refuse_round) */
 	int sets;         /* buffer_sets (0: the default) */
 	int empty_null;   /* a rank with no tokens passes NULL x, ids, weights */
+	int gather_writes; /* the handle's gather_writes instead of its own */
+	int gathered;     /* every run to a peer must leave from the input
+			   * slot, none staged (it must have more writes than
+			   * FEP_EP_GATHER_WRITES) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -690,6 +694,36 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		fprintf(stderr, "rank %d: fabep_moe_create: %s\n", rank, fabep_strerror(ret));
 		return 1;
 	}
+	if (p->gather_writes)
+		(*moe)->gather_writes = (size_t)p->gather_writes;
+	if (p->gathered && (!(*moe)->gather ||
+			    (*moe)->gather_writes <= FEP_EP_GATHER_WRITES)) {
+		fprintf(stderr, "rank %d: runs %s, at most %zu writes each; the "
+			"case asks for more than %d\n", rank, (*moe)->gather ?
+			"gathered" : "not gathered", (*moe)->gather_writes,
+			FEP_EP_GATHER_WRITES);
+		return 1;
+	}
+	return 0;
+}
+
+/* p->gathered: no chunk of this dispatch's runs was staged. */
+static int check_gathered(const struct params *p, fabep_moe_t *m, int rank,
+			  int round)
+{
+	size_t j;
+	int d;
+
+	for (d = 0; p->gathered && d < m->size; d++)
+		for (j = 1; d != rank && j < m->dchunks; j++)
+			if (!m->chunk_direct[(size_t)d * m->dchunks + j]) {
+				fprintf(stderr, "rank %d round %d: chunk %zu of the "
+					"run to rank %d was staged (%u records, at "
+					"most %zu writes)\n", rank, round, j, d,
+					m->set[(m->ndisp - 1) % (uint64_t)m->sets].sent[d],
+					m->gather_writes);
+				return 1;
+			}
 	return 0;
 }
 
@@ -785,7 +819,8 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 			fabep_strerror(ret));
 		goto out;
 	}
-	if (check_recv(p, rank, size, all, &rv))
+	if (check_gathered(p, moe, rank, round) ||
+	    check_recv(p, rank, size, all, &rv))
 		goto out;
 	y = experts(p, &rv);
 	out = malloc((me->n + 1) * (size_t)p->hidden * 4);
@@ -1208,13 +1243,21 @@ EP_TEST(shm4_chunks_fp8, "shm", 4, .rounds = 30, .tt = FABEP_MOE_FP8, .block = 1
 EP_TEST(shm2_chunks_zero, "shm", 2, .rounds = 40, .routing = R_ZERO, .topk = 2,
 	.max_tokens = 50, .chunk = "700", .zcopy = 1, .outstanding = 1)
 /* runs gathered from the input slot and staged side by side: about 135
- * records to each peer in about 74 ranges, past what one chunk gathers
- * (FEP_EP_GATHER_WRITES writes of 4 pieces on shm) in some rounds and
- * not in others; chunked, every chunk gathers (cma: one thread) */
+ * records to each peer in about 74 ranges, past what one chunk of
+ * FEP_EP_GATHER_WRITES writes of 4 pieces gathers (shm) in some rounds
+ * and not in others; chunked, every chunk gathers (cma: one thread) */
 EP_TEST(shm4_gather_stage, "shm", 4, .rounds = 20, .hidden = 8, .topk = 2,
-	.experts = 16, .max_tokens = 300, .split = 1)
+	.experts = 16, .max_tokens = 300, .split = 1,
+	.gather_writes = FEP_EP_GATHER_WRITES)
 EP_TEST(shm4_gather_chunks, "shm", 4, .rounds = 20, .hidden = 8, .topk = 2,
-	.experts = 16, .max_tokens = 300, .chunk = "2000", .backward = 1)
+	.experts = 16, .max_tokens = 300, .chunk = "2000", .backward = 1,
+	.gather_writes = FEP_EP_GATHER_WRITES)
+/* under cma a run takes up to this rank's share of the target's queue
+ * (fep_fab_queue_share): runs of up to about 800 records in up to about
+ * 400 ranges, each gathered, none staged */
+EP_TEST(shm3_gather_many, "shm", 3, .rounds = 8, .hidden = 8, .topk = 2,
+	.experts = 12, .max_tokens = 2000, .signal = FABEP_SIGNAL_CMA,
+	.gathered = 1, .backward = 1)
 /* tokens put in the send buffer (no copy in dispatch) */
 EP_TEST(sb_shm3_bf16, "shm", 3, .rounds = 60, .topk = 4, .experts = 12,
 	.routing = R_NEG, .sendbuf = 1, .chunk = "3000", .split = 1, .backward = 1)
@@ -2400,6 +2443,7 @@ static Suite *ep_suite(void)
 	ADD(tc, shm2_chunks_zero);
 	ADD(tc, shm4_gather_stage);
 	ADD(tc, shm4_gather_chunks);
+	ADD(tc, shm3_gather_many);
 	ADD(tc, tcp3_chunks);
 	ADD(tc, sb_shm3_bf16);
 	ADD(tc, sb_shm2_fp32_zc);

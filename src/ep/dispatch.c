@@ -295,9 +295,9 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 	}
 	/* a chunk goes straight from the input slot when its tokens are
 	 * one range of consecutive records there, or, where the fabric
-	 * gathers (m->gather), ranges that fill at most FEP_EP_GATHER_WRITES
+	 * gathers (m->gather), ranges that fill at most m->gather_writes
 	 * writes */
-	max = m->gather ? FEP_EP_GATHER_WRITES * m->comm->fab->iov_max : 1;
+	max = m->gather ? m->gather_writes * m->comm->fab->iov_max : 1;
 	for (d = 0; d < R; d++) {
 		const int32_t *tok = m->pack_tok + m->pack_base[d];
 		size_t j, b;

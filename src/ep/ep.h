@@ -56,12 +56,18 @@ struct fep_ep_hdr {
  * pipelining a run only adds posts) */
 #define FEP_MOE_CHUNK_DEFAULT ((size_t)0)
 
-/* A dispatch chunk gathered from the input slot takes at most this many
- * writes; a chunk of more ranges is staged.  Every write is a command
- * in the target's queue (shm), and a queue filled by hundreds of small
- * gathered writes stalls every sender to that target until it next
- * progresses, which costs more than the staging copy it saves. */
+/* A dispatch chunk gathered from the input slot takes at most
+ * m->gather_writes writes; a chunk of more ranges is staged.  Every
+ * write is a command in the target's queue (shm), and a queue filled by
+ * hundreds of small gathered writes stalls every sender to that target
+ * until it next progresses, which costs more than the staging copy it
+ * saves.  So a chunk takes at most this many writes, or, where writes
+ * take shm's fast path, this rank's share of the target's queue
+ * (fep_fab_queue_share) less FEP_EP_QUEUE_SPARE for the run's header
+ * and signals, if that is more: the staging copy it saves is the larger
+ * cost there (16 ranks, 1024 tokens a rank: a third of the local work). */
 #define FEP_EP_GATHER_WRITES 16
+#define FEP_EP_QUEUE_SPARE 8
 
 /* Dispatch posts its headers before packing when it packs at least this
  * many bytes of records (below, an extra post only adds latency). */
@@ -138,6 +144,7 @@ struct fabep_moe {
 	int gather;          /* every chunk leaves from the input slot, its
 			      * records' pieces gathered into writes, none
 			      * staged */
+	size_t gather_writes; /* the most writes of one gathered chunk */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
 	fep_k_dtype_t cdt;   /* combine dtype */

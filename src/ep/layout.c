@@ -293,7 +293,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	struct fep_hb_hello hb;
 	fabep_moe_config_t c;
 	fep_fabric_t *fab;
-	size_t need, S;
+	size_t need, S, share;
 	int r, ret, status = 0;
 
 	if (!comm) {
@@ -334,6 +334,9 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 		 * and one write takes several pieces */
 		m->gather = fep_fab_signals_after_writes(comm->fab) &&
 			    comm->fab->iov_max >= 2;
+		share = fep_fab_queue_share(comm->fab);
+		m->gather_writes = share > FEP_EP_GATHER_WRITES + FEP_EP_QUEUE_SPARE ?
+				   share - FEP_EP_QUEUE_SPARE : FEP_EP_GATHER_WRITES;
 		m->dfn = "fabep_moe_dispatch";
 		m->cfn = "fabep_moe_combine";
 		if (!status)

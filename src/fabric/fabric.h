@@ -408,6 +408,17 @@ static inline bool fep_fab_signals_after_writes(const fep_fabric_t *fab)
 	return fab->signal != FABEP_SIGNAL_CQDATA || fab->sender_copy;
 }
 
+/* How many writes one rank may post to one target in a batch without
+ * filling the target's queue, where every write is shm's fast path
+ * (cma, fab->sender_copy): the fast path copies, then leaves a notice of
+ * the write in the command queue of the target's region (libfabric 1.17
+ * smr_rma_fast), which holds rx_attr->size commands and empties only
+ * when the target progresses; a post into a full queue waits for that.
+ * The ranks that post into one region share it: under cma with
+ * channels, those on the same channel (each posts on its own, rank %
+ * nchan), else every other rank.  0 where writes are not of that kind. */
+size_t fep_fab_queue_share(const fep_fabric_t *fab);
+
 /* Local counter access: acquire load, in the units of the adds. */
 static inline uint64_t fep_counter_load(fep_fabric_t *fab, uint64_t off)
 {

@@ -792,6 +792,20 @@ int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 					   (uint64_t)fab->nchan);
 }
 
+size_t fep_fab_queue_share(const fep_fabric_t *fab)
+{
+	size_t senders;
+
+	if (fab->signal != FABEP_SIGNAL_CMA && !fab->sender_copy)
+		return 0;
+	if (fab->signal == FABEP_SIGNAL_CMA && fab->nchan > 1)
+		senders = ((size_t)fab->size + (size_t)fab->nchan - 1) /
+			  (size_t)fab->nchan;
+	else
+		senders = (size_t)fab->size - 1;
+	return fab->info->rx_attr->size / FEP_MAX(senders, (size_t)1);
+}
+
 /* Where cma's writes start: the first put to a rank above this one. */
 static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 			size_t n)
