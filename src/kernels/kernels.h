@@ -96,7 +96,9 @@
  * cache for the next step.  The argument structs' nt overrides the
  * choice (1 stream, -1 never); the _mt wrappers set it from the whole
  * call, so that a call split over a pool streams as one call would, and
- * split the conversions into pieces of at least FEP_K_NT_BYTES.
+ * split the conversions into pieces of at least FEP_K_NT_BYTES.  The
+ * top-k sum streams only when asked (nt > 0): its rows are mostly read
+ * again soon (combine streams the runs other ranks copy out).
  *
  * Kernels that read a row twice (the scale's pass, then the pass that
  * writes) prefetch the next row or block group into L2 during the second
@@ -221,6 +223,11 @@ typedef struct fep_k_topk_args {
 	size_t cols;
 	fep_k_row_cb cb;       /* optional */
 	void *cb_ctx;
+	int nt;                /* >0: streaming stores; 0 or <0: plain ones (a
+				* sum is mostly read again soon, by the caller
+				* or the next step); never with cb or k > 64
+				* (out is read back); rows not aligned for the
+				* vector stores are written plainly */
 } fep_k_topk_args_t;
 
 typedef struct fep_k_sum_args {

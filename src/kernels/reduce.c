@@ -86,7 +86,28 @@ static inline void topk_prefetch(const char *const *pf, size_t npf, size_t off,
 			_mm_prefetch(pf[r] + off + o, _MM_HINT_T1);
 }
 
+/* Whether the top-k sum streams its rows (a->nt): not where the
+ * callback or a second pass over k > 64 reads them. */
+static int topk_nt(const fep_k_topk_args_t *a)
+{
+	return a->nt > 0 && !a->cb && a->k <= 64;
+}
+
 /* ---- AVX2 ---- */
+
+/* 8 values to p + i: streamed when nt (p + i 32-byte aligned for fp32,
+ * 16 for bf16). */
+static inline FEP_T_AVX2 void topk_st8(void *p, fep_k_dtype_t dt, size_t i,
+				       __m256 v, int nt)
+{
+	if (!nt)
+		fep256_store(p, dt, i, v, 8);
+	else if (dt == FEP_K_F32)
+		_mm256_stream_ps((float *)p + i, v);
+	else
+		_mm_stream_si128((__m128i *)((uint16_t *)p + i),
+				 fep256_f32_to_bf16(v));
+}
 
 FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_t t1)
 {
@@ -94,12 +115,12 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 	const char *rows[64], *pf[64];
 	float wt[64];
 	size_t t, i, npf;
-	int j, nr;
+	int j, nr, nt = topk_nt(a);
 
 	for (t = t0; t < t1; t++) {
 		const int32_t *idx = a->idx + t * (size_t)a->k;
 		char *out = (char *)a->out + t * a->ld_out * os;
-		int j0 = 0;
+		int j0 = 0, snt = nt && !((uintptr_t)out & 31);
 
 		npf = topk_next_rows(a, t, t1, ys, pf);
 
@@ -149,10 +170,10 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 						s3 = _mm256_add_ps(s3, v3);
 					}
 				}
-				fep256_store(out, a->out_dt, i, s0, 8);
-				fep256_store(out, a->out_dt, i + 8, s1, 8);
-				fep256_store(out, a->out_dt, i + 16, s2, 8);
-				fep256_store(out, a->out_dt, i + 24, s3, 8);
+				topk_st8(out, a->out_dt, i, s0, snt);
+				topk_st8(out, a->out_dt, i + 8, s1, snt);
+				topk_st8(out, a->out_dt, i + 16, s2, snt);
+				topk_st8(out, a->out_dt, i + 24, s3, snt);
 			}
 			for (; i < a->cols; i += 8) {
 				size_t n = a->cols - i;
@@ -174,6 +195,8 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 		if (a->cb)
 			a->cb(a->cb_ctx, t, out);
 	}
+	if (nt)
+		_mm_sfence();
 }
 
 /* Values [i0, i1) of the sum, 8 at a time, partial vectors included. */
@@ -260,12 +283,13 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 	const char *rows[64], *pf[64];
 	float wt[64];
 	size_t t, i, npf;
-	int j, nr;
+	int j, nr, nt = topk_nt(a);
 
 	for (t = t0; t < t1; t++) {
 		const int32_t *idx = a->idx + t * (size_t)a->k;
 		char *out = (char *)a->out + t * a->ld_out * os;
 		int j0 = 0;
+		int snt = nt && !((uintptr_t)out & (odt == FEP_K_F32 ? 63 : 31));
 
 		npf = topk_next_rows(a, t, t1, ys, pf);
 
@@ -315,10 +339,10 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 						s3 = _mm512_add_ps(s3, v3);
 					}
 				}
-				fep512_store(out, odt, i, s0, 0xffff);
-				fep512_store(out, odt, i + 16, s1, 0xffff);
-				fep512_store(out, odt, i + 32, s2, 0xffff);
-				fep512_store(out, odt, i + 48, s3, 0xffff);
+				fep512_store_nt(out, odt, i, s0, 0xffff, snt);
+				fep512_store_nt(out, odt, i + 16, s1, 0xffff, snt);
+				fep512_store_nt(out, odt, i + 32, s2, 0xffff, snt);
+				fep512_store_nt(out, odt, i + 48, s3, 0xffff, snt);
 			}
 			for (; i < a->cols; i += 16) {
 				__mmask16 m = fep512_mask(a->cols - i);
@@ -338,6 +362,8 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 		if (a->cb)
 			a->cb(a->cb_ctx, t, out);
 	}
+	if (nt)
+		_mm_sfence();
 }
 
 FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, size_t t1)
