@@ -54,6 +54,7 @@ struct red_ctx {
 	const void *y;
 	size_t ld_y;
 	int weighted;
+	int nt;               /* the peers' runs: streaming stores (topk nt) */
 	size_t skip0, skip;   /* tokens [skip0, skip0 + skip) not in this pass */
 	size_t p0;            /* first token (of this pass) of the block */
 	struct fep_ep_idle idle;
@@ -234,6 +235,8 @@ static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
 		a.out_dt = m->cdt;
 		a.ld_out = m->hidden;
 		a.cols = m->hidden;
+		/* the own run is summed again at once; a peer's leaves */
+		a.nt = src == m->rank ? -1 : c->nt;
 		c->ops->topk_sum(&a, i0, i1);
 		t0 = s->tbase[src] + i1;
 	}
@@ -325,6 +328,9 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	c.skip0 = s->tbase[m->rank];
 	c.skip = s->rcount[m->rank];
 	np_all = status ? 0 : s->rtokens - c.skip;
+	/* the peers' runs go out of this rank's caches: streamed, once they
+	 * are large (one decision for the whole pass) */
+	c.nt = np_all * m->crow_bytes >= FEP_K_NT_BYTES ? 1 : -1;
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
 	for (blk = np_all ? (np_all - 1) / m->cchunk_rows : 0; m->size > 1; blk--) {
