@@ -2,7 +2,7 @@
 /*
  * fuzz_comm_hello.c - what every rank sends at communicator creation
  * (struct fep_hello: host, provider, domain, signal, heap size, pid and
- * PID namespace), as
+ * PID namespace, CPU set and cgroup CPU limit), as
  * fep_comm_check_hellos (src/core/comm.c) compares and reports it.  The
  * bytes come from the bootstrap, so from a peer: nothing in them (strings
  * included) may be trusted.
@@ -47,6 +47,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		FUZZ_CHECK(comm.local_size >= 1 && comm.local_size <= comm.size);
 		FUZZ_CHECK(comm.local_rank >= 0 &&
 			   comm.local_rank < comm.local_size);
+		/* the ranks sharing this one's CPUs are ranks of this
+		 * host, itself among them, and have a CPU at least */
+		FUZZ_CHECK(comm.cpu_share >= 1 &&
+			   comm.cpu_share <= comm.local_size);
+		FUZZ_CHECK(comm.cpu_avail >= 1 &&
+			   comm.cpu_avail <= CPU_SETSIZE);
 	}
 	/* a pid to watch only for another rank of this host and PID
 	 * namespace (never for this rank, never from a zero namespace) */

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <check.h>
 
@@ -329,6 +330,79 @@ START_TEST(test_parse_long)
 	ck_assert_int_eq(fep_parse_long("99999999999999999999999", LONG_MIN,
 					LONG_MAX, &v), -ERANGE);
 	ck_assert_int_eq(v, 99);
+}
+END_TEST
+
+/* A file of the fake cgroup tree, its directories made first. */
+static void cg_put(const char *root, const char *rel, const char *text)
+{
+	char path[1024], *sl;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", root, rel);
+	for (sl = strchr(path + strlen(root) + 1, '/'); sl; sl = strchr(sl + 1, '/')) {
+		*sl = '\0';
+		mkdir(path, 0755);
+		*sl = '/';
+	}
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* The CPU limit of a cgroup, against trees made here: v2 (pure and
+ * hybrid), v1 with either mount name, the tightest of nested limits, a
+ * path the mount does not hold (a container's view), none set. */
+START_TEST(test_cgroup_cpus)
+{
+	static const struct {
+		const char *self;   /* /proc/self/cgroup */
+		const char *files;  /* "path=text;..." under the root */
+		int want;
+	} cs[] = {
+		{ "0::/a/b\n", "a/cpu.max=200000 100000\n;a/b/cpu.max=max 100000\n", 2 },
+		{ "0::/a\n", "a/cpu.max=150000 100000\n", 2 },
+		{ "0::/a\n", "a/cpu.max=max 100000\n", 0 },
+		{ "0::/a/b\n", "a/cpu.max=100000 100000\n;a/b/cpu.max=300000 100000\n", 1 },
+		{ "1:cpu:/\n0::/x\n", "unified/x/cpu.max=50000 100000\n", 1 },
+		{ "4:cpu,cpuacct:/x\n",
+		  "cpu,cpuacct/x/cpu.cfs_quota_us=300000\n;cpu,cpuacct/x/cpu.cfs_period_us=100000\n", 3 },
+		{ "4:cpuacct,cpu:/x\n",
+		  "cpu/x/cpu.cfs_quota_us=250000\n;cpu/x/cpu.cfs_period_us=100000\n", 3 },
+		{ "1:cpu:/\n", "cpu/cpu.cfs_quota_us=-1\n;cpu/cpu.cfs_period_us=100000\n", 0 },
+		{ "1:cpu:/docker/abc\n",
+		  "cpu/cpu.cfs_quota_us=400000\n;cpu/cpu.cfs_period_us=100000\n", 4 },
+		{ "2:memory:/x\n", "memory/x/cpu.cfs_quota_us=100000\n;"
+		  "memory/x/cpu.cfs_period_us=100000\n", 0 },
+		{ "garbage\n::\n0::relative\n", "cpu.max=100000 100000\n", 0 },
+		{ "0::/a\n", "a/cpu.max=nonsense\n", 0 },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(cs) / sizeof(cs[0]); i++) {
+		char root[] = "/tmp/fabep-cgroup-XXXXXX", self[64], cmd[96];
+		char files[512], *f, *save = NULL;
+		int got;
+
+		ck_assert_ptr_nonnull(mkdtemp(root));
+		snprintf(files, sizeof(files), "%s", cs[i].files);
+		for (f = strtok_r(files, ";", &save); f; f = strtok_r(NULL, ";", &save)) {
+			char *eq = strchr(f, '=');
+
+			*eq = '\0';
+			cg_put(root, f, eq + 1);
+		}
+		cg_put(root, "self", cs[i].self);
+		snprintf(self, sizeof(self), "%s/self", root);
+		got = fep_cgroup_cpus_at(root, self);
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", root);
+		ck_assert_int_eq(system(cmd), 0);
+		ck_assert_msg(got == cs[i].want, "case %zu (%s): %d CPUs, expected %d",
+			      i, cs[i].files, got, cs[i].want);
+	}
+	ck_assert_int_eq(fep_cgroup_cpus_at("/nonexistent", "/nonexistent/self"), 0);
+	ck_assert_int_ge(fep_cgroup_cpus(), 0);
 }
 END_TEST
 
@@ -1071,6 +1145,7 @@ static Suite *bootstrap_suite(void)
 	tcase_add_test(tc, test_parse_size);
 	tcase_add_test(tc, test_parse_long);
 	tcase_add_test(tc, test_parse_hostport);
+	tcase_add_test(tc, test_cgroup_cpus);
 	tcase_set_timeout(tc, 5);
 	suite_add_tcase(s, tc);
 

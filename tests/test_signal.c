@@ -13,6 +13,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -479,6 +480,186 @@ START_TEST(numa_node_env)
 			      "FABEP_NUMA_NODE=%s accepted", bad[i]);
 	}
 	unsetenv("FABEP_NUMA_NODE");
+}
+END_TEST
+
+/* Who shares a rank's CPUs.  Each rank binds itself to its set of the
+ * plan before it creates the communicator; then its waits must yield
+ * from the start exactly where more ranks than CPUs may run on its
+ * CPUs, and its pool must hold one thread per core of its own. */
+#define CROWD_MAX 4
+struct crowd_plan {
+	int n;
+	cpu_set_t set[CROWD_MAX];
+	int over[CROWD_MAX];    /* oversubscribed expected: 0 or 1 */
+	int threads[CROWD_MAX]; /* pool threads expected, or 0: any */
+};
+
+static int crowd_rank(int rank, int size, void *arg)
+{
+	const struct crowd_plan *pl = arg;
+	fabep_comm_t *comm = NULL;
+	int ret, bad = 0, threads;
+
+	(void)size;
+	unsetenv("FABEP_THREADS");
+	if (sched_setaffinity(0, sizeof(pl->set[rank]), &pl->set[rank])) {
+		perror("sched_setaffinity");
+		return 1;
+	}
+	ret = fabep_comm_create(NULL, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	threads = fabep_comm_threads(comm);
+	if (comm->fab->oversubscribed != (pl->over[rank] != 0)) {
+		fprintf(stderr, "rank %d of %d (%d CPUs of its own set): waits %s, "
+			"expected %s (%d ranks share %d CPUs)\n", rank, pl->n,
+			CPU_COUNT(&pl->set[rank]),
+			comm->fab->oversubscribed ? "yield" : "spin",
+			pl->over[rank] ? "yield" : "spin", comm->cpu_share,
+			comm->cpu_avail);
+		bad = 1;
+	}
+	if (pl->threads[rank] && threads != pl->threads[rank]) {
+		fprintf(stderr, "rank %d of %d: %d pool threads, expected %d\n",
+			rank, pl->n, threads, pl->threads[rank]);
+		bad = 1;
+	}
+	ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
+		bad = 1;
+	}
+	return fabep_comm_destroy(comm) || bad;
+}
+
+/* The CPUs this process may use, by physical core: out[i] is a CPU of
+ * core i (one per core); the count of cores returned. */
+static int crowd_cores(int *out, int max)
+{
+	cpu_set_t all;
+	int key[CPU_SETSIZE], n = 0, i, j;
+
+	if (sched_getaffinity(0, sizeof(all), &all))
+		return 0;
+	for (i = 0; i < CPU_SETSIZE && n < max; i++) {
+		char path[96];
+		int core = -1, pkg = 0;
+		FILE *f;
+
+		if (!CPU_ISSET(i, &all))
+			continue;
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu%d/topology/core_id", i);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%d", &core) != 1)
+				core = -1;
+			fclose(f);
+		}
+		snprintf(path, sizeof(path),
+			 "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", i);
+		if ((f = fopen(path, "r"))) {
+			if (fscanf(f, "%d", &pkg) != 1)
+				pkg = 0;
+			fclose(f);
+		}
+		key[n] = core < 0 ? -1 - i : pkg * 65536 + core;
+		for (j = 0; j < n && key[j] != key[n]; j++)
+			;
+		if (j == n)
+			out[n++] = i;
+	}
+	return n;
+}
+
+static void crowd_run(int n, const int *over, const int *threads,
+		      const int cpus[][3])
+{
+	struct crowd_plan pl;
+	int r, i;
+
+	memset(&pl, 0, sizeof(pl));
+	pl.n = n;
+	for (r = 0; r < n; r++) {
+		CPU_ZERO(&pl.set[r]);
+		for (i = 0; i < 3 && cpus[r][i] >= 0; i++)
+			CPU_SET(cpus[r][i], &pl.set[r]);
+		pl.over[r] = over[r];
+		pl.threads[r] = threads ? threads[r] : 0;
+	}
+	ck_assert_msg(fep_test_run_ranks(n, 60, crowd_rank, &pl) == 0,
+		      "%d ranks: waits or threads not as the CPU sets say", n);
+}
+
+START_TEST(cpus_crowd)
+{
+	int c[2], cpu[CPU_SETSIZE];
+	cpu_set_t all;
+	int n = 0, i;
+
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	for (i = 0; i < CPU_SETSIZE; i++)
+		if (CPU_ISSET(i, &all))
+			cpu[n++] = i;
+	if (n < 2)
+		fep_test_skip("one CPU here: no two CPU sets to tell apart");
+	c[0] = cpu[0];
+	c[1] = cpu[1];
+	{       /* a CPU each: spin */
+		const int sets[][3] = { { c[0], -1 }, { c[1], -1 } };
+		const int over[] = { 0, 0 }, thr[] = { 1, 1 };
+
+		crowd_run(2, over, thr, sets);
+	}
+	{       /* two on one CPU: yield, on any machine */
+		const int sets[][3] = { { c[0], -1 }, { c[0], -1 } };
+		const int over[] = { 1, 1 }, thr[] = { 1, 1 };
+
+		crowd_run(2, over, thr, sets);
+	}
+	{       /* two crowded, one alone: only the crowded yield */
+		const int sets[][3] = { { c[0], -1 }, { c[0], -1 }, { c[1], -1 } };
+		const int over[] = { 1, 1, 0 };
+
+		crowd_run(3, over, NULL, sets);
+	}
+	{       /* three unbound in a set of two CPUs (a cpuset) */
+		const int sets[][3] = { { c[0], c[1], -1 }, { c[0], c[1], -1 },
+					{ c[0], c[1], -1 } };
+		const int over[] = { 1, 1, 1 };
+
+		crowd_run(3, over, NULL, sets);
+	}
+	{       /* two in a set of two CPUs: spin */
+		const int sets[][3] = { { c[0], c[1], -1 }, { c[0], c[1], -1 } };
+		const int over[] = { 0, 0 }, thr[] = { 1, 1 };
+
+		crowd_run(2, over, thr, sets);
+	}
+}
+END_TEST
+
+/* Two ranks bound to two cores of their own each: two threads each,
+ * not the host's cores shared among all its ranks. */
+START_TEST(cpus_own_cores)
+{
+	int core[4];
+
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	if (crowd_cores(core, 4) < 4)
+		fep_test_skip("fewer than 4 physical cores here");
+	{
+		const int sets[][3] = { { core[0], core[1], -1 },
+					{ core[2], core[3], -1 } };
+		const int over[] = { 0, 0 }, thr[] = { 2, 2 };
+
+		crowd_run(2, over, thr, sets);
+	}
 }
 END_TEST
 
@@ -1564,6 +1745,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, bad_provider);
 	tcase_add_test(tc, bad_signal);
 	tcase_add_test(tc, numa_node_env);
+	tcase_add_test(tc, cpus_crowd);
+	tcase_add_test(tc, cpus_own_cores);
 	tcase_add_test(tc, unsupported_signal);
 	tcase_add_test(tc, cma_conditions);
 	tcase_add_test(tc, bad_args);

@@ -25,6 +25,8 @@
 #define FEP_AUTO_CHANNELS_TCP 4 /* and tcp */
 #define FEP_DEFAULT_HEAP (64ul << 20)
 
+#define FEP_CPU_WORDS (CPU_SETSIZE / 64)
+
 /* What every rank must agree on, compared at creation. */
 struct fep_hello {
 	char host[64];
@@ -37,6 +39,9 @@ struct fep_hello {
 	int32_t channels; /* FABEP_CHANNELS */
 	uint64_t pidns;   /* inode of /proc/self/ns/pid, 0 unknown */
 	uint64_t cma_word; /* fep_cma_word(): where peers try a CMA write */
+	int32_t cpu_quota; /* fep_cgroup_cpus(): 0 none */
+	int32_t pad;
+	uint64_t cpus[FEP_CPU_WORDS]; /* the CPUs it may run on, bit i CPU i */
 };
 
 /* A small exchange slot: one per source rank in each peer's heap. */
@@ -590,6 +595,60 @@ static int fep_boot_agree(fabep_comm_t *comm, int status, const char *what)
 	return ret;
 }
 
+/* Who shares this rank's CPUs: the ranks of this host whose CPU sets
+ * meet its own (itself included), and how many CPUs they have between
+ * them, fewer where a cgroup's quota allows fewer.  More such ranks than
+ * CPUs (a launcher that binds ranks to too few cores, taskset, a Slurm
+ * or container cpuset, a container's CPU limit) and a rank that spins
+ * in a wait takes the CPU from the peer it waits for. */
+static void fep_comm_crowd(fabep_comm_t *comm, const struct fep_hello *h)
+{
+	const struct fep_hello *me = &h[comm->rank];
+	uint64_t all[FEP_CPU_WORDS] = { 0 };
+	int r, w, quota = 0, avail = 0;
+
+	comm->cpu_share = 0;
+	for (r = 0; r < comm->size; r++) {
+		bool meet = r == comm->rank;
+
+		if (strcmp(h[r].host, me->host))
+			continue;
+		for (w = 0; !meet && w < FEP_CPU_WORDS; w++)
+			meet = (h[r].cpus[w] & me->cpus[w]) != 0;
+		if (!meet)
+			continue;
+		comm->cpu_share++;
+		for (w = 0; w < FEP_CPU_WORDS; w++)
+			all[w] |= h[r].cpus[w];
+		if (h[r].cpu_quota > 0 && (!quota || h[r].cpu_quota < quota))
+			quota = h[r].cpu_quota;
+	}
+	for (w = 0; w < FEP_CPU_WORDS; w++)
+		avail += __builtin_popcountll(all[w]);
+	if (quota && quota < avail)
+		avail = quota;
+	comm->cpu_avail = avail > 0 ? avail : 1;
+}
+
+/* This process's CPUs for its hello: its affinity mask, or every online
+ * CPU where that cannot be read; the cgroup's quota. */
+static void fep_hello_cpus(struct fep_hello *hello)
+{
+	cpu_set_t set;
+	long n, i;
+
+	if (sched_getaffinity(0, sizeof(set), &set) < 0) {
+		CPU_ZERO(&set);
+		n = sysconf(_SC_NPROCESSORS_ONLN);
+		for (i = 0; i < n && i < CPU_SETSIZE; i++)
+			CPU_SET(i, &set);
+	}
+	for (i = 0; i < CPU_SETSIZE; i++)
+		if (CPU_ISSET(i, &set))
+			hello->cpus[i / 64] |= (uint64_t)1 << (i % 64);
+	hello->cpu_quota = fep_cgroup_cpus();
+}
+
 static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 {
 	const struct fep_hello *me = &h[comm->rank];
@@ -630,6 +689,7 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 			return -FABEP_ERR_MISMATCH;
 		}
 	}
+	fep_comm_crowd(comm, h);
 	return 0;
 }
 
@@ -814,6 +874,7 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	hello.channels = channels;
 	hello.pidns = fep_pidns();
 	hello.cma_word = fep_cma_word();
+	fep_hello_cpus(&hello);
 	hellos = calloc((size_t)comm->size, sizeof(*hellos));
 	if (!hellos)
 		return -ENOMEM;
@@ -871,15 +932,18 @@ static int fep_comm_pool(fabep_comm_t *comm, const fabep_comm_attr_t *a)
 	int ret;
 
 	comm->numa_node = fep_comm_pick_numa(comm, a);
-	ret = fep_pool_create(a->threads, comm->numa_node, comm->local_size,
+	ret = fep_pool_create(a->threads, comm->numa_node, comm->cpu_share,
 			      &comm->pool);
 	ret = fep_boot_agree(comm, ret, "creating the thread pool");
 	if (ret)
 		return ret;
 	comm->numa_node = fep_pool_node(comm->pool);
-	/* the host's CPUs, not this process's: a rank bound to one core
-	 * by its launcher is not oversubscribed for that */
-	comm->fab->oversubscribed = comm->local_size > sysconf(_SC_NPROCESSORS_ONLN);
+	/* the CPUs of the ranks that share this one's, not this process's
+	 * alone: a rank bound to one core of its own is not oversubscribed */
+	comm->fab->oversubscribed = comm->cpu_share > comm->cpu_avail;
+	fep_dbg("%d rank(s) of this host share its CPUs, %d of them%s",
+		comm->cpu_share, comm->cpu_avail,
+		comm->fab->oversubscribed ? ": waits yield at once" : "");
 	return 0;
 }
 

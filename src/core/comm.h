@@ -22,6 +22,10 @@ struct fabep_comm {
 	bool all_local;
 	int local_rank;       /* index among the ranks on this host */
 	int local_size;       /* ranks on this host */
+	int cpu_share;        /* ranks on this host that may run on a CPU
+				 this one may (itself included) */
+	int cpu_avail;        /* the CPUs those ranks may use between them
+				 (fewer where a cgroup's quota allows fewer) */
 	int numa_node;
 	fep_boot_t *boot;
 	fep_fabric_t *fab;

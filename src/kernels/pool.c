@@ -342,8 +342,13 @@ int fep_pool_create(int nthreads, int numa_node, int local_ranks,
 		} else {
 			/* busy threads of all local ranks: no more than
 			 * cores (a second hardware thread of a core adds
-			 * little to copies and kernels bound by memory) */
+			 * little to copies and kernels bound by memory),
+			 * nor than the CPUs the cgroup's quota allows */
 			int cores = p->have_cpus ? set_cores(&p->cpus) : ncpu;
+			int quota = fep_cgroup_cpus();
+
+			if (quota && quota < cores)
+				cores = quota;
 
 			if (local_ranks < 1)
 				local_ranks = 1;

@@ -19,9 +19,11 @@ typedef struct fep_pool fep_pool_t;
  * Create a pool of `nthreads` threads (the caller counts as worker 0, so
  * nthreads - 1 threads are started; nthreads == 1 starts none) pinned to
  * the CPUs of NUMA node `numa_node`.
- *   nthreads <= 0: FABEP_THREADS if set, else max(1, cpus of the node
- *     that this process may use / local_ranks).  An explicit count above
- *     the node's CPUs is allowed (logged as a warning).
+ *   nthreads <= 0: FABEP_THREADS if set, else max(1, physical cores of
+ *     the node that this process may use, no more than its cgroup's CPU
+ *     quota, / local_ranks: the ranks that share those CPUs).  An
+ *     explicit count above the node's CPUs is allowed (logged as a
+ *     warning).
  *   numa_node < 0: fep_pool_default_node(-1).
  * Without NUMA support (numa_available() < 0) the node is 0 and the
  * threads run on the CPUs the process is allowed.  The calling thread is

@@ -61,6 +61,15 @@ int fep_parse_long(const char *s, long min, long max, long *out);
 /* "host:port" (IPv4, IPv6 in [brackets], or a name). */
 int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port);
 
+/* ---- CPUs ---- */
+/* The CPUs the CPU bandwidth limit of this process's cgroup allows
+ * (quota / period rounded up; the tightest on the path to the root,
+ * cgroup v1 or v2), 0 where none is set or none can be read.  _at reads
+ * the cgroup mounts under root and the process's cgroups from the file
+ * self (the format of /proc/self/cgroup). */
+int fep_cgroup_cpus(void);
+int fep_cgroup_cpus_at(const char *root, const char *self);
+
 /* ---- caller-allocated structs (fabep.h, "Extensible structs") ---- */
 /* The size of a layout of `type` that ends with member m: its end,
  * rounded up to the alignment of the struct (as sizeof is). */
