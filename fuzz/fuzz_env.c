@@ -113,7 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			   a.signal <= FABEP_SIGNAL_CMA);
 	}
 
-	ret = fep_ar_onestage_env(&os_max);
+	ret = fep_ar_onestage_env(2, 16, &os_max);
 	FUZZ_CHECK(ret <= 0);
 	FUZZ_CHECK(ret || os_max <= ((size_t)1 << 40));
 	ret = fep_pool_default_node(-1);

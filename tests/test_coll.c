@@ -195,13 +195,45 @@ static const char *op_name(int op)
 	return op == OP_SUM ? "allreduce" : op == OP_NORM ? "rmsnorm" : "rmsnorm_fp8";
 }
 
+/* The sums of the log-step path, in its order, in plain C: fp32
+ * throughout, x_j + x_(M+j) for the ranks past the largest power of two
+ * M, then a tree over 0..M-1 (pairs, then pairs of pairs), each sum
+ * with the lower ranks' partial first; rounded to the dtype once. */
+static void tree_sum(void **ins, int size, fep_k_dtype_t kdt, size_t n,
+		     void *out)
+{
+	int M = 1, j, w;
+	float p[64];
+	size_t i;
+
+	while (M * 2 <= size)
+		M *= 2;
+	for (i = 0; i < n; i++) {
+		for (j = 0; j < size; j++)
+			p[j] = kdt == FEP_K_BF16 ?
+				(float)from_bf16(((const uint16_t *)ins[j])[i]) :
+				((const float *)ins[j])[i];
+		for (j = 0; j + M < size; j++)
+			p[j] = p[j] + p[M + j];
+		for (w = 1; w < M; w *= 2)
+			for (j = 0; j < M; j += 2 * w)
+				p[j] = p[j] + p[j + w];
+		if (kdt == FEP_K_BF16)
+			((uint16_t *)out)[i] = to_bf16(p[0]);
+		else
+			((float *)out)[i] = p[0];
+	}
+}
+
 /* The single-process result of the scalar reference kernels (the
- * inputs summed in rank order, then RMSNorm with the residual, then FP8
- * with one scale per row), which every rank must return bit for bit:
- * the vector kernels are bitwise equal to these, and the reduction
- * order is the rank order on both paths. */
+ * inputs summed in rank order, or where the call took the log-step
+ * path in its tree order, then RMSNorm with the residual, then FP8 with
+ * one scale per row), which every rank must return bit for bit: the
+ * vector kernels are bitwise equal to these, and the reduction order is
+ * the rank order on the one- and two-stage paths. */
 static int check_exact(int rank, int size, const struct ar_run *t,
-		       const struct ar_case *c, void **ins, const void *res0,
+		       const struct ar_case *c, bool logstep, void **ins,
+		       const void *res0,
 		       const void *res, const void *gamma, const void *out,
 		       const float *scales, const fabep_rmsnorm_params_t *p)
 {
@@ -218,7 +250,10 @@ static int check_exact(int rank, int size, const struct ar_run *t,
 		free(sum); free(rres); free(rout); free(g32); free(rsc);
 		FAILF("check_exact: out of memory");
 	}
-	fep_k_sum_scalar(&sa, 0, n);
+	if (logstep)
+		tree_sum(ins, size, kdt, n, sum);
+	else
+		fep_k_sum_scalar(&sa, 0, n);
 	for (i = 0; i < c->cols; i++)
 		g32[i] = kdt == FEP_K_BF16 ? from_bf16(((const uint16_t *)gamma)[i])
 					   : ((const float *)gamma)[i];
@@ -279,6 +314,7 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	const void *in;
 	fabep_rmsnorm_params_t p;
 	double eps = 1e-5;
+	bool logstep;
 	int k, ret;
 
 	for (k = 0; k < size; k++)
@@ -308,8 +344,12 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	if (ret)
 		FAILF("%s %zu x %zu: %s", op_name(c->op), c->rows, c->cols,
 		      fabep_strerror(ret));
+	/* the log-step path (allreduce.c): from 4 ranks, below the
+	 * one-stage threshold */
+	logstep = size >= 4 && n * es <= fabep_allreduce_onestage_max(ar);
 	if (c->op != OP_SUM &&
-	    check_exact(rank, size, t, c, ins, res0, res, gamma, out, scales, &p))
+	    check_exact(rank, size, t, c, logstep, ins, res0, res, gamma, out,
+			scales, &p))
 		return 1;
 
 	for (r = 0; r < c->rows; r++) {
@@ -556,6 +596,12 @@ START_TEST(shm_fp32_two) { run_cases("shm", 2, FABEP_AR_F32, "0", narrow, N(narr
 START_TEST(shm_fp32_one) { run_cases("shm", 3, FABEP_AR_F32, "1G", mixed, N(mixed), 2); } END_TEST
 START_TEST(shm_1rank) { run_cases("shm", 1, FABEP_AR_BF16, NULL, mixed, N(mixed), 2); } END_TEST
 START_TEST(shm_8ranks) { run_cases("shm", 8, FABEP_AR_BF16, "2k", mixed, N(mixed), 3); } END_TEST
+/* The log-step path (from 4 ranks): with the fold of the ranks past a
+ * power of two, mixed with two-stage calls back to back (5 ranks,
+ * threshold 4k), every call (7 ranks, fp32), on tcp */
+START_TEST(shm_logstep5) { run_cases("shm", 5, FABEP_AR_BF16, "4k", mixed, N(mixed), 6); } END_TEST
+START_TEST(shm_logstep7) { run_cases("shm", 7, FABEP_AR_F32, "1G", mixed, N(mixed), 1); } END_TEST
+START_TEST(tcp_logstep) { run_cases("tcp", 4, FABEP_AR_BF16, "4k", mixed, N(mixed), 2); } END_TEST
 /* threshold 4k: rows <= 20 of 100 bf16 go one-stage, the rest two-stage */
 START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 40); } END_TEST
 /* The staged phase 1 and the copied results, which this machine's shm
@@ -592,6 +638,23 @@ struct err_run {
 	int which;
 };
 
+/* Whether out, the sum of err_rank's inputs over rows of 8, is wrong
+ * (printed). */
+static int err_sum_bad(int rank, int size, const uint16_t *out, size_t rows,
+		       const char *what)
+{
+	for (size_t j = 0; j < rows * 8; j++) {
+		double want = 0;
+
+		for (int k = 0; k < size; k++)
+			want += (double)(j % 7) + k;
+		if (from_bf16(out[j]) != want)
+			FAILF("%s: out[%zu] = %g, want %g", what, j,
+			      from_bf16(out[j]), want);
+	}
+	return 0;
+}
+
 static int err_rank(int rank, int size, void *arg)
 {
 	const struct err_run *e = arg;
@@ -614,6 +677,44 @@ static int err_rank(int rank, int size, void *arg)
 	for (i = 0; i < 8; i++)
 		gamma[i] = to_bf16(1.0f);
 
+	if (e->which == 2) {
+		/* rows on one rank past the threshold of 64 bytes (3 rows of
+		 * 8 bf16 take the log-step path, 60 two-stage): every rank
+		 * gets the same error, and then that the handle is unusable;
+		 * once by a mismatch, once by rows past the maximum */
+		static const size_t odd[2] = { 60, 65 };
+		static const int want[2] = { -FABEP_ERR_MISMATCH, -EINVAL };
+
+		for (i = 0; i < 2; i++) {
+			setenv("FABEP_AR_ONESTAGE_MAX", "64", 1);
+			ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_BF16, &ar);
+			unsetenv("FABEP_AR_ONESTAGE_MAX");
+			if (ret)
+				FAILF("create: %s", fabep_strerror(ret));
+			if ((ret = fabep_allreduce(ar, in, out, 3, 8)) ||
+			    (ret = fabep_allreduce(ar, in, out, 60, 8)))
+				FAILF("good calls: %s", fabep_strerror(ret));
+			ret = fabep_allreduce(ar, in, out, rank == 1 ? odd[i] : 3, 8);
+			if (ret != want[i])
+				FAILF("rows %zu on rank 1 across the threshold: %s",
+				      odd[i], fabep_strerror(ret));
+			ret = fabep_allreduce(ar, in, out, 3, 8);
+			if (ret != -FABEP_ERR_PEER_LOST)
+				FAILF("the call after paths differed: %s",
+				      fabep_strerror(ret));
+			fabep_allreduce_destroy(ar);
+		}
+		/* a new handle works */
+		ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_BF16, &ar);
+		if (!ret)
+			ret = fabep_allreduce(ar, in, out, 3, 8);
+		if (ret)
+			FAILF("a new handle: %s", fabep_strerror(ret));
+		if (err_sum_bad(rank, size, out, 3, "a new handle"))
+			return 1;
+		fabep_allreduce_destroy(ar);
+		goto done;
+	}
 	if (e->which == 0) {
 		/* creation: shapes differ, then a heap that is too small */
 		ret = fabep_allreduce_create(comm, rank == 1 ? 32 : 64, 8,
@@ -661,15 +762,8 @@ static int err_rank(int rank, int size, void *arg)
 		ret = fabep_allreduce(ar, in, out, rows, 8);
 		if (ret)
 			FAILF("good call after errors: %s", fabep_strerror(ret));
-		for (size_t j = 0; j < rows * 8; j++) {
-			double want = 0;
-
-			for (int k = 0; k < size; k++)
-				want += (double)(j % 7) + k;
-			if (from_bf16(out[j]) != want)
-				FAILF("after errors: out[%zu] = %g, want %g", j,
-				      from_bf16(out[j]), want);
-		}
+		if (err_sum_bad(rank, size, out, rows, "after errors"))
+			return 1;
 	}
 	fabep_allreduce_destroy(ar);
 	if (fabep_allreduce(NULL, in, out, 1, 8) != -EINVAL)
@@ -700,12 +794,15 @@ START_TEST(ar)
 	fabep_signal_t sig;
 	const char *prov = fep_test_signal_case(_i, &sig);
 
-	run_cases(prov, strcmp(prov, "sockets") ? 3 : 2, FABEP_AR_BF16, "4k",
+	/* 4 ranks: the log-step path below the threshold */
+	run_cases(prov, strcmp(prov, "sockets") ? 4 : 2, FABEP_AR_BF16, "4k",
 		  mixed, N(mixed), 1);
 }
 END_TEST
 
 START_TEST(err_calls_shm) { run_err("shm", 3, 1); } END_TEST
+START_TEST(err_calls_logstep) { run_err("shm", 5, 1); } END_TEST
+START_TEST(err_paths_differ) { run_err("shm", 5, 2); } END_TEST
 START_TEST(err_create_shm) { run_err("shm", 3, 0); } END_TEST
 START_TEST(err_calls_tcp) { run_err("tcp", 2, 1); } END_TEST
 
@@ -746,6 +843,9 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_1rank);
 	tcase_add_test(tc, shm_8ranks);
 	tcase_add_test(tc, shm_b2b);
+	tcase_add_test(tc, shm_logstep5);
+	tcase_add_test(tc, shm_logstep7);
+	tcase_add_test(tc, tcp_logstep);
 	tcase_add_test(tc, shm_copies);
 	tcase_add_test(tc, shm_uneven_threads);
 	tcase_add_test(tc, shm_cma_channels);
@@ -753,6 +853,8 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, tcp_wide_two);
 	tcase_add_test(tc, sockets_mixed);
 	tcase_add_test(tc, err_calls_shm);
+	tcase_add_test(tc, err_calls_logstep);
+	tcase_add_test(tc, err_paths_differ);
 	tcase_add_test(tc, err_create_shm);
 	tcase_add_test(tc, err_calls_tcp);
 	suite_add_tcase(s, tc);

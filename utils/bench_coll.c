@@ -21,7 +21,7 @@
  * -f bf16 (default) or fp32.  Times are medians over -I calls (default
  * 200 below 1 MiB of input, 50 below 16 MiB, 20 above) after -w warm-up
  * calls (default a tenth, at least 3).  FABEP_AR_ONESTAGE_MAX forces a
- * path (0: two-stage, 1G: one-stage).
+ * path (0: two-stage, 1G: one-stage, or log-step from 4 ranks).
  *
  * This part reaches the communicator's thread pool and the kernels for the
  * separate steps, so fabep_bench links the convenience library.
@@ -397,10 +397,11 @@ static void bc_header(struct bc_run *R, FILE *out)
 	fabep_comm_t *comm = R->comm;
 
 	fprintf(out, "# %s -o %s: %d ranks, provider %s, signal %s, %d threads, "
-		"%s, one-stage up to %zu bytes per rank\n", tool_name, o->op,
+		"%s, %s up to %zu bytes per rank\n", tool_name, o->op,
 		R->size, fabep_comm_provider(comm),
 		fabep_signal_name(fabep_comm_signal(comm)),
 		fabep_comm_threads(comm), R->adt == FABEP_AR_BF16 ? "bf16" : "fp32",
+		R->size >= 4 ? "log-step" : "one-stage",
 		fabep_allreduce_onestage_max(R->ar));
 	fprintf(out, "# ref: %s\n", R->arnorm ?
 		"allreduce, then separate RMSNorm and FP8 passes (ratio = ref / fused)" :
@@ -421,8 +422,8 @@ static int bc_one(struct bc_run *R, FILE *out, size_t i, size_t rows,
 	long iters = o->iters > 0 ? o->iters :
 		     bytes < (1u << 20) ? 200 : bytes < (16u << 20) ? 50 : 20;
 	long warm = o->warmup >= 0 ? o->warmup : (iters / 10 > 3 ? iters / 10 : 3);
-	const char *path = R->size == 1 || bytes <= fabep_allreduce_onestage_max(R->ar) ?
-			   "one-stage" : "two-stage";
+	const char *path = R->size > 1 && bytes > fabep_allreduce_onestage_max(R->ar) ?
+			   "two-stage" : R->size >= 4 ? "log-step" : "one-stage";
 	const char *chk = "off";
 	uint64_t *t, *tr;
 	double med, ref;

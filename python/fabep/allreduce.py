@@ -15,8 +15,9 @@ class AllReduce:
     max_cols elements of dtype "bf16" (torch.bfloat16 / numpy uint16) or
     "fp32" (fabep_allreduce_create).  Collective.
 
-    Sums are taken in fp32 in rank order, so every rank gets bitwise the
-    same result.  Inputs are checked for dtype, shape, contiguity and
+    Sums are taken in fp32 and rounded once, so every rank gets bitwise
+    the same result: in rank order, or for small calls from 4 ranks in
+    the fixed tree order of the log-step path (fabep_allreduce(3)).  Inputs are checked for dtype, shape, contiguity and
     device; a refusal is passed to the C call (as a missing buffer) so
     every rank raises InvalidArgumentError and none waits.  Outputs are
     the caller's (`out`) or new tensors of the kind of the input.
@@ -46,7 +47,9 @@ class AllReduce:
 
     @property
     def onestage_max(self):
-        """The one-stage threshold in force, in input bytes per rank."""
+        """The threshold in force, in input bytes per rank: calls up to
+        it take the one-stage path (2 or 3 ranks) or the log-step path
+        (4 ranks or more), larger ones the two-stage path."""
         return lib.fabep_allreduce_onestage_max(self._handle())
 
     def close(self):

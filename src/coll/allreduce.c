@@ -16,6 +16,10 @@
  *   ag        allgather blocks, one per owner rank: header + the owner's
  *             results (FP8 rows, scales, new residual rows, or dtype rows)
  *
+ * Calls below the threshold from FEP_AR_RD_RANKS ranks take the
+ * log-step path instead, with heap objects of its own (rdctr, rdslots,
+ * rdstage; fep_ar_rd, below).
+ *
  * One call:
  *   1. Phase 1 (every call, every rank to every other rank, even with an
  *      error or no rows): one-stage: the header and the whole input into
@@ -105,17 +109,25 @@
 _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
 
 /*
- * The one-stage threshold (FEP_AR_ONESTAGE_DEFAULT, 32 KiB of input per
- * rank): below it one round trip beats the two-stage path's two, although
- * the one-stage path moves and sums ranks x the data; above it that
- * traffic costs more than the extra round trip.  On 2 shm ranks the
- * crossover lies between 2 and 4 rows of 7168 bf16 values (fabep_bench
- * -o arnorm with the path forced each way, docs/performance.md); more
- * ranks move it lower.  FABEP_AR_ONESTAGE_MAX overrides it.
+ * The threshold below which a call does not take the two-stage path,
+ * FEP_AR_ONESTAGE_DEFAULT (32 KiB of input per rank).  The one-stage path
+ * (2 or 3 ranks): below it one round trip beats the two-stage path's
+ * two, although the one-stage path moves and sums ranks x the data; on
+ * 2 shm ranks the crossover lies between 2 and 4 rows of 7168 bf16
+ * values (fabep_bench -o arnorm with the path forced each way).  The
+ * log-step path (from FEP_AR_RD_RANKS ranks) moves fp32, twice a bf16
+ * input's bytes, where the two-stage path moves the dtype (and FP8
+ * results, a byte a value): at 4, 8 and 16 shm ranks of the lent
+ * 16-core Xeon it beat the two-stage path up to 4 rows of 7168 fp32
+ * values (112 KiB) and lost from 8, so fp32 input takes
+ * FEP_AR_RD_DEFAULT_F32 (128 KiB); bf16 rows to FP8 gained up to 2 rows
+ * and lost at 4, so bf16 keeps 32 KiB (fabep_bench -o scale,
+ * docs/performance.md).  FABEP_AR_ONESTAGE_MAX overrides both.
  */
-int fep_ar_onestage_env(size_t *os_max)
+int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max)
 {
-	size_t v = FEP_AR_ONESTAGE_DEFAULT;
+	size_t v = nranks >= FEP_AR_RD_RANKS && esize == 4 ?
+		   FEP_AR_RD_DEFAULT_F32 : FEP_AR_ONESTAGE_DEFAULT;
 	int ret = fep_env_size("FABEP_AR_ONESTAGE_MAX", 0, (size_t)1 << 40, &v);
 
 	if (ret < 0)
@@ -169,7 +181,13 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	l->qmax = (max_rows + p - 1) / p;
 	l->two_stage = all > os_max;
 	l->os_cap = FEP_MIN(all, os_max);
-	d1 = l->os_cap;
+	if (p >= FEP_AR_RD_RANKS && l->os_cap) {
+		while (((size_t)2 << l->rd_m) <= p)
+			l->rd_m++;
+		l->blkrd = FEP_AR_HDR + A64(l->os_cap / esize * 4);
+	}
+	/* with the log-step path, phase 1 carries two-stage rows only */
+	d1 = l->rd_m ? 0 : l->os_cap;
 	if (l->two_stage)
 		d1 = FEP_MAX(d1, l->qmax * rb);
 	l->blk1 = FEP_AR_HDR + A64(d1);
@@ -184,6 +202,14 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	t = (l->two_stage ? p : 1) * l->blk1;
 	l->o_ag = l->o_stage + t;
 	l->total = l->o_ag + p * l->blkag;
+	if (l->rd_m) {
+		size_t nr = 2 * (size_t)(l->rd_m + 2);
+
+		l->o_rdctr = A64(l->total);
+		l->o_rdslots = l->o_rdctr + A64(nr * 8);
+		l->o_rdstage = l->o_rdslots + nr * l->blkrd;
+		l->total = l->o_rdstage + l->blkrd;
+	}
 	return 0;
 }
 
@@ -210,7 +236,8 @@ FEP_EXPORT size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,
 	fep_k_dtype_t dt;
 	size_t es, os_max;
 
-	if (fep_ar_esize(dtype, &dt, &es) || fep_ar_onestage_env(&os_max) ||
+	if (fep_ar_esize(dtype, &dt, &es) ||
+	    fep_ar_onestage_env(es, nranks, &os_max) ||
 	    fep_ar_layout(max_rows, cols, es, nranks, os_max, &l))
 		return 0;
 	return l.total + 64; /* alignment of the block */
@@ -260,7 +287,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		status = -EINVAL;
 	}
 	if (!status)
-		status = fep_ar_onestage_env(&os_max);
+		status = fep_ar_onestage_env(es, comm->size, &os_max);
 	if (!status) {
 		ret = fep_ar_layout(max_rows, max_cols, es, comm->size, os_max,
 				    &h->lay);
@@ -363,6 +390,11 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->slots1[1] = h->slots1[0] + (uint64_t)comm->size * h->lay.blk1;
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
+	if (h->lay.rd_m) {
+		h->rdctr = h->base + h->lay.o_rdctr;
+		h->rdslots = h->base + h->lay.o_rdslots;
+		h->rdstage = h->base + h->lay.o_rdstage;
+	}
 	h->direct = fep_ar_direct_ok(fab);
 	/* every rank reads or every rank writes its results: the thread
 	 * counts, and so the choice, may differ between ranks */
@@ -372,7 +404,10 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	free(all);
 	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
 		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,
-		h->lay.two_stage ? "one- and two-stage" : "one-stage only",
+		h->lay.rd_m ? (h->lay.two_stage ? "log-step and two-stage" :
+			       "log-step only") :
+			      (h->lay.two_stage ? "one- and two-stage" :
+			       "one-stage only"),
 		h->lay.total);
 	*out = h;
 	return 0;
@@ -417,6 +452,7 @@ struct fep_ar_job {
 	int op;
 	int n;                    /* ranks */
 	const void *const *in;    /* n row-0 pointers */
+	const float *sum32;       /* or: the rows' sums, fp32 (log-step) */
 	size_t rows, cols;
 	void *out;                /* dtype rows, or FP8 rows */
 	float *scales;            /* FP8 */
@@ -436,7 +472,7 @@ static void fep_ar_job_rows(const struct fep_ar_job *j, int tid, size_t r0,
 	const struct fep_k_ops *ops = fep_k_ops();
 	size_t es = h->lay.esize, rb = j->cols * es, r, n, ch;
 	const void **in = h->ins + (size_t)tid * (size_t)j->n;
-	uint8_t *scratch = h->scratch + (size_t)tid * h->scratch_bytes;
+	uint8_t *scratch = h->scratch + (size_t)tid * h->scratch_bytes, *dst;
 	fep_k_sum_args_t sa;
 	fep_k_rmsnorm_args_t na;
 	int k;
@@ -444,19 +480,28 @@ static void fep_ar_job_rows(const struct fep_ar_job *j, int tid, size_t r0,
 	ch = FEP_MAX((size_t)1, h->scratch_bytes / rb);
 	for (r = r0; r < r1; r += n) {
 		n = FEP_MIN(ch, r1 - r);
-		for (k = 0; k < j->n; k++)
-			in[k] = (const uint8_t *)j->in[k] + r * rb;
-		memset(&sa, 0, sizeof(sa));
-		sa.in = in;
-		sa.n = j->n;
-		sa.dt = h->dt;
-		if (j->op == FEP_AR_SUM) {
-			sa.out = (uint8_t *)j->out + r * rb;
+		/* the sums, rounded to the dtype once: into out (a plain
+		 * sum) or the scratch the norm reads */
+		dst = j->op == FEP_AR_SUM ? (uint8_t *)j->out + r * rb : scratch;
+		if (j->sum32) {
+			const float *s32 = j->sum32 + r * j->cols;
+
+			if (h->dt == FEP_K_F32)
+				memcpy(dst, s32, n * rb);
+			else
+				ops->f32_to_bf16(s32, (uint16_t *)dst, 0, n * j->cols);
+		} else {
+			for (k = 0; k < j->n; k++)
+				in[k] = (const uint8_t *)j->in[k] + r * rb;
+			memset(&sa, 0, sizeof(sa));
+			sa.in = in;
+			sa.n = j->n;
+			sa.dt = h->dt;
+			sa.out = dst;
 			ops->sum(&sa, 0, n * j->cols);
-			continue;
 		}
-		sa.out = scratch;
-		ops->sum(&sa, 0, n * j->cols);
+		if (j->op == FEP_AR_SUM)
+			continue;
 		memset(&na, 0, sizeof(na));
 		na.in = scratch;
 		na.in_dt = h->dt;
@@ -635,17 +680,34 @@ static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
 	return 0;
 }
 
+/* A verdict of a call in which some ranks took the log-step path and
+ * others the two-stage one (their rows differ): the log-step counters
+ * are out of step now, so the handle is unusable, on every rank. */
+static int fep_ar_logstep_lost(struct fabep_allreduce *h, bool logstep,
+			       int ret, const char *name)
+{
+	if (!logstep)
+		return ret;
+	fep_err("%s: ranks took different paths (rows or cols differ between "
+		"ranks, across the one-stage threshold): the handle is unusable "
+		"now (destroy it)", name);
+	h->broken = ret;
+	return ret;
+}
+
 /* The verdict after phase 1: the same on every rank. */
 static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mine,
 			  const uint8_t *slots, const char *name)
 {
 	fabep_comm_t *comm = h->comm;
 	const struct fep_ar_hdr *hd;
-	int r, mismatch = -1;
+	int r, mismatch = -1, ret;
+	bool logstep = false;
 
 	for (r = 0; r < comm->size; r++) {
 		hd = r == comm->rank ? mine :
 			(const struct fep_ar_hdr *)(slots + (size_t)r * h->lay.blk1);
+		logstep = logstep || (hd->op & FEP_AR_F_LOGSTEP);
 		if (hd->seq != mine->seq) {
 			fep_err("%s: rank %d's slot holds call %llu, expected %llu",
 				name, r, (unsigned long long)hd->seq,
@@ -664,12 +726,14 @@ static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mi
 			if (hd->status > 0 || hd->status < -100000) {
 				fep_err("%s: rank %d sent status %d", name, r,
 					(int)hd->status);
-				return -FABEP_ERR_PROTOCOL;
+				ret = -FABEP_ERR_PROTOCOL;
+			} else {
+				if (r != comm->rank)
+					fep_err("%s: rank %d reported: %s", name, r,
+						fabep_strerror(hd->status));
+				ret = hd->status;
 			}
-			if (r != comm->rank)
-				fep_err("%s: rank %d reported: %s", name, r,
-					fabep_strerror(hd->status));
-			return hd->status;
+			return fep_ar_logstep_lost(h, logstep, ret, name);
 		}
 		if (mismatch < 0 && (hd->rows != mine->rows || hd->cols != mine->cols ||
 				     hd->op != mine->op))
@@ -682,7 +746,7 @@ static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mi
 			(unsigned long long)mine->rows, (unsigned long long)mine->cols,
 			mine->op, mismatch, (unsigned long long)hd->rows,
 			(unsigned long long)hd->cols, hd->op);
-		return -FABEP_ERR_MISMATCH;
+		return fep_ar_logstep_lost(h, logstep, -FABEP_ERR_MISMATCH, name);
 	}
 	return 0;
 }
@@ -707,6 +771,8 @@ struct fep_ar_state {
 	size_t rb;             /* bytes per row */
 	size_t q, my0, myn;    /* two-stage: rows per owner, this rank's rows */
 	bool one;              /* the one-stage path (or an error to agree on) */
+	bool rdp;              /* the log-step path (fep_ar_rd) */
+	bool hdr_only;         /* phase 1 carries the header alone */
 	bool res;              /* a residual is added */
 	bool direct;           /* phase 1 from the caller's input */
 	bool rd;               /* the allgather by reads (h->rd) */
@@ -747,7 +813,18 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 		c->p = &c->pin;
 	c->res = !status && c->p && c->p->residual && rows;
 	c->rb = cols * h->lay.esize;
-	c->one = status || !h->lay.two_stage || rows * c->rb <= h->os_max;
+	{
+		size_t rb, bytes;
+		/* the same on every rank that passes the same rows and
+		 * cols, whatever else it got wrong */
+		bool small = !h->lay.two_stage ||
+			(!__builtin_mul_overflow(cols, h->lay.esize, &rb) &&
+			 !__builtin_mul_overflow(rows, rb, &bytes) &&
+			 bytes <= h->os_max);
+
+		c->rdp = h->lay.rd_m && small;
+		c->one = !c->rdp && (status || small);
+	}
 	c->direct = h->direct && !status;
 	c->rd = h->rd && !c->one && op != FEP_AR_NORM_FP8;
 	c->par = (int)((h->seq + 1) & 1);
@@ -789,7 +866,7 @@ static int fep_ar_put1(struct fep_ar_state *c, int o, struct fep_put *pu)
 	struct fabep_allreduce *h = c->h;
 	uint64_t dst = h->slots1[c->par] + (uint64_t)h->comm->rank * h->lay.blk1;
 	uint64_t st = h->stage + (c->one ? 0 : (uint64_t)o * h->lay.blk1);
-	size_t r0 = 0, nr = c->hdr.status ? 0 : c->rows;
+	size_t r0 = 0, nr = c->hdr.status || c->hdr_only ? 0 : c->rows;
 	int n = 0;
 
 	if (!c->one)
@@ -819,7 +896,8 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 
 	if (c->one) {
 		memcpy(st, &c->hdr, sizeof(c->hdr));
-		if (!c->direct && !c->hdr.status && c->rows && P > 1)
+		if (!c->direct && !c->hdr.status && !c->hdr_only && c->rows &&
+		    P > 1)
 			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_flat,
 				     &c->cp);
 	} else {
@@ -1019,6 +1097,425 @@ static int fep_ar_allgather(struct fep_ar_state *c)
 	return 0;
 }
 
+/* ---- the log-step path ----
+ *
+ * Calls below the one-stage threshold, from FEP_AR_RD_RANKS ranks
+ * (recursive doubling): with M the largest power of two <= ranks, rank
+ * M + j (an extra rank) first sends its input to rank j (the fold);
+ * ranks 0..M-1 then exchange their partial sums with rank me ^ 2^k in
+ * round k = 0..log2(M)-1, each adding the same two partials, so both
+ * hold the same bits; rank j finally sends the total to rank M + j.  Sums are fp32
+ * throughout (a bf16 input is widened once) and rounded to the dtype
+ * once, at the end; every rank holds the same sums, taken in the order
+ * of a tree over the ranks: (x0 + x1) + (x2 + x3), ..., with x_j + x_M+j
+ * at its leaves.  Each message is a struct fep_ar_rdhdr and the sums,
+ * written into the partner's slot of that round (by call parity) and
+ * signalled on its counter of that round.
+ *
+ * The header of each message merges what its sender knows of the ranks
+ * its sums cover (fep_ar_rd_merge), so that after the last round every
+ * rank holds the same view of every rank: the lowest rank with an error
+ * and its status, and the lowest rank whose rows, cols or operation
+ * differ from rank 0's.  The verdict is taken from it, as phase 1's is
+ * from the headers.  Where the view so far holds an error, the rounds
+ * go on with the headers alone, so that every rank learns it.
+ *
+ * Back-to-back safety is phase 1's argument, round by round: rank A
+ * writes round k of call N + 2 into B's slot of call N's parity only
+ * after A had B's round-k message of call N + 1, which B sent after it
+ * returned from call N.  A call of ranks whose rows differ across the
+ * threshold sends some ranks here and others to phase 1: a rank here
+ * watches the phase-1 counter while it waits, and when a phase-1 message
+ * comes it joins phase 1 with its header alone (fep_ar_rd_cross), so
+ * that every rank reaches the same verdict; the log-step counters are
+ * out of step after that, and the handle is unusable. */
+
+static uint64_t fep_ar_rd_ctr(const struct fabep_allreduce *h, int par, int k)
+{
+	return h->rdctr + 8 * ((uint64_t)par * (uint64_t)(h->lay.rd_m + 2) +
+			       (uint64_t)k);
+}
+
+static uint64_t fep_ar_rd_slot(const struct fabep_allreduce *h, int par, int k)
+{
+	return h->rdslots + h->lay.blkrd *
+		((uint64_t)par * (uint64_t)(h->lay.rd_m + 2) + (uint64_t)k);
+}
+
+/* Whether a merged view holds an error or a disagreement. */
+static bool fep_ar_rd_bad(const struct fep_ar_rdhdr *v)
+{
+	return v->err >= 0 || v->diff >= 0;
+}
+
+/* Merge b, a peer's view (off the wire), into a, this rank's: a then
+ * covers both rank sets.  The rule is the verdict's, on the union: the
+ * lowest rank with an error; the lowest rank whose call differs from the
+ * lowest rank's.  A view that cannot be a peer's becomes this rank's
+ * error, -FABEP_ERR_PROTOCOL (*proto set), and the rounds go on. */
+static void fep_ar_rd_merge(struct fep_ar_rdhdr *a, const struct fep_ar_rdhdr *b,
+			    int P, int me, uint64_t seq, int from, bool *proto,
+			    const char *name)
+{
+	const struct fep_ar_rdhdr *lo = a->ref < b->ref ? a : b;
+	const struct fep_ar_rdhdr *hi = lo == a ? b : a;
+	struct fep_ar_rdhdr m = *lo;
+	int hd_rank;
+	uint32_t hd_op;
+	uint64_t hd_rows, hd_cols;
+
+	if (b->seq != seq || b->ref < 0 || b->ref >= P || b->ref == a->ref ||
+	    b->err < -1 || b->err >= P || b->diff < -1 || b->diff >= P ||
+	    (b->err >= 0 && (b->status >= 0 || b->status < -100000))) {
+		if (b->seq != seq)
+			fep_err("%s: rank %d's message holds call %llu, expected "
+				"%llu", name, from, (unsigned long long)b->seq,
+				(unsigned long long)seq);
+		else
+			fep_err("%s: rank %d sent a malformed header", name, from);
+		*proto = true;
+		if (a->err < 0 || me < a->err) {
+			a->err = me;
+			a->status = -FABEP_ERR_PROTOCOL;
+		}
+		return;
+	}
+	/* the lowest error */
+	if (hi->err >= 0 && (m.err < 0 || hi->err < m.err)) {
+		m.err = hi->err;
+		m.status = hi->status;
+	}
+	/* hi's lowest rank differing from lo's call: hi's own lowest rank
+	 * where its call differs, else the one that differs from it */
+	if (hi->rows != lo->rows || hi->cols != lo->cols || hi->op != lo->op) {
+		hd_rank = hi->ref;
+		hd_rows = hi->rows;
+		hd_cols = hi->cols;
+		hd_op = hi->op;
+	} else {
+		hd_rank = hi->diff;
+		hd_rows = hi->drows;
+		hd_cols = hi->dcols;
+		hd_op = hi->dop;
+	}
+	if (hd_rank >= 0 && (m.diff < 0 || hd_rank < m.diff)) {
+		m.diff = hd_rank;
+		m.drows = hd_rows;
+		m.dcols = hd_cols;
+		m.dop = hd_op;
+	}
+	*a = m;
+}
+
+/* The verdict from the merged view of every rank. */
+static int fep_ar_rd_verdict(const struct fep_ar_state *c,
+			     const struct fep_ar_rdhdr *v)
+{
+	int me = c->h->comm->rank;
+
+	if (v->err >= 0) {
+		if (v->err != me)
+			fep_err("%s: rank %d reported: %s", c->name, v->err,
+				fabep_strerror(v->status));
+		return v->status;
+	}
+	if (v->diff >= 0) {
+		fep_err("%s: ranks disagree: rank %d passed %llu x %llu (op %#x), "
+			"rank %d passed %llu x %llu (op %#x)", c->name, v->ref,
+			(unsigned long long)v->rows, (unsigned long long)v->cols,
+			v->op, v->diff, (unsigned long long)v->drows,
+			(unsigned long long)v->dcols, v->dop);
+		return -FABEP_ERR_MISMATCH;
+	}
+	return 0;
+}
+
+/* Round k's message to peer: the staged header, and the sums where
+ * `data` (the view holds no error), signalled on the peer's counter k. */
+static int fep_ar_rd_post(struct fep_ar_state *c, int peer, int k, bool data)
+{
+	struct fabep_allreduce *h = c->h;
+	fep_fabric_t *fab = h->comm->fab;
+	struct fep_put pu = {
+		.peer = peer,
+		.dst = fep_ar_rd_slot(h, c->par, k),
+		.src = h->rdstage,
+		.len = FEP_AR_HDR + (data ? c->rows * c->cols * 4 : 0),
+		.sig = fep_ar_rd_ctr(h, c->par, k),
+		.add = 1,
+	};
+	int ret = fep_fab_put_signal_many(fab, &pu, 1);
+
+	if (ret)
+		fep_err("%s: posting to rank %d: %s", c->name, peer,
+			fabep_strerror(ret));
+	return ret;
+}
+
+/* Wait for round k's message from peer, watching the phase-1 counter:
+ * *cross when a rank took the two-stage path instead. */
+static int fep_ar_rd_wait(struct fep_ar_state *c, int peer, int k, bool *cross)
+{
+	struct fabep_allreduce *h = c->h;
+	fabep_comm_t *comm = h->comm;
+	fep_fabric_t *fab = comm->fab;
+	uint64_t ctr = fep_ar_rd_ctr(h, c->par, k);
+	uint64_t target = ++h->rd_expect[c->par][k];
+	struct fep_stall st;
+	int ret;
+
+	memset(&st, 0, sizeof(st));
+	for (;;) {
+		if (fep_counter_load(fab, ctr) >= target)
+			break;
+		if (fep_counter_load(fab, h->ctr1[c->par]) > h->expect1[c->par]) {
+			*cross = true;
+			return 0;
+		}
+		ret = fep_fabric_stall(fab, &st);
+		if (ret) {
+			comm->failed = true;
+			if (ret == -ETIMEDOUT)
+				fep_err("%s (call %llu, log-step round %d): timed out "
+					"after %d ms; rank %d never signalled", c->name,
+					(unsigned long long)c->hdr.seq, k,
+					comm->timeout_ms, peer);
+			else
+				fep_err("%s (call %llu, log-step round %d, rank %d): "
+					"%s", c->name, (unsigned long long)c->hdr.seq,
+					k, peer, fabep_strerror(ret));
+			return fep_ar_fail(h, ret);
+		}
+	}
+	/* tcp: the peer waits for what this rank posted */
+	ret = fep_fabric_drain(fab);
+	return ret ? fep_ar_fail(h, ret) : 0;
+}
+
+/* A rank took the two-stage path: join its phase 1 with this rank's
+ * header alone, flagged, and take phase 1's verdict (the handle is then
+ * unusable, fep_ar_logstep_lost). */
+static int fep_ar_rd_cross(struct fep_ar_state *c)
+{
+	int ret;
+
+	c->rdp = false;
+	c->one = true;
+	c->hdr_only = true;
+	c->hdr.op |= FEP_AR_F_LOGSTEP;
+	ret = fep_fabric_reap_writes(c->h->comm->fab);
+	if (ret)
+		return fep_ar_fail(c->h, ret);
+	ret = fep_ar_phase1(c);
+	if (ret)
+		return ret;
+	ret = fep_ar_verdict(c->h, &c->hdr,
+			     fep_heap_at(c->h->comm->fab, c->h->slots1[c->par]),
+			     c->name);
+	if (!ret) {  /* cannot be: this rank's flag differs from every op */
+		fep_err("%s: ranks took different paths", c->name);
+		ret = fep_ar_fail(c->h, -FABEP_ERR_PROTOCOL);
+	}
+	return ret;
+}
+
+/* Own input into the staged sums, widened to fp32. */
+static void fep_ar_rd_widen(void *ctx, size_t i0, size_t i1)
+{
+	const struct fep_ar_state *c = ctx;
+	struct fabep_allreduce *h = c->h;
+	float *sum = (float *)((uint8_t *)fep_heap_at(h->comm->fab, h->rdstage) +
+			       FEP_AR_HDR);
+
+	if (h->dt == FEP_K_F32)
+		memcpy(sum + i0, (const float *)c->in + i0, (i1 - i0) * 4);
+	else
+		fep_k_ops()->bf16_to_f32((const uint16_t *)c->in, sum, i0, i1);
+}
+
+/* The staged sums plus those of round k's message, the partial of the
+ * ranks with the lower numbers first. */
+struct fep_ar_rd_add {
+	float *sum;
+	const float *peer;
+	bool peer_first;
+};
+
+static void fep_ar_rd_add_fn(void *ctx, size_t i0, size_t i1)
+{
+	const struct fep_ar_rd_add *a = ctx;
+	const void *in[2];
+	fep_k_sum_args_t sa;
+
+	in[0] = a->peer_first ? (const void *)a->peer : a->sum;
+	in[1] = a->peer_first ? (const void *)a->sum : a->peer;
+	in[0] = (const float *)in[0] + i0;
+	in[1] = (const float *)in[1] + i0;
+	memset(&sa, 0, sizeof(sa));
+	sa.in = in;
+	sa.n = 2;
+	sa.dt = FEP_K_F32;
+	sa.out = a->sum + i0;
+	sa.nt = -1;
+	fep_k_ops()->sum(&sa, 0, i1 - i0);
+}
+
+/* Elements per range of a pool run over the sums. */
+#define FEP_AR_RD_GRAIN 4096
+
+static int fep_ar_rd_sum(struct fep_ar_state *c, int k, bool peer_first)
+{
+	struct fabep_allreduce *h = c->h;
+	fep_fabric_t *fab = h->comm->fab;
+	struct fep_ar_rd_add a = {
+		.sum = (float *)((uint8_t *)fep_heap_at(fab, h->rdstage) + FEP_AR_HDR),
+		.peer = (const float *)((const uint8_t *)fep_heap_at(
+			fab, fep_ar_rd_slot(h, c->par, k)) + FEP_AR_HDR),
+		.peer_first = peer_first,
+	};
+	size_t n = c->rows * c->cols;
+
+	if (n <= FEP_AR_RD_GRAIN) {
+		fep_ar_rd_add_fn(&a, 0, n);
+		return 0;
+	}
+	return fep_pool_for(h->comm->pool, n, FEP_AR_RD_GRAIN, fep_ar_rd_add_fn,
+			    &a);
+}
+
+static int fep_ar_rd(struct fep_ar_state *c)
+{
+	struct fabep_allreduce *h = c->h;
+	fabep_comm_t *comm = h->comm;
+	fep_fabric_t *fab = comm->fab;
+	int P = comm->size, me = comm->rank, m = h->lay.rd_m, M = 1 << m;
+	int X = P - M, k, peer, ret;
+	struct fep_ar_rdhdr *st = fep_heap_at(fab, h->rdstage), view;
+	const struct fep_ar_rdhdr *got;
+	const float *total;
+	bool cross = false, proto = false, data;
+	struct fep_ar_job job;
+
+	memset(&view, 0, sizeof(view));
+	view.seq = c->hdr.seq;
+	view.rows = c->hdr.rows;
+	view.cols = c->hdr.cols;
+	view.op = c->hdr.op;
+	view.ref = me;
+	view.err = c->hdr.status ? me : -1;
+	view.status = c->hdr.status;
+	view.diff = -1;
+	data = !c->hdr.status && c->rows;
+	if (data) {
+		size_t n = c->rows * c->cols;
+
+		if (n <= FEP_AR_RD_GRAIN)
+			fep_ar_rd_widen(c, 0, n);
+		else if ((ret = fep_pool_for(comm->pool, n, FEP_AR_RD_GRAIN,
+					     fep_ar_rd_widen, c)))
+			return fep_ar_fail(h, ret);
+	}
+	snprintf(c->what, sizeof(c->what), "%s (call %llu, log-step)", c->name,
+		 (unsigned long long)c->hdr.seq);
+
+	if (me >= M) {  /* an extra rank: the fold, then the total */
+		peer = me - M;
+		*st = view;
+		ret = fep_ar_rd_post(c, peer, m, data);
+		if (!ret)
+			ret = fep_ar_rd_wait(c, peer, m + 1, &cross);
+		if (ret)
+			return fep_ar_fail(h, ret);
+		if (cross)
+			return fep_ar_rd_cross(c);
+		got = fep_heap_at(fab, fep_ar_rd_slot(h, c->par, m + 1));
+		/* the partner's view covers every rank, this one included */
+		if (got->seq != view.seq || got->ref != 0 || got->err < -1 ||
+		    got->err >= P || got->diff < -1 || got->diff >= P ||
+		    (got->err >= 0 && (got->status >= 0 || got->status < -100000))) {
+			fep_err("%s: rank %d's total holds call %llu (ranks from "
+				"%d): malformed", c->name, peer,
+				(unsigned long long)got->seq, got->ref);
+			return fep_ar_fail(h, -FABEP_ERR_PROTOCOL);
+		}
+		view = *got;
+		total = (const float *)(got + 1);
+	} else {
+		if (me < X) {  /* the fold: the extra rank's input */
+			ret = fep_ar_rd_wait(c, me + M, m, &cross);
+			if (ret)
+				return ret;
+			if (cross)
+				return fep_ar_rd_cross(c);
+			got = fep_heap_at(fab, fep_ar_rd_slot(h, c->par, m));
+			fep_ar_rd_merge(&view, got, P, me, view.seq, me + M, &proto,
+					c->name);
+			data = data && !fep_ar_rd_bad(&view);
+			if (data && (ret = fep_ar_rd_sum(c, m, false)))
+				return fep_ar_fail(h, ret);
+		}
+		for (k = 0; k < m; k++) {
+			peer = me ^ (1 << k);
+			/* the staging changes under no write still reading it */
+			ret = fep_fabric_reap_writes(fab);
+			if (ret)
+				return fep_ar_fail(h, ret);
+			*st = view;
+			ret = fep_ar_rd_post(c, peer, k, data);
+			if (!ret)
+				ret = fep_ar_rd_wait(c, peer, k, &cross);
+			if (ret)
+				return fep_ar_fail(h, ret);
+			if (cross)
+				return fep_ar_rd_cross(c);
+			got = fep_heap_at(fab, fep_ar_rd_slot(h, c->par, k));
+			fep_ar_rd_merge(&view, got, P, me, view.seq, peer, &proto,
+					c->name);
+			data = data && !fep_ar_rd_bad(&view);
+			ret = fep_fabric_reap_writes(fab);
+			if (!ret && data)
+				ret = fep_ar_rd_sum(c, k, (me >> k) & 1);
+			if (ret)
+				return fep_ar_fail(h, ret);
+		}
+		if (me < X) {  /* the total to the extra rank */
+			*st = view;
+			ret = fep_ar_rd_post(c, me + M, m + 1, data);
+			if (ret)
+				return fep_ar_fail(h, ret);
+		}
+		total = (const float *)(st + 1);
+	}
+	if (proto)
+		h->broken = -FABEP_ERR_PROTOCOL;
+	ret = fep_ar_rd_verdict(c, &view);
+	if (ret || !c->rows)
+		return ret;
+
+	/* the total into the caller's outputs, as the one-stage path */
+	memset(&job, 0, sizeof(job));
+	job.h = h;
+	job.op = c->op;
+	job.n = 1;
+	job.sum32 = total;
+	job.rows = c->rows;
+	job.cols = c->cols;
+	job.out = c->out;
+	job.scales = c->scales;
+	job.res_src = job.res = c->res ? c->p->residual : NULL;
+	if (c->op != FEP_AR_SUM) {
+		if (h->dt == FEP_K_F32) {
+			job.gamma = c->p->gamma;
+		} else {
+			fep_k_ops()->bf16_to_f32(c->p->gamma, h->gamma32, 0, c->cols);
+			job.gamma = h->gamma32;
+		}
+	}
+	job.p = c->p;
+	ret = fep_pool_run(comm->pool, fep_ar_job_run, &job);
+	return ret ? fep_ar_fail(h, ret) : 0;
+}
+
 static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 		       size_t rows, size_t cols, const fabep_rmsnorm_params_t *p,
 		       void *out, float *scales)
@@ -1030,6 +1527,8 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 	ret = fep_ar_begin(&c, h, op, in, rows, cols, p, out, scales);
 	if (ret)
 		return ret;
+	if (c.rdp)
+		return fep_ar_rd(&c);
 	/* 1. phase 1: stage and write */
 	ret = fep_ar_phase1(&c);
 	if (ret)

@@ -14,10 +14,18 @@
 #include "core/comm.h"
 #include "kernels/kernels.h"
 
-/* The one-stage threshold when FABEP_AR_ONESTAGE_MAX is not set: input
- * bytes per rank.  Measured with fabep_bench -o arnorm on shm (see the
- * comment at its definition in allreduce.c). */
+/* The threshold when FABEP_AR_ONESTAGE_MAX is not set, in input bytes
+ * per rank: FEP_AR_ONESTAGE_DEFAULT, but from FEP_AR_RD_RANKS ranks (the
+ * log-step path) FEP_AR_RD_DEFAULT_F32 for fp32 input.  Measured on shm
+ * (see the comment at fep_ar_onestage_env in allreduce.c). */
 #define FEP_AR_ONESTAGE_DEFAULT ((size_t)32 << 10)
+#define FEP_AR_RD_DEFAULT_F32 ((size_t)128 << 10)
+/* The log-step path below the threshold from this many ranks: log2(ranks)
+ * rounds with one partner each, where the one-stage path has every rank
+ * write its input to every other (ranks - 1 copies of it into each rank,
+ * queued under the target's locks).  Below it, one round of ranks - 1
+ * writes is as short. */
+#define FEP_AR_RD_RANKS 4
 
 /* Every slot and allgather block starts with this header, written in the
  * same fi_write as the data that follows it. */
@@ -31,12 +39,37 @@ struct fep_ar_hdr {
 	uint8_t pad[32];
 };
 
+/* The header of a log-step message (fep_ar_rd, allreduce.c): what the
+ * ranks merged into it so far know of every merged rank's call, so that
+ * after the last step every rank holds the same view of all of them. */
+struct fep_ar_rdhdr {
+	uint64_t seq;     /* call number */
+	uint64_t rows;    /* of rank ref */
+	uint64_t cols;
+	int32_t status;   /* of rank err */
+	uint32_t op;      /* of rank ref */
+	int32_t ref;      /* the lowest rank merged */
+	int32_t err;      /* the lowest merged rank with an error, or -1 */
+	int32_t diff;     /* the lowest merged rank whose rows, cols or op
+			   * differ from ref's, or -1 */
+	uint32_t dop;     /* its op, rows and cols */
+	uint64_t drows;
+	uint64_t dcols;
+};
+
 enum fep_ar_op {
 	FEP_AR_SUM = 1,
 	FEP_AR_NORM = 2,       /* allreduce + RMSNorm, dtype out */
 	FEP_AR_NORM_FP8 = 3,   /* allreduce + RMSNorm + FP8 */
 };
 #define FEP_AR_F_RESIDUAL 0x100u
+/* In a phase-1 header: its rank took the log-step path, found a peer on
+ * the two-stage one (rows that differ between ranks) and joined phase 1
+ * to agree on the verdict; the log-step counters are then out of step. */
+#define FEP_AR_F_LOGSTEP 0x200u
+/* Log-step rounds at most: ranks up to 65536, plus the fold and its
+ * answer for a rank count that is not a power of two. */
+#define FEP_AR_RD_MAX 18
 
 /* Sizes of one handle's heap objects. */
 struct fep_ar_layout {
@@ -46,11 +79,18 @@ struct fep_ar_layout {
 	size_t blk1;        /* phase-1 slot (and staging block): hdr + data */
 	size_t blkag;       /* allgather block: hdr + data; 0 without two-stage */
 	bool two_stage;     /* whether max_rows x max_cols exceeds os_max */
+	int rd_m;           /* log-step rounds (log2 of the largest power of
+			       two <= ranks) where calls below os_max take
+			       the log-step path (4 ranks or more), else 0 */
+	size_t blkrd;       /* log-step slot: rdhdr + fp32 sums of os_cap */
 	/* offsets from the start of the handle's heap block */
 	size_t o_ctr;       /* 3 counters: phase 1 by parity, allgather */
 	size_t o_slots;     /* 2 parities x ranks x blk1 */
 	size_t o_stage;     /* ranks x blk1 (one-stage: block 0 only) */
 	size_t o_ag;        /* ranks x blkag */
+	size_t o_rdctr;     /* 2 parities x (rd_m + 2) log-step counters */
+	size_t o_rdslots;   /* 2 parities x (rd_m + 2) x blkrd */
+	size_t o_rdstage;   /* blkrd: what this rank sends in a round */
 	size_t total;
 };
 
@@ -70,6 +110,10 @@ struct fabep_allreduce {
 	uint64_t seq;           /* calls made on this handle */
 	uint64_t expect1[2];    /* what ctr1[p] must reach */
 	uint64_t expect_ag;
+	uint64_t rdctr;         /* log-step counters, slots, staging */
+	uint64_t rdslots;
+	uint64_t rdstage;
+	uint64_t rd_expect[2][FEP_AR_RD_MAX];
 	int broken;             /* an earlier call failed mid-protocol */
 	bool direct;            /* phase 1 writes from the caller's input
 				   (fep_ar_direct_ok), not from staging */
@@ -89,7 +133,8 @@ struct fabep_allreduce {
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 		  size_t os_max, struct fep_ar_layout *l);
 
-/* FABEP_AR_ONESTAGE_MAX, else the default.  0 or -EINVAL (logged). */
-int fep_ar_onestage_env(size_t *os_max);
+/* FABEP_AR_ONESTAGE_MAX, else the default for elements of esize bytes
+ * on nranks ranks.  0 or -EINVAL (logged). */
+int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max);
 
 #endif
