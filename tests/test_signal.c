@@ -545,27 +545,9 @@ static int crowd_cores(int *out, int max)
 	if (sched_getaffinity(0, sizeof(all), &all))
 		return 0;
 	for (i = 0; i < CPU_SETSIZE && n < max; i++) {
-		char path[96];
-		int core = -1, pkg = 0;
-		FILE *f;
-
 		if (!CPU_ISSET(i, &all))
 			continue;
-		snprintf(path, sizeof(path),
-			 "/sys/devices/system/cpu/cpu%d/topology/core_id", i);
-		if ((f = fopen(path, "r"))) {
-			if (fscanf(f, "%d", &core) != 1)
-				core = -1;
-			fclose(f);
-		}
-		snprintf(path, sizeof(path),
-			 "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", i);
-		if ((f = fopen(path, "r"))) {
-			if (fscanf(f, "%d", &pkg) != 1)
-				pkg = 0;
-			fclose(f);
-		}
-		key[n] = core < 0 ? -1 - i : pkg * 65536 + core;
+		key[n] = fep_cpu_core_key(i);
 		for (j = 0; j < n && key[j] != key[n]; j++)
 			;
 		if (j == n)

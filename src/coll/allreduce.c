@@ -1148,6 +1148,15 @@ static bool fep_ar_rd_bad(const struct fep_ar_rdhdr *v)
 	return v->err >= 0 || v->diff >= 0;
 }
 
+/* Whether a view off the wire names only ranks there are, and an error
+ * as a negative code (the bound of phase 1's verdict). */
+static bool fep_ar_rd_sane(const struct fep_ar_rdhdr *b, int P)
+{
+	return b->ref >= 0 && b->ref < P && b->err >= -1 && b->err < P &&
+	       b->diff >= -1 && b->diff < P &&
+	       (b->err < 0 || (b->status < 0 && b->status >= -100000));
+}
+
 /* Merge b, a peer's view (off the wire), into a, this rank's: a then
  * covers both rank sets.  The rule is the verdict's, on the union: the
  * lowest rank with an error; the lowest rank whose call differs from the
@@ -1164,9 +1173,7 @@ static void fep_ar_rd_merge(struct fep_ar_rdhdr *a, const struct fep_ar_rdhdr *b
 	uint32_t hd_op;
 	uint64_t hd_rows, hd_cols;
 
-	if (b->seq != seq || b->ref < 0 || b->ref >= P || b->ref == a->ref ||
-	    b->err < -1 || b->err >= P || b->diff < -1 || b->diff >= P ||
-	    (b->err >= 0 && (b->status >= 0 || b->status < -100000))) {
+	if (b->seq != seq || b->ref == a->ref || !fep_ar_rd_sane(b, P)) {
 		if (b->seq != seq)
 			fep_err("%s: rank %d's message holds call %llu, expected "
 				"%llu", name, from, (unsigned long long)b->seq,
@@ -1430,9 +1437,7 @@ static int fep_ar_rd(struct fep_ar_state *c)
 			return fep_ar_rd_cross(c);
 		got = fep_heap_at(fab, fep_ar_rd_slot(h, c->par, m + 1));
 		/* the partner's view covers every rank, this one included */
-		if (got->seq != view.seq || got->ref != 0 || got->err < -1 ||
-		    got->err >= P || got->diff < -1 || got->diff >= P ||
-		    (got->err >= 0 && (got->status >= 0 || got->status < -100000))) {
+		if (got->seq != view.seq || got->ref != 0 || !fep_ar_rd_sane(got, P)) {
 			fep_err("%s: rank %d's total holds call %llu (ranks from "
 				"%d): malformed", c->name, peer,
 				(unsigned long long)got->seq, got->ref);
@@ -1454,12 +1459,11 @@ static int fep_ar_rd(struct fep_ar_state *c)
 			if (data && (ret = fep_ar_rd_sum(c, m, false)))
 				return fep_ar_fail(h, ret);
 		}
+		/* the staging changes only while no write reads it: the
+		 * call's start reaped the last call's, each round reaps its
+		 * own before its sum */
 		for (k = 0; k < m; k++) {
 			peer = me ^ (1 << k);
-			/* the staging changes under no write still reading it */
-			ret = fep_fabric_reap_writes(fab);
-			if (ret)
-				return fep_ar_fail(h, ret);
 			*st = view;
 			ret = fep_ar_rd_post(c, peer, k, data);
 			if (!ret)

@@ -260,27 +260,9 @@ static int set_cores(const cpu_set_t *set)
 	int i, j, n = 0, cores = 0;
 
 	for (i = 0; i < CPU_SETSIZE; i++) {
-		char path[96];
-		int core = -1, pkg = 0;
-		FILE *f;
-
 		if (!CPU_ISSET(i, set))
 			continue;
-		snprintf(path, sizeof(path),
-			 "/sys/devices/system/cpu/cpu%d/topology/core_id", i);
-		if ((f = fopen(path, "r"))) {
-			if (fscanf(f, "%d", &core) != 1)
-				core = -1;
-			fclose(f);
-		}
-		snprintf(path, sizeof(path),
-			 "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", i);
-		if ((f = fopen(path, "r"))) {
-			if (fscanf(f, "%d", &pkg) != 1)
-				pkg = 0;
-			fclose(f);
-		}
-		key[n] = core < 0 ? -1 - i : pkg * 65536 + core;
+		key[n] = fep_cpu_core_key(i);
 		for (j = 0; j < n && key[j] != key[n]; j++)
 			;
 		cores += j == n;

@@ -2,7 +2,8 @@
 /*
  * cpus.c - how many CPUs this process may really use: the CPU
  * bandwidth limit of its cgroup (a container's --cpus, a Kubernetes CPU
- * limit, systemd's CPUQuota), which sched_getaffinity does not show.
+ * limit, systemd's CPUQuota), which sched_getaffinity does not show; and
+ * which physical core a CPU belongs to.
  */
 #include "config.h"
 
@@ -144,6 +145,29 @@ int fep_cgroup_cpus_at(const char *root, const char *self)
 	}
 	fclose(f);
 	return best;
+}
+
+int fep_cpu_core_key(int cpu)
+{
+	char path[96];
+	int core = -1, pkg = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path),
+		 "/sys/devices/system/cpu/cpu%d/topology/core_id", cpu);
+	if ((f = fopen(path, "r"))) {
+		if (fscanf(f, "%d", &core) != 1)
+			core = -1;
+		fclose(f);
+	}
+	snprintf(path, sizeof(path),
+		 "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", cpu);
+	if ((f = fopen(path, "r"))) {
+		if (fscanf(f, "%d", &pkg) != 1)
+			pkg = 0;
+		fclose(f);
+	}
+	return core < 0 ? -1 - cpu : pkg * 65536 + core;
 }
 
 int fep_cgroup_cpus(void)

@@ -69,6 +69,10 @@ int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port);
  * self (the format of /proc/self/cgroup). */
 int fep_cgroup_cpus(void);
 int fep_cgroup_cpus_at(const char *root, const char *self);
+/* The physical core of CPU cpu, from sysfs, as a key equal for the
+ * hardware threads of one core (package and core id), or a key of its
+ * own (negative) where the topology is unknown. */
+int fep_cpu_core_key(int cpu);
 
 /* ---- caller-allocated structs (fabep.h, "Extensible structs") ---- */
 /* The size of a layout of `type` that ends with member m: its end,
