@@ -479,6 +479,7 @@ static void check_quant(fabep_isa_t isa, fep_k_dtype_t dt, size_t cols,
 {
 	const size_t rows = 6, ld = cols + 3;
 	size_t nb = block ? (cols + block - 1) / block : 1, lds = nb + 1;
+	static unsigned calls;
 	void *in = xmalloc(rows * ld * 4);
 	uint8_t *qs = xmalloc(rows * ld), *qv = xmalloc(rows * ld);
 	float *ss = xmalloc(rows * lds * 4), *sv = xmalloc(rows * lds * 4);
@@ -502,6 +503,9 @@ static void check_quant(fabep_isa_t isa, fep_k_dtype_t dt, size_t cols,
 	fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, rows);
 	a.out = qv;
 	a.scales = sv;
+	/* every other call with streaming stores asked for (the rows that
+	 * start on a line), whatever the CPU's default */
+	a.nt = d.nt = calls++ % 2 ? 1 : 0;
 	fep_k_ops_isa(isa)->fp8_quant(&a, 0, rows);
 	EXPECT(!memcmp(ss, sv, rows * lds * 4),
 		      "%s quant scales dt=%s cols=%zu block=%d", isa_name(isa),
@@ -648,39 +652,44 @@ START_TEST(test_fp8_dequant_edges)
 				     -1.5f, 0.0f };
 	const size_t ns = FEP_ARRAY_SIZE(scl), cols = 256 * ns;
 	uint8_t *q = xmalloc(cols);
-	float *sc = xmalloc(16 * ns * 4), *rs = xmalloc(cols * 4), *rv = xmalloc(cols * 4);
+	float *sc = xmalloc(8 * ns * 4), *rs = xmalloc(cols * 4);
+	float *rv = aligned_alloc(64, cols * 4);  /* streamed when asked */
 	size_t i;
-	int dt;
+	int dt, nt;
 
-	/* all 256 codes (16 blocks of 16) with each scale in turn */
+	ck_assert_ptr_nonnull(rv);
+	/* all 256 codes (8 blocks of 32, whole vectors) with each scale in
+	 * turn */
 	for (i = 0; i < cols; i++)
 		q[i] = (uint8_t)(i % 256);
-	for (i = 0; i < 16 * ns; i++)
-		sc[i] = scl[i / 16];
+	for (i = 0; i < 8 * ns; i++)
+		sc[i] = scl[i / 8];
 	for (dt = 0; dt < 2; dt++) {
 		fep_k_fp8dq_args_t d = {
-			.in = q, .ld_in = cols, .scales = sc, .ld_scales = 16 * ns,
-			.block = 16, .out = rs, .out_dt = (fep_k_dtype_t)dt,
+			.in = q, .ld_in = cols, .scales = sc, .ld_scales = 8 * ns,
+			.block = 32, .out = rs, .out_dt = (fep_k_dtype_t)dt,
 			.ld_out = cols, .cols = cols,
 		};
 
 		fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_dequant(&d, 0, 1);
+		for (nt = -1; nt <= 1; nt += 2)
 		FOR_HW_BF16(hw) FOR_VECTOR_LEVELS(isa) {
 			d.out = rv;
+			d.nt = nt;
 			memset(rv, 0x5a, cols * 4);
 			fep_k_ops_isa(isa)->fp8_dequant(&d, 0, 1);
 			d.out = rs;
 			for (i = 0; i < cols; i++) {
 				float a = ld_row(rs, (fep_k_dtype_t)dt, i);
 				float b = ld_row(rv, (fep_k_dtype_t)dt, i);
-				int nan_scale = isnan(sc[i / 16]);
+				int nan_scale = isnan(sc[i / 32]);
 
 				EXPECT(nan_scale ? (isnan(a) && isnan(b)) :
 				       (dt ? ((uint16_t *)rs)[i] == ((uint16_t *)rv)[i]
 					   : f2u(a) == f2u(b)),
 				       "%s dequant %s code %02zx scale %a: %a vs %a",
 				       isa_name(isa), dt ? "bf16" : "fp32", i % 256,
-				       sc[i / 16], b, a);
+				       sc[i / 32], b, a);
 			}
 		}
 	}

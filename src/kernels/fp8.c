@@ -328,7 +328,8 @@ static FEP_INLINE FEP_T_AVX2 void dequant256(const fep_k_fp8dq_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
-	int nt = a->nt ? a->nt > 0 : (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 :
+		 fep_k_nt_dequant && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -373,9 +374,11 @@ FEP_T_AVX2 void fep_k_fp8_dequant_avx2(const fep_k_fp8dq_args_t *a, size_t r0, s
 
 /* ---- AVX-512 ---- */
 
-/* 32 codes -> 32 values (lo: the first 16), exactly, through fp16 as
- * fep256_e4m3_dec16 (kernels.h) explains; 0x7f/0xff -> +-0x7fc00000. */
-static inline FEP_T_AVX512 void dec512(__m256i q, __m512 *lo, __m512 *hi)
+/* 32 codes -> 32 values times k (lo: the first 16), through fp16 as
+ * fep256_e4m3_dec16 (kernels.h) explains: with k = 2^8 the values
+ * exactly, with k = 2^8 * scale (when that is exact) the values times
+ * the scale in one rounding; 0x7f/0xff -> +-0x7fc00000. */
+static inline FEP_T_AVX512 void dec512(__m256i q, __m512 k, __m512 *lo, __m512 *hi)
 {
 	__m512i h = _mm512_slli_epi16(_mm512_cvtepu8_epi16(q), 7);
 	__mmask32 nan;
@@ -386,10 +389,8 @@ static inline FEP_T_AVX512 void dec512(__m256i q, __m512 *lo, __m512 *hi)
 				      _mm512_set1_epi16(0x3f80));
 	h = _mm512_mask_blend_epi16(nan, h, _mm512_xor_si512(h,
 		_mm512_set1_epi16(0x3f80 ^ 0x7e00)));
-	*lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)),
-			    _mm512_set1_ps(256.0f));
-	*hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
-			    _mm512_set1_ps(256.0f));
+	*lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), k);
+	*hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), k);
 }
 
 /* The largest of 32 unsigned 16-bit lanes. */
@@ -604,7 +605,8 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
-	int nt = a->nt ? a->nt > 0 : (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 :
+		 fep_k_nt_dequant && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -614,23 +616,44 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 
 		for (c0 = 0; c0 < a->cols; c0 += bs) {
 			size_t c1 = FEP_MIN(c0 + bs, a->cols);
-			__m512 s = _mm512_set1_ps(*sc++);
+			float sf = *sc++;
+			/* 2^8 * scale is exact below 2^119: one multiply */
+			int two = !(fabsf(sf) < 0x1p119f);
+			__m512 s = _mm512_set1_ps(sf);
+			__m512 k = _mm512_set1_ps(two ? 256.0f : sf * 256.0f);
+			/* no product is subnormal where |scale| >= 2^-117 (the
+			 * least code is 2^-9), so the hardware's bf16 rounding,
+			 * which flushes them, needs no check there */
+			int hw = fep_k_hw_bf16 && odt == FEP_K_BF16 && fabsf(sf) >= 0x1p-117f;
+			int ntb = ntr && !(c0 & 31);
 
 			/* 32 at a time: bf16 output leaves as whole lines */
 			for (i = c0; i + 32 <= c1; i += 32) {
 				__m512 v0, v1;
 
-				dec512(_mm256_loadu_si256((const __m256i *)(in + i)), &v0, &v1);
-				fep512_store32(out, odt, i, _mm512_mul_ps(v0, s),
-					       _mm512_mul_ps(v1, s), ntr && !(c0 & 31));
+				dec512(_mm256_loadu_si256((const __m256i *)(in + i)), k, &v0, &v1);
+				if (two) {
+					v0 = _mm512_mul_ps(v0, s);
+					v1 = _mm512_mul_ps(v1, s);
+				}
+				if (hw) {
+					__m512i b = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+
+					if (ntb)
+						_mm512_stream_si512((void *)((uint16_t *)out + i), b);
+					else
+						_mm512_storeu_si512((uint16_t *)out + i, b);
+				} else {
+					fep512_store32(out, odt, i, v0, v1, ntb);
+				}
 			}
 			for (; i < c1; i += 16) {
-				__mmask16 k = fep512_mask(c1 - i);
+				__mmask16 m = fep512_mask(c1 - i);
 				__m512 v, v1;
 
-				dec512(_mm256_zextsi128_si256(_mm_maskz_loadu_epi8(k, in + i)),
-				       &v, &v1);
-				fep512_store(out, odt, i, _mm512_mul_ps(v, s), k);
+				dec512(_mm256_zextsi128_si256(_mm_maskz_loadu_epi8(m, in + i)),
+				       k, &v, &v1);
+				fep512_store(out, odt, i, two ? _mm512_mul_ps(v, s) : v, m);
 			}
 		}
 	}
@@ -745,7 +768,7 @@ int fep_k_fp8_dequant_mt(fep_pool_t *pool, const fep_k_fp8dq_args_t *a,
 		return ret;
 	b = *a;
 	if (!b.nt)
-		b.nt = rows * b.cols * fep_k_dtype_size(b.out_dt) >= FEP_K_NT_BYTES ?
-		       1 : -1;
+		b.nt = fep_k_nt_dequant && rows * b.cols * fep_k_dtype_size(b.out_dt) >=
+		       FEP_K_NT_BYTES ? 1 : -1;
 	return fep_pool_for(pool, rows, 1, dequant_range, &c);
 }

@@ -92,11 +92,12 @@
  * Non-temporal stores (vector levels):
  * when one call writes at least FEP_K_NT_BYTES, full aligned vectors of
  * output go past the caches (conversions, n-way sum, permutes, FP8
- * quantization, dequantization and RMSNorm); smaller outputs stay in
- * cache for the next step.  The argument structs' nt overrides the
- * choice (1 stream, -1 never); the _mt wrappers set it from the whole
- * call, so that a call split over a pool streams as one call would, and
- * split the conversions into pieces of at least FEP_K_NT_BYTES.  The
+ * quantization, dequantization (not on AMD's CPUs: fep_k_nt_dequant) and
+ * RMSNorm); smaller outputs stay in cache for the next step.  The
+ * argument structs' nt overrides the choice (1 stream, -1 never); the
+ * _mt wrappers set it from the whole call, so that a call split over a
+ * pool streams as one call would, and split the conversions into pieces
+ * of at least FEP_K_NT_BYTES.  The
  * top-k sum streams only when asked (nt > 0): its rows are mostly read
  * again soon (combine streams the runs other ranks copy out).
  *
@@ -279,6 +280,11 @@ const struct fep_k_ops *fep_k_ops_isa(fabep_isa_t isa);
  * convert fp32 -> bf16 with vcvtne[2]ps2bf16 (bitwise equal results; the
  * tests clear it to cover the integer path too). */
 extern int fep_k_hw_bf16;
+/* Whether FP8 dequantization streams large outputs (FEP_K_NT_BYTES):
+ * not on AMD's CPUs, where its streaming stores took it to 0.5-0.6 of
+ * memcpy's rate against 0.8-0.9 with plain ones (Zen 5, AVX-512 and
+ * AVX2, 1 and 2 threads; docs/performance.md); on Intel's they gain. */
+extern int fep_k_nt_dequant;
 /* The highest level this CPU supports (ignores FABEP_ISA). */
 fabep_isa_t fep_k_isa_max(void);
 /* Parse "scalar"|"avx2"|"avx512"; -EINVAL otherwise. */
