@@ -106,7 +106,9 @@ FEP_T_AVX2 void fep_k_scatter_avx2(const fep_k_perm_args_t *a, size_t r0, size_t
 
 /* ---- AVX-512 ---- */
 
-static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n)
+/* n bytes from s to d past the caches; pf: a cursor advanced as they go */
+static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n,
+					fep_pf_t *pf)
 {
 	size_t head = (64 - ((uintptr_t)d & 63)) & 63, i;
 
@@ -127,6 +129,7 @@ static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n)
 		_mm512_stream_si512((void *)(d + i + 64), x1);
 		_mm512_stream_si512((void *)(d + i + 128), x2);
 		_mm512_stream_si512((void *)(d + i + 192), x3);
+		fep_pf_step(pf, 256);
 	}
 	for (; i + 64 <= n; i += 64)
 		_mm512_stream_si512((void *)(d + i), _mm512_loadu_si512(s + i));
@@ -144,11 +147,22 @@ FEP_T_AVX512 void fep_k_gather_avx512(const fep_k_perm_args_t *a, size_t r0, siz
 		fep_k_gather_scalar(a, r0, r1);
 		return;
 	}
-	for (r = r0; r < r1; r++)
-		if (a->idx[r] >= 0)
-			copy_nt_avx512((char *)a->dst + r * a->dst_stride,
-				       (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
-				       a->row_bytes);
+	for (r = r0; r < r1; r++) {
+		fep_pf_t pf;
+		size_t q = r + 1;
+
+		if (a->idx[r] < 0)
+			continue;
+		/* the next row read, anywhere in src (a jump the prefetchers
+		 * cannot follow), comes in while this one is copied */
+		while (q < r1 && a->idx[q] < 0)
+			q++;
+		fep_pf_init(&pf, q < r1 ? (const char *)a->src + (size_t)a->idx[q] *
+					  a->src_stride : NULL, a->row_bytes);
+		copy_nt_avx512((char *)a->dst + r * a->dst_stride,
+			       (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
+			       a->row_bytes, &pf);
+	}
 	_mm_sfence();
 }
 
@@ -161,10 +175,13 @@ FEP_T_AVX512 void fep_k_scatter_avx512(const fep_k_perm_args_t *a, size_t r0, si
 		return;
 	}
 	for (r = r0; r < r1; r++)
-		if (a->idx[r] >= 0)
+		if (a->idx[r] >= 0) {
+			fep_pf_t none = { NULL, 0, 0, 0 };  /* rows read in order */
+
 			copy_nt_avx512((char *)a->dst + (size_t)a->idx[r] * a->dst_stride,
 				       (const char *)a->src + r * a->src_stride,
-				       a->row_bytes);
+				       a->row_bytes, &none);
+		}
 	_mm_sfence();
 }
 
