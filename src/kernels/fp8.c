@@ -622,9 +622,8 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 			__m512 s = _mm512_set1_ps(sf);
 			__m512 k = _mm512_set1_ps(two ? 256.0f : sf * 256.0f);
 			/* no product is subnormal where |scale| >= 2^-117 (the
-			 * least code is 2^-9), so the hardware's bf16 rounding,
-			 * which flushes them, needs no check there */
-			int hw = fep_k_hw_bf16 && odt == FEP_K_BF16 && fabsf(sf) >= 0x1p-117f;
+			 * least code is 2^-9): no check for the bf16 rounding */
+			int sub = !(fabsf(sf) >= 0x1p-117f);
 			int ntb = ntr && !(c0 & 31);
 
 			/* 32 at a time: bf16 output leaves as whole lines */
@@ -636,16 +635,7 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 					v0 = _mm512_mul_ps(v0, s);
 					v1 = _mm512_mul_ps(v1, s);
 				}
-				if (hw) {
-					__m512i b = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
-
-					if (ntb)
-						_mm512_stream_si512((void *)((uint16_t *)out + i), b);
-					else
-						_mm512_storeu_si512((uint16_t *)out + i, b);
-				} else {
-					fep512_store32(out, odt, i, v0, v1, ntb);
-				}
+				fep512_store32(out, odt, i, v0, v1, ntb, sub);
 			}
 			for (; i < c1; i += 16) {
 				__mmask16 m = fep512_mask(c1 - i);

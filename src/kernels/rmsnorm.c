@@ -950,7 +950,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, 0xffff),
 								    vi), g0),
 					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
-								    vi), g1), ntr);
+								    vi), g1), ntr, 1);
 				fep_pf_step(&px, 32 * es);
 				fep_pf_step(&pr, 32 * es);
 			}

@@ -95,13 +95,22 @@ static inline FEP_T_AVX512 __m256i fep512_f32_to_bf16(__m512 v)
 	return _mm512_cvtepi32_epi16(fep512_bf16_bits(v));
 }
 
-/* 32 fp32 (a: first 16, b: next 16) -> 32 bf16 in order. */
-static inline FEP_T_AVX512 __m512i fep512_f32x2_to_bf16(__m512 a, __m512 b)
+/* 32 fp32 (a: first 16, b: next 16) -> 32 bf16 in order; sub: they may
+ * be subnormal (the hardware's rounding flushes those: checked), 0 where
+ * the caller knows none is. */
+static inline FEP_T_AVX512 __m512i fep512_f32x2_to_bf16_sub(__m512 a, __m512 b,
+							   int sub)
 {
-	if (fep_k_hw_bf16 && !(fep512_subnormals(a) | fep512_subnormals(b)))
+	if (fep_k_hw_bf16 &&
+	    !(sub && (fep512_subnormals(a) | fep512_subnormals(b))))
 		return (__m512i)_mm512_cvtne2ps_pbh(b, a);
 	return _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7),
 		_mm512_packus_epi32(fep512_bf16_bits(a), fep512_bf16_bits(b)));
+}
+
+static inline FEP_T_AVX512 __m512i fep512_f32x2_to_bf16(__m512 a, __m512 b)
+{
+	return fep512_f32x2_to_bf16_sub(a, b, 1);
 }
 
 static inline FEP_T_AVX512 __m512 fep512_load(const void *p, fep_k_dtype_t dt,
@@ -156,10 +165,11 @@ static inline FEP_T_AVX512 void fep512_store_nt(void *p, fep_k_dtype_t dt,
 }
 
 /* Store 32 values (v0 then v1) at p + i, streaming when nt (p + i then
- * 64-byte aligned): bf16 goes out as one full 64-byte line. */
+ * 64-byte aligned): bf16 goes out as one full 64-byte line, converted as
+ * fep512_f32x2_to_bf16_sub with sub. */
 static inline FEP_T_AVX512 void fep512_store32(void *p, fep_k_dtype_t dt,
 					       size_t i, __m512 v0, __m512 v1,
-					       int nt)
+					       int nt, int sub)
 {
 	if (dt == FEP_K_F32) {
 		if (nt) {
@@ -170,7 +180,7 @@ static inline FEP_T_AVX512 void fep512_store32(void *p, fep_k_dtype_t dt,
 			_mm512_storeu_ps((float *)p + i + 16, v1);
 		}
 	} else {
-		__m512i b = fep512_f32x2_to_bf16(v0, v1);
+		__m512i b = fep512_f32x2_to_bf16_sub(v0, v1, sub);
 
 		if (nt)
 			_mm512_stream_si512((void *)((uint16_t *)p + i), b);
