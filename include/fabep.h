@@ -503,7 +503,10 @@ typedef void (*fabep_moe_row_fn)(void *ctx, size_t token, void *row);
  * the expert outputs in the order dispatch delivered (rows, ld_y values
  * between rows, combine_type; NULL allowed when rows == 0).  Each token
  * is pre-reduced here (sum_k w_k * y_k over the experts of this rank, fp32
- * accumulation) and one row per token goes back to its source.
+ * accumulation) and one row per token goes back to its source; or, where
+ * the source asked for it in the dispatch (FABEP_MOE_COMBINE_ROWS), the
+ * token's rows go back as they are and the source weights them.  y may
+ * be reused as soon as this returns.
  */
 FABEP_API int fabep_moe_combine_send(fabep_moe_t *moe, const void *y,
 				     size_t ld_y, unsigned flags);

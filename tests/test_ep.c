@@ -64,6 +64,9 @@ struct params {
 	int gathered;     /* every run to a peer must leave from the input
 			   * slot, none staged (it must have more writes than
 			   * FEP_EP_GATHER_WRITES) */
+	const char *crows; /* FABEP_MOE_COMBINE_ROWS; "fit": some combine
+			    * must send rows, "never": none may */
+	int ld_pad;       /* y's rows hidden + ld_pad apart (round_trip) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -419,13 +422,13 @@ static int check_recv(const struct params *p, int rank, int size,
 /* The toy experts: y = x * expert_scale(e), in the combine type. */
 static void *experts(const struct params *p, const fabep_moe_recv_t *rv)
 {
-	size_t H = (size_t)p->hidden, r, h;
+	size_t H = (size_t)p->hidden + (size_t)p->ld_pad, r, h;
 	void *y = malloc((rv->rows + 1) * H * 4);
 	int e;
 
 	for (e = 0; e < rv->local_experts; e++)
 		for (r = rv->row_offsets[e]; r < rv->row_offsets[e + 1]; r++)
-			for (h = 0; h < H; h++) {
+			for (h = 0; h < (size_t)p->hidden; h++) {
 				float v = recv_val(p, rv, r, h) *
 					  expert_scale(rv->expert_ids[e]);
 
@@ -677,6 +680,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	}
 	if (p->chunk && (p->mismatch != 2 || rank == 1))
 		setenv("FABEP_MOE_CHUNK", p->chunk, 1);
+	if (p->crows)
+		setenv("FABEP_MOE_COMBINE_ROWS", p->crows, 1);
 	if (p->mismatch == 1 && rank == 1)
 		cfg->hidden++;
 	ret = fabep_moe_create(*comm, cfg, moe);
@@ -772,6 +777,10 @@ static int send_input(const struct params *p, fabep_moe_t *moe, int rank,
 /* One full round: dispatch, check, experts, combine, check.  A backward
  * round dispatches new rows with the previous round's routing (topk_ids
  * NULL) and sums them back unweighted. */
+/* Combines of this rank's dispatches that asked some rank for rows
+ * (p->crows). */
+static long rows_taken;
+
 static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		      int size, int round, int backward)
 {
@@ -822,18 +831,20 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 	if (check_gathered(p, moe, rank, round) ||
 	    check_recv(p, rank, size, all, &rv))
 		goto out;
+	if (p->crows)
+		rows_taken += moe->set[(moe->ndisp - 1) % (uint64_t)moe->sets].nx;
 	y = experts(p, &rv);
 	out = malloc((me->n + 1) * (size_t)p->hidden * 4);
 	rows_init(&rs, p, me->n, out);
 	if (p->split) {
-		ret = fabep_moe_combine_send(moe, y, (size_t)p->hidden,
+		ret = fabep_moe_combine_send(moe, y, (size_t)(p->hidden + p->ld_pad),
 					     weighted ? 0 : FABEP_MOE_UNWEIGHTED);
 		busy_work(20000);
 		if (!ret)
 			ret = fabep_moe_combine_recv(moe, out, (size_t)p->hidden,
 						     count_row, &rs);
 	} else {
-		ret = fabep_moe_combine(moe, y, (size_t)p->hidden,
+		ret = fabep_moe_combine(moe, y, (size_t)(p->hidden + p->ld_pad),
 					weighted ? 0 : FABEP_MOE_UNWEIGHTED, out,
 					(size_t)p->hidden, count_row, &rs);
 	}
@@ -1089,6 +1100,8 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 			fabep_strerror(ret));
 		goto out;
 	}
+	if (p->crows)
+		rows_taken += moe->set[(moe->ndisp - 1) % (uint64_t)moe->sets].nx;
 	y = experts(p, &rv);
 	out = calloc(me->n + 1, H * elt);
 	out2 = calloc(me->n + 1, H * elt);
@@ -1173,6 +1186,13 @@ static int ep_rank(int rank, int size, void *arg)
 					 p->backward && round % 2 == 0);
 		if (ret)
 			goto done;
+	}
+	/* the kind of combine the case is about */
+	if (p->crows && size > 1 && (!strcmp(p->crows, "fit") ? !rows_taken :
+				     rows_taken > 0)) {
+		fprintf(stderr, "rank %d: FABEP_MOE_COMBINE_ROWS=%s, and %ld "
+			"combines took rows\n", rank, p->crows, rows_taken);
+		goto done;
 	}
 	rc = 0;
 done:
@@ -1313,6 +1333,30 @@ EP_TEST(fused_shm3_fp32, "shm", 3, .rounds = 8, .hidden = 300, .topk = 4,
 	.tt = FABEP_MOE_FP32, .ct = FABEP_MOE_FP32, .routing = R_NEG, .fused = 1)
 EP_TEST(fused_tcp2, "tcp", 2, .rounds = 6, .hidden = 1024, .topk = 4,
 	.experts = 8, .max_tokens = 32, .threads = 2, .fused = 1)
+/* combine runs as rows (FABEP_MOE_COMBINE_ROWS=fit: wherever they fit),
+ * weighted and not (backward), by the halves, fused, chunked, with y's
+ * rows apart (one write a row), over channels, on tcp (written from y,
+ * reaped before the send half returns); and never */
+EP_TEST(rows_shm3_split, "shm", 3, .rounds = 40, .topk = 4, .experts = 12,
+	.routing = R_NEG, .split = 1, .backward = 1, .crows = "fit")
+EP_TEST(rows_shm4_ld, "shm", 4, .rounds = 20, .topk = 8, .experts = 16,
+	.hidden = 300, .max_tokens = 40, .ld_pad = 5, .backward = 1,
+	.crows = "fit")
+EP_TEST(rows_shm3_fused, "shm", 3, .rounds = 8, .hidden = 2880, .topk = 4,
+	.experts = 12, .max_tokens = 40, .threads = 2, .fused = 1,
+	.crows = "fit")
+EP_TEST(rows_shm3_chunks_fp8, "shm", 3, .rounds = 20, .tt = FABEP_MOE_FP8,
+	.block = 128, .hidden = 300, .topk = 4, .experts = 12, .max_tokens = 40,
+	.chunk = "1000", .ct = FABEP_MOE_FP32, .crows = "fit")
+EP_TEST(rows_cma_chan_shm4_zc, "shm", 4, .rounds = 6, .hidden = 4096,
+	.topk = 3, .experts = 16, .max_tokens = 48, .threads = 1,
+	.channels = "4", .signal = FABEP_SIGNAL_CMA, .zcopy = 1, .split = 1,
+	.outstanding = 1, .crows = "fit")
+EP_TEST(rows_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
+	.hidden = 128, .max_tokens = 30, .routing = R_NEG, .split = 1,
+	.backward = 1, .crows = "fit")
+EP_TEST(rows_never_shm3, "shm", 3, .rounds = 10, .topk = 2, .experts = 24,
+	.crows = "never")
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -2260,9 +2304,15 @@ static int lie_combine(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 {
 	struct fep_ep_set *s = &m->set[0];
 	uint8_t *st = fabep_heap_ptr(comm, fep_ep_cstage(m, r) + m->choff);
+	/* the kind of run r asked for (rows or partial rows), one unit more */
+	uint32_t fl = s->crows[r] ? FEP_EP_HDR_ROWS : 0, count = s->rcount[r];
+	size_t i;
 
-	fep_ep_hdr_write(st, lie == LIE_C_SEQ ? s->seq + 1 : s->seq, 0,
-			 s->rcount[r] + 1);
+	if (fl)
+		for (count = 0, i = 0; i < s->rows; i++)
+			count += s->src_info[3 * i] == r;
+	fep_ep_hdr_write(st, lie == LIE_C_SEQ ? s->seq + 1 : s->seq, 0, count + 1);
+	memcpy(st + offsetof(struct fep_ep_hdr, flags), &fl, 4);
 	return fabep_put_signal(comm, r, fep_ep_chdr(m, 0, m->rank),
 				fep_ep_cstage(m, r) + m->choff, FEP_EP_HDR,
 				fep_ep_cctr(m, 0),
@@ -2406,6 +2456,15 @@ START_TEST(bad_flags)
 	c.flags = 0x100;
 	ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
 	ck_assert_int_eq(fabep_moe_timing(NULL, &t), -EINVAL);
+	/* FABEP_MOE_COMBINE_ROWS: its three values, and nothing else */
+	c.flags = 0;
+	setenv("FABEP_MOE_COMBINE_ROWS", "fit", 1);
+	ck_assert_uint_gt(fabep_moe_heap_bytes(&c, 2), 0);
+	setenv("FABEP_MOE_COMBINE_ROWS", "never", 1);
+	ck_assert_uint_gt(fabep_moe_heap_bytes(&c, 2), 0);
+	setenv("FABEP_MOE_COMBINE_ROWS", "always", 1);
+	ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
+	unsetenv("FABEP_MOE_COMBINE_ROWS");
 }
 END_TEST
 
@@ -2456,6 +2515,13 @@ static Suite *ep_suite(void)
 	ADD(tc, fused_shm2);
 	ADD(tc, fused_shm3_fp32);
 	ADD(tc, fused_tcp2);
+	ADD(tc, rows_shm3_split);
+	ADD(tc, rows_shm4_ld);
+	ADD(tc, rows_shm3_fused);
+	ADD(tc, rows_shm3_chunks_fp8);
+	ADD(tc, rows_cma_chan_shm4_zc);
+	ADD(tc, rows_tcp3);
+	ADD(tc, rows_never_shm3);
 	ADD(tc, zc_one_rank);
 	ADD(tc, zc_shm2_bf16);
 	ADD(tc, zc_shm3_fp32_neg_split);

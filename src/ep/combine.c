@@ -90,6 +90,38 @@ static void reduce_range(void *arg, size_t t0, size_t t1)
 		reduce_flat(c, t0 + c->skip, t1 + c->skip);
 }
 
+/* combine_recv's final sum where some ranks send rows (s->nx): for each
+ * (token, k), its row from such a rank with the router's weight (1 where
+ * that rank's caller asked for FABEP_MOE_UNWEIGHTED), or, at the first k
+ * of any other rank, that rank's partial row with weight 1 (exact: the
+ * same sum as without weights). */
+static void final_rows(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	size_t k = (size_t)m->k, i;
+	uint8_t *unw = m->xunw;
+	int r;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(fab, fep_ep_chdr(m, b, r)), sizeof(h));
+		unw[r] = !!(h.flags & FEP_EP_HDR_UNWEIGHTED);
+	}
+	for (i = 0; i < s->n * k; i++) {
+		int32_t x = s->xidx[i];
+
+		if (x >= 0) {
+			r = (int)((size_t)x / m->cslot_rows);
+			s->fidx[i] = x;
+			s->fw[i] = unw[r] ? 1.0f : s->xw[i];
+		} else {
+			s->fidx[i] = s->pidx[i];
+			s->fw[i] = 1.0f;
+		}
+	}
+}
+
 /* What set s's combine counter reaches once every peer's rows of the
  * pending combine are in (the counter never resets: s->cuses calls). */
 static uint64_t comb_target(const struct fabep_moe *m, const struct fep_ep_set *s)
@@ -105,21 +137,27 @@ static int peers_in(struct red_ctx *c)
 {
 	struct fabep_moe *m = c->m;
 	fep_fabric_t *fab = m->comm->fab;
-	int v = __atomic_load_n(&c->ready, __ATOMIC_ACQUIRE), r;
+	int v = __atomic_load_n(&c->ready, __ATOMIC_ACQUIRE), r, zero = 0;
 
 	if (v)
-		return v > 0;
+		return v == 1;  /* 2: another thread checks the headers */
 	if (fep_counter_load(fab, c->ctr) < c->target)
 		return 0;
+	if (!__atomic_compare_exchange_n(&c->ready, &zero, 2, false,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return zero == 1;
 	v = 1;
 	for (r = 0; r < m->size && v > 0; r++) {
 		struct fep_ep_hdr h;
 
 		memcpy(&h, fep_heap_at(fab, fep_ep_chdr(m, c->b, r)), sizeof(h));
 		if (h.seq != c->s->seq || h.magic != FEP_EP_MAGIC || h.status ||
-		    h.count != c->s->sent[r])
+		    h.count != c->s->cexp[r] ||
+		    !(h.flags & FEP_EP_HDR_ROWS) != !c->s->xrun[r])
 			v = -1;
 	}
+	if (v > 0 && c->s->nx)
+		final_rows(m, c->b, c->s);
 	__atomic_store_n(&c->ready, v, __ATOMIC_RELEASE);
 	return v > 0;
 }
@@ -155,9 +193,9 @@ static void fin_args(struct fabep_moe *m, int b, const struct fep_ep_set *s,
 	a->y = fep_heap_at(m->comm->fab, fep_ep_cslot(m, b, 0));
 	a->y_dt = m->cdt;
 	a->ld_y = m->hidden;
-	a->idx = s->ret_idx;
-	a->w = NULL;
-	a->k = m->kk;
+	a->idx = s->nx ? s->fidx : s->ret_idx;
+	a->w = s->nx ? s->fw : NULL;
+	a->k = s->nx ? m->k : m->kk;
 	a->out = out;
 	a->out_dt = m->cdt;
 	a->ld_out = ld_out;
@@ -224,6 +262,10 @@ static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
 			src++;
 		i0 = t0 - s->tbase[src];
 		i1 = FEP_MIN(t1, (size_t)s->tbase[src + 1]) - s->tbase[src];
+		if (s->crows[src]) {  /* its rows go back as they are */
+			t0 = s->tbase[src] + i1;
+			continue;
+		}
 		memset(&a, 0, sizeof(a));
 		a.y = c->y;
 		a.y_dt = m->cdt;
@@ -245,6 +287,83 @@ static void reduce_flat(struct red_ctx *c, size_t t0, size_t t1)
 static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 			fabep_moe_row_fn cb, void *cb_ctx);
 
+/* The rows of y each source that asked for rows gets back (s->crows):
+ * its rows of one expert are one block of the expert-major y, so at
+ * most L blocks, in expert order (m->xblk, m->xnblk); the number of its
+ * rows to *rows[src]. */
+static int row_blocks(struct fabep_moe *m, const struct fep_ep_set *s,
+		      uint32_t *rows)
+{
+	size_t L = (size_t)m->L, r;
+	uint32_t *nb = m->xnblk;
+
+	memset(nb, 0, (size_t)m->size * sizeof(uint32_t));
+	memset(rows, 0, (size_t)m->size * sizeof(uint32_t));
+	for (r = 0; r < s->rows; r++) {
+		int p = s->src_info[3 * r];
+		uint32_t *blk = m->xblk + 2 * L * (size_t)p;
+
+		if (!s->crows[p])
+			continue;
+		rows[p]++;
+		if (nb[p] && blk[2 * (nb[p] - 1)] + blk[2 * (nb[p] - 1) + 1] == r) {
+			blk[2 * (nb[p] - 1) + 1]++;
+			continue;
+		}
+		if (nb[p] == L) {  /* not expert-major: the layout is broken */
+			fep_err("%s: rank %d's rows are not in expert order", m->cfn, p);
+			return -FABEP_ERR_PROTOCOL;
+		}
+		blk[2 * nb[p]] = (uint32_t)r;
+		blk[2 * nb[p] + 1] = 1;
+		nb[p]++;
+	}
+	return 0;
+}
+
+/* Post the rows of y to source p (row_blocks), behind the run's header,
+ * with the run's signals: straight from y where the provider reads
+ * unregistered memory, else through p's stage. */
+static int post_rows(struct fabep_moe *m, int b, int p, const uint8_t *y,
+		     size_t ld_y)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	size_t L = (size_t)m->L, unit = m->crow_bytes, ld = ld_y * fep_k_dtype_size(m->cdt);
+	const uint32_t *blk = m->xblk + 2 * L * (size_t)p;
+	uint64_t dst = fep_ep_cslot(m, b, m->rank), stage = fep_ep_cstage(m, p);
+	uint8_t *st = fep_heap_at(fab, stage);
+	size_t np = 0, pos = m->chdr_rows, i, j;
+	int ptr = fep_fab_ptr_ok(fab);
+
+	for (i = 0; i < m->xnblk[p]; i++) {
+		const uint8_t *r0 = y + (size_t)blk[2 * i] * ld;
+		size_t n = blk[2 * i + 1];
+
+		for (j = 0; j < n; j += ld == unit ? n : 1) {
+			size_t c = ld == unit ? n : 1;
+
+			if (!ptr) {
+				memcpy(st + (pos + j) * unit, r0 + j * ld, c * unit);
+				continue;
+			}
+			m->puts[np++] = (struct fep_put){
+				.peer = p, .dst = dst + (pos + j) * unit,
+				.src = FEP_PUT_PTR, .len = c * unit, .ptr = r0 + j * ld,
+			};
+		}
+		pos += n;
+	}
+	/* the header last, with the run's signals: where each write's CQ
+	 * data is its signal (cqdata) it follows the rows, as a run's last
+	 * chunk does; from the stage, it is one write with the rows */
+	m->puts[np++] = (struct fep_put){
+		.peer = p, .dst = dst + m->choff, .src = stage + m->choff,
+		.len = (ptr ? m->chdr_rows : pos) * unit - m->choff,
+		.sig = fep_ep_cctr(m, b), .add = m->cchunks,
+	};
+	return fep_ep_post(m, np, &m->tm.c_bytes, true);
+}
+
 /* out, ld_out, cb, cb_ctx: combine_recv's, when the caller gave them
  * now (fabep_moe_combine); out NULL otherwise.  A send refused for its
  * arguments (status: the caller's, else the checks') still sends every
@@ -260,7 +379,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	struct fep_ep_set *s;
 	struct red_ctx c;
 	uint64_t t0, t1, t2, t3;
-	size_t np_all, pb, pe, blk;
+	size_t np_all, pb, pe, blk, nrows;
 	int b = 0, d, ret;
 
 	if ((ret = fep_ep_usable(m, m->cfn)))
@@ -296,6 +415,13 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("%s: unknown flags 0x%x", m->cfn, flags);
 		status = -EINVAL;
 	}
+	nrows = 0;
+	if (!status) {  /* the runs of rows, and their sizes (m->cursor) */
+		for (d = 0; d < m->size; d++)
+			nrows += s->crows[d];
+		if (nrows && (ret = row_blocks(m, s, m->cursor)))
+			status = ret;
+	}
 	s->state = FEP_EP_CSENT;
 	s->cuses++;
 	s->status = status;
@@ -310,13 +436,32 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	c.ld_y = y ? ld_y : m->hidden;
 	c.weighted = !(flags & FABEP_MOE_UNWEIGHTED);
 	c.idle.fab = fab;
-	for (d = 0; d < m->size; d++)
-		fep_ep_hdr_write(crun_base(m, b, d) + m->choff, s->seq, status,
-				 status ? 0 : s->rcount[d]);
+	for (d = 0; d < m->size; d++) {
+		uint8_t *h = crun_base(m, b, d) + m->choff;
+		uint32_t fl = !status && s->crows[d] ? FEP_EP_HDR_ROWS |
+			(c.weighted ? 0 : FEP_EP_HDR_UNWEIGHTED) : 0;
+
+		fep_ep_hdr_write(h, s->seq, status, status ? 0 :
+				 fl ? m->cursor[d] : s->rcount[d]);
+		memcpy(h + offsetof(struct fep_ep_hdr, flags), &fl, 4);
+	}
 	m->tm.c_put = t1 - t0;
 	m->tm.c_bytes = 0;
 	m->tm.c_reduce = m->tm.c_wait = m->tm.c_sum = m->tm.c_own = 0;
 	m->tm.c_fused = 0;
+
+	/* the runs of rows first: they need no reduction */
+	for (d = 1; !status && nrows && d < m->size; d++) {
+		int peer = (m->rank + d) % m->size;
+
+		if (!s->crows[peer])
+			continue;
+		t2 = fep_now_ns();
+		ret = post_rows(m, b, peer, c.y, c.ld_y);
+		m->tm.c_put += fep_now_ns() - t2;
+		if (ret)
+			goto fail;
+	}
 
 	/* pass 0, pipelined: reduce the other ranks' tokens a block at a time
 	 * (on the workers, the caller driving the fabric), last block first,
@@ -360,8 +505,11 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			/* its units in [pb, np_all): the end of its run */
 			size_t done = pb <= first ? cnt :
 				      pb < first + cnt ? first + cnt - pb : 0;
+			struct fep_ep_run r;
 
-			struct fep_ep_run r = {
+			if (s->crows[peer] && !status)
+				continue;  /* posted as rows */
+			r = (struct fep_ep_run){
 				.peer = peer, .dst = fep_ep_cslot(m, b, m->rank),
 				.stage = fep_ep_cstage(m, peer), .unit = m->crow_bytes,
 				.hdr = m->chdr_rows, .count = cnt, .done = done,
@@ -401,6 +549,14 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		m->tm.c_own = fep_now_ns() - t3;
 		m->tm.c_reduce += m->tm.c_own;
 		m->cfused = m->tm.c_fused = c.nfused;
+	}
+	/* rows written from y: y is the caller's again once they have left,
+	 * at once where the sender copies in the post */
+	if (!status && nrows && fep_fab_ptr_ok(fab) &&
+	    fab->signal != FABEP_SIGNAL_CMA && !fab->sender_copy) {
+		ret = fep_ep_fab(m, fep_fabric_reap_writes(fab));
+		if (ret)
+			goto fail;
 	}
 	if (status)
 		return combine_recv(m, NULL, 0, NULL, NULL);
@@ -446,6 +602,28 @@ static void sum_rest(void *arg, size_t t0, size_t t1)
 	}
 }
 
+/* Every run is the kind this rank asked for in the dispatch (rows or
+ * partial rows); then, where some are rows, the final sum's lists. */
+static int check_kinds(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	int r;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_chdr(m, b, r)), sizeof(h));
+		if (!(h.flags & FEP_EP_HDR_ROWS) != !s->xrun[r]) {
+			fep_err("%s: rank %d sent %s, this rank asked for %s", m->cfn,
+				r, s->xrun[r] ? "partial rows" : "rows",
+				s->xrun[r] ? "rows" : "partial rows");
+			return -FABEP_ERR_PROTOCOL;
+		}
+	}
+	if (s->nx)
+		final_rows(m, b, s);
+	return 0;
+}
+
 static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 			fabep_moe_row_fn cb, void *cb_ctx)
 {
@@ -473,8 +651,10 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 			  fep_ep_chdr(m, b, 0), m->cslot_bytes, s->seq);
 	if (!ret)
 		ret = fep_ep_check_hdrs(m, m->cfn, fep_ep_chdr(m, b, 0),
-					m->cslot_bytes, s->seq, s->sent, s->status,
+					m->cslot_bytes, s->seq, s->cexp, s->status,
 					NULL, NULL, &refused);
+	if (!ret)
+		ret = check_kinds(m, b, s);
 	/* this rank's rows must have left before the caller computes (tcp) */
 	if (!ret)
 		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));

@@ -199,8 +199,72 @@ static int check_input(struct fabep_moe *m, const void *x, const float *scales,
 	return 0;
 }
 
+/* Whether rank d's combine should send this rank's tokens back as their
+ * rows (FEP_EP_HDR_ROWS): `rows` rows of `toks` tokens.  The rows must
+ * fit the combine slot.  Automatically, where the expert rank writes them
+ * from its y in the post itself (the sender's copies of shm's fast path,
+ * y free once the send half returns) and they are at most 4/3 of the
+ * partial rows: a token's experts mostly lie on different ranks (8 of
+ * 256 experts on 16 ranks: about 1.24 rows a token), so reducing at the
+ * expert rank saves fewer wire bytes than its pass over y and the stage
+ * costs. */
+static int rows_wanted(const struct fabep_moe *m, int d, uint64_t rows,
+		       uint64_t toks)
+{
+	const fep_fabric_t *fab = m->comm->fab;
+
+	if (d == m->rank || !rows || rows > (uint64_t)m->cfg.max_tokens ||
+	    m->crows_mode < 0)
+		return 0;
+	if (m->crows_mode > 0)
+		return 1;
+	return fep_fab_ptr_ok(fab) &&
+	       (fab->signal == FABEP_SIGNAL_CMA || fab->sender_copy) &&
+	       3 * rows <= 4 * toks;
+}
+
+/* Where each (token, k) comes back in combine when its rank sends rows:
+ * per rank d, rows by local expert, then by token (records go in token
+ * order), then by k, as dispatch_recv places them at d. */
+static void route_rows(struct fabep_moe *m, struct fep_ep_set *s,
+		       const int32_t *ids, size_t n)
+{
+	size_t k = (size_t)m->k, L = (size_t)m->L, t, j;
+	uint32_t *xb = m->rcur;  /* [size * L]: next row per expert (scratch
+				  * here: dispatch_recv sets it later) */
+	int d;
+
+	s->nx = 0;
+	for (d = 0; d < m->size; d++) {
+		uint64_t rows = 0;
+		uint32_t pos = 0;
+		size_t e;
+
+		for (e = 0; e < L; e++)
+			rows += m->ecnt[(size_t)d * L + e];
+		s->xrun[d] = (uint8_t)rows_wanted(m, d, rows, s->sent[d]);
+		s->nx += s->xrun[d];
+		s->cexp[d] = (uint32_t)rows;
+		for (e = 0; e < L; e++) {
+			xb[(size_t)d * L + e] = pos;
+			pos += m->ecnt[(size_t)d * L + e];
+		}
+	}
+	for (t = 0; t < n; t++)
+		for (j = 0; j < k; j++) {
+			int32_t e = ids[t * k + j];
+
+			s->xw[t * k + j] = m->prev_w[t * k + j];
+			d = e < 0 ? -1 : e / m->L;
+			s->xidx[t * k + j] = d < 0 || !s->xrun[d] ? -1 :
+				(int32_t)((size_t)d * m->cslot_rows + m->chdr_rows +
+					  xb[e]++);
+		}
+}
+
 /* Count per destination, order each destination's tokens, and record
- * where each token's partial rows will come back in combine. */
+ * where each token's partial rows (or its rows) will come back in
+ * combine. */
 static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 		  size_t n)
 {
@@ -236,6 +300,7 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 	for (t = 0; t < n * (size_t)k; t++)
 		if (ids[t] >= 0)
 			m->ecnt[ids[t]]++;
+	route_rows(m, s, ids, n);
 	/* A run to another rank that holds nearly every token of its range
 	 * [first, last] (at most 1/16 more records) is that whole range of
 	 * the input slot: it leaves in place, and the receiver skips the
@@ -291,6 +356,33 @@ static void route(struct fabep_moe *m, struct fep_ep_set *s, const int32_t *ids,
 			m->pack_pos[t * (size_t)kk + (size_t)q] = (int32_t)pos;
 			s->ret_idx[t * (size_t)kk + (size_t)q] =
 				(int32_t)((size_t)dd * m->cslot_rows + m->chdr_rows + pos);
+		}
+	}
+	for (d = 0; d < R; d++)
+		if (!s->xrun[d])
+			s->cexp[d] = s->sent[d];
+	/* the partial row of (t, j): at the first j of its rank */
+	for (t = 0; s->nx && t < n; t++) {
+		const int32_t *dt = m->dest + t * (size_t)kk;
+		int j, q;
+
+		for (j = 0; j < k; j++) {
+			int32_t e = ids[t * (size_t)k + (size_t)j], jj;
+
+			s->pidx[t * (size_t)k + (size_t)j] = -1;
+			if (e < 0)
+				continue;
+			for (jj = 0; jj < j; jj++) {
+				int32_t f = ids[t * (size_t)k + (size_t)jj];
+
+				if (f >= 0 && f / m->L == e / m->L)
+					break;
+			}
+			for (q = 0; q < kk && dt[q] != e / m->L; q++)
+				;
+			if (jj == j && q < kk)
+				s->pidx[t * (size_t)k + (size_t)j] =
+					s->ret_idx[t * (size_t)kk + (size_t)q];
 		}
 	}
 	/* a chunk goes straight from the input slot when its tokens are
@@ -452,15 +544,20 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 	else {
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
 		memset(m->ecnt, 0, (size_t)m->cfg.num_experts * sizeof(uint32_t));
+		memset(s->xrun, 0, (size_t)m->size);
+		memset(s->cexp, 0, (size_t)m->size * sizeof(uint32_t));
+		s->nx = 0;
 		for (d = 0; d < m->size; d++)
 			m->run_first[d] = -1;
 	}
 	for (d = 0; d < m->size; d++) {
 		uint8_t *h = run_base(m, b, d);
 		uint32_t chunks = m->dmerge ? 0 : (uint32_t)(m->dchunks - 1);
+		uint32_t fl = s->xrun[d] ? FEP_EP_HDR_ROWS : 0;
 
 		fep_ep_hdr_write(h, s->seq, status, s->sent[d]);
 		memcpy(h + offsetof(struct fep_ep_hdr, chunks), &chunks, 4);
+		memcpy(h + offsetof(struct fep_ep_hdr, flags), &fl, 4);
 		memcpy(h + FEP_EP_HDR, m->ecnt + (size_t)d * (size_t)m->L,
 		       4 * (size_t)m->L);
 	}
@@ -807,13 +904,24 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		uint32_t *cnt = m->rend + (size_t)src * L;
 		uint64_t sum = 0;
 
+		uint32_t fl;
+
 		memcpy(cnt, h, 4 * L);
+		memcpy(&fl, h - FEP_EP_HDR + offsetof(struct fep_ep_hdr, flags), 4);
 		for (e = 0; e < m->L; e++)
 			sum += cnt[e];
 		if (sum > (uint64_t)s->rcount[src] * (uint64_t)m->k) {
 			fep_err("%s: rank %d announced %llu rows for "
 				"%u tokens of top-%d", m->dfn, src, (unsigned long long)sum,
 				s->rcount[src], m->k);
+			return -FABEP_ERR_PROTOCOL;
+		}
+		/* its combine as rows: they must fit its combine slot */
+		s->crows[src] = (fl & FEP_EP_HDR_ROWS) && src != m->rank;
+		if (s->crows[src] && sum > (uint64_t)m->cfg.max_tokens) {
+			fep_err("%s: rank %d asked for %llu rows back, above "
+				"max_tokens %d", m->dfn, src, (unsigned long long)sum,
+				m->cfg.max_tokens);
 			return -FABEP_ERR_PROTOCOL;
 		}
 		for (e = 0; e < m->L; e++)
@@ -965,6 +1073,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
 	s = &m->set[b];
 	m->pending_recv = 0;
+	memset(s->crows, 0, (size_t)m->size);
 	fep_pool_wake(m->comm->pool);  /* for the layout after the wait */
 	/* the headers, then this rank's own rows, then the records */
 	t0 = fep_now_ns();

@@ -46,9 +46,17 @@ struct fep_ep_hdr {
 	 * from this sender in this call, dchunks - 1, or 0 when its records
 	 * came under the header's own signal (fep_ep_merge) */
 	uint32_t chunks;
-	uint32_t pad32;
+	/* dispatch: FEP_EP_HDR_ROWS, this source's combine asks for rows;
+	 * combine: FEP_EP_HDR_ROWS, the run is rows (and UNWEIGHTED) */
+	uint32_t flags;
 	uint64_t pad[4];
 };
+/* The combine run of this pair is the expert outputs themselves, one row
+ * per (token, k) in the expert-major order of the dispatch, which the
+ * source weights and sums (rows_wanted, dispatch.c); otherwise one partial
+ * row per token, reduced at the expert rank. */
+#define FEP_EP_HDR_ROWS 1u
+#define FEP_EP_HDR_UNWEIGHTED 2u
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
 /* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run (0: one
@@ -94,9 +102,21 @@ struct fep_ep_set {
 	size_t n;
 	uint32_t *sent;      /* [size] tokens sent to each rank */
 	int32_t *ret_idx;    /* [n * kk]: row in crecv of each partial, -1 */
+	uint8_t *xrun;       /* [size] the combine run from each rank comes
+			      * back as rows (FEP_EP_HDR_ROWS) */
+	uint32_t *cexp;      /* [size] rows each combine run must hold */
+	int nx;              /* ranks in xrun */
+	int32_t *xidx;       /* [n * k]: row in crecv of (token, k) where its
+			      * rank sends rows; -1 where not routed */
+	int32_t *pidx;       /* [n * k]: the partial row of (token, k) for the
+			      * first k of each rank; else -1 */
+	float *xw;           /* [n * k]: the routing's weights */
+	int32_t *fidx;       /* [n * k]: combine_recv's sum over rows and */
+	float *fw;           /* partials where nx (fep_ep_final) */
 
 	/* expert side: what this rank received */
 	uint32_t *rcount;    /* [size] tokens received from each source */
+	uint8_t *crows;      /* [size] the source wants its combine as rows */
 	int32_t *self_pay;   /* [max_tokens]: record (set index space) holding
 			      * the payload of own record i */
 	size_t self_n;       /* own records this set's send packed */
@@ -145,6 +165,8 @@ struct fabep_moe {
 			      * records' pieces gathered into writes, none
 			      * staged */
 	size_t gather_writes; /* the most writes of one gathered chunk */
+	int crows_mode;      /* FABEP_MOE_COMBINE_ROWS: -1 never, 0 auto, 1
+			      * wherever the rows fit the combine slot */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
 	fep_k_dtype_t cdt;   /* combine dtype */
@@ -213,6 +235,11 @@ struct fabep_moe {
 	                      * combine_recv sums only the rest */
 	int32_t *own_tok;    /* [max_tokens]: source token of own row p */
 	uint8_t *fused;      /* [max_tokens]: token t's row is in out */
+	/* combine runs as rows: the row blocks of y for each source, by
+	 * source then expert (a source's rows of one expert are one block) */
+	uint32_t *xblk;      /* [2 * size * L]: start, rows */
+	uint32_t *xnblk;     /* [size] */
+	uint8_t *xunw;       /* [size]: FEP_EP_HDR_UNWEIGHTED of each run */
 };
 
 /* 0, or -FABEP_ERR_PEER_LOST (logged) once a wait or a transfer of m

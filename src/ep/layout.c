@@ -123,6 +123,23 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		}
 		m->chunk_bytes = v;
 	}
+	{
+		const char *v = NULL;
+
+		fep_env_str("FABEP_MOE_COMBINE_ROWS", &v);
+		if (!v || !*v || !strcmp(v, "auto"))
+			m->crows_mode = 0;
+		else if (!strcmp(v, "never") || !strcmp(v, "0"))
+			m->crows_mode = -1;
+		else if (!strcmp(v, "fit") || !strcmp(v, "1"))
+			m->crows_mode = 1;
+		else {
+			if (!quiet)
+				fep_err("fabep_moe: FABEP_MOE_COMBINE_ROWS is %s "
+					"(auto, fit or never)", v);
+			return -EINVAL;
+		}
+	}
 	/* chunk 0 of a run is its header, then the records (rows) */
 	m->dchunk_recs = m->chunk_bytes ?
 		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) :
@@ -181,6 +198,14 @@ static void ep_set_free(struct fep_ep_set *s)
 {
 	free(s->sent);
 	free(s->ret_idx);
+	free(s->xrun);
+	free(s->crows);
+	free(s->cexp);
+	free(s->xidx);
+	free(s->pidx);
+	free(s->xw);
+	free(s->fidx);
+	free(s->fw);
 	free(s->rcount);
 	free(s->self_pay);
 	free(s->tbase);
@@ -224,6 +249,9 @@ static void ep_free(struct fabep_moe *m)
 	free(m->blk_pre);
 	free(m->own_tok);
 	free(m->fused);
+	free(m->xblk);
+	free(m->xnblk);
+	free(m->xunw);
 	free(m);
 }
 
@@ -256,7 +284,10 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->blk_pre = calloc(2 * L + 2, sizeof(uint32_t));
 	m->own_tok = malloc(T1 * sizeof(int32_t));
 	m->fused = calloc(T1, 1);
-	if (!m->own_tok || !m->fused ||
+	m->xblk = malloc(2 * R * L * sizeof(uint32_t));
+	m->xnblk = calloc(R, sizeof(uint32_t));
+	m->xunw = calloc(R, 1);
+	if (!m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
 	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
 	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
@@ -267,6 +298,14 @@ static int ep_alloc_host(struct fabep_moe *m)
 
 		s->sent = calloc(R, sizeof(uint32_t));
 		s->ret_idx = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
+		s->xrun = calloc(R, 1);
+		s->crows = calloc(R, 1);
+		s->cexp = calloc(R, sizeof(uint32_t));
+		s->xidx = malloc(T1 * (size_t)m->k * sizeof(int32_t));
+		s->pidx = malloc(T1 * (size_t)m->k * sizeof(int32_t));
+		s->xw = malloc(T1 * (size_t)m->k * sizeof(float));
+		s->fidx = malloc(T1 * (size_t)m->k * sizeof(int32_t));
+		s->fw = malloc(T1 * (size_t)m->k * sizeof(float));
 		s->rcount = calloc(R, sizeof(uint32_t));
 		s->self_pay = malloc(T1 * sizeof(int32_t));
 		s->tbase = calloc(R + 1, sizeof(uint32_t));
@@ -275,7 +314,9 @@ static int ep_alloc_host(struct fabep_moe *m)
 		s->row_offsets = calloc(L + 1, sizeof(uint32_t));
 		s->counts = calloc(L, sizeof(uint32_t));
 		s->expert_ids = calloc(L, sizeof(int32_t));
-		if (!s->sent || !s->ret_idx || !s->rcount || !s->self_pay || !s->tbase ||
+		if (!s->xrun || !s->crows || !s->cexp || !s->xidx || !s->pidx ||
+		    !s->xw || !s->fidx || !s->fw ||
+		    !s->sent || !s->ret_idx || !s->rcount || !s->self_pay || !s->tbase ||
 		    !s->cidx || !s->cw || !s->row_offsets || !s->counts ||
 		    !s->expert_ids)
 			return -ENOMEM;
