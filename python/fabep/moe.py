@@ -511,7 +511,9 @@ class MoE:
 
     def combine_send(self, y, weighted=True):
         """Send half of combine (see combine): reduce this rank's expert
-        outputs per token and send them back; then combine_recv()."""
+        outputs per token and send them back (or send them back as they
+        are, where their source asked for that: FABEP_MOE_COMBINE_ROWS);
+        then combine_recv().  y may be reused as soon as this returns."""
         h = self._handle()
         if self._csent:
             raise invalid("combine_send: the previous "
@@ -534,8 +536,8 @@ class MoE:
         self._ylike = _tensor.kind_of(y) or self._kind
 
     def combine_recv(self, out=None, row_callback=None):
-        """Receive half of combine: wait for the partial rows and sum them
-        into out ([n, hidden] of combine_type, or None for a new one).
+        """Receive half of combine: wait for the partial rows (or rows)
+        and sum them into out ([n, hidden] of combine_type, or None for a new one).
         A bad `out` raises on this rank alone before anything is
         consumed (the combine stays pending: call again), as in C."""
         h = self._handle()
