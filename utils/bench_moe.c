@@ -686,7 +686,8 @@ static int mb_count_bytes(struct moe_bench *s)
 			s->dtok_all++;
 		}
 	/* bytes read + written locally: lbytes by the timed
-	 * parts as fabep does them, fbytes the least any
+	 * parts as fabep does them (combine by partial rows, not
+	 * FABEP_MOE_COMBINE_ROWS' rows), fbytes the least any
 	 * implementation moves (the floor) */
 	{
 		/* the caller's rows; copying every received row
