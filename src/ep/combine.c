@@ -552,8 +552,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	}
 	/* rows written from y: y is the caller's again once they have left,
 	 * at once where the sender copies in the post */
-	if (!status && nrows && fep_fab_ptr_ok(fab) &&
-	    fab->signal != FABEP_SIGNAL_CMA && !fab->sender_copy) {
+	if (!status && nrows && fep_fab_ptr_ok(fab) && !fep_fab_sender_copies(fab)) {
 		ret = fep_ep_fab(m, fep_fabric_reap_writes(fab));
 		if (ret)
 			goto fail;

@@ -218,8 +218,7 @@ static int rows_wanted(const struct fabep_moe *m, int d, uint64_t rows,
 		return 0;
 	if (m->crows_mode > 0)
 		return 1;
-	return fep_fab_ptr_ok(fab) &&
-	       (fab->signal == FABEP_SIGNAL_CMA || fab->sender_copy) &&
+	return fep_fab_ptr_ok(fab) && fep_fab_sender_copies(fab) &&
 	       3 * rows <= 4 * toks;
 }
 
@@ -903,7 +902,6 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		const uint8_t *h = base + (size_t)src * m->dslot_bytes + FEP_EP_HDR;
 		uint32_t *cnt = m->rend + (size_t)src * L;
 		uint64_t sum = 0;
-
 		uint32_t fl;
 
 		memcpy(cnt, h, 4 * L);

@@ -400,6 +400,13 @@ int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
  * elsewhere as fep_fab_put_signal_many. */
 int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n);
+/* Whether fep_fab_put_copy_many's writes are the sender's copies (cma,
+ * or cqdata's sender_copy): each done in fi_write and reaped before the
+ * batch's signals, so its sources are free again when it returns. */
+static inline bool fep_fab_sender_copies(const fep_fabric_t *fab)
+{
+	return fab->signal == FABEP_SIGNAL_CMA || fab->sender_copy;
+}
 /* Whether fep_fab_put_copy_many signals only after every write of the
  * batch has completed (or is ordered before it): not so where each write
  * of remote CQ data is its own signal. */

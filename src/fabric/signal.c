@@ -796,7 +796,7 @@ size_t fep_fab_queue_share(const fep_fabric_t *fab)
 {
 	size_t senders;
 
-	if (fab->signal != FABEP_SIGNAL_CMA && !fab->sender_copy)
+	if (!fep_fab_sender_copies(fab))
 		return 0;
 	if (fab->signal == FABEP_SIGNAL_CMA && fab->nchan > 1)
 		senders = ((size_t)fab->size + (size_t)fab->nchan - 1) /
@@ -812,7 +812,7 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 {
 	size_t i;
 
-	if (fab->signal != FABEP_SIGNAL_CMA && !fab->sender_copy)
+	if (!fep_fab_sender_copies(fab))
 		return 0;
 	for (i = 0; i < n; i++)
 		if (puts[i].peer > fab->rank)
@@ -871,7 +871,7 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
  * operations. */
 static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p)
 {
-	return (fab->signal == FABEP_SIGNAL_CMA || fab->sender_copy) &&
+	return fep_fab_sender_copies(fab) &&
 	       fab->cq_data_size && p->add && p->len &&
 	       p->len <= fab->inject_size && !((p->sig / 8) >> fab->cq_idx_bits);
 }
