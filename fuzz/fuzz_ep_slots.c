@@ -105,8 +105,9 @@ static uint64_t ref_signals(struct fabep_moe *m, int b, uint64_t seq)
 static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 {
 	fep_fabric_t *fab = m->comm->fab;
-	uint32_t cnt[FUZZ_MAX_SIZE], ann[4], got[4];
-	int r, j, e, agreed = 0, bad_signals = 0;
+	uint32_t cnt[FUZZ_MAX_SIZE], ann[4], got[4], all[4];
+	int r, j, e, agreed = 0, bad_signals = 0, placed[FUZZ_MAX_SIZE];
+	uint64_t rows = 0;
 	size_t i;
 
 	for (r = 0; r < m->size; r++) {
@@ -141,6 +142,29 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 			sum += ann[e];
 		if (sum > (uint64_t)cnt[r] * (uint64_t)m->k)
 			return REF_PROTOCOL;
+		rows += sum;
+		/* with a placed region every rank's rows per expert follow,
+		 * this rank's as above */
+		if (m->place_rows) {
+			memcpy(all, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
+			       FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + m->rank),
+			       4 * (size_t)m->L);
+			if (memcmp(all, ann, 4 * (size_t)m->L))
+				return REF_PROTOCOL;
+		}
+	}
+	/* a source that placed its rows (flag, all rows in the region, its
+	 * mark with the call's stamp first) sends metadata records alone */
+	for (r = 0; r < m->size; r++) {
+		const uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
+		struct fep_ep_hdr h;
+		int32_t mk[2];
+
+		memcpy(&h, slot, sizeof(h));
+		memcpy(mk, slot + m->hdr_recs * m->rec_bytes, sizeof(mk));
+		placed[r] = r != m->rank && (h.flags & FEP_EP_HDR_PLACE) &&
+			    rows <= m->place_rows && mk[0] == FEP_EP_PLACED_MARK &&
+			    mk[1] == (int32_t)(uint32_t)seq;
 	}
 	for (r = 0; r < m->size; r++) {
 		const uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
@@ -148,7 +172,9 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		memcpy(ann, slot + FEP_EP_HDR, 4 * (size_t)m->L);
 		memset(got, 0, sizeof(got));
 		for (i = 0; i < cnt[r]; i++) {
-			const uint8_t *rec = slot + (m->hdr_recs + i) * m->rec_bytes;
+			const uint8_t *rec = placed[r] ?
+				slot + m->hdr_recs * m->rec_bytes + (1 + i) * m->meta_bytes :
+				slot + (m->hdr_recs + i) * m->rec_bytes;
 			int32_t t, id;
 
 			memcpy(&t, rec, 4);
@@ -312,6 +338,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 					cnt[e - rank * m->L]++;
 			}
 		memcpy(slot + FEP_EP_HDR, cnt, 4 * (size_t)m->L);
+	}
+	for (r = 0; m->place_rows && r < size; r++) {  /* every rank's rows */
+		uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
+		uint8_t *all = slot + FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + rank);
+
+		if (modes[r] & 64) {  /* fuzzed */
+			const uint8_t *p = fuzz_bytes(&in, 4 * (size_t)m->L, &got);
+
+			memcpy(all, p, got);
+		} else {
+			memcpy(all, slot + FEP_EP_HDR, 4 * (size_t)m->L);
+		}
 	}
 
 	ref = ref_dispatch(m, b, seq);

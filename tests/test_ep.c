@@ -67,6 +67,9 @@ struct params {
 	const char *crows; /* FABEP_MOE_COMBINE_ROWS; "fit": some combine
 			    * must send rows, "never": none may */
 	int ld_pad;       /* y's rows hidden + ld_pad apart (round_trip) */
+	const char *place; /* FABEP_MOE_PLACE */
+	int place_expect; /* 1: some source must place its rows, -1: none may */
+	int place_cap;    /* the handle's place_rows instead of its own */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -682,6 +685,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		setenv("FABEP_MOE_CHUNK", p->chunk, 1);
 	if (p->crows)
 		setenv("FABEP_MOE_COMBINE_ROWS", p->crows, 1);
+	if (p->place)
+		setenv("FABEP_MOE_PLACE", p->place, 1);
 	if (p->mismatch == 1 && rank == 1)
 		cfg->hidden++;
 	ret = fabep_moe_create(*comm, cfg, moe);
@@ -701,6 +706,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	}
 	if (p->gather_writes)
 		(*moe)->gather_writes = (size_t)p->gather_writes;
+	if (p->place_cap)  /* fewer rows fit: more calls are not placed */
+		(*moe)->place_rows = FEP_MIN((*moe)->place_rows, (size_t)p->place_cap);
 	if (p->gathered && (!(*moe)->gather ||
 			    (*moe)->gather_writes <= FEP_EP_GATHER_WRITES)) {
 		fprintf(stderr, "rank %d: runs %s, at most %zu writes each; the "
@@ -780,6 +787,17 @@ static int send_input(const struct params *p, fabep_moe_t *moe, int rank,
 /* Combines of this rank's dispatches that asked some rank for rows
  * (p->crows). */
 static long rows_taken;
+/* sources whose rows came placed, over the rank's dispatches */
+static long placed_seen;
+
+static void count_placed(fabep_moe_t *m)
+{
+	const struct fep_ep_set *s = &m->set[(m->ndisp - 1) % (uint64_t)m->sets];
+	int src;
+
+	for (src = 0; src < m->size; src++)
+		placed_seen += s->placed[src];
+}
 
 static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		      int size, int round, int backward)
@@ -833,6 +851,7 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 		goto out;
 	if (p->crows)
 		rows_taken += moe->set[(moe->ndisp - 1) % (uint64_t)moe->sets].nx;
+	count_placed(moe);
 	y = experts(p, &rv);
 	out = malloc((me->n + 1) * (size_t)p->hidden * 4);
 	rows_init(&rs, p, me->n, out);
@@ -1102,6 +1121,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 	}
 	if (p->crows)
 		rows_taken += moe->set[(moe->ndisp - 1) % (uint64_t)moe->sets].nx;
+	count_placed(moe);
 	y = experts(p, &rv);
 	out = calloc(me->n + 1, H * elt);
 	out2 = calloc(me->n + 1, H * elt);
@@ -1192,6 +1212,14 @@ static int ep_rank(int rank, int size, void *arg)
 				     rows_taken > 0)) {
 		fprintf(stderr, "rank %d: FABEP_MOE_COMBINE_ROWS=%s, and %ld "
 			"combines took rows\n", rank, p->crows, rows_taken);
+		goto done;
+	}
+	/* and the kind of dispatch */
+	if (p->place_expect && size > 1 &&
+	    (p->place_expect > 0 ? !placed_seen : placed_seen > 0)) {
+		fprintf(stderr, "rank %d: FABEP_MOE_PLACE=%s, and %ld sources "
+			"placed their rows here\n", rank, p->place ? p->place : "",
+			placed_seen);
 		goto done;
 	}
 	rc = 0;
@@ -1432,6 +1460,34 @@ EP_TEST(refuse_shm2_one_set, "shm", 2, .rounds = 4, .refuse = 1, .bad_rank = 0,
 EP_TEST(refuse_tcp3_chunks, "tcp", 3, .rounds = 3, .experts = 9, .topk = 4,
 	.refuse = 1, .bad_rank = 2, .chunk = "1000", .routing = R_NEG)
 EP_TEST(sockets2_small, "sockets", 2, .rounds = 5, .hidden = 16)
+
+/* placed dispatch (FABEP_MOE_PLACE=always: every send with tokens):
+ * sources write their rows into the receivers' expert-major results;
+ * ranks without tokens this round send records, so calls mix both */
+EP_TEST(place_shm3_split, "shm", 3, .rounds = 40, .topk = 4, .experts = 12,
+	.max_tokens = 24, .split = 1, .backward = 1, .place = "always",
+	.place_expect = 1)
+/* several chunks per run: the placed batch adds all their signals;
+ * outstanding dispatches in both sets */
+EP_TEST(place_shm4_chunks, "shm", 4, .rounds = 12, .topk = 3, .experts = 8,
+	.hidden = 256, .max_tokens = 20, .chunk = "2000", .outstanding = 1,
+	.place = "always", .place_expect = 1)
+/* tcp: its remote CQ data makes every write its own signal, so only
+ * the delivery strategy places */
+EP_TEST(place_tcp3_delivery, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
+	.max_tokens = 16, .signal = FABEP_SIGNAL_DELIVERY, .place = "always",
+	.place_expect = 1)
+/* a rank refuses its input in round 2: that call places nothing */
+EP_TEST(place_shm3_refuse, "shm", 3, .rounds = 4, .experts = 12, .topk = 3,
+	.refuse = 1, .bad_rank = 1, .place = "always", .place_expect = 1)
+/* rows past the placed region, or past the writes a peer's queue takes:
+ * records as always */
+EP_TEST(place_shm3_full, "shm", 3, .rounds = 10, .topk = 4, .experts = 12,
+	.place = "always", .place_cap = 1, .place_expect = -1)
+EP_TEST(place_shm4_writes, "shm", 4, .rounds = 10, .topk = 4, .experts = 8,
+	.max_tokens = 32, .place = "always", .gather_writes = 6, .place_expect = 1)
+EP_TEST(place_never_shm3, "shm", 3, .rounds = 6, .topk = 4, .experts = 12,
+	.place = "never", .place_expect = -1)
 
 /* A random run for the fep_ep_ready_chunks models below: room for up
  * to 40 units in chunks of per, a header of 1 to 3 units, count units
@@ -2171,6 +2227,8 @@ enum {
 	LIE_STATUS,       /* header: a status that is no error code */
 	LIE_ROWS,         /* header: more rows than count * top_k */
 	LIE_CHUNKS,       /* header: record signals neither 0 nor all chunks */
+	LIE_ALLROWS,      /* header: every rank's rows per expert (placed
+			   * dispatch) disagree with the receiver's */
 	LIE_TOKEN,        /* record: token index past max_tokens */
 	LIE_EXPERT,       /* record: expert id past num_experts */
 	LIE_MORE,         /* records: more rows for an expert than announced */
@@ -2181,7 +2239,8 @@ enum {
 };
 
 static const char *const lie_names[LIE_N] = {
-	"count", "magic", "seq", "status", "rows", "chunks", "token", "expert",
+	"count", "magic", "seq", "status", "rows", "chunks", "all rows", "token",
+	"expert",
 	"more",
 	"fewer", "combine count", "combine seq"
 };
@@ -2191,7 +2250,7 @@ static const char *const lie_logs[LIE_N] = {
 	"announced 9 rows (expected at most 8)", "'s header holds call",
 	"'s header holds call", "sent status 5", "announced 3 rows for 1 tokens",
 	"record signals (expected 0 or",
-	"sent token index 8", "sent expert 6", "sent more rows for expert",
+	"announced other rows for this rank's experts", "sent token index 8", "sent expert 6", "sent more rows for expert",
 	"sent 1 rows fewer for expert", "announced", "'s header holds call"
 };
 
@@ -2286,6 +2345,9 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 	}
 	memcpy(st, &h, sizeof(h));
 	memcpy(st + FEP_EP_HDR, rows, 4 * (size_t)m->L);
+	if (m->place_rows && lie != LIE_ALLROWS)  /* the same, among all */
+		memcpy(st + FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + r), rows,
+		       4 * (size_t)m->L);
 	memcpy(st + m->hdr_recs * m->rec_bytes, meta, sizeof(meta));
 	if (lie >= LIE_TOKEN)
 		len = (m->hdr_recs + 1) * m->rec_bytes;
@@ -2342,6 +2404,10 @@ static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
 		goto out;
 	}
 	snprintf(who, sizeof(who), "rank %d", LIAR_RANK);
+	if (lie == LIE_ALLROWS && !moe->place_rows) {  /* no such counts */
+		rc = 0;
+		goto out;
+	}
 	if (lie >= LIE_C_COUNT) {  /* a true dispatch first */
 		ret = fabep_moe_dispatch(moe, in.x, NULL, in.n, in.ids, in.w, &rv);
 		if (ret) {
@@ -2522,6 +2588,13 @@ static Suite *ep_suite(void)
 	ADD(tc, rows_cma_chan_shm4_zc);
 	ADD(tc, rows_tcp3);
 	ADD(tc, rows_never_shm3);
+	ADD(tc, place_shm3_split);
+	ADD(tc, place_shm4_chunks);
+	ADD(tc, place_tcp3_delivery);
+	ADD(tc, place_shm3_refuse);
+	ADD(tc, place_shm3_full);
+	ADD(tc, place_shm4_writes);
+	ADD(tc, place_never_shm3);
 	ADD(tc, zc_one_rank);
 	ADD(tc, zc_shm2_bf16);
 	ADD(tc, zc_shm3_fp32_neg_split);

@@ -46,7 +46,9 @@ struct fep_ep_hdr {
 	 * from this sender in this call, dchunks - 1, or 0 when its records
 	 * came under the header's own signal (fep_ep_merge) */
 	uint32_t chunks;
-	/* dispatch: FEP_EP_HDR_ROWS, this source's combine asks for rows;
+	/* dispatch: FEP_EP_HDR_ROWS, this source's combine asks for rows,
+	 * FEP_EP_HDR_PLACE, it may place its rows (every rank's rows per
+	 * expert follow the receiver's);
 	 * combine: FEP_EP_HDR_ROWS, the run is rows (and UNWEIGHTED) */
 	uint32_t flags;
 	uint64_t pad[4];
@@ -57,6 +59,18 @@ struct fep_ep_hdr {
  * row per token, reduced at the expert rank. */
 #define FEP_EP_HDR_ROWS 1u
 #define FEP_EP_HDR_UNWEIGHTED 2u
+/* A dispatch header's flag: the source may write its rows for this rank
+ * straight into their places in the expert-major result (placed
+ * dispatch, place_send in dispatch.c).  Its header then holds, after the
+ * rows per expert of the receiver, the rows per expert of every rank
+ * (num_experts counts): from all headers each rank knows every
+ * receiver's layout, so no round of offsets is needed.  What the source
+ * did is in its record area: a first record whose token index is
+ * FEP_EP_PLACED_MARK and whose stamp is the call's says that the rows are
+ * in place and the records that follow are metadata only (meta_bytes
+ * apart); else full records came as always. */
+#define FEP_EP_HDR_PLACE 4u
+#define FEP_EP_PLACED_MARK (-2)
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
 /* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run (0: one
@@ -135,11 +149,18 @@ struct fep_ep_set {
 	int32_t *expert_ids; /* [L] */
 	int32_t *row_index;  /* [cap_rows]: identity, or gidx (zero-copy) */
 	size_t ident_rows;   /* row_index holds the identity up to here */
+	void *xo;            /* this call's result rows: x, or the set's
+			      * placed region where sources place rows here */
+	uint8_t *placed;     /* [size] the source's rows came in place */
+	/* the send half of a placed dispatch waited for and checked the
+	 * headers (dispatch_recv takes its results) */
+	int hdone, hret, hchk, hrefused;
 };
 
 /* Phase times of the last calls (fabep_moe_timing). */
 struct fep_ep_timing {
 	uint64_t d_pack, d_put, d_wait, d_build;
+	uint64_t d_hwait;        /* of d_wait: the placed send half's header wait */
 	uint64_t c_own;          /* of c_reduce: the own run (overlapped) */
 	uint64_t c_reduce, c_put, c_wait, c_sum;
 	uint64_t c_fused;        /* tokens summed into out by the own run */
@@ -169,6 +190,10 @@ struct fabep_moe {
 			      * wherever the rows fit the combine slot */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
+	int place_mode;      /* FABEP_MOE_PLACE: -1 never, 0 auto (calls
+			      * whose headers leave early), 1 always */
+	size_t place_rows;   /* rows of a set's placed region; 0: none */
+	int placing;         /* this dispatch_send places its rows */
 	fep_k_dtype_t cdt;   /* combine dtype */
 	size_t crow_bytes;
 
@@ -196,6 +221,7 @@ struct fabep_moe {
 	uint64_t ctrs;       /* dctr[sets], cctr[sets], hctr[sets]: the start
 				of the handle's heap block (fep_hb_*) */
 	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size] slots */
+	uint64_t dplace;     /* [sets][place_rows] rows: placed dispatch */
 
 	/* calls */
 	uint64_t ndisp;      /* dispatch calls begun (set = ndisp % sets) */
@@ -228,7 +254,7 @@ struct fabep_moe {
 	int *place_ret;      /* [size]: each source's placement (dispatch_recv) */
 	uint32_t *ecnt;      /* [size * L]: rows for each destination's experts */
 	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
-	uint32_t *blk_start, *blk_pre; /* [2 * L + 1]: row blocks to gather */
+	uint32_t *blk_start, *blk_pre; /* [size * L + 2 * L + 1]: row blocks to gather */
 	/* combine's final sum, done per token by the own run once every
 	 * peer's rows are in (fabep_moe_combine, which knows out): */
 	size_t cfused;       /* tokens the own run summed: the pending
@@ -240,6 +266,12 @@ struct fabep_moe {
 	uint32_t *xblk;      /* [2 * size * L]: start, rows */
 	uint32_t *xnblk;     /* [size] */
 	uint8_t *xunw;       /* [size]: FEP_EP_HDR_UNWEIGHTED of each run */
+	/* placed dispatch (place_send): rows of all ranks per expert, those
+	 * of the ranks before this one, and this rank's next row at each
+	 * (destination, expert); the puts of the placed rows */
+	uint64_t *pcol, *pbef, *pnext; /* [num_experts] */
+	uint8_t *pdest;      /* [size]: the run to d goes placed */
+	struct fep_put *pputs; /* [max_tokens * (k + kk) + size * (dchunks + 1)] */
 };
 
 /* 0, or -FABEP_ERR_PEER_LOST (logged) once a wait or a transfer of m
@@ -290,6 +322,11 @@ static inline uint64_t fep_ep_dstage(const struct fabep_moe *m, int b, int d)
 static inline uint64_t fep_ep_dinput(const struct fabep_moe *m, int b)
 {
 	return fep_ep_dslot(m, b, 2 * m->size - 1);
+}
+/* The placed region of set b. */
+static inline uint64_t fep_ep_dplace(const struct fabep_moe *m, int b)
+{
+	return m->dplace + (uint64_t)b * m->place_rows * m->row_bytes;
 }
 static inline uint64_t fep_ep_cslot(const struct fabep_moe *m, int b, int d)
 {

@@ -96,13 +96,6 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	m->scale_off = m->meta_bytes;
 	m->pay_off = FEP_ALIGN_UP(m->scale_off + 4 * m->nscale, 16);
 	m->rec_bytes = FEP_ALIGN_UP(m->pay_off + m->row_bytes, 16);
-	m->dhdr_bytes = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L, 64);
-	m->hdr_recs = (m->dhdr_bytes + m->rec_bytes - 1) / m->rec_bytes;
-	/* the slot stride must be whole records (one gather index space) */
-	m->dslot_recs = m->hdr_recs + (size_t)c->max_tokens;
-	while ((m->dslot_recs * m->rec_bytes) % 64)
-		m->dslot_recs++;
-	m->dslot_bytes = m->dslot_recs * m->rec_bytes;
 	/* the combine slot stride must be whole rows (one index space) */
 	m->chdr_rows = (FEP_EP_HDR + m->crow_bytes - 1) / m->crow_bytes;
 	m->cslot_rows = m->chdr_rows + (size_t)c->max_tokens;
@@ -123,6 +116,46 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		}
 		m->chunk_bytes = v;
 	}
+	{
+		const char *v = NULL;
+
+		fep_env_str("FABEP_MOE_PLACE", &v);
+		if (!v || !*v || !strcmp(v, "auto"))
+			m->place_mode = 0;
+		else if (!strcmp(v, "never") || !strcmp(v, "0"))
+			m->place_mode = -1;
+		else if (!strcmp(v, "always") || !strcmp(v, "1"))
+			m->place_mode = 1;
+		else {
+			if (!quiet)
+				fep_err("fabep_moe: FABEP_MOE_PLACE is %s "
+					"(auto, always or never)", v);
+			return -EINVAL;
+		}
+	}
+	/* the placed region holds twice a rank's rows of a balanced call
+	 * (max_tokens * top_k), or all a rank can get if that is less; a
+	 * call with more rows at a rank is not placed there.  Not for
+	 * zero-copy (the rows stay in the slots) nor FP8 (each row has its
+	 * scales). */
+	m->place_rows = 0;
+	if (m->place_mode >= 0 && !m->zcopy && !m->fp8 && nranks > 1)
+		m->place_rows = FEP_MIN((size_t)nranks * (size_t)c->max_tokens *
+					(size_t)FEP_MIN(m->k, m->L),
+					2 * (size_t)c->max_tokens * (size_t)m->k);
+	m->dhdr_bytes = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L +
+				     (m->place_rows ? 4 * (size_t)c->num_experts : 0), 64);
+	m->hdr_recs = (m->dhdr_bytes + m->rec_bytes - 1) / m->rec_bytes;
+	/* the slot stride must be whole records (one gather index space) */
+	m->dslot_recs = m->hdr_recs + (size_t)c->max_tokens;
+	while ((m->dslot_recs * m->rec_bytes) % 64)
+		m->dslot_recs++;
+	m->dslot_bytes = m->dslot_recs * m->rec_bytes;
+	/* a placed run's metadata, the mark and a record's each, must fit
+	 * the records' part of its slot (not so for rows of a few values) */
+	if ((1 + (size_t)c->max_tokens) * m->meta_bytes >
+	    (m->dslot_recs - m->hdr_recs) * m->rec_bytes)
+		m->place_rows = 0;
 	{
 		const char *v = NULL;
 
@@ -151,7 +184,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	m->cchunks = 1 + ((size_t)c->max_tokens + m->cchunk_rows - 1) / m->cchunk_rows;
 	if ((double)(2 * nranks) * (double)m->dslot_recs >= 2147483647.0 ||
 	    (double)m->sets * (2 * nranks) * (double)m->dslot_bytes >= 1e18 ||
-	    (double)nranks * (double)m->cslot_rows >= 2147483647.0)
+	    (double)nranks * (double)m->cslot_rows >= 2147483647.0 ||
+	    (double)m->place_rows >= 2147483647.0)
 		BAD("fabep_moe: max_tokens %d too large for %d ranks", c->max_tokens,
 		    nranks);
 	return 0;
@@ -167,6 +201,7 @@ static size_t ep_heap_need(const struct fabep_moe *m)
 	n += FEP_ALIGN_UP(S * 2 * R * m->dslot_bytes, 64); /* drecv */
 	n += FEP_ALIGN_UP(S * R * m->cslot_bytes, 64);     /* crecv */
 	n += FEP_ALIGN_UP((R - 1) * m->cslot_bytes + 1, 64); /* cstage */
+	n += FEP_ALIGN_UP(S * m->place_rows * m->row_bytes, 64); /* dplace */
 	return n + 64;
 }
 
@@ -191,6 +226,7 @@ struct ep_hello {
 	int32_t num_experts, top_k, max_tokens, fp8_block, buffer_sets, flags;
 	uint64_t hidden;
 	uint64_t chunk_bytes;
+	uint64_t place_rows;
 	struct fep_hb_hello hb;
 };
 
@@ -220,6 +256,7 @@ static void ep_set_free(struct fep_ep_set *s)
 	free(s->counts);
 	free(s->expert_ids);
 	free(s->row_index);
+	free(s->placed);
 }
 
 static void ep_free(struct fabep_moe *m)
@@ -252,6 +289,11 @@ static void ep_free(struct fabep_moe *m)
 	free(m->xblk);
 	free(m->xnblk);
 	free(m->xunw);
+	free(m->pcol);
+	free(m->pbef);
+	free(m->pnext);
+	free(m->pdest);
+	free(m->pputs);
 	free(m);
 }
 
@@ -280,14 +322,22 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->ecnt = calloc(R * L, sizeof(uint32_t));
 	m->rcur = calloc(R * L, sizeof(uint32_t));
 	m->rend = calloc(R * L, sizeof(uint32_t));
-	m->blk_start = calloc(2 * L + 1, sizeof(uint32_t));
-	m->blk_pre = calloc(2 * L + 2, sizeof(uint32_t));
+	/* blocks of rows to gather: at most one per (source, expert) */
+	m->blk_start = calloc(R * L + 2 * L + 1, sizeof(uint32_t));
+	m->blk_pre = calloc(R * L + 2 * L + 2, sizeof(uint32_t));
 	m->own_tok = malloc(T1 * sizeof(int32_t));
 	m->fused = calloc(T1, 1);
 	m->xblk = malloc(2 * R * L * sizeof(uint32_t));
 	m->xnblk = calloc(R, sizeof(uint32_t));
 	m->xunw = calloc(R, 1);
-	if (!m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
+	m->pcol = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
+	m->pbef = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
+	m->pnext = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
+	m->pdest = calloc(R, 1);
+	m->pputs = calloc(T1 * (size_t)(m->k + m->kk) + R * (m->dchunks + 1) + 1,
+			  sizeof(*m->pputs));
+	if (!m->pcol || !m->pbef || !m->pnext || !m->pdest || !m->pputs ||
+	    !m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
 	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
 	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
@@ -314,7 +364,9 @@ static int ep_alloc_host(struct fabep_moe *m)
 		s->row_offsets = calloc(L + 1, sizeof(uint32_t));
 		s->counts = calloc(L, sizeof(uint32_t));
 		s->expert_ids = calloc(L, sizeof(int32_t));
-		if (!s->xrun || !s->crows || !s->cexp || !s->xidx || !s->pidx ||
+		s->placed = calloc(R, 1);
+		if (!s->placed ||
+		    !s->xrun || !s->crows || !s->cexp || !s->xidx || !s->pidx ||
 		    !s->xw || !s->fidx || !s->fw ||
 		    !s->sent || !s->ret_idx || !s->rcount || !s->self_pay || !s->tbase ||
 		    !s->cidx || !s->cw || !s->row_offsets || !s->counts ||
@@ -400,6 +452,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	me.flags = (int32_t)cfg->flags;
 	me.hidden = cfg->hidden;
 	me.chunk_bytes = m ? m->chunk_bytes : 0;
+	me.place_rows = m ? m->place_rows : 0;
 	fep_hb_hello(fab, &me.hb);
 	ret = fep_comm_allgather(comm, &me, all, sizeof(me));
 	if (ret) {
@@ -421,6 +474,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 		memset(&a.hb, 0, sizeof(a.hb));
 		memset(&b.hb, 0, sizeof(b.hb));
 		a.chunk_bytes = b.chunk_bytes = 0;
+		a.place_rows = b.place_rows = 0;
 		if (memcmp(&a, &b, sizeof(a))) {
 			fep_err("fabep_moe_create: configurations differ: rank 0 has "
 				"experts %d top_k %d hidden %llu max_tokens %d types "
@@ -439,6 +493,13 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 			fep_err("fabep_moe_create: FABEP_MOE_CHUNK differs (rank 0 %llu, "
 				"rank %d %llu)", (unsigned long long)all[0].chunk_bytes, r,
 				(unsigned long long)all[r].chunk_bytes);
+			ret = -FABEP_ERR_MISMATCH;
+			goto err;
+		}
+		if (all[r].place_rows != all[0].place_rows) {
+			fep_err("fabep_moe_create: FABEP_MOE_PLACE differs (rank 0 %s, "
+				"rank %d %s)", all[0].place_rows ? "on" : "never", r,
+				all[r].place_rows ? "on" : "never");
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
@@ -465,6 +526,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	m->drecv = m->ctrs + FEP_ALIGN_UP(24 * S, 64);
 	m->crecv = m->drecv + FEP_ALIGN_UP(S * 2 * (size_t)m->size * m->dslot_bytes, 64);
 	m->cstage = m->crecv + FEP_ALIGN_UP(S * (size_t)m->size * m->cslot_bytes, 64);
+	m->dplace = m->cstage + FEP_ALIGN_UP(((size_t)m->size - 1) * m->cslot_bytes + 1, 64);
 	*out = m;
 	return 0;
 err:
