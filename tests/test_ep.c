@@ -46,7 +46,8 @@ struct params {
 	int backward;     /* every other round: dispatch with the previous routing */
 	int outstanding;  /* dispatch `sets` times, check BUSY, then combine all */
 	int bad, bad_rank;
-	int mismatch;     /* rank 1 asks for another hidden size */
+	int mismatch;     /* rank 1 asks for another hidden size (1), chunk
+			   * (2), or for FABEP_MOE_PLACE=never alone (3) */
 	int heap_small;
 	int threads;
 	int zcopy;        /* FABEP_MOE_ZERO_COPY */
@@ -687,6 +688,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		setenv("FABEP_MOE_COMBINE_ROWS", p->crows, 1);
 	if (p->place)
 		setenv("FABEP_MOE_PLACE", p->place, 1);
+	if (p->mismatch == 3 && rank == 1)
+		setenv("FABEP_MOE_PLACE", "never", 1);
 	if (p->mismatch == 1 && rank == 1)
 		cfg->hidden++;
 	ret = fabep_moe_create(*comm, cfg, moe);
@@ -1446,6 +1449,7 @@ EP_TEST(bad_too_many, "shm", 4, .rounds = 3, .bad = B_TOO_MANY, .bad_rank = 3)
 EP_TEST(bad_null, "shm", 2, .rounds = 3, .bad = B_NULL_X, .bad_rank = 0)
 EP_TEST(mismatch, "shm", 3, .mismatch = 1, .experts = 3)
 EP_TEST(mismatch_chunk, "shm", 3, .mismatch = 2, .experts = 3, .chunk = "4096")
+EP_TEST(mismatch_place, "shm", 3, .mismatch = 3, .experts = 3)
 EP_TEST(heap_full, "shm", 2, .heap_small = 1, .max_tokens = 4096, .hidden = 7168)
 /* other providers */
 EP_TEST(tcp3_random, "tcp", 3, .rounds = 30, .experts = 9, .routing = R_NEG, .topk = 4)
@@ -2531,6 +2535,20 @@ START_TEST(bad_flags)
 	setenv("FABEP_MOE_COMBINE_ROWS", "always", 1);
 	ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
 	unsetenv("FABEP_MOE_COMBINE_ROWS");
+	/* FABEP_MOE_PLACE: never takes no placed region, always the same
+	 * as auto, nothing else */
+	{
+		size_t on = fabep_moe_heap_bytes(&c, 2);
+
+		setenv("FABEP_MOE_PLACE", "never", 1);
+		ck_assert_uint_lt(fabep_moe_heap_bytes(&c, 2), on);
+		ck_assert_uint_gt(fabep_moe_heap_bytes(&c, 2), 0);
+		setenv("FABEP_MOE_PLACE", "always", 1);
+		ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), on);
+		setenv("FABEP_MOE_PLACE", "fit", 1);
+		ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
+		unsetenv("FABEP_MOE_PLACE");
+	}
 }
 END_TEST
 
@@ -2615,6 +2633,7 @@ static Suite *ep_suite(void)
 	ADD(tc, bad_null);
 	ADD(tc, mismatch);
 	ADD(tc, mismatch_chunk);
+	ADD(tc, mismatch_place);
 	ADD(tc, heap_full);
 	ADD(tc, tcp3_random);
 	ADD(tc, tcp2_fp8);

@@ -36,6 +36,28 @@ static size_t type_size(fabep_moe_type_t t)
 }
 
 /* Validate and fill the geometry of m from cfg and nranks. */
+/* A choice of three from the environment: 0 where name is unset, empty
+ * or "auto", -1 for "never" or "0", 1 for `on` or "1"; anything else is
+ * -EINVAL (logged unless quiet). */
+static int env_mode(const char *name, const char *on, int quiet, int *mode)
+{
+	const char *v = NULL;
+
+	fep_env_str(name, &v);
+	if (!v || !*v || !strcmp(v, "auto"))
+		*mode = 0;
+	else if (!strcmp(v, "never") || !strcmp(v, "0"))
+		*mode = -1;
+	else if (!strcmp(v, on) || !strcmp(v, "1"))
+		*mode = 1;
+	else {
+		if (!quiet)
+			fep_err("fabep_moe: %s is %s (auto, %s or never)", name, v, on);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		       int nranks, int quiet)
 {
@@ -116,23 +138,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		}
 		m->chunk_bytes = v;
 	}
-	{
-		const char *v = NULL;
-
-		fep_env_str("FABEP_MOE_PLACE", &v);
-		if (!v || !*v || !strcmp(v, "auto"))
-			m->place_mode = 0;
-		else if (!strcmp(v, "never") || !strcmp(v, "0"))
-			m->place_mode = -1;
-		else if (!strcmp(v, "always") || !strcmp(v, "1"))
-			m->place_mode = 1;
-		else {
-			if (!quiet)
-				fep_err("fabep_moe: FABEP_MOE_PLACE is %s "
-					"(auto, always or never)", v);
-			return -EINVAL;
-		}
-	}
+	if (env_mode("FABEP_MOE_PLACE", "always", quiet, &m->place_mode))
+		return -EINVAL;
 	/* the placed region holds twice a rank's rows of a balanced call
 	 * (max_tokens * top_k), or all a rank can get if that is less; a
 	 * call with more rows at a rank is not placed there.  Not for
@@ -156,23 +163,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	if ((1 + (size_t)c->max_tokens) * m->meta_bytes >
 	    (m->dslot_recs - m->hdr_recs) * m->rec_bytes)
 		m->place_rows = 0;
-	{
-		const char *v = NULL;
-
-		fep_env_str("FABEP_MOE_COMBINE_ROWS", &v);
-		if (!v || !*v || !strcmp(v, "auto"))
-			m->crows_mode = 0;
-		else if (!strcmp(v, "never") || !strcmp(v, "0"))
-			m->crows_mode = -1;
-		else if (!strcmp(v, "fit") || !strcmp(v, "1"))
-			m->crows_mode = 1;
-		else {
-			if (!quiet)
-				fep_err("fabep_moe: FABEP_MOE_COMBINE_ROWS is %s "
-					"(auto, fit or never)", v);
-			return -EINVAL;
-		}
-	}
+	if (env_mode("FABEP_MOE_COMBINE_ROWS", "fit", quiet, &m->crows_mode))
+		return -EINVAL;
 	/* chunk 0 of a run is its header, then the records (rows) */
 	m->dchunk_recs = m->chunk_bytes ?
 		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) :
