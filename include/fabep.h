@@ -421,8 +421,9 @@ FABEP_API int fabep_moe_destroy(fabep_moe_t *moe);
  * and its FP8 scales at scales + row_index[r] * scale_stride.  By default
  * the rows are copied in that order (row_index[r] == r, row_stride the
  * row size, scale_stride scales_per_row), and the buffers belong to the
- * handle and stay valid until the dispatch that reuses this buffer set
- * (buffer_sets dispatches later) or fabep_moe_destroy.  With
+ * handle (the rows in its heap where sources placed them,
+ * FABEP_MOE_PLACE) and stay valid until the dispatch that reuses this
+ * buffer set (buffer_sets dispatches later) or fabep_moe_destroy.  With
  * FABEP_MOE_ZERO_COPY nothing is copied: x and scales point into the
  * receive slots (a row received once for several local experts appears
  * once per expert in row_index, with the same slot row), and they stay
