@@ -674,6 +674,25 @@ static int pack_and_post(struct fabep_moe *m, struct pack_ctx *c,
 	return 0;
 }
 
+/* Wait for set b's headers and check them, once per call: in a placed
+ * dispatch's send half, else in dispatch_recv (the check adds the
+ * records' signals to their target, which must happen once).  The
+ * results stay in s until dispatch_recv takes them. */
+static void take_hdrs(struct fabep_moe *m, int b, struct fep_ep_set *s)
+{
+	if (s->hdone)
+		return;
+	s->hdone = 1;
+	s->hchk = s->hrefused = 0;
+	s->hret = fep_ep_wait(m, m->dfn, fep_ep_hctr(m, b),
+			      (uint64_t)(m->size - 1) * s->uses,
+			      fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
+	if (!s->hret)
+		s->hchk = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
+					    m->dslot_bytes, s->seq, NULL, s->status,
+					    s->rcount, &s->dexp, &s->hrefused);
+}
+
 /* The send half of a placed dispatch, after its headers left and its
  * records were packed: wait for every rank's headers, which hold every
  * rank's rows per expert, so that this rank knows each receiver's
@@ -698,16 +717,10 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	uint64_t t0 = fep_now_ns(), t1;
 	int d, src, ok, ret;
 
-	s->hdone = 1;
-	s->hret = fep_ep_wait(m, m->dfn, fep_ep_hctr(m, b),
-			      (uint64_t)(m->size - 1) * s->uses,
-			      fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
+	take_hdrs(m, b, s);
 	m->tm.d_hwait = fep_now_ns() - t0;
 	if (s->hret)
 		return s->hret;
-	s->hchk = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
-				    m->dslot_bytes, s->seq, NULL, s->status,
-				    s->rcount, &s->dexp, &s->hrefused);
 	memset(m->pdest, 0, (size_t)m->size);
 	memset(m->pcol, 0, E * sizeof(uint64_t));
 	memset(m->pbef, 0, E * sizeof(uint64_t));
@@ -1285,21 +1298,12 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	fep_pool_wake(m->comm->pool);  /* for the layout after the wait */
 	/* the headers, then this rank's own rows, then the records */
 	t0 = fep_now_ns();
-	if (s->hdone) {  /* a placed dispatch's send half did it */
-		hret = ret = s->hret;
-		if (!ret)
-			ret = s->hchk;
-		refused = s->hrefused;
-		s->hdone = 0;
-	} else {
-		hret = ret = fep_ep_wait(m, m->dfn, fep_ep_hctr(m, b),
-					 (uint64_t)(m->size - 1) * s->uses,
-					 fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
-		if (!ret)  /* and adds the records' signals to their target */
-			ret = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
-						m->dslot_bytes, s->seq, NULL, s->status,
-						s->rcount, &s->dexp, &refused);
-	}
+	take_hdrs(m, b, s);  /* unless a placed send half did */
+	hret = ret = s->hret;
+	if (!ret)
+		ret = s->hchk;
+	refused = s->hrefused;
+	s->hdone = 0;
 	t1 = fep_now_ns();
 	if (!ret)
 		ret = build_begin(m, b, s);

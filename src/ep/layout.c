@@ -146,7 +146,12 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	 * zero-copy (the rows stay in the slots) nor FP8 (each row has its
 	 * scales). */
 	m->place_rows = 0;
-	if (m->place_mode >= 0 && !m->zcopy && !m->fp8 && nranks > 1)
+	/* a placed run's metadata, the mark and a record's each, must fit
+	 * the records' part of its slot, at least max_tokens records (not
+	 * so for rows of a few values) */
+	if (m->place_mode >= 0 && !m->zcopy && !m->fp8 && nranks > 1 &&
+	    (1 + (size_t)c->max_tokens) * m->meta_bytes <=
+	    (size_t)c->max_tokens * m->rec_bytes)
 		m->place_rows = FEP_MIN((size_t)nranks * (size_t)c->max_tokens *
 					(size_t)FEP_MIN(m->k, m->L),
 					2 * (size_t)c->max_tokens * (size_t)m->k);
@@ -158,11 +163,6 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	while ((m->dslot_recs * m->rec_bytes) % 64)
 		m->dslot_recs++;
 	m->dslot_bytes = m->dslot_recs * m->rec_bytes;
-	/* a placed run's metadata, the mark and a record's each, must fit
-	 * the records' part of its slot (not so for rows of a few values) */
-	if ((1 + (size_t)c->max_tokens) * m->meta_bytes >
-	    (m->dslot_recs - m->hdr_recs) * m->rec_bytes)
-		m->place_rows = 0;
 	if (env_mode("FABEP_MOE_COMBINE_ROWS", "fit", quiet, &m->crows_mode))
 		return -EINVAL;
 	/* chunk 0 of a run is its header, then the records (rows) */
