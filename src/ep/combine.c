@@ -120,6 +120,7 @@ static void final_rows(struct fabep_moe *m, int b, struct fep_ep_set *s)
 			s->fw[i] = 1.0f;
 		}
 	}
+	s->fin_cuse = s->cuses;
 }
 
 /* What set s's combine counter reaches once every peer's rows of the
@@ -618,7 +619,7 @@ static int check_kinds(struct fabep_moe *m, int b, struct fep_ep_set *s)
 			return -FABEP_ERR_PROTOCOL;
 		}
 	}
-	if (s->nx)
+	if (s->nx && s->fin_cuse != s->cuses)  /* not built by peers_in */
 		final_rows(m, b, s);
 	return 0;
 }

@@ -564,8 +564,8 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 
 	if (!status) {
 		route(m, s, m->prev_ids, n);
-		for (d = 0, p = 0; m->placing && !p && d < m->size; d++)
-			p = place_wanted(m, s, d);
+		for (d = 0, p = 0; m->placing && d < m->size; d++)
+			p |= m->pdest[d] = (uint8_t)place_wanted(m, s, d);
 		if (m->placing && !p) {
 			m->placing = 0;
 			m->dmerge = fep_ep_merge(m, n);
@@ -721,7 +721,6 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	m->tm.d_hwait = fep_now_ns() - t0;
 	if (s->hret)
 		return s->hret;
-	memset(m->pdest, 0, (size_t)m->size);
 	memset(m->pcol, 0, E * sizeof(uint64_t));
 	memset(m->pbef, 0, E * sizeof(uint64_t));
 	ok = !s->hchk;
@@ -738,17 +737,20 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 				m->pbef[e] += v;
 		}
 	}
-	for (d = 0; ok && d < m->size; d++) {
+	/* m->pdest: the runs write_headers found worth placing, of those
+	 * the ones that fit */
+	for (d = 0; d < m->size; d++) {
 		uint64_t tot = 0, writes = 0, at = 0;
 
-		for (e = 0; e < L; e++) {
+		for (e = 0; ok && m->pdest[d] && e < L; e++) {
 			tot += m->pcol[(size_t)d * L + e];
 			writes += (m->ecnt[(size_t)d * L + e] + iov - 1) / iov;
 		}
-		if (!place_wanted(m, s, d) || tot > m->place_rows ||
-		    writes > m->gather_writes)
+		if (!ok || !m->pdest[d] || tot > m->place_rows ||
+		    writes > m->gather_writes) {
+			m->pdest[d] = 0;
 			continue;
-		m->pdest[d] = 1;
+		}
 		for (e = 0; e < L; e++) {
 			size_t x = (size_t)d * L + e;
 
@@ -771,7 +773,7 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		 * row: one (destination, expert)'s rows are one range there,
 		 * and consecutive puts to it leave as gathered writes */
 		for (e = 0; e < L; e++) {
-			m->pbef[(size_t)d * L + e] = np;
+			m->pput[(size_t)d * L + e] = np;
 			np += m->ecnt[(size_t)d * L + e];
 		}
 		for (i = 0; i < s->sent[d]; i++) {
@@ -783,7 +785,7 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 
 				if (g < 0 || g / m->L != d)
 					continue;
-				p = &m->pputs[m->pbef[g]++];
+				p = &m->pputs[m->pput[g]++];
 				p->peer = d;
 				p->dst = fep_ep_dplace(m, b) + m->pnext[g]++ * m->row_bytes;
 				p->src = in + t * m->rec_bytes + m->pay_off;

@@ -127,6 +127,7 @@ struct fep_ep_set {
 	float *xw;           /* [n * k]: the routing's weights */
 	int32_t *fidx;       /* [n * k]: combine_recv's sum over rows and */
 	float *fw;           /* partials where nx (fep_ep_final) */
+	uint64_t fin_cuse;   /* the combine (cuses) fidx and fw are of */
 
 	/* expert side: what this rank received */
 	uint32_t *rcount;    /* [size] tokens received from each source */
@@ -268,9 +269,12 @@ struct fabep_moe {
 	uint8_t *xunw;       /* [size]: FEP_EP_HDR_UNWEIGHTED of each run */
 	/* placed dispatch (place_send): rows of all ranks per expert, those
 	 * of the ranks before this one, and this rank's next row at each
+	 * (destination, expert); the index in pputs of the next put to each
 	 * (destination, expert); the puts of the placed rows */
 	uint64_t *pcol, *pbef, *pnext; /* [num_experts] */
-	uint8_t *pdest;      /* [size]: the run to d goes placed */
+	size_t *pput;        /* [num_experts] */
+	uint8_t *pdest;      /* [size]: the run to d is worth placing (write_headers),
+			      * and goes placed (place_send) */
 	struct fep_put *pputs; /* [max_tokens * (k + kk) + size * (dchunks + 1)] */
 };
 
