@@ -539,8 +539,14 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		c.fuse = fuse_setup(&c, out, ld_out, cb, cb_ctx);
 		/* where the receivers copy (cma's combine), the peers' rows
 		 * that came meanwhile are copied in by this progress, so that
-		 * a rank that starts late fuses from its first claim */
-		ret = c.fuse ? fep_ep_fab(m, fep_fabric_progress_all(fab)) : 0;
+		 * a rank that starts late fuses from its first claim; but only
+		 * with one thread: with more, the run's own progress (the
+		 * caller's, or every thread's channel) copies them beside the
+		 * reduction, where this would copy them all on the caller
+		 * before any thread reduces (2 ranks of 8 threads: the own
+		 * run 130-170 -> 400-480 us) */
+		ret = c.fuse && fep_pool_threads(comm->pool) == 1 ?
+		      fep_ep_fab(m, fep_fabric_progress_all(fab)) : 0;
 		if (ret)
 			goto fail;
 		ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, s->rcount[m->rank],
