@@ -1492,6 +1492,16 @@ EP_TEST(place_shm4_writes, "shm", 4, .rounds = 10, .topk = 4, .experts = 8,
 	.max_tokens = 32, .place = "always", .gather_writes = 6, .place_expect = 1)
 EP_TEST(place_never_shm3, "shm", 3, .rounds = 6, .topk = 4, .experts = 12,
 	.place = "never", .place_expect = -1)
+/* auto: a run is worth placing where its rows are at most 4/3 of its
+ * records, and a call places where most of its runs are: every token
+ * to one expert (a row a record), from 64 KiB of records, places; top-4
+ * of 12 experts on 3 ranks (about 1.7 rows a record) does not */
+EP_TEST(place_auto_shm3_one, "shm", 3, .rounds = 12, .routing = R_ONE,
+	.topk = 2, .experts = 12, .hidden = 1024, .max_tokens = 40,
+	.place = "auto", .place_expect = 1)
+EP_TEST(place_auto_shm3_spread, "shm", 3, .rounds = 8, .topk = 4,
+	.experts = 12, .hidden = 1024, .max_tokens = 40, .place = "auto",
+	.place_expect = -1)
 
 /* A random run for the fep_ep_ready_chunks models below: room for up
  * to 40 units in chunks of per, a header of 1 to 3 units, count units
@@ -2613,6 +2623,8 @@ static Suite *ep_suite(void)
 	ADD(tc, place_shm3_full);
 	ADD(tc, place_shm4_writes);
 	ADD(tc, place_never_shm3);
+	ADD(tc, place_auto_shm3_one);
+	ADD(tc, place_auto_shm3_spread);
 	ADD(tc, zc_one_rank);
 	ADD(tc, zc_shm2_bf16);
 	ADD(tc, zc_shm3_fp32_neg_split);
