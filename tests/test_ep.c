@@ -66,7 +66,7 @@ struct params {
 			   * slot, none staged (it must have more writes than
 			   * FEP_EP_GATHER_WRITES) */
 	const char *crows; /* FABEP_MOE_COMBINE_ROWS; "fit": some combine
-			    * must send rows, "never": none may */
+			    * must send rows, "never" and "auto": none may */
 	int ld_pad;       /* y's rows hidden + ld_pad apart (round_trip) */
 	const char *place; /* FABEP_MOE_PLACE */
 	int place_expect; /* 1: some source must place its rows, -1: none may */
@@ -1388,6 +1388,10 @@ EP_TEST(rows_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
 	.backward = 1, .crows = "fit")
 EP_TEST(rows_never_shm3, "shm", 3, .rounds = 10, .topk = 2, .experts = 24,
 	.crows = "never")
+/* auto: no rows for a dispatch of one token (its partial row is one
+ * write with its signal) */
+EP_TEST(rows_auto_shm3_one_token, "shm", 3, .rounds = 16, .topk = 2,
+	.experts = 12, .max_tokens = 1, .crows = "auto")
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -2616,6 +2620,7 @@ static Suite *ep_suite(void)
 	ADD(tc, rows_cma_chan_shm4_zc);
 	ADD(tc, rows_tcp3);
 	ADD(tc, rows_never_shm3);
+	ADD(tc, rows_auto_shm3_one_token);
 	ADD(tc, place_shm3_split);
 	ADD(tc, place_shm4_chunks);
 	ADD(tc, place_tcp3_delivery);

@@ -207,9 +207,13 @@ static int check_input(struct fabep_moe *m, const void *x, const float *scales,
  * partial rows: a token's experts mostly lie on different ranks (8 of
  * 256 experts on 16 ranks: about 1.24 rows a token), so reducing at the
  * expert rank saves fewer wire bytes than its pass over y and the stage
- * costs. */
+ * costs.  Not in a call of one token (n): its partial row is one write
+ * that carries its signal, where rows take the sender's write and then
+ * the header's, and at that size the operations cost more than the
+ * bytes.  (Larger calls keep rows for their runs of one token too: an
+ * expert rank that sends both kinds makes both passes.) */
 static int rows_wanted(const struct fabep_moe *m, int d, uint64_t rows,
-		       uint64_t toks)
+		       uint64_t toks, size_t n)
 {
 	const fep_fabric_t *fab = m->comm->fab;
 
@@ -219,7 +223,7 @@ static int rows_wanted(const struct fabep_moe *m, int d, uint64_t rows,
 	if (m->crows_mode > 0)
 		return 1;
 	return fep_fab_ptr_ok(fab) && fep_fab_sender_copies(fab) &&
-	       3 * rows <= 4 * toks;
+	       n > 1 && 3 * rows <= 4 * toks;
 }
 
 /* Where each (token, k) comes back in combine when its rank sends rows:
@@ -241,7 +245,7 @@ static void route_rows(struct fabep_moe *m, struct fep_ep_set *s,
 
 		for (e = 0; e < L; e++)
 			rows += m->ecnt[(size_t)d * L + e];
-		s->xrun[d] = (uint8_t)rows_wanted(m, d, rows, s->sent[d]);
+		s->xrun[d] = (uint8_t)rows_wanted(m, d, rows, s->sent[d], n);
 		s->nx += s->xrun[d];
 		s->cexp[d] = (uint32_t)rows;
 		for (e = 0; e < L; e++) {
