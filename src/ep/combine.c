@@ -543,8 +543,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		 * with one thread: with more, the run's own progress (the
 		 * caller's, or every thread's channel) copies them beside the
 		 * reduction, where this would copy them all on the caller
-		 * before any thread reduces (2 ranks of 8 threads: the own
-		 * run 130-170 -> 400-480 us) */
+		 * while the other threads wait */
 		ret = c.fuse && fep_pool_threads(comm->pool) == 1 ?
 		      fep_ep_fab(m, fep_fabric_progress_all(fab)) : 0;
 		if (ret)

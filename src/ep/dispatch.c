@@ -575,9 +575,9 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 			runs += d != m->rank && s->sent[d];
 		}
 		/* the wait for every header holds back every run of the
-		 * call: placing pays where most of them go placed (auto at 8
-		 * ranks with top-8 places the odd run below 4/3 rows a
-		 * record, and 8 and 16 tokens were 8-16 % slower so) */
+		 * call, so a call places only where most of its runs go
+		 * placed, not for the odd run below 4/3 rows a record (as
+		 * at 8 ranks with top-8, 1.5 rows a record) */
 		if (m->placing && (!p || 2 * p < runs)) {
 			m->placing = 0;
 			m->dmerge = fep_ep_merge(m, n);

@@ -35,7 +35,6 @@ static size_t type_size(fabep_moe_type_t t)
 	return 0;
 }
 
-/* Validate and fill the geometry of m from cfg and nranks. */
 /* A choice of three from the environment: 0 where name is unset, empty
  * or "auto", -1 for "never" or "0", 1 for `on` or "1"; anything else is
  * -EINVAL (logged unless quiet). */
@@ -58,6 +57,7 @@ static int env_mode(const char *name, const char *on, int quiet, int *mode)
 	return 0;
 }
 
+/* Validate and fill the geometry of m from cfg and nranks. */
 static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		       int nranks, int quiet)
 {
