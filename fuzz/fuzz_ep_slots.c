@@ -134,6 +134,7 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 	if (bad_signals)
 		return REF_PROTOCOL;
 	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
 		uint64_t sum = 0;
 
 		memcpy(ann, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
@@ -143,9 +144,11 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		if (sum > (uint64_t)cnt[r] * (uint64_t)m->k)
 			return REF_PROTOCOL;
 		rows += sum;
-		/* with a placed region every rank's rows per expert follow,
-		 * this rank's as above */
-		if (m->place_rows) {
+		/* where the header says every rank's rows per expert follow
+		 * (and the handle has room for them), this rank's are those
+		 * above */
+		memcpy(&h, fep_heap_at(fab, fep_ep_dslot(m, b, r)), sizeof(h));
+		if (m->place_rows && (h.flags & FEP_EP_HDR_COUNTS)) {
 			memcpy(all, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
 			       FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + m->rank),
 			       4 * (size_t)m->L);
@@ -299,10 +302,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			memcpy(slot, p, got);
 		} else {
 			uint32_t chunks = (uint32_t)modes[r] >> 4;
+			uint32_t fl = (modes[r] & 16) ? FEP_EP_HDR_COUNTS : 0;
 
 			fep_ep_hdr_write(slot, seq, (modes[r] & 2) ? -(int)fuzz_u8(&in) : 0,
 					 (modes[r] & 4) ? fuzz_u32(&in) : fuzz_u8(&in) % 10);
 			memcpy(slot + offsetof(struct fep_ep_hdr, chunks), &chunks, 4);
+			memcpy(slot + offsetof(struct fep_ep_hdr, flags), &fl, 4);
 		}
 		if (!(modes[r] & 8)) {  /* rows per expert: fuzzed */
 			p = fuzz_bytes(&in, 4 * (size_t)m->L, &got);

@@ -34,7 +34,9 @@
  * small one; values chosen so that fp32 sums are exact in any order
  * (see cancel_token) */
 /* R_DUP: every token names each of its experts twice (slots 2i, 2i + 1) */
-enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL, R_DUP };
+/* R_ONE_FEW, R_ONE_IDLE: as R_ONE, but odd ranks send one token, none */
+enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL, R_DUP, R_ONE_FEW, R_ONE_IDLE };
+#define R_ONE_ANY(r) ((r) == R_ONE || (r) == R_ONE_FEW || (r) == R_ONE_IDLE)
 enum { B_NONE, B_RANGE, B_TOO_MANY, B_NULL_X };
 
 struct params {
@@ -236,8 +238,9 @@ static void gen(const struct params *p, int size, int src, int round,
 
 	fep_test_rand(&seed);
 	in->n = (size_t)(fep_test_rand(&seed) % (uint64_t)(p->max_tokens + 1));
-	if (p->routing == R_ONE)
-		in->n = (size_t)p->max_tokens;
+	if (R_ONE_ANY(p->routing))
+		in->n = p->routing == R_ONE || src % 2 == 0 ? (size_t)p->max_tokens :
+			p->routing == R_ONE_FEW ? 1 : 0;
 	if (p->routing == R_ZERO && (src % 2 == 1 || size == 1))
 		in->n = 0;
 	hot = (int)(fep_test_rand(&seed) % (uint64_t)p->experts);
@@ -252,7 +255,7 @@ static void gen(const struct params *p, int size, int src, int round,
 		for (j = 0; j < k && p->routing != R_CANCEL; j++) {
 			int32_t e = (int32_t)(fep_test_rand(&seed) % (uint64_t)p->experts);
 
-			if (p->routing == R_ONE)
+			if (R_ONE_ANY(p->routing))
 				e = j ? -1 : hot;
 			else if (p->routing == R_DUP && j % 2)
 				e = in->ids[t * k + j - 1];
@@ -1506,6 +1509,17 @@ EP_TEST(place_auto_shm3_one, "shm", 3, .rounds = 12, .routing = R_ONE,
 EP_TEST(place_auto_shm3_spread, "shm", 3, .rounds = 8, .topk = 4,
 	.experts = 12, .hidden = 1024, .max_tokens = 40, .place = "auto",
 	.place_expect = -1)
+/* auto: a call below 64 KiB of records cannot place, and its headers
+ * carry no counts of every rank; without them from rank 1 (one token)
+ * no rank places, though the others' calls are large and of a row a
+ * record */
+EP_TEST(place_auto_shm3_few, "shm", 3, .rounds = 8, .routing = R_ONE_FEW,
+	.topk = 2, .experts = 12, .hidden = 1024, .max_tokens = 40,
+	.place = "auto", .place_expect = -1)
+/* an idle rank (no tokens) carries every rank's counts: the others place */
+EP_TEST(place_auto_shm3_idle, "shm", 3, .rounds = 8, .routing = R_ONE_IDLE,
+	.topk = 2, .experts = 12, .hidden = 1024, .max_tokens = 40,
+	.place = "auto", .place_expect = 1)
 
 /* A random run for the fep_ep_ready_chunks models below: room for up
  * to 40 units in chunks of per, a header of 1 to 3 units, count units
@@ -2361,11 +2375,14 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 	case LIE_MORE: meta[3] = meta[2]; break;
 	case LIE_FEWER: meta[2] = -1; break;
 	}
+	if (m->place_rows) {  /* every rank's counts: r's the same, or not */
+		h.flags = FEP_EP_HDR_COUNTS;
+		if (lie != LIE_ALLROWS)
+			memcpy(st + FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + r), rows,
+			       4 * (size_t)m->L);
+	}
 	memcpy(st, &h, sizeof(h));
 	memcpy(st + FEP_EP_HDR, rows, 4 * (size_t)m->L);
-	if (m->place_rows && lie != LIE_ALLROWS)  /* the same, among all */
-		memcpy(st + FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + r), rows,
-		       4 * (size_t)m->L);
 	memcpy(st + m->hdr_recs * m->rec_bytes, meta, sizeof(meta));
 	if (lie >= LIE_TOKEN)
 		len = (m->hdr_recs + 1) * m->rec_bytes;
@@ -2630,6 +2647,8 @@ static Suite *ep_suite(void)
 	ADD(tc, place_never_shm3);
 	ADD(tc, place_auto_shm3_one);
 	ADD(tc, place_auto_shm3_spread);
+	ADD(tc, place_auto_shm3_few);
+	ADD(tc, place_auto_shm3_idle);
 	ADD(tc, zc_one_rank);
 	ADD(tc, zc_shm2_bf16);
 	ADD(tc, zc_shm3_fp32_neg_split);

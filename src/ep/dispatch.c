@@ -432,7 +432,7 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	 * is known once every header is in (place_send) */
 	r.chunks = m->placing && !m->posted[peer] ? 1 : m->dchunks;
 	r.sig = fep_ep_dctr(m, c->b);
-	r.hlen = m->dhdr_bytes;
+	r.hlen = m->dcounts ? m->dhdr_bytes : m->dhdr_short;
 	r.hsig = fep_ep_hctr(m, c->b);
 	/* r.hlast 0: headers go first, on their own counter, often early */
 	r.merge = m->dmerge;
@@ -595,14 +595,15 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 		uint8_t *h = run_base(m, b, d);
 		uint32_t chunks = m->dmerge ? 0 : (uint32_t)(m->dchunks - 1);
 		uint32_t fl = (s->xrun[d] ? FEP_EP_HDR_ROWS : 0) |
-			      (m->placing ? FEP_EP_HDR_PLACE : 0);
+			      (m->placing ? FEP_EP_HDR_PLACE : 0) |
+			      (m->dcounts ? FEP_EP_HDR_COUNTS : 0);
 
 		fep_ep_hdr_write(h, s->seq, status, s->sent[d]);
 		memcpy(h + offsetof(struct fep_ep_hdr, chunks), &chunks, 4);
 		memcpy(h + offsetof(struct fep_ep_hdr, flags), &fl, 4);
 		memcpy(h + FEP_EP_HDR, m->ecnt + (size_t)d * (size_t)m->L,
 		       4 * (size_t)m->L);
-		if (m->place_rows)  /* every rank's: each receiver's layout */
+		if (m->dcounts)  /* every rank's: each receiver's layout */
 			memcpy(h + FEP_EP_HDR + 4 * (size_t)m->L, m->ecnt,
 			       4 * (size_t)m->cfg.num_experts);
 	}
@@ -738,6 +739,12 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	ok = !s->hchk;
 	for (src = 0; ok && src < m->size; src++) {
 		const uint8_t *h = hb + (size_t)src * m->dslot_bytes + FEP_EP_HDR + 4 * L;
+		uint32_t fl;
+
+		/* a rank whose call could not place sent no counts: without
+		 * every receiver's layout every run goes as records */
+		memcpy(&fl, h - FEP_EP_HDR - 4 * L + offsetof(struct fep_ep_hdr, flags), 4);
+		ok = !!(fl & FEP_EP_HDR_COUNTS);
 
 		for (e = 0; e < E; e++) {
 			uint32_t v;
@@ -881,6 +888,10 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	m->placing = !status && n && m->place_rows &&
 		     fep_fab_signals_after_writes(m->comm->fab) &&
 		     (m->place_mode > 0 || early(m, n));
+	/* every rank's counts in the headers of a call that may place, and
+	 * of an empty one (an idle rank must not keep the others from
+	 * placing); not in a small call's, which then fit inline */
+	m->dcounts = m->placing || (!status && !n && m->place_rows);
 	m->dmerge = !m->placing && fep_ep_merge(m, n);
 	write_headers(m, b, s, n, status);  /* placing: only if worth it */
 	m->tm.d_put = t1 - t0;
@@ -1119,7 +1130,7 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		}
 		/* every rank's rows per expert (placed dispatch): its
 		 * counts for this rank's experts must be those above */
-		if (m->place_rows &&
+		if ((fl & FEP_EP_HDR_COUNTS) && m->place_rows &&
 		    memcmp(h + 4 * L + 4 * L * (size_t)m->rank, h, 4 * L)) {
 			fep_err("%s: rank %d announced other rows for this rank's "
 				"experts in its counts for every rank", m->dfn, src);

@@ -47,8 +47,8 @@ struct fep_ep_hdr {
 	 * came under the header's own signal (fep_ep_merge) */
 	uint32_t chunks;
 	/* dispatch: FEP_EP_HDR_ROWS, this source's combine asks for rows,
-	 * FEP_EP_HDR_PLACE, it may place its rows (every rank's rows per
-	 * expert follow the receiver's);
+	 * FEP_EP_HDR_PLACE, it may place its rows, FEP_EP_HDR_COUNTS,
+	 * every rank's rows per expert follow the receiver's;
 	 * combine: FEP_EP_HDR_ROWS, the run is rows (and UNWEIGHTED) */
 	uint32_t flags;
 	uint64_t pad[4];
@@ -61,15 +61,21 @@ struct fep_ep_hdr {
 #define FEP_EP_HDR_UNWEIGHTED 2u
 /* A dispatch header's flag: the source may write its rows for this rank
  * straight into their places in the expert-major result (placed
- * dispatch, place_send in dispatch.c).  Its header then holds, after the
- * rows per expert of the receiver, the rows per expert of every rank
- * (num_experts counts): from all headers each rank knows every
- * receiver's layout, so no round of offsets is needed.  What the source
- * did is in its record area: a first record whose token index is
- * FEP_EP_PLACED_MARK and whose stamp is the call's says that the rows are
- * in place and the records that follow are metadata only (meta_bytes
- * apart); else full records came as always. */
+ * dispatch, place_send in dispatch.c).  It needs every header to hold,
+ * after the rows per expert of the receiver, the rows per expert of every
+ * rank (num_experts counts, FEP_EP_HDR_COUNTS): from all headers each
+ * rank knows every receiver's layout, so no round of offsets is needed.
+ * What the source did is in its record area: a first record whose token
+ * index is FEP_EP_PLACED_MARK and whose stamp is the call's says that the
+ * rows are in place and the records that follow are metadata only
+ * (meta_bytes apart); else full records came as always. */
 #define FEP_EP_HDR_PLACE 4u
+/* A dispatch header's flag: every rank's rows per expert follow the
+ * receiver's.  Only a call that may place carries them (a placing source
+ * needs them from every header, and falls back to records where one
+ * lacks them): at 256 experts they are 1 KiB, which would take a small
+ * call's header out of the provider's inline path. */
+#define FEP_EP_HDR_COUNTS 8u
 #define FEP_EP_PLACED_MARK (-2)
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
@@ -195,6 +201,7 @@ struct fabep_moe {
 			      * whose headers leave early), 1 always */
 	size_t place_rows;   /* rows of a set's placed region; 0: none */
 	int placing;         /* this dispatch_send places its rows */
+	int dcounts;         /* its headers carry every rank's counts */
 	fep_k_dtype_t cdt;   /* combine dtype */
 	size_t crow_bytes;
 
@@ -202,7 +209,10 @@ struct fabep_moe {
 	size_t meta_bytes, scale_off, pay_off, rec_bytes, hdr_recs;
 	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
-	size_t dhdr_bytes;   /* FEP_EP_HDR + 4 * L, to 64: what chunk 0 writes */
+	size_t dhdr_bytes;   /* FEP_EP_HDR + 4 * L, and 4 * num_experts with
+			      * a placed region, to 64: the header's room */
+	size_t dhdr_short;   /* FEP_EP_HDR + 4 * L, to 64: a header without
+			      * every rank's counts, what chunk 0 then writes */
 	size_t chdr_rows, cslot_rows, cslot_bytes;
 	size_t choff;        /* a combine slot's header: at the end of its
 			      * header rows, 8-byte aligned, so that it and

@@ -157,6 +157,7 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 					2 * (size_t)c->max_tokens * (size_t)m->k);
 	m->dhdr_bytes = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L +
 				     (m->place_rows ? 4 * (size_t)c->num_experts : 0), 64);
+	m->dhdr_short = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L, 64);
 	m->hdr_recs = (m->dhdr_bytes + m->rec_bytes - 1) / m->rec_bytes;
 	/* the slot stride must be whole records (one gather index space) */
 	m->dslot_recs = m->hdr_recs + (size_t)c->max_tokens;
