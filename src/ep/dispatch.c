@@ -734,8 +734,10 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	m->tm.d_hwait = fep_now_ns() - t0;
 	if (s->hret)
 		return s->hret;
+	/* pcol: every rank's rows per expert; pnext first the rows of the
+	 * ranks before this one */
 	memset(m->pcol, 0, E * sizeof(uint64_t));
-	memset(m->pbef, 0, E * sizeof(uint64_t));
+	memset(m->pnext, 0, E * sizeof(uint64_t));
 	ok = !s->hchk;
 	for (src = 0; ok && src < m->size; src++) {
 		const uint8_t *h = hb + (size_t)src * m->dslot_bytes + FEP_EP_HDR + 4 * L;
@@ -745,15 +747,14 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		 * every receiver's layout every run goes as records */
 		memcpy(&fl, h - FEP_EP_HDR - 4 * L + offsetof(struct fep_ep_hdr, flags), 4);
 		ok = !!(fl & FEP_EP_HDR_COUNTS);
-
-		for (e = 0; e < E; e++) {
+		for (e = 0; ok && e < E; e++) {
 			uint32_t v;
 
 			memcpy(&v, h + 4 * e, 4);
-			ok &= v <= cap;  /* a bad count: build_begin reports it */
+			ok = v <= cap;  /* a bad count: build_begin reports it */
 			m->pcol[e] += v;
 			if (src < m->rank)
-				m->pbef[e] += v;
+				m->pnext[e] += v;
 		}
 	}
 	/* m->pdest: the runs write_headers found worth placing, of those
@@ -773,7 +774,7 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		for (e = 0; e < L; e++) {
 			size_t x = (size_t)d * L + e;
 
-			m->pnext[x] = at + m->pbef[x];  /* this rank's first row */
+			m->pnext[x] += at;  /* this rank's first row */
 			at += m->pcol[x];
 		}
 	}

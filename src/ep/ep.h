@@ -277,11 +277,11 @@ struct fabep_moe {
 	uint32_t *xblk;      /* [2 * size * L]: start, rows */
 	uint32_t *xnblk;     /* [size] */
 	uint8_t *xunw;       /* [size]: FEP_EP_HDR_UNWEIGHTED of each run */
-	/* placed dispatch (place_send): rows of all ranks per expert, those
-	 * of the ranks before this one, and this rank's next row at each
-	 * (destination, expert); the index in pputs of the next put to each
-	 * (destination, expert); the puts of the placed rows */
-	uint64_t *pcol, *pbef, *pnext; /* [num_experts] */
+	/* placed dispatch (place_send): rows of all ranks per expert, and
+	 * this rank's next row at each (destination, expert); the index in
+	 * pputs of the next put to each (destination, expert); the puts of
+	 * the placed rows */
+	uint64_t *pcol, *pnext; /* [num_experts] */
 	size_t *pput;        /* [num_experts] */
 	uint8_t *pdest;      /* [size]: the run to d is worth placing (write_headers),
 			      * and goes placed (place_send) */

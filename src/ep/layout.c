@@ -283,7 +283,6 @@ static void ep_free(struct fabep_moe *m)
 	free(m->xnblk);
 	free(m->xunw);
 	free(m->pcol);
-	free(m->pbef);
 	free(m->pnext);
 	free(m->pput);
 	free(m->pdest);
@@ -325,13 +324,12 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->xnblk = calloc(R, sizeof(uint32_t));
 	m->xunw = calloc(R, 1);
 	m->pcol = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
-	m->pbef = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
 	m->pnext = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
 	m->pput = calloc((size_t)m->cfg.num_experts, sizeof(size_t));
 	m->pdest = calloc(R, 1);
 	m->pputs = calloc(T1 * (size_t)(m->k + m->kk) + R * (m->dchunks + 1) + 1,
 			  sizeof(*m->pputs));
-	if (!m->pcol || !m->pbef || !m->pnext || !m->pput || !m->pdest || !m->pputs ||
+	if (!m->pcol || !m->pnext || !m->pput || !m->pdest || !m->pputs ||
 	    !m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
 	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
 	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
