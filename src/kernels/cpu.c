@@ -102,7 +102,8 @@ static void isa_detect(void)
 	}
 	fep_dbg("kernels: isa %s (cpu max %s%s)%s", fabep_isa_name(isa_chosen),
 		fabep_isa_name(isa_max), fep_k_hw_bf16 ? ", avx512_bf16" : "",
-		fep_k_nt_dequant ? "" : "; FP8 dequantization without streaming stores");
+		fep_k_nt_dequant ? "" : "; FP8 dequantization and bf16 quantization "
+		"without streaming stores");
 }
 
 int fep_k_isa_parse(const char *s, fabep_isa_t *isa)

@@ -221,7 +221,7 @@ static FEP_INLINE FEP_T_AVX2 void quant256(const fep_k_fp8_args_t *a,
 	size_t nb = nblocks(cols, a->block), r, b0, i, j;
 	size_t seg = a->block > 0 ? FEP_MIN((size_t)Q_SEGB,
 					    FEP_MAX((size_t)1, Q_SEG / bs)) : 1;
-	int nt = a->nt ? a->nt > 0 : (r1 - r0) * cols >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 : fep_k_nt_quant(dt) && (r1 - r0) * cols >= FEP_K_NT_BYTES;
 	float amax[Q_SEGB] __attribute__((aligned(32)));
 	float invs[Q_SEGB] __attribute__((aligned(32)));
 	uint8_t nf[Q_SEGB];
@@ -499,7 +499,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t nb = nblocks(a->cols, a->block), r, b, i;
-	int nt = a->nt ? a->nt > 0 : (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
+	int nt = a->nt ? a->nt > 0 :
+		 fep_k_nt_quant(dt) && (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
 	float amax[64], invs[64];
 	uint8_t nan[64];
 	size_t es = fep_k_dtype_size(dt);
@@ -743,7 +744,7 @@ int fep_k_fp8_quant_mt(fep_pool_t *pool, const fep_k_fp8_args_t *a, size_t rows)
 		return ret;
 	b = *a;
 	if (!b.nt)
-		b.nt = rows * b.cols >= FEP_K_NT_BYTES ? 1 : -1;
+		b.nt = fep_k_nt_quant(b.in_dt) && rows * b.cols >= FEP_K_NT_BYTES ? 1 : -1;
 	return fep_pool_for(pool, rows, 1, quant_range, &c);
 }
 

@@ -92,7 +92,8 @@
  * Non-temporal stores (vector levels):
  * when one call writes at least FEP_K_NT_BYTES, full aligned vectors of
  * output go past the caches (conversions, n-way sum, permutes, FP8
- * quantization, dequantization (not on AMD's CPUs: fep_k_nt_dequant) and
+ * quantization (of bf16 not on AMD's CPUs: fep_k_nt_quant), dequantization
+ * (not on AMD's CPUs: fep_k_nt_dequant) and
  * RMSNorm); smaller outputs stay in cache for the next step.  The
  * argument structs' nt overrides the choice (1 stream, -1 never); the
  * _mt wrappers set it from the whole call, so that a call split over a
@@ -285,6 +286,15 @@ extern int fep_k_hw_bf16;
  * memcpy's rate against 0.8-0.9 with plain ones (Zen 5, AVX-512 and
  * AVX2, 1 and 2 threads; docs/performance.md); on Intel's they gain. */
 extern int fep_k_nt_dequant;
+/* Whether FP8 quantization of dt streams large outputs: not bf16 input on
+ * AMD's CPUs (fep_k_nt_dequant's rule: a byte written for every two
+ * read, as dequantization's two or four for one, streamed at 0.5-0.7 of
+ * memcpy against 0.6-0.9 with plain stores on Zen 5); fp32 input, a byte
+ * for four, streams everywhere. */
+static inline int fep_k_nt_quant(fep_k_dtype_t dt)
+{
+	return dt != FEP_K_BF16 || fep_k_nt_dequant;
+}
 /* The highest level this CPU supports (ignores FABEP_ISA). */
 fabep_isa_t fep_k_isa_max(void);
 /* Parse "scalar"|"avx2"|"avx512"; -EINVAL otherwise. */
