@@ -329,7 +329,7 @@ static FEP_INLINE FEP_T_AVX2 void dequant256(const fep_k_fp8dq_args_t *a,
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
 	int nt = a->nt ? a->nt > 0 :
-		 fep_k_nt_dequant && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+		 fep_k_nt_fp8 && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -607,7 +607,7 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
 	int nt = a->nt ? a->nt > 0 :
-		 fep_k_nt_dequant && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+		 fep_k_nt_fp8 && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -759,7 +759,7 @@ int fep_k_fp8_dequant_mt(fep_pool_t *pool, const fep_k_fp8dq_args_t *a,
 		return ret;
 	b = *a;
 	if (!b.nt)
-		b.nt = fep_k_nt_dequant && rows * b.cols * fep_k_dtype_size(b.out_dt) >=
+		b.nt = fep_k_nt_fp8 && rows * b.cols * fep_k_dtype_size(b.out_dt) >=
 		       FEP_K_NT_BYTES ? 1 : -1;
 	return fep_pool_for(pool, rows, 1, dequant_range, &c);
 }

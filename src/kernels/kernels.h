@@ -93,7 +93,7 @@
  * when one call writes at least FEP_K_NT_BYTES, full aligned vectors of
  * output go past the caches (conversions, n-way sum, permutes, FP8
  * quantization (of bf16 not on AMD's CPUs: fep_k_nt_quant), dequantization
- * (not on AMD's CPUs: fep_k_nt_dequant) and
+ * (not on AMD's CPUs: fep_k_nt_fp8) and
  * RMSNorm); smaller outputs stay in cache for the next step.  The
  * argument structs' nt overrides the choice (1 stream, -1 never); the
  * _mt wrappers set it from the whole call, so that a call split over a
@@ -281,19 +281,19 @@ const struct fep_k_ops *fep_k_ops_isa(fabep_isa_t isa);
  * convert fp32 -> bf16 with vcvtne[2]ps2bf16 (bitwise equal results; the
  * tests clear it to cover the integer path too). */
 extern int fep_k_hw_bf16;
-/* Whether FP8 dequantization streams large outputs (FEP_K_NT_BYTES):
- * not on AMD's CPUs, where its streaming stores took it to 0.5-0.6 of
- * memcpy's rate against 0.8-0.9 with plain ones (Zen 5, AVX-512 and
- * AVX2, 1 and 2 threads; docs/performance.md); on Intel's they gain. */
-extern int fep_k_nt_dequant;
-/* Whether FP8 quantization of dt streams large outputs: not bf16 input on
- * AMD's CPUs (fep_k_nt_dequant's rule: a byte written for every two
- * read, as dequantization's two or four for one, streamed at 0.5-0.7 of
- * memcpy against 0.6-0.9 with plain stores on Zen 5); fp32 input, a byte
- * for four, streams everywhere. */
+/* Whether FP8 conversions that write at least a byte for every two they
+ * read stream large outputs (FEP_K_NT_BYTES): dequantization, and the
+ * quantization of bf16 (fep_k_nt_quant).  Not on AMD's CPUs, where those
+ * streaming stores cost more than they save (Zen 5, AVX-512 and AVX2, 1
+ * and 2 threads: dequantization 0.5-0.6 of memcpy's rate against 0.8-0.9
+ * with plain ones, bf16 quantization 0.5-0.7 against 0.6-0.9;
+ * docs/performance.md); on Intel's they gain. */
+extern int fep_k_nt_fp8;
+/* Whether FP8 quantization of dt streams large outputs: fp32 input, a
+ * byte written for four read, everywhere; bf16 input where fep_k_nt_fp8. */
 static inline int fep_k_nt_quant(fep_k_dtype_t dt)
 {
-	return dt != FEP_K_BF16 || fep_k_nt_dequant;
+	return dt != FEP_K_BF16 || fep_k_nt_fp8;
 }
 /* The highest level this CPU supports (ignores FABEP_ISA). */
 fabep_isa_t fep_k_isa_max(void);
