@@ -105,7 +105,7 @@ static uint64_t ref_signals(struct fabep_moe *m, int b, uint64_t seq)
 static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 {
 	fep_fabric_t *fab = m->comm->fab;
-	uint32_t cnt[FUZZ_MAX_SIZE], ann[4], got[4], all[4];
+	uint32_t cnt[FUZZ_MAX_SIZE], fl[FUZZ_MAX_SIZE], ann[4], got[4], all[4];
 	int r, j, e, agreed = 0, bad_signals = 0, placed[FUZZ_MAX_SIZE];
 	uint64_t rows = 0;
 	size_t i;
@@ -128,13 +128,13 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		if (h.count > (uint32_t)m->cfg.max_tokens)
 			return REF_PROTOCOL;
 		cnt[r] = h.count;
+		fl[r] = h.flags;
 	}
 	if (agreed)
 		return agreed;
 	if (bad_signals)
 		return REF_PROTOCOL;
 	for (r = 0; r < m->size; r++) {
-		struct fep_ep_hdr h;
 		uint64_t sum = 0;
 
 		memcpy(ann, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
@@ -147,8 +147,7 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		/* where the header says every rank's rows per expert follow
 		 * (and the handle has room for them), this rank's are those
 		 * above */
-		memcpy(&h, fep_heap_at(fab, fep_ep_dslot(m, b, r)), sizeof(h));
-		if (m->place_rows && (h.flags & FEP_EP_HDR_COUNTS)) {
+		if (m->place_rows && (fl[r] & FEP_EP_HDR_COUNTS)) {
 			memcpy(all, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
 			       FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + m->rank),
 			       4 * (size_t)m->L);
