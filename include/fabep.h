@@ -575,9 +575,12 @@ FABEP_API int fabep_moe_timing(const fabep_moe_t *moe, fabep_moe_timing_t *out);
  * Sums are taken in fp32 in rank order (rank 0 + rank 1 + ...) and rounded
  * to the element type, so every rank gets bitwise the same result.  The
  * RMSNorm of a row is
- *     h = sum (+ residual);  y = h / sqrt(mean(h^2) + eps) * (gamma + weight_offset)
- * in fp32, and FP8 e4m3fn output has one fp32 scale per row,
- * max|y| / 448 clamped to scale_ub (> 0), with out = e4m3(y / scale).
+ *     h = sum (+ residual);  inv = 1 / sqrt(mean(h^2) + eps);
+ *     y = (h * (gamma + weight_offset)) * inv
+ * in fp32, multiplied in that order, and FP8 e4m3fn output has one fp32
+ * scale per row, max|y| / 448 (of the finite y) clamped to scale_ub
+ * (> 0), with out = e4m3(y / scale), computed as e4m3((h * (gamma +
+ * weight_offset)) * (inv * (1 / scale))).
  *
  * Collective errors: every call is collective.  A rank whose arguments
  * are bad still takes part, so every rank returns the same code: the code

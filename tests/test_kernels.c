@@ -897,13 +897,13 @@ static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 				fep_k_dtype_t out_dt, size_t cols, int with_res,
 				int gcase, int scase)
 {
-	const size_t rows = 8, ld = cols + 3;
+	const size_t rows = 9, ld = cols + 3;
 	size_t es = fep_k_dtype_size(in_dt), os = fep_k_dtype_size(out_dt);
 	float *v = xmalloc(rows * ld * 4), *gamma = xmalloc(cols * 4);
 	void *in = xmalloc(rows * ld * es), *rs = xmalloc(rows * ld * es);
 	void *rv = xmalloc(rows * ld * es);
 	void *o_s = xmalloc(rows * ld * os), *o_v = xmalloc(rows * ld * os);
-	float ss[8], sv[8];
+	float ss[9], sv[9];
 	fep_k_rmsnorm_args_t a = {
 		.in = in, .in_dt = in_dt, .ld_in = ld, .residual = with_res ? rs : NULL,
 		.ld_res = ld, .gamma = gamma, .eps = gcase == 0 ? 0.0f : 1e-6f,
@@ -949,6 +949,9 @@ static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 				x = 3.0e38f;
 			else if (r == 7)
 				x = (rnd32() & 1) ? -1.0f : 1.0f;
+			else if (r == 8) /* with the huge gamma, h * g is finite
+					  * and y overflows */
+				x = i == cols / 2 ? 0.75f : x * 1e-6f;
 			v[r * ld + i] = x;
 		}
 	for (i = 0; i < rows * ld; i++) {

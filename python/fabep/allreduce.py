@@ -129,8 +129,9 @@ class AllReduce:
     def allreduce_rmsnorm(self, x, gamma, eps=1e-6, weight_offset=0.0,
                           residual=None, out=None):
         """Allreduce, then RMSNorm of each row:
-        h = sum (+ residual); out = h / sqrt(mean(h^2) + eps) *
-        (gamma + weight_offset), in fp32, rounded to the dtype.
+        h = sum (+ residual); out = (h * (gamma + weight_offset)) *
+        (1 / sqrt(mean(h^2) + eps)), in fp32 in that order, rounded to
+        the dtype.
         gamma: [cols]; residual: None or [rows, cols] (the same on every
         rank), overwritten with h.  out may be x or None.  Collective."""
         h = self._handle()

@@ -66,9 +66,15 @@
  *                                  the input dtype and written back into
  *                                  residual, and the norm uses that
  *                                  rounded h, so out == norm(residual))
- *      out = h * (1 / sqrt(mean(h^2) + eps)) * (gamma + weight_offset)
+ *      inv = 1 / sqrt(mean(h^2) + eps)
+ *      out = (h * (gamma + weight_offset)) * inv    (in that order)
  *    Output fp32, bf16 (RNE) or FP8 with one scale per row computed
- *    from the fp32 normalized row as above.  The sum of squares has one
+ *    as above from amax, the largest finite |out|, and codes
+ *    e4m3((h * (gamma + weight_offset)) * (inv * (1 / scale))).  Since
+ *    rounding is monotone and inv > 0, amax is the largest |h * (gamma +
+ *    weight_offset)| times inv (where both are finite): the vector
+ *    levels take it in the pass of the sum of squares, and encode in a
+ *    second pass over the row in cache.  The sum of squares has one
  *    order at every level (32 partial sums, element i into sum i % 32
  *    with a fused multiply-add, then halved pairwise), so every level is
  *    bitwise equal to the reference, FP8 codes and scales included.

@@ -14,7 +14,7 @@
 
 #define ROW(p, dt, ld, r) ((char *)(p) + (r) * (ld) * fep_k_dtype_size(dt))
 #define RMS_YBUF 8192
-/* gamma + weight_offset and the normalized row are read and written at
+/* gamma + weight_offset and h * gamma are read and written at
  * the same index in one loop: 32 floats apart modulo 4 KiB, so that a
  * load does not wait on a store to the same address bits */
 #define RMS_SKEW 32
@@ -39,6 +39,44 @@ static float rms_tree(float *p)
 
 /* ---- scalar reference ---- */
 
+static inline int rms_finite(float f)
+{
+	return (fep_f2u(f) & 0x7fffffffu) < 0x7f800000u;
+}
+
+/* h * (gamma + weight_offset) of value i of a row */
+struct hg_ctx {
+	const char *h;
+	fep_k_dtype_t dt;
+	const float *gamma;
+	float wo;
+};
+
+static inline float hg_of(const struct hg_ctx *c, size_t i)
+{
+	return fep_ld1(c->h, c->dt, i) * (c->gamma[i] + c->wo);
+}
+
+/* The FP8 scale of a row from the largest |h * g| bits m (NaN and inf
+ * above 0x7f800000), for the vector levels: since rounding is monotone
+ * and inv > 0, the largest finite |y| = |(h * g) * inv| is fl(m * inv)
+ * where m and that product are finite; otherwise the values are gone
+ * through one by one, as the reference does. */
+static float fp8_row_scale(const fep_k_rmsnorm_args_t *a, uint32_t m, float inv,
+			   const struct hg_ctx *hc)
+{
+	float mx = fep_u2f(m) * inv;
+	uint32_t amax;
+	size_t i;
+
+	if (m < 0x7f800000u && rms_finite(mx))
+		amax = fep_f2u(mx);
+	else
+		for (amax = 0, i = 0; i < a->cols; i++)
+			amax = FEP_MAX(amax, fep_absbits_finite(hg_of(hc, i) * inv));
+	return fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
+}
+
 void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 {
 	fep_k_dtype_t dt = a->in_dt;
@@ -49,6 +87,7 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
 		float part[RMS_LANES] = { 0 }, inv;
+		struct hg_ctx hc = { h, dt, a->gamma, a->weight_offset };
 
 		for (i = 0; i < n; i++) {
 			float v = fep_ld1(x, dt, i);
@@ -65,22 +104,21 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 			char *out = ROW(a->out, a->out_dt, a->ld_out, r);
 
 			for (i = 0; i < n; i++)
-				fep_st1(out, a->out_dt, i, fep_ld1(h, dt, i) * inv *
-					(a->gamma[i] + a->weight_offset));
+				fep_st1(out, a->out_dt, i, hg_of(&hc, i) * inv);
 		} else {
+			/* the definition, which the vector levels' shortcut
+			 * (fp8_row_scale) must match */
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			uint32_t amax = 0;
-			float s, is;
+			float s, c;
 
 			for (i = 0; i < n; i++)
-				amax = FEP_MAX(amax, fep_absbits_finite(fep_ld1(h, dt, i) *
-					inv * (a->gamma[i] + a->weight_offset)));
+				amax = FEP_MAX(amax, fep_absbits_finite(hg_of(&hc, i) * inv));
 			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales] = s;
-			is = 1.0f / s;
+			c = inv * (1.0f / s);
 			for (i = 0; i < n; i++)
-				out[i] = fep_e4m3_enc(fep_ld1(h, dt, i) * inv *
-					(a->gamma[i] + a->weight_offset) * is);
+				out[i] = fep_e4m3_enc(hg_of(&hc, i) * c);
 		}
 	}
 }
@@ -97,21 +135,22 @@ static FEP_INLINE FEP_T_AVX2 __m256 ld8_256(const void *p, fep_k_dtype_t dt,
 		_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
 }
 
-/* y = h * inv * g for the values [i, i + 8) (zeros past n); g is
- * gamma + weight_offset, precomputed (gw) or not (gw == NULL) */
-static FEP_INLINE FEP_T_AVX2 __m256 y256(const char *h, fep_k_dtype_t dt,
-					 const float *gamma, const float *gw,
-					 size_t i, size_t n, __m256 vi, __m256 wo)
+/* (h * g) * v for the values [i, i + 8) (zeros past n): v = inv is
+ * the normalized row y, v = inv / s the FP8 codes' values; g is gamma +
+ * weight_offset, precomputed (gw) or not (gw == NULL) */
+static FEP_INLINE FEP_T_AVX2 __m256 hgv256(const char *h, fep_k_dtype_t dt,
+					   const float *gamma, const float *gw,
+					   size_t i, size_t n, __m256 v, __m256 wo)
 {
 	__m256 g;
 
 	if (i + 8 <= n) {
 		g = gw ? _mm256_loadu_ps(gw + i) :
 			 _mm256_add_ps(_mm256_loadu_ps(gamma + i), wo);
-		return _mm256_mul_ps(_mm256_mul_ps(ld8_256(h, dt, i), vi), g);
+		return _mm256_mul_ps(_mm256_mul_ps(ld8_256(h, dt, i), g), v);
 	}
 	g = _mm256_add_ps(fep256_load(gamma, FEP_K_F32, i, n - i), wo);
-	return _mm256_mul_ps(_mm256_mul_ps(fep256_load(h, dt, i, n - i), vi), g);
+	return _mm256_mul_ps(_mm256_mul_ps(fep256_load(h, dt, i, n - i), g), v);
 }
 
 /* 16 fp32 values (y0, y1) to p + i as dt, streaming when nt and p + i
@@ -179,16 +218,46 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32(__m256i x0, __m256i x1, __m256 *acc)
 
 /* The sum of squares of a bf16 row as sumsq256, in even/odd order
  * (eo_sq32); the tree's first step pairs the same sums, then the
- * partial sums are put back in order for the rest. */
-static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n)
+ * partial sums are put back in order for the rest.  With ga (|gamma +
+ * weight_offset| of [0, n32) in the even/odd order of eo_gamma256), *m
+ * gets the largest |h * g| bits of [0, n32) too (eo_sumsq512). */
+static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n,
+					       const float *ga, __m256i *m)
 {
+	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
+	const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
 	__m256 acc[4], e, o, lo, hi;
-	size_t i;
+	__m256i mm[4];
+	size_t i, q;
 
 	acc[0] = acc[1] = acc[2] = acc[3] = _mm256_setzero_ps();
-	for (i = 0; i + 32 <= n; i += 32)
-		eo_sq32(_mm256_loadu_si256((const __m256i *)(x + i)),
-			_mm256_loadu_si256((const __m256i *)(x + i + 16)), acc);
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		mm[q] = _mm256_setzero_si256();
+	for (i = 0; i + 32 <= n; i += 32) {
+		__m256i x0 = _mm256_loadu_si256((const __m256i *)(x + i));
+		__m256i x1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
+
+		if (ga) {
+			x0 = _mm256_and_si256(x0, a16);
+			x1 = _mm256_and_si256(x1, a16);
+			#pragma GCC unroll 2
+			for (q = 0; q < 2; q++) {
+				__m256i v = q ? x1 : x0;
+
+				mm[2 * q] = _mm256_max_epu32(mm[2 * q], _mm256_castps_si256(
+					_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+						      _mm256_load_ps(ga + i + 16 * q))));
+				mm[2 * q + 1] = _mm256_max_epu32(mm[2 * q + 1], _mm256_castps_si256(
+					_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)),
+						      _mm256_load_ps(ga + i + 16 * q + 8))));
+			}
+		}
+		eo_sq32(x0, x1, acc);
+	}
+	if (ga)
+		*m = _mm256_max_epu32(_mm256_max_epu32(mm[0], mm[1]),
+				      _mm256_max_epu32(mm[2], mm[3]));
 	if (i < n) { /* zeros leave the sums as they are */
 		uint16_t t[32] __attribute__((aligned(32))) = { 0 };
 
@@ -215,7 +284,7 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 	size_t i, q;
 
 	if (dt == FEP_K_BF16 && !res)
-		return eo_sumsq256((const uint16_t *)x, n);
+		return eo_sumsq256((const uint16_t *)x, n, NULL, NULL);
 	#pragma GCC unroll 4
 	for (q = 0; q < 4; q++)
 		acc[q] = _mm256_setzero_ps();
@@ -244,16 +313,15 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 					 _mm256_add_ps(acc[1], acc[3])));
 }
 
-/* Codes of y * is for a row to out, y from ybuf (natural order) or,
- * ybuf NULL, recomputed; nan: the row may hold NaNs (inf and values to
- * saturate are handled either way).  It prefetches the next row, as
- * eo_enc256 does. */
+/* Codes of (h * g) * c for a row to out, h * g from ybuf (natural
+ * order) or, ybuf NULL, recomputed; nan: the values may hold NaNs (inf
+ * and values to saturate are handled either way).  It prefetches the
+ * next row, as eo_enc256 does. */
 static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 					     const char *h, fep_k_dtype_t dt,
 					     const float *gamma, const float *gw,
-					     size_t n, __m256 vi, __m256 wo,
-					     __m256 is, int nan, int nt,
-					     fep_pf_t *px, fep_pf_t *pr)
+					     size_t n, __m256 vc, __m256 wo,
+					     int nan, int nt, fep_pf_t *px, fep_pf_t *pr)
 {
 	size_t i, q, es = fep_k_dtype_size(dt);
 
@@ -264,12 +332,11 @@ static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 		if (ybuf)
 			#pragma GCC unroll 4
 			for (q = 0; q < 4; q++)
-				v[q] = _mm256_mul_ps(_mm256_load_ps(ybuf + i + 8 * q), is);
+				v[q] = _mm256_mul_ps(_mm256_load_ps(ybuf + i + 8 * q), vc);
 		else
 			#pragma GCC unroll 4
 			for (q = 0; q < 4; q++)
-				v[q] = _mm256_mul_ps(y256(h, dt, gamma, gw, i + 8 * q,
-							  n, vi, wo), is);
+				v[q] = hgv256(h, dt, gamma, gw, i + 8 * q, n, vc, wo);
 		c = nan ? fep256_e4m3_x32(v, 1) : fep256_e4m3_x32(v, 0);
 		if (nt && !((uintptr_t)(out + i) & 31))
 			_mm256_stream_si256((__m256i *)(out + i), c);
@@ -284,8 +351,8 @@ static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 
 		#pragma GCC unroll 4
 		for (q = 0; q < 4; q++)
-			v[q] = i + 8 * q < n ? _mm256_mul_ps(y256(h, dt, gamma, gw,
-				i + 8 * q, n, vi, wo), is) : _mm256_setzero_ps();
+			v[q] = i + 8 * q < n ? hgv256(h, dt, gamma, gw, i + 8 * q, n, vc, wo) :
+					       _mm256_setzero_ps();
 		_mm256_storeu_si256((__m256i *)t, fep256_e4m3_x32(v, 1));
 		memcpy(out + i, t, n - i);
 	}
@@ -335,13 +402,11 @@ static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 					    wo) ? 0x80 : 0;
 }
 
-/* The amax pass of a bf16 row in even/odd order: |y| of [0, n32) to
- * ybuf, returns the largest |y| bits (NaN and inf included).  It
- * prefetches the first half of the next row, eo_enc256 the second:
- * spread over both passes, the reads keep pace with the memory. */
-static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
-						 const float *ga, float *ybuf, __m256 vi,
-						 fep_pf_t *px, fep_pf_t *pr)
+/* The largest |h * g| bits of [0, n32) of a bf16 row in even/odd
+ * order (NaN and inf included), for rows whose first pass was the
+ * residual add. */
+static FEP_INLINE FEP_T_AVX2 __m256i eo_hgmax256(const uint16_t *h, size_t n32,
+						 const float *ga)
 {
 	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
 	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -351,27 +416,22 @@ static FEP_INLINE FEP_T_AVX2 uint32_t eo_amax256(const uint16_t *h, size_t n32,
 	#pragma GCC unroll 4
 	for (q = 0; q < 4; q++)
 		m[q] = _mm256_setzero_si256();
-	for (i = 0; i < n32; i += 32) {
+	for (i = 0; i < n32; i += 32)
 		#pragma GCC unroll 2
 		for (q = 0; q < 2; q++) {
 			size_t k = i + 16 * q;
 			__m256i xa = _mm256_and_si256(_mm256_loadu_si256(
 				(const __m256i *)(h + k)), a16);
-			__m256 ye = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(
-				_mm256_slli_epi32(xa, 16)), vi), _mm256_load_ps(ga + k));
-			__m256 yo = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(
-				_mm256_and_si256(xa, hi)), vi), _mm256_load_ps(ga + k + 8));
 
-			_mm256_store_ps(ybuf + k, ye);
-			_mm256_store_ps(ybuf + k + 8, yo);
-			m[2 * q] = _mm256_max_epu32(m[2 * q], _mm256_castps_si256(ye));
-			m[2 * q + 1] = _mm256_max_epu32(m[2 * q + 1], _mm256_castps_si256(yo));
+			m[2 * q] = _mm256_max_epu32(m[2 * q], _mm256_castps_si256(
+				_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(xa, 16)),
+					      _mm256_load_ps(ga + k))));
+			m[2 * q + 1] = _mm256_max_epu32(m[2 * q + 1], _mm256_castps_si256(
+				_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(xa, hi)),
+					      _mm256_load_ps(ga + k + 8))));
 		}
-		fep_pf_step(px, 32);
-		fep_pf_step(pr, 32);
-	}
-	return fep256_hmax_u32(_mm256_max_epu32(_mm256_max_epu32(m[0], m[1]),
-						_mm256_max_epu32(m[2], m[3])));
+	return _mm256_max_epu32(_mm256_max_epu32(m[0], m[1]),
+				_mm256_max_epu32(m[2], m[3]));
 }
 
 /* bf16 output of [0, n32) of a bf16 row in even/odd order (ga signed),
@@ -389,11 +449,11 @@ static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 	for (i = 0; i < n32; i += 16) {
 		__m256i x = _mm256_loadu_si256((const __m256i *)(h + i));
 		__m256i ye = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
-			_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), vi),
-			_mm256_load_ps(ga + i)));
+			_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+			_mm256_load_ps(ga + i)), vi));
 		__m256i yo = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
-			_mm256_castsi256_ps(_mm256_and_si256(x, hi)), vi),
-			_mm256_load_ps(ga + i + 8)));
+			_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
+			_mm256_load_ps(ga + i + 8)), vi));
 		__m256i b = _mm256_or_si256(
 			_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ye, half),
 				_mm256_and_si256(_mm256_srli_epi32(ye, 16), one)), 16),
@@ -409,30 +469,37 @@ static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 	}
 }
 
-/* The encoding pass of [0, n32) from eo_amax256's ybuf, for rows whose
- * |y| * is are all below 464 (no clamp) and finite.  It prefetches the
- * second half of the next row (eo_amax256 the first). */
+/* The encoding pass of [0, n32) of a bf16 row in even/odd order, for
+ * rows whose |h * g| * c are all below 464 (no clamp) and finite: the
+ * magnitudes (|h| * |g|) * c, the signs from h and gs.  It prefetches
+ * the next row. */
 static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
-					    size_t n32, const uint8_t *gs,
-					    const float *ybuf, __m256 is, int nt,
+					    size_t n32, const float *ga,
+					    const uint8_t *gs, __m256 vc, int nt,
 					    fep_pf_t *px, fep_pf_t *pr)
 {
+	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
+	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
 	size_t i, q;
 
 	for (i = 0; i < n32; i += 32) {
-		__m256i c[2], sg;
+		__m256i x[2], c[2], sg;
 
 		#pragma GCC unroll 2
 		for (q = 0; q < 2; q++) {
-			const float *y = ybuf + i + 16 * q;
+			__m256i xa;
 
+			x[q] = _mm256_loadu_si256((const __m256i *)(h + i + 16 * q));
+			xa = _mm256_and_si256(x[q], a16);
 			c[q] = fep256_e4m3_eo16(
-				_mm256_castps_si256(_mm256_mul_ps(_mm256_load_ps(y), is)),
-				_mm256_castps_si256(_mm256_mul_ps(_mm256_load_ps(y + 8), is)));
+				_mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
+					_mm256_castsi256_ps(_mm256_slli_epi32(xa, 16)),
+					_mm256_load_ps(ga + i + 16 * q)), vc)),
+				_mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
+					_mm256_castsi256_ps(_mm256_and_si256(xa, hi)),
+					_mm256_load_ps(ga + i + 16 * q + 8)), vc)));
 		}
-		sg = _mm256_and_si256(_mm256_xor_si256(_mm256_packs_epi16(
-			_mm256_loadu_si256((const __m256i *)(h + i)),
-			_mm256_loadu_si256((const __m256i *)(h + i + 16))),
+		sg = _mm256_and_si256(_mm256_xor_si256(_mm256_packs_epi16(x[0], x[1]),
 			_mm256_loadu_si256((const __m256i *)(gs + i))),
 			_mm256_set1_epi8((char)0x80));
 		c[0] = _mm256_permute4x64_epi64(_mm256_or_si256(
@@ -441,8 +508,8 @@ static FEP_INLINE FEP_T_AVX2 void eo_enc256(uint8_t *out, const uint16_t *h,
 			_mm256_stream_si256((__m256i *)(out + i), c[0]);
 		else
 			_mm256_storeu_si256((__m256i *)(out + i), c[0]);
-		fep_pf_step(px, 32);
-		fep_pf_step(pr, 32);
+		fep_pf_step(px, 64);
+		fep_pf_step(pr, 64);
 	}
 }
 
@@ -456,9 +523,9 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 	const float *gamma = a->gamma, *gw = NULL;
 	int nt = a->nt ? a->nt > 0 :
 		 (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
-	/* gamma + weight_offset, once per call; for FP8 output also the
-	 * normalized row, kept between the amax and the encoding pass
-	 * (longer rows recompute both) */
+	/* gamma + weight_offset, once per call; for FP8 output of the
+	 * general path also h * g, kept between the amax and the encoding
+	 * pass (longer rows recompute it) */
 	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
 	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
 	int keep = n <= RMS_YBUF, gnan = 0;
@@ -496,7 +563,12 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 		 * worked on from cache */
 		fep_pf_init(&px, r + 1 < r1 ? x + a->ld_in * es : NULL, n * es);
 		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * es : NULL, n * es);
-		float ss = sumsq256(x, res, dt, n);
+		__m256i mhg = _mm256_setzero_si256();
+		/* FP8 output of bf16 rows gets the largest |h * g| in the
+		 * pass of the sum of squares */
+		float ss = eo && odt == FEP_K_FP8 && !res ?
+			   eo_sumsq256((const uint16_t *)x, n, gbuf, &mhg) :
+			   sumsq256(x, res, dt, n);
 
 		inv = 1.0f / sqrtf(ss / (float)n + a->eps);
 		vi = _mm256_set1_ps(inv);
@@ -512,61 +584,38 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				i = n32;
 			}
 			for (; i + 16 <= n; i += 16) {
-				st16_256(out, odt, i, y256(h, dt, gamma, eo ? NULL : gw, i, n, vi, wo),
-					 y256(h, dt, gamma, eo ? NULL : gw, i + 8, n, vi, wo), nt, fast);
+				st16_256(out, odt, i, hgv256(h, dt, gamma, eo ? NULL : gw, i, n, vi, wo),
+					 hgv256(h, dt, gamma, eo ? NULL : gw, i + 8, n, vi, wo), nt, fast);
 				fep_pf_step(&px, 16 * es);
 				fep_pf_step(&pr, 16 * es);
 			}
 			for (; i < n; i += 8)
-				fep256_store(out, odt, i, y256(h, dt, gamma, eo ? NULL : gw, i, n,
-								vi, wo), n - i);
+				fep256_store(out, odt, i, hgv256(h, dt, gamma, eo ? NULL : gw, i, n,
+								  vi, wo), n - i);
 		} else {
+			/* the largest |h * g| (NaN and inf above the finite
+			 * values) gives the scale (fp8_row_scale); the codes are
+			 * of (h * g) * c, c = inv / s, from h * g kept in ybuf
+			 * (rows up to 32 KiB of the general path) or recomputed */
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
-			__m256i m = _mm256_setzero_si256();
-			uint32_t amax;
-			int nan;
-			__m256 is;
-			float s;
+			__m256i m = eo && !res ? mhg : _mm256_setzero_si256();
+			const __m256 one = _mm256_set1_ps(1.0f);
+			struct hg_ctx hc = { h, dt, gamma, a->weight_offset };
+			uint32_t mb;
+			__m256 vc;
+			float s, c;
 
-			if (eo) {
-				const uint16_t *hw = (const uint16_t *)h;
-
-				amax = eo_amax256(hw, n32, gbuf, ybuf, vi, &px, &pr);
-				for (i = n32; i < n; i += 8)
-					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(
-						y256(h, dt, gamma, NULL, i, n, vi, wo)),
-						_mm256_set1_epi32(0x7fffffff)));
-				amax = FEP_MAX(amax, fep256_hmax_u32(m));
-				nan = amax >= 0x7f800000u;
-				if (nan)
-					for (amax = 0, i = 0; i < n; i++)
-						amax = FEP_MAX(amax, fep_absbits_finite(fep_ld1(h, dt, i) *
-							inv * (gamma[i] + a->weight_offset)));
-				s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
-				a->scales[r * a->ld_scales] = s;
-				is = _mm256_set1_ps(1.0f / s);
-				/* |y| * is <= amax * is (rounding is monotone) */
-				if (nan || !(fep_u2f(amax) * (1.0f / s) < 464.0f)) {
-					enc_row256(out, NULL, h, dt, gamma, NULL, n, vi, wo, is,
-						   nan, nt, &px, &pr);
-					continue;
-				}
-				eo_enc256(out, hw, n32, gsgn, ybuf, is, nt, &px, &pr);
-				if (n32 < n)
-					enc_row256(out + n32, NULL, (const char *)(hw + n32), dt,
-						   gamma + n32, NULL, n - n32, vi, wo, is, 1, nt,
-						   &px, &pr);
-				continue;
-			}
-			/* the largest |y| of all, and of the finite ones only
-			 * if that is not finite */
 			i = 0;
-			if (keep) {
+			if (eo) {
+				if (res)
+					m = eo_hgmax256((const uint16_t *)h, n32, gbuf);
+				i = n32;
+			} else if (keep) {
 				__m256i m1 = m;
 
 				for (; i + 16 <= n; i += 16) {
-					__m256 y0 = y256(h, dt, gamma, gw, i, n, vi, wo);
-					__m256 y1 = y256(h, dt, gamma, gw, i + 8, n, vi, wo);
+					__m256 y0 = hgv256(h, dt, gamma, gw, i, n, one, wo);
+					__m256 y1 = hgv256(h, dt, gamma, gw, i + 8, n, one, wo);
 
 					_mm256_store_ps(ybuf + i, y0);
 					_mm256_store_ps(ybuf + i + 8, y1);
@@ -578,24 +627,32 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				m = _mm256_max_epu32(m, m1);
 			}
 			for (; i < n; i += 8) {
-				__m256 y = y256(h, dt, gamma, gw, i, n, vi, wo);
+				__m256 y = hgv256(h, dt, gamma, eo ? NULL : gw, i, n, one, wo);
 
-				if (keep)
+				if (keep && !eo)
 					_mm256_store_ps(ybuf + i, y);
 				m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(y),
 					_mm256_set1_epi32(0x7fffffff)));
 			}
-			amax = fep256_hmax_u32(m);
-			nan = amax >= 0x7f800000u;
-			if (nan)
-				for (amax = 0, i = 0; i < n; i++)
-					amax = FEP_MAX(amax, fep_absbits_finite(keep ? ybuf[i] :
-						fep_ld1(h, dt, i) * inv * (gamma[i] + a->weight_offset)));
-			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
+			mb = fep256_hmax_u32(m);
+			s = fp8_row_scale(a, mb, inv, &hc);
 			a->scales[r * a->ld_scales] = s;
-			is = _mm256_set1_ps(1.0f / s);
-			enc_row256(out, keep ? ybuf : NULL, h, dt, gamma, gw, n, vi, wo, is,
-				   nan, nt, &px, &pr);
+			c = inv * (1.0f / s);
+			vc = _mm256_set1_ps(c);
+			/* |h * g| * c <= m * c (rounding is monotone) */
+			if (eo && mb < 0x7f800000u && fep_u2f(mb) * c < 464.0f) {
+				const uint16_t *hw = (const uint16_t *)h;
+
+				eo_enc256(out, hw, n32, gbuf, gsgn, vc, nt, &px, &pr);
+				if (n32 < n)
+					enc_row256(out + n32, NULL, (const char *)(hw + n32), dt,
+						   gamma + n32, NULL, n - n32, vc, wo, 1, nt,
+						   &px, &pr);
+				continue;
+			}
+			enc_row256(out, keep && !eo ? ybuf : NULL, h, dt, gamma,
+				   eo ? NULL : gw, n, vc, wo,
+				   !(mb < 0x7f800000u && rms_finite(c)), nt, &px, &pr);
 		}
 	}
 	if (nt)
@@ -660,11 +717,19 @@ static inline FEP_T_AVX512 __m512i yb_fast(__m512 v)
 /* The sum of squares of a bf16 row without residual up to the tree's
  * step w = 8, in even/odd order as eo_sumsq256: 32 values per vector,
  * a0 holds the partial sums 0, 2, .., 30 and a1 1, 3, .., 31, so the
- * step w = 16 adds lanes l and l + 8 of each. */
-static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n)
+ * step w = 16 adds lanes l and l + 8 of each.  With ga (|gamma +
+ * weight_offset| of [0, n64) in the even/odd order of eo_gamma512),
+ * *m gets the largest |h * g| bits of [0, n64) too: the FP8 output's
+ * amax comes with the pass that reads the row in, not in a pass of its
+ * own (|h| squares to the same bits as h). */
+static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n,
+						  size_t n64, const float *ga,
+						  __m512i *m)
 {
 	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+	const __m512i a16 = _mm512_set1_epi32(0x7fff7fff);
 	__m512 a0 = _mm512_setzero_ps(), a1 = a0;
+	__m512i m0 = _mm512_setzero_si512(), m1 = m0;
 	__m256 e, o, lo, up;
 	size_t i;
 
@@ -674,12 +739,23 @@ static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n)
 	for (i = 0; i < n; i += 32) {
 		__m512i v = n - i >= 32 ? _mm512_loadu_si512(x + i) :
 			    _mm512_maskz_loadu_epi16((__mmask32)((1u << (n - i)) - 1), x + i);
-		__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-		__m512 od = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+		__m512 ev, od;
 
+		if (ga)
+			v = _mm512_and_si512(v, a16);
+		ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+		od = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
 		a0 = _mm512_fmadd_ps(ev, ev, a0);
 		a1 = _mm512_fmadd_ps(od, od, a1);
+		if (ga && i < n64) {
+			m0 = _mm512_max_epu32(m0, _mm512_castps_si512(
+				_mm512_mul_ps(ev, _mm512_load_ps(ga + i))));
+			m1 = _mm512_max_epu32(m1, _mm512_castps_si512(
+				_mm512_mul_ps(od, _mm512_load_ps(ga + i + 16))));
+		}
 	}
+	if (ga)
+		*m = _mm512_max_epu32(m0, m1);
 	e = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(
 		_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
 	o = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(
@@ -701,7 +777,7 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 	size_t i;
 
 	if (dt == FEP_K_BF16 && !res)
-		return eo_sumsq512((const uint16_t *)x, n);
+		return eo_sumsq512((const uint16_t *)x, n, 0, NULL, NULL);
 	acc0 = acc1 = _mm512_setzero_ps();
 	/* lanes of acc0, acc1: partial sums 0..15, 16..31 of rms_tree */
 	if (res)
@@ -760,12 +836,11 @@ static FEP_T_AVX512 void eo_gamma512(const float *gamma, float wo, size_t n32,
 	}
 }
 
-/* The amax pass of a bf16 row in even/odd order: |y| of [0, n64) to
- * ybuf, returns the largest |y| bits (NaN and inf included); it
- * prefetches the first half of the next row (eo_enc512 the second). */
-static FEP_INLINE FEP_T_AVX512 uint32_t eo_amax512(const uint16_t *h, size_t n64,
-						   const float *ga, float *ybuf, __m512 vi,
-						   fep_pf_t *px, fep_pf_t *pr)
+/* The largest |h * g| bits of [0, n64) of a bf16 row in even/odd
+ * order (NaN and inf included), for rows whose first pass was the
+ * residual add. */
+static FEP_INLINE FEP_T_AVX512 __m512i eo_hgmax512(const uint16_t *h, size_t n64,
+						   const float *ga)
 {
 	const __m512i a16 = _mm512_set1_epi32(0x7fff7fff);
 	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
@@ -774,50 +849,54 @@ static FEP_INLINE FEP_T_AVX512 uint32_t eo_amax512(const uint16_t *h, size_t n64
 
 	for (i = 0; i < n64; i += 32) {
 		__m512i xa = _mm512_and_si512(_mm512_loadu_si512(h + i), a16);
-		__m512 ye = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
-			_mm512_slli_epi32(xa, 16)), vi), _mm512_load_ps(ga + i));
-		__m512 yo = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
-			_mm512_and_si512(xa, hi)), vi), _mm512_load_ps(ga + i + 16));
 
-		_mm512_store_ps(ybuf + i, ye);
-		_mm512_store_ps(ybuf + i + 16, yo);
-		m0 = _mm512_max_epu32(m0, _mm512_castps_si512(ye));
-		m1 = _mm512_max_epu32(m1, _mm512_castps_si512(yo));
-		fep_pf_step(px, 32);
-		fep_pf_step(pr, 32);
+		m0 = _mm512_max_epu32(m0, _mm512_castps_si512(_mm512_mul_ps(
+			_mm512_castsi512_ps(_mm512_slli_epi32(xa, 16)),
+			_mm512_load_ps(ga + i))));
+		m1 = _mm512_max_epu32(m1, _mm512_castps_si512(_mm512_mul_ps(
+			_mm512_castsi512_ps(_mm512_and_si512(xa, hi)),
+			_mm512_load_ps(ga + i + 16))));
 	}
-	return (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+	return _mm512_max_epu32(m0, m1);
 }
 
-/* The encoding pass of [0, n64) from eo_amax512's ybuf, for rows whose
- * |y| * is are all below 464 (no clamp) and finite: 64 codes packed to
- * bytes, the 128-bit lanes' quarters put back in order, the signs,
- * sign(h) ^ sign(g), set through a mask. */
+/* The encoding pass of [0, n64) of a bf16 row in even/odd order, for
+ * rows whose |h * g| * c are all below 464 (no clamp) and finite: the
+ * magnitudes (|h| * |g|) * c, 64 codes packed to bytes, the 128-bit
+ * lanes' quarters put back in order, the signs, sign(h) ^ sign(g), set
+ * through a mask.  It prefetches the next row. */
 static FEP_INLINE FEP_T_AVX512 void eo_enc512(uint8_t *out, const uint16_t *h,
-					      size_t n64, const uint64_t *gs,
-					      const float *ybuf, __m512 is, int nt,
+					      size_t n64, const float *ga,
+					      const uint64_t *gs, __m512 vc, int nt,
 					      fep_pf_t *px, fep_pf_t *pr)
 {
+	const __m512i a16 = _mm512_set1_epi32(0x7fff7fff);
+	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
 	size_t i;
 	int q;
 
 	for (i = 0; i < n64; i += 64) {
-		__m512i c[2];
+		__m512i x[2], c[2];
 		__mmask64 k;
 
 		#pragma GCC unroll 2
 		for (q = 0; q < 2; q++) {
-			const float *y = ybuf + i + 32 * q;
+			__m512i xa;
 
+			x[q] = _mm512_loadu_si512(h + i + 32 * q);
+			xa = _mm512_and_si512(x[q], a16);
 			c[q] = fep512_e4m3_eo32(
-				_mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(y), is)),
-				_mm512_castps_si512(_mm512_mul_ps(_mm512_load_ps(y + 16), is)));
+				_mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(
+					_mm512_castsi512_ps(_mm512_slli_epi32(xa, 16)),
+					_mm512_load_ps(ga + i + 32 * q)), vc)),
+				_mm512_castps_si512(_mm512_mul_ps(_mm512_mul_ps(
+					_mm512_castsi512_ps(_mm512_and_si512(xa, hi)),
+					_mm512_load_ps(ga + i + 32 * q + 16)), vc)));
 		}
-		k = fep512_bf16_signs64(_mm512_loadu_si512(h + i),
-					_mm512_loadu_si512(h + i + 32)) ^ gs[i / 64];
+		k = fep512_bf16_signs64(x[0], x[1]) ^ gs[i / 64];
 		st64_512(out + i, fep512_e4m3_join64(c[0], c[1], k), nt);
-		fep_pf_step(px, 64);
-		fep_pf_step(pr, 64);
+		fep_pf_step(px, 128);
+		fep_pf_step(pr, 128);
 	}
 }
 
@@ -839,9 +918,9 @@ static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h
 	for (i = 0; i < n32; i += 32) {
 		__m512i x = _mm512_loadu_si512(h + i), b;
 		__m512 ye = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
-			_mm512_slli_epi32(x, 16)), vi), _mm512_load_ps(ga + i));
+			_mm512_slli_epi32(x, 16)), _mm512_load_ps(ga + i)), vi);
 		__m512 yo = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
-			_mm512_and_si512(x, hi)), vi), _mm512_load_ps(ga + i + 16));
+			_mm512_and_si512(x, hi)), _mm512_load_ps(ga + i + 16)), vi);
 
 		if (fep_k_hw_bf16 && !(fep512_subnormals(ye) | fep512_subnormals(yo)))
 			b = _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(yo, ye));
@@ -854,19 +933,19 @@ static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h
 	}
 }
 
-/* Codes of [i0, n) of a row (i0 a multiple of 64) to out, y recomputed
- * from h and gamma: the general encoding (NaN, clamp). */
+/* Codes of (h * g) * c of [i0, n) of a row (i0 a multiple of 64) to
+ * out: the general encoding (NaN, clamp). */
 static FEP_INLINE FEP_T_AVX512 void enc_row512(uint8_t *out, const char *h,
 					       fep_k_dtype_t dt, const float *gamma,
-					       __m512 wo, __m512 vi, __m512 is,
+					       __m512 wo, __m512 vc,
 					       size_t i0, size_t n, int nt,
 					       fep_pf_t *px, fep_pf_t *pr)
 {
 	size_t i, es = fep_k_dtype_size(dt);
 
-#define Y16(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(    \
-		fep512_load(h, dt, i + (j), 0xffff), vi),                      \
-		_mm512_add_ps(_mm512_loadu_ps(gamma + i + (j)), wo)), is))
+#define Y16(j) fep512_e4m3_codes(_mm512_mul_ps(_mm512_mul_ps(                 \
+		fep512_load(h, dt, i + (j), 0xffff),                           \
+		_mm512_add_ps(_mm512_loadu_ps(gamma + i + (j)), wo)), vc))
 	for (i = i0; i + 64 <= n; i += 64) {
 		__m512i q = fep512_pack4(Y16(0), Y16(16), Y16(32), Y16(48));
 
@@ -880,7 +959,7 @@ static FEP_INLINE FEP_T_AVX512 void enc_row512(uint8_t *out, const char *h,
 		__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
 
 		_mm_mask_storeu_epi8(out + i, k, fep512_e4m3(_mm512_mul_ps(
-			_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, k), vi), g), is)));
+			_mm512_mul_ps(fep512_load(h, dt, i, k), g), vc)));
 	}
 }
 
@@ -894,8 +973,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 	const float *gamma = a->gamma;
 	int nt = a->nt ? a->nt > 0 :
 		 (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
-	/* gamma + weight_offset once per call, and the normalized row, for
-	 * FP8 output */
+	/* gamma + weight_offset once per call, and h * g for FP8 output of
+	 * the general path */
 	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
 	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
 	const float *gw = NULL;
@@ -918,6 +997,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		char *res = a->residual ? ROW(a->residual, dt, a->ld_res, r) : NULL;
 		const char *h = res ? res : x;
 		__m512 vi;
+		__m512i mhg = _mm512_setzero_si512();
 		__m256 t8;
 		__m128 t4;
 		float inv;
@@ -927,8 +1007,11 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		 * worked on from cache */
 		fep_pf_init(&px, r + 1 < r1 ? x + a->ld_in * es : NULL, n * es);
 		fep_pf_init(&pr, res && r + 1 < r1 ? res + a->ld_res * es : NULL, n * es);
-		/* the tree: w = 16, 8 there, then 4, 2, 1 */
-		t8 = sumsq8_512(x, res, dt, n);
+		/* the tree: w = 16, 8 there, then 4, 2, 1; FP8 output of
+		 * bf16 rows gets the largest |h * g| in the same pass */
+		t8 = eo && odt == FEP_K_FP8 && !res ?
+		     eo_sumsq512((const uint16_t *)x, n, n64, gbuf, &mhg) :
+		     sumsq8_512(x, res, dt, n);
 		t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
 		t4 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
 		t4 = _mm_add_ss(t4, _mm_movehdup_ps(t4));
@@ -950,9 +1033,9 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 
 				fep512_store32(out, odt, i,
 					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, 0xffff),
-								    vi), g0),
+								    g0), vi),
 					_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
-								    vi), g1), ntr, 1);
+								    g1), vi), ntr, 1);
 				fep_pf_step(&px, 32 * es);
 				fep_pf_step(&pr, 32 * es);
 			}
@@ -960,97 +1043,73 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				__mmask16 k = fep512_mask(n - i);
 				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
 				fep512_store(out, odt, i, _mm512_mul_ps(_mm512_mul_ps(
-					fep512_load(h, dt, i, k), vi), g), k);
+					fep512_load(h, dt, i, k), g), vi), k);
 			}
 		} else {
-			/* the normalized row, kept between the amax and the
-			 * encoding pass (32 KiB of stack; longer rows recompute) */
+			/* the largest |h * g| (NaN and inf above the finite
+			 * values) gives the scale (fp8_row_scale); the codes are
+			 * of (h * g) * c, c = inv / s, from h * g kept in ybuf
+			 * (rows of the general path up to 32 KiB) or recomputed */
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
-			__m512i m = _mm512_setzero_si512();
-			__m512 is;
-			uint32_t mx;
-			float s;
+			__m512i m = eo && !res ? mhg : _mm512_setzero_si512();
+			struct hg_ctx hc = { h, dt, gamma, a->weight_offset };
+			int keep = !eo && gw;
+			uint32_t mb;
+			__m512 vc;
+			float s, c;
 
+			i = 0;
 			if (eo) {
-				const uint16_t *hw = (const uint16_t *)h;
-				int nan;
+				if (res)
+					m = eo_hgmax512((const uint16_t *)h, n64, gbuf);
+				i = n64;
+			} else if (keep) {
+				__m512i m1 = m;
 
-				mx = eo_amax512(hw, n64, gbuf, ybuf, vi, &px, &pr);
-				for (i = n64; i < n; i += 16) {
-					__mmask16 k = fep512_mask(n - i);
-					__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
+				for (; i + 32 <= n; i += 32) {
+					__m512 y0 = _mm512_mul_ps(fep512_load(h, dt, i, 0xffff),
+								  _mm512_load_ps(gw + i));
+					__m512 y1 = _mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
+								  _mm512_load_ps(gw + i + 16));
 
-					m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(
-						_mm512_mul_ps(_mm512_mul_ps(fep512_load(h, dt, i, k),
-									    vi), g)),
+					_mm512_store_ps(ybuf + i, y0);
+					_mm512_store_ps(ybuf + i + 16, y1);
+					m = _mm512_max_epu32(m, _mm512_and_si512(
+						_mm512_castps_si512(y0),
+						_mm512_set1_epi32(0x7fffffff)));
+					m1 = _mm512_max_epu32(m1, _mm512_and_si512(
+						_mm512_castps_si512(y1),
 						_mm512_set1_epi32(0x7fffffff)));
 				}
-				mx = FEP_MAX(mx, (uint32_t)_mm512_reduce_max_epu32(m));
-				nan = mx >= 0x7f800000u;
-				if (nan)
-					for (mx = 0, i = 0; i < n; i++)
-						mx = FEP_MAX(mx, fep_absbits_finite(fep_ld1(h, dt, i) * inv *
-							(gamma[i] + a->weight_offset)));
-				s = fep_fp8_scale(fep_u2f(mx), a->scale_ub, a->pow2);
-				a->scales[r * a->ld_scales] = s;
-				is = _mm512_set1_ps(1.0f / s);
-				/* |y| * is <= amax * is (rounding is monotone) */
-				if (nan || !(fep_u2f(mx) * (1.0f / s) < 464.0f)) {
-					enc_row512(out, h, dt, gamma, wo, vi, is, 0, n, ntr, &px, &pr);
-					continue;
-				}
-				eo_enc512(out, hw, n64, gsgn, ybuf, is, ntr, &px, &pr);
-				enc_row512(out, h, dt, gamma, wo, vi, is, n64, n, ntr, &px, &pr);
-				continue;
+				m = _mm512_max_epu32(m, m1);
 			}
-			if (n <= RMS_YBUF) { /* keep y for the encoding pass */
-				int fast;
+			for (; i < n; i += 16) {
+				__mmask16 k = fep512_mask(n - i);
+				__m512 y = _mm512_mul_ps(fep512_load(h, dt, i, k), _mm512_add_ps(
+					_mm512_maskz_loadu_ps(k, gamma + i), wo));
 
-				/* the largest |y| of all; of the finite ones only
-				 * if that is not finite */
-				i = 0;
-				if (gw) {
-					__m512i m1 = m;
-
-					for (; i + 32 <= n; i += 32) {
-						__m512 y0 = _mm512_mul_ps(_mm512_mul_ps(
-							fep512_load(h, dt, i, 0xffff), vi),
-							_mm512_load_ps(gw + i));
-						__m512 y1 = _mm512_mul_ps(_mm512_mul_ps(
-							fep512_load(h, dt, i + 16, 0xffff), vi),
-							_mm512_load_ps(gw + i + 16));
-
-						_mm512_store_ps(ybuf + i, y0);
-						_mm512_store_ps(ybuf + i + 16, y1);
-						m = _mm512_max_epu32(m, _mm512_and_si512(
-							_mm512_castps_si512(y0),
-							_mm512_set1_epi32(0x7fffffff)));
-						m1 = _mm512_max_epu32(m1, _mm512_and_si512(
-							_mm512_castps_si512(y1),
-							_mm512_set1_epi32(0x7fffffff)));
-					}
-					m = _mm512_max_epu32(m, m1);
-				}
-				for (; i < n; i += 16) {
-					__mmask16 k = fep512_mask(n - i);
-					__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, gamma + i), wo);
-					__m512 y = _mm512_mul_ps(_mm512_mul_ps(
-						fep512_load(h, dt, i, k), vi), g);
-
+				if (keep)
 					_mm512_store_ps(ybuf + i, y);
-					m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(y),
-						_mm512_set1_epi32(0x7fffffff)));
-				}
-				mx = (uint32_t)_mm512_reduce_max_epu32(m);
-				fast = mx <= 0x7f800000u; /* no NaN: vrangeps clamps */
-				if (mx >= 0x7f800000u)
-					for (mx = 0, i = 0; i < n; i++)
-						mx = FEP_MAX(mx, fep_absbits_finite(ybuf[i]));
-				s = fep_fp8_scale(fep_u2f(mx), a->scale_ub, a->pow2);
-				a->scales[r * a->ld_scales] = s;
-				is = _mm512_set1_ps(1.0f / s);
-#define YB(f, j) f(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), is))
+				m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(y),
+					_mm512_set1_epi32(0x7fffffff)));
+			}
+			mb = (uint32_t)_mm512_reduce_max_epu32(m);
+			s = fp8_row_scale(a, mb, inv, &hc);
+			a->scales[r * a->ld_scales] = s;
+			c = inv * (1.0f / s);
+			vc = _mm512_set1_ps(c);
+			/* |h * g| * c <= m * c (rounding is monotone) */
+			if (eo && mb < 0x7f800000u && fep_u2f(mb) * c < 464.0f) {
+				eo_enc512(out, (const uint16_t *)h, n64, gbuf, gsgn, vc, ntr,
+					  &px, &pr);
+				enc_row512(out, h, dt, gamma, wo, vc, n64, n, ntr, &px, &pr);
+			} else if (keep) {
+				/* finite h * g times a finite c: no NaN
+				 * (vrangeps clamps the rest) */
+				int fast = mb < 0x7f800000u && rms_finite(c);
+
+#define YB(f, j) f(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), vc))
 				for (i = 0; i + 64 <= n; i += 64) {
 					__m512i q = fast ?
 						fep512_pack4(YB(yb_fast, 0), YB(yb_fast, 16),
@@ -1067,20 +1126,9 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 #undef YB
 				for (; i < n; i += 16)
 					_mm_mask_storeu_epi8(out + i, fep512_mask(n - i),
-						fep512_e4m3(_mm512_mul_ps(_mm512_load_ps(ybuf + i), is)));
-				continue;
-			}
-			for (i = 0; i < n; i += 16) {
-				__mmask16 k = fep512_mask(n - i);
-				__m512 g = _mm512_add_ps(_mm512_maskz_loadu_ps(k, a->gamma + i), wo);
-				m = _mm512_max_epu32(m, fep512_absbits(_mm512_mul_ps(
-					_mm512_mul_ps(fep512_load(h, dt, i, k), vi), g)));
-			}
-			s = fep_fp8_scale(fep_u2f((uint32_t)_mm512_reduce_max_epu32(m)),
-					  a->scale_ub, a->pow2);
-			a->scales[r * a->ld_scales] = s;
-			is = _mm512_set1_ps(1.0f / s);
-			enc_row512(out, h, dt, gamma, wo, vi, is, 0, n, ntr, &px, &pr);
+						fep512_e4m3(_mm512_mul_ps(_mm512_load_ps(ybuf + i), vc)));
+			} else
+				enc_row512(out, h, dt, gamma, wo, vc, 0, n, ntr, &px, &pr);
 		}
 	}
 	if (nt)
