@@ -381,10 +381,10 @@ static void eo_gamma(const float *gamma, float wo, size_t n, size_t half,
  * without a widening shuffle, the even values (low halves shifted up)
  * and the odd ones (high halves masked), as fep256_e4m3_bf16x16 does.
  * For each 16 values, ga holds gamma + weight_offset of the 8 even
- * then of the 8 odd ones (for FP8, with gs, their absolute values), and
- * the FP8 row pass keeps |y| in that order.
- * |y| = (|h| * inv) * |g| exactly (inv > 0; NaN rows take the general
- * path), so the amax pass needs no sign, and the encoding pass gets
+ * then of the 8 odd ones (for FP8, with gs, their absolute values).
+ * |h * g| = |h| * |g| and the code's magnitude of (h * g) * c is that
+ * of (|h| * |g|) * c exactly (c > 0; NaN rows take the general path),
+ * so the amax and the encoding need no sign, and the encoding pass gets
  * the signs, sign(h) ^ sign(g), from the bf16 sign bits as
  * _mm256_packs_epi16 of 32 values orders them, xor gs (the sign bytes
  * of g in that order). */
@@ -595,12 +595,13 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 		} else {
 			/* the largest |h * g| (NaN and inf above the finite
 			 * values) gives the scale (fp8_row_scale); the codes are
-			 * of (h * g) * c, c = inv / s, from h * g kept in ybuf
+			 * of (h * g) * c, c = inv * (1 / s), from h * g kept in ybuf
 			 * (rows up to 32 KiB of the general path) or recomputed */
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			__m256i m = eo && !res ? mhg : _mm256_setzero_si256();
 			const __m256 one = _mm256_set1_ps(1.0f);
 			struct hg_ctx hc = { h, dt, gamma, a->weight_offset };
+			int kept = keep && !eo;
 			uint32_t mb;
 			__m256 vc;
 			float s, c;
@@ -610,28 +611,28 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				if (res)
 					m = eo_hgmax256((const uint16_t *)h, n32, gbuf);
 				i = n32;
-			} else if (keep) {
+			} else if (kept) {
 				__m256i m1 = m;
 
 				for (; i + 16 <= n; i += 16) {
-					__m256 y0 = hgv256(h, dt, gamma, gw, i, n, one, wo);
-					__m256 y1 = hgv256(h, dt, gamma, gw, i + 8, n, one, wo);
+					__m256 hg0 = hgv256(h, dt, gamma, gw, i, n, one, wo);
+					__m256 hg1 = hgv256(h, dt, gamma, gw, i + 8, n, one, wo);
 
-					_mm256_store_ps(ybuf + i, y0);
-					_mm256_store_ps(ybuf + i + 8, y1);
-					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(y0),
+					_mm256_store_ps(ybuf + i, hg0);
+					_mm256_store_ps(ybuf + i + 8, hg1);
+					m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(hg0),
 						_mm256_set1_epi32(0x7fffffff)));
-					m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_castps_si256(y1),
+					m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_castps_si256(hg1),
 						_mm256_set1_epi32(0x7fffffff)));
 				}
 				m = _mm256_max_epu32(m, m1);
 			}
 			for (; i < n; i += 8) {
-				__m256 y = hgv256(h, dt, gamma, eo ? NULL : gw, i, n, one, wo);
+				__m256 hg = hgv256(h, dt, gamma, eo ? NULL : gw, i, n, one, wo);
 
-				if (keep && !eo)
-					_mm256_store_ps(ybuf + i, y);
-				m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(y),
+				if (kept)
+					_mm256_store_ps(ybuf + i, hg);
+				m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(hg),
 					_mm256_set1_epi32(0x7fffffff)));
 			}
 			mb = fep256_hmax_u32(m);
@@ -650,7 +651,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 						   &px, &pr);
 				continue;
 			}
-			enc_row256(out, keep && !eo ? ybuf : NULL, h, dt, gamma,
+			enc_row256(out, kept ? ybuf : NULL, h, dt, gamma,
 				   eo ? NULL : gw, n, vc, wo,
 				   !(mb < 0x7f800000u && rms_finite(c)), nt, &px, &pr);
 		}
@@ -1048,7 +1049,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		} else {
 			/* the largest |h * g| (NaN and inf above the finite
 			 * values) gives the scale (fp8_row_scale); the codes are
-			 * of (h * g) * c, c = inv / s, from h * g kept in ybuf
+			 * of (h * g) * c, c = inv * (1 / s), from h * g kept in ybuf
 			 * (rows of the general path up to 32 KiB) or recomputed */
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
@@ -1068,30 +1069,30 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				__m512i m1 = m;
 
 				for (; i + 32 <= n; i += 32) {
-					__m512 y0 = _mm512_mul_ps(fep512_load(h, dt, i, 0xffff),
-								  _mm512_load_ps(gw + i));
-					__m512 y1 = _mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
-								  _mm512_load_ps(gw + i + 16));
+					__m512 hg0 = _mm512_mul_ps(fep512_load(h, dt, i, 0xffff),
+								   _mm512_load_ps(gw + i));
+					__m512 hg1 = _mm512_mul_ps(fep512_load(h, dt, i + 16, 0xffff),
+								   _mm512_load_ps(gw + i + 16));
 
-					_mm512_store_ps(ybuf + i, y0);
-					_mm512_store_ps(ybuf + i + 16, y1);
+					_mm512_store_ps(ybuf + i, hg0);
+					_mm512_store_ps(ybuf + i + 16, hg1);
 					m = _mm512_max_epu32(m, _mm512_and_si512(
-						_mm512_castps_si512(y0),
+						_mm512_castps_si512(hg0),
 						_mm512_set1_epi32(0x7fffffff)));
 					m1 = _mm512_max_epu32(m1, _mm512_and_si512(
-						_mm512_castps_si512(y1),
+						_mm512_castps_si512(hg1),
 						_mm512_set1_epi32(0x7fffffff)));
 				}
 				m = _mm512_max_epu32(m, m1);
 			}
 			for (; i < n; i += 16) {
 				__mmask16 k = fep512_mask(n - i);
-				__m512 y = _mm512_mul_ps(fep512_load(h, dt, i, k), _mm512_add_ps(
+				__m512 hg = _mm512_mul_ps(fep512_load(h, dt, i, k), _mm512_add_ps(
 					_mm512_maskz_loadu_ps(k, gamma + i), wo));
 
 				if (keep)
-					_mm512_store_ps(ybuf + i, y);
-				m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(y),
+					_mm512_store_ps(ybuf + i, hg);
+				m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(hg),
 					_mm512_set1_epi32(0x7fffffff)));
 			}
 			mb = (uint32_t)_mm512_reduce_max_epu32(m);
