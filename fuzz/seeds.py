@@ -231,3 +231,37 @@ for size, rank in ((2, 0), (4, 3)):
 mine = arhdr(9, 1, 4, 0, 1)
 slots = arhdr(9, 1, 4, 0, 1) + arhdr(9, 1, 4, -22, 1) + arhdr(9, 2, 4, 0, 1)
 put("fuzz_coll_hdrs", "error", bytes([2, 0, 0]) + mine + slots)
+
+# ---- fuzz_rmsnorm: flags, cols, rows, eps/offset/bound bits, seed, then
+# (place, fp32 bits) pairs for x and for gamma ----
+def norm(name, flags, cols, rows, e, seed, xs=(), gs=()):
+    data = struct.pack(">BHBBI", flags, cols, rows - 1, e, seed)
+    data += bytes([len(xs)]) + b"".join(struct.pack(">HI", at, b) for at, b in xs)
+    data += bytes([len(gs)]) + b"".join(struct.pack(">HI", at, b) for at, b in gs)
+    put("fuzz_rmsnorm", name, data)
+
+
+def f32(v):
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+BF16, F32 = 0, 1
+OUT_F32, OUT_BF16, OUT_FP8 = 0, 2, 4
+RES, ONE_ROW = 8, 16
+EPS6, OFFSET, UB, POW2, NT = 1, 0x10, 0x20, 0x80, 0x08
+for i, (fl, cols) in enumerate(((BF16 | OUT_FP8, 7168), (BF16 | OUT_FP8 | RES, 7168),
+                                (F32 | OUT_FP8, 2880), (BF16 | OUT_BF16, 7168),
+                                (F32 | OUT_F32, 100), (BF16 | OUT_FP8, 9000),
+                                (BF16 | OUT_FP8 | ONE_ROW, 4096),
+                                (BF16 | OUT_FP8 | RES | 0x20, 33))):
+    norm("plain-%d" % i, fl, cols, 3, EPS6, 0x12345 + i)
+norm("bound", BF16 | OUT_FP8, 7168, 2, EPS6 | UB | POW2 | NT, 7)
+norm("offset", BF16 | OUT_BF16 | RES, 4096, 4, EPS6 | OFFSET | NT, 8)
+# h * g finite, y past the largest float
+norm("y-overflow", BF16 | OUT_FP8, 7168, 2, EPS6, 0x03080001,
+     xs=[(100, f32(0.75))], gs=[(100, f32(-3.0e38))])
+norm("nan-x", BF16 | OUT_FP8, 7168, 2, EPS6, 9, xs=[(5, 0x7fc00000)])
+norm("inf-x", F32 | OUT_FP8, 7168, 2, EPS6, 10, xs=[(7000, f32(float("inf")))])
+norm("nan-gamma", BF16 | OUT_BF16, 7168, 2, EPS6, 11, gs=[(3, 0xffc00001)])
+# tiny rows, eps 0: 1 / rms far above 1
+norm("tiny", BF16 | OUT_FP8, 7168, 2, 0, 0x283c0001)
