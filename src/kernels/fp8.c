@@ -221,7 +221,7 @@ static FEP_INLINE FEP_T_AVX2 void quant256(const fep_k_fp8_args_t *a,
 	size_t nb = nblocks(cols, a->block), r, b0, i, j;
 	size_t seg = a->block > 0 ? FEP_MIN((size_t)Q_SEGB,
 					    FEP_MAX((size_t)1, Q_SEG / bs)) : 1;
-	int nt = a->nt ? a->nt > 0 : fep_k_nt_quant(dt) && (r1 - r0) * cols >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, fep_k_nt_quant(dt), (r1 - r0) * cols);
 	float amax[Q_SEGB] __attribute__((aligned(32)));
 	float invs[Q_SEGB] __attribute__((aligned(32)));
 	uint8_t nf[Q_SEGB];
@@ -328,8 +328,7 @@ static FEP_INLINE FEP_T_AVX2 void dequant256(const fep_k_fp8dq_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
-	int nt = a->nt ? a->nt > 0 :
-		 fep_k_nt_fp8 && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, fep_k_nt_fp8, (r1 - r0) * a->cols * os);
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -499,8 +498,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t nb = nblocks(a->cols, a->block), r, b, i;
-	int nt = a->nt ? a->nt > 0 :
-		 fep_k_nt_quant(dt) && (r1 - r0) * a->cols >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, fep_k_nt_quant(dt), (r1 - r0) * a->cols);
 	float amax[64], invs[64];
 	uint8_t nan[64];
 	size_t es = fep_k_dtype_size(dt);
@@ -606,8 +604,7 @@ static FEP_INLINE FEP_T_AVX512 void dequant512(const fep_k_fp8dq_args_t *a,
 {
 	size_t bs = a->block > 0 ? (size_t)a->block : a->cols;
 	size_t os = fep_k_dtype_size(odt), r, i, c0;
-	int nt = a->nt ? a->nt > 0 :
-		 fep_k_nt_fp8 && (r1 - r0) * a->cols * os >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, fep_k_nt_fp8, (r1 - r0) * a->cols * os);
 
 	for (r = r0; r < r1; r++) {
 		const uint8_t *in = a->in + r * a->ld_in;
@@ -744,7 +741,7 @@ int fep_k_fp8_quant_mt(fep_pool_t *pool, const fep_k_fp8_args_t *a, size_t rows)
 		return ret;
 	b = *a;
 	if (!b.nt)
-		b.nt = fep_k_nt_quant(b.in_dt) && rows * b.cols >= FEP_K_NT_BYTES ? 1 : -1;
+		b.nt = fep_k_stream(0, fep_k_nt_quant(b.in_dt), rows * b.cols) ? 1 : -1;
 	return fep_pool_for(pool, rows, 1, quant_range, &c);
 }
 
@@ -759,7 +756,7 @@ int fep_k_fp8_dequant_mt(fep_pool_t *pool, const fep_k_fp8dq_args_t *a,
 		return ret;
 	b = *a;
 	if (!b.nt)
-		b.nt = fep_k_nt_fp8 && rows * b.cols * fep_k_dtype_size(b.out_dt) >=
-		       FEP_K_NT_BYTES ? 1 : -1;
+		b.nt = fep_k_stream(0, fep_k_nt_fp8, rows * b.cols *
+				    fep_k_dtype_size(b.out_dt)) ? 1 : -1;
 	return fep_pool_for(pool, rows, 1, dequant_range, &c);
 }

@@ -301,6 +301,15 @@ static inline int fep_k_nt_quant(fep_k_dtype_t dt)
 {
 	return dt != FEP_K_BF16 || fep_k_nt_fp8;
 }
+/* Whether a kernel's range that writes bytes streams them (the rule
+ * above): the arguments' nt where set (1 stream, -1 never), else where
+ * the CPU's choice for that kernel allows (may) and bytes reach
+ * FEP_K_NT_BYTES.  The _mt wrappers decide once by the whole call's
+ * bytes and pass the result down as nt, 1 or -1. */
+static inline int fep_k_stream(int nt, int may, size_t bytes)
+{
+	return nt ? nt > 0 : may && bytes >= FEP_K_NT_BYTES;
+}
 /* The highest level this CPU supports (ignores FABEP_ISA). */
 fabep_isa_t fep_k_isa_max(void);
 /* Parse "scalar"|"avx2"|"avx512"; -EINVAL otherwise. */

@@ -15,11 +15,8 @@
 
 static inline int perm_nt(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	if (a->row_bytes < PERM_NT_MIN_ROW)
-		return 0;
-	if (a->nt)
-		return a->nt > 0;
-	return (r1 - r0) * a->row_bytes >= FEP_K_NT_BYTES;
+	return a->row_bytes >= PERM_NT_MIN_ROW &&
+	       fep_k_stream(a->nt, 1, (r1 - r0) * a->row_bytes);
 }
 
 /* ---- scalar reference ---- */
@@ -223,7 +220,7 @@ static fep_k_perm_args_t perm_whole(const fep_k_perm_args_t *a, size_t rows)
 	fep_k_perm_args_t b = *a;
 
 	if (!b.nt)
-		b.nt = rows * b.row_bytes >= FEP_K_NT_BYTES ? 1 : -1;
+		b.nt = fep_k_stream(0, 1, rows * b.row_bytes) ? 1 : -1;
 	return b;
 }
 

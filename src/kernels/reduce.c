@@ -218,7 +218,7 @@ static FEP_T_AVX2 void sum256_part(const fep_k_sum_args_t *a, size_t i0, size_t 
 FEP_T_AVX2 void fep_k_sum_avx2(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 {
 	size_t es = fep_k_dtype_size(a->dt), i = i0;
-	int nt = a->nt ? a->nt > 0 : (i1 - i0) * es >= FEP_K_NT_BYTES, j;
+	int nt = fep_k_stream(a->nt, 1, (i1 - i0) * es), j;
 
 	if (nt) { /* align the output to 32 bytes for streaming stores */
 		uintptr_t mis = (uintptr_t)((char *)a->out + i * es) & 31;
@@ -384,7 +384,7 @@ FEP_T_AVX512 void fep_k_topk_sum_avx512(const fep_k_topk_args_t *a, size_t t0, s
 FEP_T_AVX512 void fep_k_sum_avx512(const fep_k_sum_args_t *a, size_t i0, size_t i1)
 {
 	size_t es = fep_k_dtype_size(a->dt);
-	int nt = a->nt ? a->nt > 0 : (i1 - i0) * es >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, 1, (i1 - i0) * es);
 	size_t i = i0;
 	int j;
 
@@ -532,6 +532,6 @@ int fep_k_sum_mt(fep_pool_t *pool, const fep_k_sum_args_t *a, size_t n)
 	/* streaming stores by what the whole call writes */
 	b = *a;
 	if (!b.nt)
-		b.nt = n * fep_k_dtype_size(b.dt) >= FEP_K_NT_BYTES ? 1 : -1;
+		b.nt = fep_k_stream(0, 1, n * fep_k_dtype_size(b.dt)) ? 1 : -1;
 	return fep_pool_for(pool, n, 1024, sum_range, &c);
 }

@@ -135,22 +135,30 @@ static FEP_INLINE FEP_T_AVX2 __m256 ld8_256(const void *p, fep_k_dtype_t dt,
 		_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
 }
 
-/* (h * g) * v for the values [i, i + 8) (zeros past n): v = inv is
- * the normalized row y, v = inv / s the FP8 codes' values; g is gamma +
+/* h * g for the values [i, i + 8) (zeros past n); g is gamma +
  * weight_offset, precomputed (gw) or not (gw == NULL) */
-static FEP_INLINE FEP_T_AVX2 __m256 hgv256(const char *h, fep_k_dtype_t dt,
-					   const float *gamma, const float *gw,
-					   size_t i, size_t n, __m256 v, __m256 wo)
+static FEP_INLINE FEP_T_AVX2 __m256 hg256(const char *h, fep_k_dtype_t dt,
+					  const float *gamma, const float *gw,
+					  size_t i, size_t n, __m256 wo)
 {
 	__m256 g;
 
 	if (i + 8 <= n) {
 		g = gw ? _mm256_loadu_ps(gw + i) :
 			 _mm256_add_ps(_mm256_loadu_ps(gamma + i), wo);
-		return _mm256_mul_ps(_mm256_mul_ps(ld8_256(h, dt, i), g), v);
+		return _mm256_mul_ps(ld8_256(h, dt, i), g);
 	}
 	g = _mm256_add_ps(fep256_load(gamma, FEP_K_F32, i, n - i), wo);
-	return _mm256_mul_ps(_mm256_mul_ps(fep256_load(h, dt, i, n - i), g), v);
+	return _mm256_mul_ps(fep256_load(h, dt, i, n - i), g);
+}
+
+/* (h * g) * v: v = inv gives the normalized row y, v = inv * (1 / s)
+ * the values the FP8 codes encode */
+static FEP_INLINE FEP_T_AVX2 __m256 hgv256(const char *h, fep_k_dtype_t dt,
+					   const float *gamma, const float *gw,
+					   size_t i, size_t n, __m256 v, __m256 wo)
+{
+	return _mm256_mul_ps(hg256(h, dt, gamma, gw, i, n, wo), v);
 }
 
 /* 16 fp32 values (y0, y1) to p + i as dt, streaming when nt and p + i
@@ -521,8 +529,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 	size_t r, i, n = a->cols, es = fep_k_dtype_size(dt);
 	const __m256 wo = _mm256_set1_ps(a->weight_offset);
 	const float *gamma = a->gamma, *gw = NULL;
-	int nt = a->nt ? a->nt > 0 :
-		 (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, 1, (r1 - r0) * n * fep_k_dtype_size(odt));
 	/* gamma + weight_offset, once per call; for FP8 output of the
 	 * general path also h * g, kept between the amax and the encoding
 	 * pass (longer rows recompute it) */
@@ -599,7 +606,6 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			 * (rows up to 32 KiB of the general path) or recomputed */
 			uint8_t *out = (uint8_t *)a->out + r * a->ld_out;
 			__m256i m = eo && !res ? mhg : _mm256_setzero_si256();
-			const __m256 one = _mm256_set1_ps(1.0f);
 			struct hg_ctx hc = { h, dt, gamma, a->weight_offset };
 			int kept = keep && !eo;
 			uint32_t mb;
@@ -615,8 +621,8 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				__m256i m1 = m;
 
 				for (; i + 16 <= n; i += 16) {
-					__m256 hg0 = hgv256(h, dt, gamma, gw, i, n, one, wo);
-					__m256 hg1 = hgv256(h, dt, gamma, gw, i + 8, n, one, wo);
+					__m256 hg0 = hg256(h, dt, gamma, gw, i, n, wo);
+					__m256 hg1 = hg256(h, dt, gamma, gw, i + 8, n, wo);
 
 					_mm256_store_ps(ybuf + i, hg0);
 					_mm256_store_ps(ybuf + i + 8, hg1);
@@ -628,7 +634,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				m = _mm256_max_epu32(m, m1);
 			}
 			for (; i < n; i += 8) {
-				__m256 hg = hgv256(h, dt, gamma, eo ? NULL : gw, i, n, one, wo);
+				__m256 hg = hg256(h, dt, gamma, eo ? NULL : gw, i, n, wo);
 
 				if (kept)
 					_mm256_store_ps(ybuf + i, hg);
@@ -972,8 +978,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 	size_t r, i, n = a->cols, es = fep_k_dtype_size(dt);
 	__m512 wo = _mm512_set1_ps(a->weight_offset);
 	const float *gamma = a->gamma;
-	int nt = a->nt ? a->nt > 0 :
-		 (r1 - r0) * n * fep_k_dtype_size(odt) >= FEP_K_NT_BYTES;
+	int nt = fep_k_stream(a->nt, 1, (r1 - r0) * n * fep_k_dtype_size(odt));
 	/* gamma + weight_offset once per call, and h * g for FP8 output of
 	 * the general path */
 	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
@@ -1055,7 +1060,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			int ntr = nt && ((uintptr_t)out & 63) == 0;
 			__m512i m = eo && !res ? mhg : _mm512_setzero_si512();
 			struct hg_ctx hc = { h, dt, gamma, a->weight_offset };
-			int keep = !eo && gw;
+			int keep = gw != NULL; /* the general path's rows in ybuf */
 			uint32_t mb;
 			__m512 vc;
 			float s, c;
@@ -1214,7 +1219,7 @@ int fep_k_rmsnorm_mt(fep_pool_t *pool, const fep_k_rmsnorm_args_t *a, size_t row
 	/* streaming stores by what the whole call writes */
 	b = *a;
 	if (!b.nt)
-		b.nt = rows * b.cols * fep_k_dtype_size(b.out_dt) >= FEP_K_NT_BYTES ?
+		b.nt = fep_k_stream(0, 1, rows * b.cols * fep_k_dtype_size(b.out_dt)) ?
 		       1 : -1;
 	return fep_pool_for(pool, rows, 1, norm_range, &c);
 }
