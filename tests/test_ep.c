@@ -73,6 +73,7 @@ struct params {
 	const char *place; /* FABEP_MOE_PLACE */
 	int place_expect; /* 1: some source must place its rows, -1: none may */
 	int place_cap;    /* the handle's place_rows instead of its own */
+	int lanes;        /* some batch of copies must be made in lanes */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -1228,6 +1229,13 @@ static int ep_rank(int rank, int size, void *arg)
 			placed_seen);
 		goto done;
 	}
+	/* and the way its copies went */
+	if (p->lanes && size > 1 && !moe->nlanes) {
+		fprintf(stderr, "rank %d: no batch of copies was made in lanes "
+			"(%d threads, %d channels)\n", rank,
+			fabep_comm_threads(comm), fabep_comm_channels(comm));
+		goto done;
+	}
 	rc = 0;
 done:
 	fabep_moe_destroy(moe);
@@ -1358,6 +1366,18 @@ EP_TEST(cma_chan_shm4, "shm", 4, .rounds = 6, .hidden = 4096, .topk = 8,
 EP_TEST(cma_chan_shm3_fused, "shm", 3, .rounds = 6, .hidden = 2880, .topk = 8,
 	.experts = 12, .max_tokens = 40, .threads = 2, .channels = "3",
 	.signal = FABEP_SIGNAL_CMA, .fused = 1, .outstanding = 1)
+/* cma with a channel per thread: the sender's copies of one batch made
+ * on every thread, a lane (channel) each, the signals after them on the
+ * rank's own channel; records by the halves and backward, and placed
+ * rows with combine's rows */
+EP_TEST(lanes_shm4, "shm", 4, .rounds = 6, .hidden = 7168, .topk = 8,
+	.experts = 16, .max_tokens = 48, .threads = 2, .channels = "2",
+	.signal = FABEP_SIGNAL_CMA, .routing = R_NEG, .split = 1, .backward = 1,
+	.lanes = 1)
+EP_TEST(lanes_shm3_place_rows, "shm", 3, .rounds = 6, .hidden = 7168,
+	.topk = 4, .experts = 12, .max_tokens = 48, .threads = 3,
+	.channels = "3", .signal = FABEP_SIGNAL_CMA, .place = "always",
+	.place_expect = 1, .crows = "fit", .lanes = 1)
 /* combine's final sum in the own run (rank 0 late): the same bits as
  * the halves, on threads with channels, with one channel, on tcp */
 EP_TEST(fused_shm2, "shm", 2, .rounds = 8, .hidden = 2880, .topk = 8,
@@ -2661,6 +2681,8 @@ static Suite *ep_suite(void)
 	ADD(tc, sender_copy_shm3);
 	ADD(tc, cma_chan_shm4);
 	ADD(tc, cma_chan_shm3_fused);
+	ADD(tc, lanes_shm4);
+	ADD(tc, lanes_shm3_place_rows);
 	ADD(tc, zc_shm2_fp8_tok);
 	ADD(tc, zc_shm2_outstanding);
 	ADD(tc, zc_tcp2_fp8);

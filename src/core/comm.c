@@ -152,9 +152,8 @@ static int fep_pid_runs(pid_t pid)
  * rank of this host gone is only told, neither logged nor marked (a wait
  * first drains what it sent); a lost bootstrap connection is logged at
  * once either way. */
-static int fep_comm_alive(void *arg, bool report)
+static int fep_comm_alive_one(fabep_comm_t *comm, bool report)
 {
-	fabep_comm_t *comm = arg;
 	int r, lost = 0, ret;
 
 	ret = fep_boot_watch(comm->boot);
@@ -181,6 +180,20 @@ static int fep_comm_alive(void *arg, bool report)
 	if (report)
 		comm->failed = true;
 	return -FABEP_ERR_PEER_LOST;
+}
+
+/* One thread at a time; another that asks meanwhile is told all is well
+ * and asks again at its next check, FEP_ALIVE_EVERY_MS later. */
+static int fep_comm_alive(void *arg, bool report)
+{
+	fabep_comm_t *comm = arg;
+	int ret;
+
+	if (atomic_exchange_explicit(&comm->alive_busy, 1, memory_order_acquire))
+		return 0;
+	ret = fep_comm_alive_one(comm, report);
+	atomic_store_explicit(&comm->alive_busy, 0, memory_order_release);
+	return ret;
 }
 
 static void fep_host_id(char *buf, size_t len)

@@ -34,6 +34,10 @@ struct fabep_comm {
 	pid_t *peer_pid;      /* [size]: pid of a rank on this host and PID
 				 namespace (the liveness check; negated once
 				 it was reported gone), else 0 */
+	/* held while one thread runs the liveness check: the lanes of a
+	 * batch (fep_fab_copy_lane) stall on several threads at once, and
+	 * the bootstrap's watch is not for concurrent use */
+	_Atomic int alive_busy;
 
 	/* barrier and agreement: a counter per source, two slots per
 	 * source (round parity; sequence and value: the agreement's values,

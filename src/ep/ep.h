@@ -101,6 +101,10 @@ struct fep_ep_hdr {
  * many bytes of records (below, an extra post only adds latency). */
 #define FEP_EP_EARLY_BYTES ((size_t)64 << 10)
 
+/* A batch of the sender's copies is made in lanes from this many bytes
+ * (below, waking the threads for it costs more than they win). */
+#define FEP_EP_LANE_BYTES ((size_t)256 << 10)
+
 enum fep_ep_state {
 	FEP_EP_FREE = 0,
 	FEP_EP_SENT,      /* dispatch_send done, dispatch_recv pending */
@@ -237,6 +241,7 @@ struct fabep_moe {
 	/* calls */
 	uint64_t ndisp;      /* dispatch calls begun (set = ndisp % sets) */
 	uint64_t ncomb;      /* combines begun (oldest outstanding) */
+	uint64_t nlanes;     /* batches of copies made in lanes (fep_ep_copy) */
 	int pending_recv;    /* a dispatch_send awaits its dispatch_recv */
 	int pending_crecv;   /* a combine_send awaits its combine_recv */
 	int unclean;         /* a wait or a transfer failed: peers' writes may
@@ -371,15 +376,22 @@ void fep_ep_idle(void *arg);
  * the pool's or the fabric's first error. */
 int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
 		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle);
-/* Post m->puts[0, np) (adding their lengths to *bytes).  No post drives
- * the fabric: on shm that progress is where this rank copies its peers'
- * data in, with the workers idle between two pool runs; the phase's next
- * step (a pool run whose caller drives the fabric, or the wait) overlaps
- * that copy with the workers' own work instead. */
 /* Post m->puts[0, np), counting their bytes into *bytes; sender: the
- * phase's copies are better made by the sender (fep_fab_put_copy_many),
- * else by the receivers (fep_fab_put_recv_many). */
+ * phase's copies are better made by the sender (fep_ep_copy), else by
+ * the receivers (fep_fab_put_recv_many).  A post of the receivers'
+ * copies does not drive the fabric: on shm that progress is where this
+ * rank copies its peers' data in, with the workers idle between two pool
+ * runs; the phase's next step (a pool run whose caller drives the
+ * fabric, or the wait) overlaps that copy with the workers' own work
+ * instead. */
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender);
+/* fep_fab_put_copy_many of puts[0, np) (bytes in all), made in lanes on
+ * the pool's threads (fep_fab_copy_lane) where the fabric offers lanes,
+ * the pool has two threads or more, and the batch has FEP_EP_LANE_BYTES
+ * or more in two lanes or more: one thread would make every copy while
+ * the others wait. */
+int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
+		uint64_t bytes);
 
 /* layout.c */
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);

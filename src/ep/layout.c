@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -599,17 +600,112 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender)
 {
+	uint64_t sum = 0;
 	size_t i;
-	int ret;
 
 	for (i = 0; i < np; i++)
-		*bytes += m->puts[i].len;
+		sum += m->puts[i].len;
+	*bytes += sum;
 	if (!np)
-		ret = 0;
-	else if (sender)
-		ret = fep_fab_put_copy_many(m->comm->fab, m->puts, np);
-	else
-		ret = fep_fab_put_recv_many(m->comm->fab, m->puts, np);
+		return 0;
+	if (sender)
+		return fep_ep_copy(m, m->puts, np, sum);
+	return fep_ep_fab(m, fep_fab_put_recv_many(m->comm->fab, m->puts, np));
+}
+
+/* The lanes of one batch on the pool's threads: each claims lanes until
+ * none is left, then drives the channels that no lane holds until every
+ * lane is done, so that the peers' copies into this rank's regions (whose
+ * notices fill the regions' queues until this rank takes them) do not
+ * wait for the slowest lane. */
+#define FEP_EP_LANE_MSG 512
+struct lane_run {
+	fep_fabric_t *fab;
+	const struct fep_put *puts;
+	size_t n;
+	int lanes;
+	int next;      /* atomic: the next lane to claim */
+	int done;      /* atomic: lanes finished */
+	int err;       /* atomic: the first lane's error */
+	char msg[FEP_EP_LANE_MSG]; /* its messages, from a worker's thread */
+};
+
+static void lane_fn(void *arg, int tid, int nthreads)
+{
+	struct lane_run *r = arg;
+	struct fep_backoff bo = { 0, 0 };
+	int l, none;
+
+	(void)nthreads;
+	if (tid)  /* what this worker logged before is not this call's */
+		(void)fabep_last_error();
+	while ((l = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED)) < r->lanes) {
+		int ret = fep_fab_copy_lane(r->fab, r->puts, r->n, l);
+
+		none = 0;
+		/* fabep_last_error is the thread's own: a worker's
+		 * messages go to the caller through r->msg */
+		if (ret && __atomic_compare_exchange_n(&r->err, &none, ret, false,
+						       __ATOMIC_ACQ_REL,
+						       __ATOMIC_ACQUIRE) && tid)
+			snprintf(r->msg, sizeof(r->msg), "%s", fabep_last_error());
+		__atomic_fetch_add(&r->done, 1, __ATOMIC_RELEASE);
+	}
+	while (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) < r->lanes) {
+		int ret = fep_fabric_progress_free(r->fab);
+
+		none = 0;
+		if (ret)
+			__atomic_compare_exchange_n(&r->err, &none, ret, false,
+						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		fep_backoff_step(&bo);
+	}
+}
+
+/* Whether the copies of puts[0, np) fall in two lanes or more. */
+static bool lanes_used(const fep_fabric_t *fab, const struct fep_put *puts,
+		       size_t np)
+{
+	int first = -1, l;
+	size_t i;
+
+	for (i = 0; i < np; i++) {
+		l = fep_fab_copy_lane_of(fab, &puts[i]);
+		if (l < 0)
+			continue;
+		if (first >= 0 && l != first)
+			return true;
+		first = l;
+	}
+	return false;
+}
+
+int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
+		uint64_t bytes)
+{
+	fep_fabric_t *fab = m->comm->fab;
+	int lanes = fep_fab_copy_lanes(fab), ret;
+	struct lane_run r;
+
+	if (lanes < 2 || fep_pool_threads(m->comm->pool) < 2 ||
+	    bytes < FEP_EP_LANE_BYTES || !lanes_used(fab, puts, np))
+		return fep_ep_fab(m, fep_fab_put_copy_many(fab, puts, np));
+	ret = fep_fab_copy_check(fab, puts, np);
+	if (ret)
+		return fep_ep_fab(m, ret);
+	memset(&r, 0, sizeof(r));
+	r.fab = fab;
+	r.puts = puts;
+	r.n = np;
+	r.lanes = lanes;
+	m->nlanes++;
+	ret = fep_pool_run(m->comm->pool, lane_fn, &r);
+	if (!ret)
+		ret = r.err;
+	if (ret && r.msg[0])
+		fep_log_adopt(r.msg);
+	if (!ret)
+		ret = fep_fab_copy_signals(fab, puts, np);
 	return fep_ep_fab(m, ret);
 }
 

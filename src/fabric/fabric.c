@@ -1027,6 +1027,28 @@ static int progress_chan(fep_fabric_t *ch, bool wait)
 	return ret;
 }
 
+void fep_fabric_lane_enter(fep_fabric_t *ch)
+{
+	while (atomic_exchange_explicit(&ch->pbusy, 1, memory_order_acquire))
+		sched_yield();
+	ch->lane = true;
+}
+
+void fep_fabric_lane_leave(fep_fabric_t *ch)
+{
+	ch->lane = false;
+	atomic_store_explicit(&ch->pbusy, 0, memory_order_release);
+}
+
+int fep_fabric_progress_free(fep_fabric_t *fab)
+{
+	int c, ret = 0;
+
+	for (c = 0; !ret && c < fab->nchan; c++)
+		ret = progress_chan(fab->nchan > 1 ? fab->chan[c] : fab, false);
+	return ret;
+}
+
 int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
 			     struct fep_chan_watch *w, unsigned scan_every)
 {
@@ -1164,7 +1186,7 @@ int fep_fabric_clock_ctr(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
 
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 {
-	int ret = fep_fabric_progress_all(fab);
+	int ret = fab->lane ? fep_fabric_progress(fab) : fep_fabric_progress_all(fab);
 
 	if (fab->oversubscribed && st->bo.spins < 64)
 		st->bo.spins = 64;  /* straight to yielding */

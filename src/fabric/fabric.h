@@ -175,6 +175,10 @@ typedef struct fep_fabric {
 	_Atomic int pbusy;
 	_Atomic unsigned pcount;
 	char pad1[64];
+	/* a lane's channel (fep_fabric_lane_enter): its stalls progress
+	 * it alone, not every channel, since the other channels are
+	 * driven by other threads at the same time */
+	bool lane;
 	bool heap_shared;       /* a channel's: the heap is chan[0]'s */
 	struct fep_put *slices; /* scratch of fep_fab_put_signal_many */
 	size_t slices_cap;
@@ -235,6 +239,16 @@ struct fep_chan_watch {
  * no channel back for longer. */
 int fep_fabric_progress_mine(fep_fabric_t *fab, int tid, int nthreads,
 			     struct fep_chan_watch *w, unsigned scan_every);
+/* Lanes: a batch's writes made on several threads at once, one
+ * channel each (signal.c fep_fab_copy_lane).  Enter holds channel ch
+ * for the calling thread, as a progress of it does (a thread of
+ * fep_fabric_progress_mine or fep_fabric_progress_free passes it by),
+ * and makes its stalls progress it alone; leave gives it back. */
+void fep_fabric_lane_enter(fep_fabric_t *ch);
+void fep_fabric_lane_leave(fep_fabric_t *ch);
+/* Progress every channel of fab that no other thread holds now, once
+ * each: the first error seen, or 0. */
+int fep_fabric_progress_free(fep_fabric_t *fab);
 /* Open channels 1..n-1 of fab (cqdata or cma: they share its counters) and
  * fill their blobs (blobs[c - 1]); asks for transparent huge pages on the
  * heap (the kernel's copy between processes pins pages one by one, and
@@ -394,6 +408,27 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
  * as fep_fab_put_signal_many. */
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 			  size_t n);
+/* The same in lanes, where fep_fab_copy_lanes(fab) > 1 (cma with
+ * channels, whose serial form makes every copy on the calling thread):
+ * fep_fab_copy_check checks the batch once; then the lanes 0 ..
+ * lanes - 1, each at most once, by any threads side by side: lane c
+ * makes the copies to the peers p with (rank + p) % lanes == c on
+ * channel c, and reaps them; once every lane has returned 0,
+ * fep_fab_copy_signals posts the batch's signals on the rank's own
+ * channel, as the serial form does after its copies.  The copies of
+ * different peers move at once, and each target's senders stay spread
+ * over its channels' regions (each under its own lock in shm).  A lane
+ * that fails leaves its channel usable; the batch is then failed, as a
+ * failed serial batch is. */
+int fep_fab_copy_lanes(const fep_fabric_t *fab);
+int fep_fab_copy_check(fep_fabric_t *fab, const struct fep_put *puts, size_t n);
+/* The lane whose copies include put p, or -1: p has no bytes, or goes
+ * with the signals (one write with its CQ data). */
+int fep_fab_copy_lane_of(const fep_fabric_t *fab, const struct fep_put *p);
+int fep_fab_copy_lane(fep_fabric_t *fab, const struct fep_put *puts,
+		      size_t n, int lane);
+int fep_fab_copy_signals(fep_fabric_t *fab, const struct fep_put *puts,
+			 size_t n);
 /* The same, for a phase whose copies are better made by the receivers:
  * under cma every write carries its signal as CQ data (shm's
  * receiver-driven path, the target's progress copies and counts);

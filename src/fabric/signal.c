@@ -664,6 +664,8 @@ static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
 static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 			   size_t n, uint64_t wflags, bool cq_signal,
 			   uint64_t mult);
+static int put_signals(fep_fabric_t *fab, const struct fep_put *puts,
+		       size_t n, bool inl, bool cq_signal, uint64_t mult);
 
 /* A slice carries at least this much (below, the copies' start-up costs
  * more than the threads win). */
@@ -778,6 +780,61 @@ int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
 		return ret;
 	return fab->nchan > 1 ? put_cma_chan(fab, puts, n, true) :
 				put_cqdata(fab, puts, n, 1);
+}
+
+int fep_fab_copy_lanes(const fep_fabric_t *fab)
+{
+	return fab->signal == FABEP_SIGNAL_CMA && fab->nchan > 1 ? fab->nchan : 0;
+}
+
+int fep_fab_copy_check(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
+{
+	return put_checks(fab, puts, n, false);
+}
+
+/* The rank's own channel carries the signals, and decides which puts go
+ * inline, in the lanes as in put_cma_chan. */
+int fep_fab_copy_lane_of(const fep_fabric_t *fab, const struct fep_put *p)
+{
+	if (!p->len || put_inline(fab->chan[fab->rank % fab->nchan], p))
+		return -1;
+	return (int)(((size_t)fab->rank + (size_t)p->peer) % (size_t)fab->nchan);
+}
+
+int fep_fab_copy_lane(fep_fabric_t *fab, const struct fep_put *puts,
+		      size_t n, int lane)
+{
+	fep_fabric_t *ch = fab->chan[lane];
+	size_t i, cnt = 0;
+	struct fep_put *list;
+	int ret;
+
+	if (ch->slices_cap < n) {
+		list = realloc(ch->slices, n * sizeof(*list));
+		if (!list)
+			return -ENOMEM;
+		ch->slices = list;
+		ch->slices_cap = n;
+	}
+	list = ch->slices;
+	for (i = 0; i < n; i++)
+		if (fep_fab_copy_lane_of(fab, &puts[i]) == lane)
+			list[cnt++] = puts[i];
+	if (!cnt)
+		return 0;
+	fep_fabric_lane_enter(ch);
+	ret = put_writes(ch, list, cnt, 0);
+	if (!ret)
+		ret = fep_fabric_reap_own(ch);
+	fep_fabric_lane_leave(ch);
+	return ret;
+}
+
+int fep_fab_copy_signals(fep_fabric_t *fab, const struct fep_put *puts,
+			 size_t n)
+{
+	return put_signals(fab->chan[fab->rank % fab->nchan], puts, n, true,
+			   false, (uint64_t)fab->nchan);
 }
 
 int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
@@ -918,7 +975,7 @@ static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 			   uint64_t mult)
 {
 	const struct fep_put *big;
-	size_t i, nbig;
+	size_t nbig;
 	int ret;
 
 	ret = puts_not_inline(fab, puts, n, &big, &nbig);
@@ -928,10 +985,21 @@ static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 		ret = fep_fabric_quiet(fab);
 	if (!ret && (fab->signal == FABEP_SIGNAL_CMA || cq_signal))
 		ret = fep_fabric_reap_own(fab);
+	return ret ? ret : put_signals(fab, puts, n, nbig < n, cq_signal, mult);
+}
+
+/* The signals of a batch whose writes are done (put_then_signal): inl,
+ * some of its puts are put_inline and go now, each as one write. */
+static int put_signals(fep_fabric_t *fab, const struct fep_put *puts,
+		       size_t n, bool inl, bool cq_signal, uint64_t mult)
+{
+	size_t i;
+	int ret = 0;
+
 	for (i = 0; !ret && i < n; i++) {
 		if (!puts[i].add)
 			continue;
-		if (nbig < n && put_inline(fab, &puts[i]))
+		if (inl && put_inline(fab, &puts[i]))
 			ret = put_cqdata(fab, &puts[i], 1, mult);
 		else if (cq_signal)
 			ret = cqdata_signal(fab, puts[i].peer, puts[i].sig,

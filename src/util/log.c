@@ -58,6 +58,21 @@ static void last_error_add(const char *msg)
 	last_error.text[last_error.len] = '\0';
 }
 
+void fep_log_adopt(const char *text)
+{
+	while (*text) {
+		char line[LAST_ERROR_MAX];
+		size_t n = strcspn(text, "\n");
+
+		n = FEP_MIN(n, sizeof(line) - 1);
+		memcpy(line, text, n);
+		line[n] = '\0';
+		last_error_add(line);
+		text += n;
+		text += *text == '\n';
+	}
+}
+
 FEP_EXPORT const char *fabep_last_error(void)
 {
 	if (last_error.taken || !last_error.len)

@@ -36,6 +36,9 @@ int fep_log_level(void);
 void fep_log_set_rank(int rank);
 void fep_log(int level, const char *file, int line, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* Keep text, error messages that another thread logged (and printed) for
+ * this thread's call, for this thread's fabep_last_error(). */
+void fep_log_adopt(const char *text);
 
 /* Error messages reach fep_log whatever FABEP_LOG says: it keeps them for
  * fabep_last_error() and prints only what the level allows. */
