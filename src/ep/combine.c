@@ -322,11 +322,12 @@ static int row_blocks(struct fabep_moe *m, const struct fep_ep_set *s,
 	return 0;
 }
 
-/* Post the rows of y to source p (row_blocks), behind the run's header,
- * with the run's signals: straight from y where the provider reads
- * unregistered memory, else through p's stage. */
-static int post_rows(struct fabep_moe *m, int b, int p, const uint8_t *y,
-		     size_t ld_y)
+/* The puts of the rows of y to source p (row_blocks) into out, behind
+ * the run's header, with the run's signals: straight from y where the
+ * provider reads unregistered memory, else through p's stage.  Returns
+ * how many: at most one a row and the header. */
+static size_t rows_puts(struct fabep_moe *m, int b, int p, const uint8_t *y,
+			size_t ld_y, struct fep_put *out)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	size_t L = (size_t)m->L, unit = m->crow_bytes, ld = ld_y * fep_k_dtype_size(m->cdt);
@@ -347,7 +348,7 @@ static int post_rows(struct fabep_moe *m, int b, int p, const uint8_t *y,
 				memcpy(st + (pos + j) * unit, r0 + j * ld, c * unit);
 				continue;
 			}
-			m->puts[np++] = (struct fep_put){
+			out[np++] = (struct fep_put){
 				.peer = p, .dst = dst + (pos + j) * unit,
 				.src = FEP_PUT_PTR, .len = c * unit, .ptr = r0 + j * ld,
 			};
@@ -357,12 +358,72 @@ static int post_rows(struct fabep_moe *m, int b, int p, const uint8_t *y,
 	/* the header last, with the run's signals: where each write's CQ
 	 * data is its signal (cqdata) it follows the rows, as a run's last
 	 * chunk does; from the stage, it is one write with the rows */
-	m->puts[np++] = (struct fep_put){
+	out[np++] = (struct fep_put){
 		.peer = p, .dst = dst + m->choff, .src = stage + m->choff,
 		.len = (ptr ? m->chdr_rows : pos) * unit - m->choff,
 		.sig = fep_ep_cctr(m, b), .add = m->cchunks,
 	};
-	return fep_ep_post(m, np, &m->tm.c_bytes, true);
+	return np;
+}
+
+/* Whether the runs of rows leave in one batch (post_rows). */
+static int rows_batched(const struct fabep_moe *m)
+{
+	return fep_fab_copy_lanes(m->comm->fab) > 1 &&
+	       fep_pool_threads(m->comm->pool) > 1;
+}
+
+/* Room in m->rputs for the batch of post_rows: before the send half's
+ * status is final, so that a failure is a refused call. */
+static int rows_reserve(struct fabep_moe *m, const struct fep_ep_set *s)
+{
+	size_t cap = s->rows + (size_t)m->size;
+	struct fep_put *l;
+
+	if (!rows_batched(m) || m->rputs_cap >= cap)
+		return 0;
+	l = realloc(m->rputs, cap * sizeof(*l));
+	if (!l) {
+		fep_err("%s: no memory for the puts of %zu rows", m->cfn, s->rows);
+		return -ENOMEM;
+	}
+	m->rputs = l;
+	m->rputs_cap = cap;
+	return 0;
+}
+
+/* Post the runs of rows to every source that asked for them: each on its
+ * own, so that a source starts its sum as soon as its rows are in; or,
+ * where the sender's copies can be made in lanes (fep_ep_copy), all in
+ * one batch, whose copies to different sources then move at once. */
+static int post_rows(struct fabep_moe *m, struct fep_ep_set *s, int b,
+		     const uint8_t *y, size_t ld_y)
+{
+	int lanes = rows_batched(m);
+	uint64_t t0 = fep_now_ns(), sum = 0;
+	size_t np = 0, i;
+	int d, ret = 0;
+
+	for (d = 1; !ret && d < m->size; d++) {
+		int peer = (m->rank + d) % m->size;
+
+		if (!s->crows[peer])
+			continue;
+		if (lanes) {
+			np += rows_puts(m, b, peer, y, ld_y, m->rputs + np);
+			continue;
+		}
+		np = rows_puts(m, b, peer, y, ld_y, m->puts);
+		ret = fep_ep_post(m, np, &m->tm.c_bytes, true);
+	}
+	if (lanes && np) {
+		for (i = 0; i < np; i++)
+			sum += m->rputs[i].len;
+		m->tm.c_bytes += sum;
+		ret = fep_ep_copy(m, m->rputs, np, sum);
+	}
+	m->tm.c_put += fep_now_ns() - t0;
+	return ret;
 }
 
 /* out, ld_out, cb, cb_ctx: combine_recv's, when the caller gave them
@@ -420,7 +481,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	if (!status) {  /* the runs of rows, and their sizes (m->cursor) */
 		for (d = 0; d < m->size; d++)
 			nrows += s->crows[d];
-		if (nrows && (ret = row_blocks(m, s, m->cursor)))
+		if (nrows && ((ret = row_blocks(m, s, m->cursor)) ||
+			      (ret = rows_reserve(m, s))))
 			status = ret;
 	}
 	s->state = FEP_EP_CSENT;
@@ -452,17 +514,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	m->tm.c_fused = 0;
 
 	/* the runs of rows first: they need no reduction */
-	for (d = 1; !status && nrows && d < m->size; d++) {
-		int peer = (m->rank + d) % m->size;
-
-		if (!s->crows[peer])
-			continue;
-		t2 = fep_now_ns();
-		ret = post_rows(m, b, peer, c.y, c.ld_y);
-		m->tm.c_put += fep_now_ns() - t2;
-		if (ret)
-			goto fail;
-	}
+	if (!status && nrows && (ret = post_rows(m, s, b, c.y, c.ld_y)))
+		goto fail;
 
 	/* pass 0, pipelined: reduce the other ranks' tokens a block at a time
 	 * (on the workers, the caller driving the fabric), last block first,

@@ -230,6 +230,8 @@ struct fabep_moe {
 	size_t chunk_bytes;  /* FABEP_MOE_CHUNK; 0: one write per run */
 	size_t dchunk_recs, dchunks, cchunk_rows, cchunks;
 	struct fep_put *puts; /* [(size - 1) * max(dchunks, cchunks)] */
+	struct fep_put *rputs; /* combine's rows to every source in one batch */
+	size_t rputs_cap;
 	uint8_t *chunk_direct; /* [size][dchunks]: chunk leaves from the input slot */
 
 	/* heap offsets */

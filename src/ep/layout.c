@@ -269,6 +269,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->dest);
 	free(m->cursor);
 	free(m->puts);
+	free(m->rputs);
 	free(m->posted);
 	free(m->chunk_direct);
 	free(m->run_first);
