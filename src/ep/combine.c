@@ -366,21 +366,14 @@ static size_t rows_puts(struct fabep_moe *m, int b, int p, const uint8_t *y,
 	return np;
 }
 
-/* Whether the runs of rows leave in one batch (post_rows). */
-static int rows_batched(const struct fabep_moe *m)
-{
-	return fep_fab_copy_lanes(m->comm->fab) > 1 &&
-	       fep_pool_threads(m->comm->pool) > 1;
-}
-
-/* Room in m->rputs for the batch of post_rows: before the send half's
+/* Room in m->rputs for the one batch of post_rows: before the send half's
  * status is final, so that a failure is a refused call. */
 static int rows_reserve(struct fabep_moe *m, const struct fep_ep_set *s)
 {
 	size_t cap = s->rows + (size_t)m->size;
 	struct fep_put *l;
 
-	if (!rows_batched(m) || m->rputs_cap >= cap)
+	if (!fep_ep_lanes(m) || m->rputs_cap >= cap)
 		return 0;
 	l = realloc(m->rputs, cap * sizeof(*l));
 	if (!l) {
@@ -399,7 +392,7 @@ static int rows_reserve(struct fabep_moe *m, const struct fep_ep_set *s)
 static int post_rows(struct fabep_moe *m, struct fep_ep_set *s, int b,
 		     const uint8_t *y, size_t ld_y)
 {
-	int lanes = rows_batched(m);
+	int lanes = fep_ep_lanes(m);
 	uint64_t t0 = fep_now_ns(), sum = 0;
 	size_t np = 0, i;
 	int d, ret = 0;

@@ -394,6 +394,13 @@ int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender);
  * the others wait. */
 int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
 		uint64_t bytes);
+/* Whether fep_ep_copy may make a batch in lanes: the fabric offers them
+ * and the pool has two threads or more. */
+static inline int fep_ep_lanes(const struct fabep_moe *m)
+{
+	return fep_fab_copy_lanes(m->comm->fab) > 1 &&
+	       fep_pool_threads(m->comm->pool) > 1;
+}
 
 /* layout.c */
 int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows);

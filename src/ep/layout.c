@@ -631,34 +631,36 @@ struct lane_run {
 	char msg[FEP_EP_LANE_MSG]; /* its messages, from a worker's thread */
 };
 
+/* The first error of the run is kept; fabep_last_error is the thread's
+ * own, so a worker's messages go to the caller through r->msg. */
+static void lane_fail(struct lane_run *r, int ret, int tid)
+{
+	int none = 0;
+
+	if (__atomic_compare_exchange_n(&r->err, &none, ret, false,
+					__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) && tid)
+		snprintf(r->msg, sizeof(r->msg), "%s", fabep_last_error());
+}
+
 static void lane_fn(void *arg, int tid, int nthreads)
 {
 	struct lane_run *r = arg;
 	struct fep_backoff bo = { 0, 0 };
-	int l, none;
+	int l, ret;
 
 	(void)nthreads;
 	if (tid)  /* what this worker logged before is not this call's */
 		(void)fabep_last_error();
 	while ((l = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED)) < r->lanes) {
-		int ret = fep_fab_copy_lane(r->fab, r->puts, r->n, l);
-
-		none = 0;
-		/* fabep_last_error is the thread's own: a worker's
-		 * messages go to the caller through r->msg */
-		if (ret && __atomic_compare_exchange_n(&r->err, &none, ret, false,
-						       __ATOMIC_ACQ_REL,
-						       __ATOMIC_ACQUIRE) && tid)
-			snprintf(r->msg, sizeof(r->msg), "%s", fabep_last_error());
+		ret = fep_fab_copy_lane(r->fab, r->puts, r->n, l);
+		if (ret)
+			lane_fail(r, ret, tid);
 		__atomic_fetch_add(&r->done, 1, __ATOMIC_RELEASE);
 	}
 	while (__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) < r->lanes) {
-		int ret = fep_fabric_progress_free(r->fab);
-
-		none = 0;
+		ret = fep_fabric_progress_free(r->fab);
 		if (ret)
-			__atomic_compare_exchange_n(&r->err, &none, ret, false,
-						    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+			lane_fail(r, ret, tid);
 		fep_backoff_step(&bo);
 	}
 }
@@ -685,11 +687,11 @@ int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
 		uint64_t bytes)
 {
 	fep_fabric_t *fab = m->comm->fab;
-	int lanes = fep_fab_copy_lanes(fab), ret;
 	struct lane_run r;
+	int ret;
 
-	if (lanes < 2 || fep_pool_threads(m->comm->pool) < 2 ||
-	    bytes < FEP_EP_LANE_BYTES || !lanes_used(fab, puts, np))
+	if (!fep_ep_lanes(m) || bytes < FEP_EP_LANE_BYTES ||
+	    !lanes_used(fab, puts, np))
 		return fep_ep_fab(m, fep_fab_put_copy_many(fab, puts, np));
 	ret = fep_fab_copy_check(fab, puts, np);
 	if (ret)
@@ -698,7 +700,7 @@ int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
 	r.fab = fab;
 	r.puts = puts;
 	r.n = np;
-	r.lanes = lanes;
+	r.lanes = fep_fab_copy_lanes(fab);
 	m->nlanes++;
 	ret = fep_pool_run(m->comm->pool, lane_fn, &r);
 	if (!ret)
