@@ -73,7 +73,9 @@ struct params {
 	const char *place; /* FABEP_MOE_PLACE */
 	int place_expect; /* 1: some source must place its rows, -1: none may */
 	int place_cap;    /* the handle's place_rows instead of its own */
-	int lanes;        /* some batch of copies must be made in lanes */
+	int lanes;        /* 1: some batch of copies must be made in lanes;
+			   * -1: none may be */
+	const char *lanes_env; /* FABEP_MOE_LANES */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -692,6 +694,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		setenv("FABEP_MOE_COMBINE_ROWS", p->crows, 1);
 	if (p->place)
 		setenv("FABEP_MOE_PLACE", p->place, 1);
+	if (p->lanes_env)
+		setenv("FABEP_MOE_LANES", p->lanes_env, 1);
 	if (p->mismatch == 3 && rank == 1)
 		setenv("FABEP_MOE_PLACE", "never", 1);
 	if (p->mismatch == 1 && rank == 1)
@@ -1230,9 +1234,10 @@ static int ep_rank(int rank, int size, void *arg)
 		goto done;
 	}
 	/* and the way its copies went */
-	if (p->lanes && size > 1 && !moe->nlanes) {
-		fprintf(stderr, "rank %d: no batch of copies was made in lanes "
-			"(%d threads, %d channels)\n", rank,
+	if (p->lanes && size > 1 && (p->lanes > 0 ? !moe->nlanes : moe->nlanes > 0)) {
+		fprintf(stderr, "rank %d: FABEP_MOE_LANES=%s, and %llu batches of "
+			"copies were made in lanes (%d threads, %d channels)\n", rank,
+			p->lanes_env ? p->lanes_env : "", (unsigned long long)moe->nlanes,
 			fabep_comm_threads(comm), fabep_comm_channels(comm));
 		goto done;
 	}
@@ -1378,6 +1383,15 @@ EP_TEST(lanes_shm3_place_rows, "shm", 3, .rounds = 6, .hidden = 7168,
 	.topk = 4, .experts = 12, .max_tokens = 48, .threads = 3,
 	.channels = "3", .signal = FABEP_SIGNAL_CMA, .place = "always",
 	.place_expect = 1, .crows = "fit", .lanes = 1)
+/* FABEP_MOE_LANES: always for batches of a few KiB, never for the
+ * large ones */
+EP_TEST(lanes_always_shm4_small, "shm", 4, .rounds = 8, .hidden = 200,
+	.topk = 3, .experts = 16, .max_tokens = 16, .threads = 2,
+	.channels = "2", .signal = FABEP_SIGNAL_CMA, .routing = R_NEG,
+	.split = 1, .crows = "fit", .lanes_env = "always", .lanes = 1)
+EP_TEST(lanes_never_shm4, "shm", 4, .rounds = 3, .hidden = 7168, .topk = 8,
+	.experts = 16, .max_tokens = 48, .threads = 2, .channels = "2",
+	.signal = FABEP_SIGNAL_CMA, .lanes_env = "never", .lanes = -1)
 /* combine's final sum in the own run (rank 0 late): the same bits as
  * the halves, on threads with channels, with one channel, on tcp */
 EP_TEST(fused_shm2, "shm", 2, .rounds = 8, .hidden = 2880, .topk = 8,
@@ -2586,6 +2600,19 @@ START_TEST(bad_flags)
 	setenv("FABEP_MOE_COMBINE_ROWS", "always", 1);
 	ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
 	unsetenv("FABEP_MOE_COMBINE_ROWS");
+	/* FABEP_MOE_LANES: its three values, the heap unchanged, and
+	 * nothing else */
+	{
+		size_t on = fabep_moe_heap_bytes(&c, 2);
+
+		setenv("FABEP_MOE_LANES", "always", 1);
+		ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), on);
+		setenv("FABEP_MOE_LANES", "never", 1);
+		ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), on);
+		setenv("FABEP_MOE_LANES", "fit", 1);
+		ck_assert_uint_eq(fabep_moe_heap_bytes(&c, 2), 0);
+		unsetenv("FABEP_MOE_LANES");
+	}
 	/* FABEP_MOE_PLACE: never takes no placed region, always the same
 	 * as auto, nothing else */
 	{
@@ -2683,6 +2710,8 @@ static Suite *ep_suite(void)
 	ADD(tc, cma_chan_shm3_fused);
 	ADD(tc, lanes_shm4);
 	ADD(tc, lanes_shm3_place_rows);
+	ADD(tc, lanes_always_shm4_small);
+	ADD(tc, lanes_never_shm4);
 	ADD(tc, zc_shm2_fp8_tok);
 	ADD(tc, zc_shm2_outstanding);
 	ADD(tc, zc_tcp2_fp8);

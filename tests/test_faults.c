@@ -316,6 +316,13 @@ static int world_open(struct world *wd, int rank, int size)
 			fabep_comm_channels(wd->comm), getenv("FABEP_CHANNELS"));
 		return -EINVAL;
 	}
+	if (getenv("FABEP_SIGNAL") &&
+	    strcmp(fabep_signal_name(fabep_comm_signal(wd->comm)), getenv("FABEP_SIGNAL"))) {
+		fprintf(stderr, "rank %d: signal %s, FABEP_SIGNAL=%s\n", rank,
+			fabep_signal_name(fabep_comm_signal(wd->comm)),
+			getenv("FABEP_SIGNAL"));
+		return -EINVAL;
+	}
 	ret = fabep_moe_create(wd->comm, &cfg, &wd->moe);
 	if (!ret)
 		ret = fabep_allreduce_create(wd->comm, AR_ROWS, AR_COLS, FABEP_AR_F32,
@@ -598,6 +605,26 @@ static void run_fault(const char *prov, int op, int fault)
 		unsetenv("FEP_TEST_THREADS");                           \
 	} END_TEST
 
+/* With lanes: under cma with a channel per peer, each batch of the
+ * sender's copies made on both threads, the victim's lane failing or
+ * waiting beside the others. */
+#define FAULT_TEST_LANES(name, prov, op, fault)                         \
+	START_TEST(name) {                                              \
+		setenv("FABEP_TIMEOUT_MS", "1000", 1);                  \
+		setenv("FABEP_SIGNAL", "cma", 1);                       \
+		setenv("FABEP_CHANNELS", "3", 1);                       \
+		setenv("FABEP_MOE_LANES", "always", 1);                 \
+		setenv("FEP_TEST_THREADS", "2", 1);                     \
+		run_fault(prov, op, fault);                             \
+		unsetenv("FABEP_SIGNAL");                               \
+		unsetenv("FABEP_CHANNELS");                             \
+		unsetenv("FABEP_MOE_LANES");                            \
+		unsetenv("FEP_TEST_THREADS");                           \
+	} END_TEST
+
+FAULT_TEST_LANES(lanes_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
+FAULT_TEST_LANES(lanes_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
+FAULT_TEST_LANES(lanes_stop_dispatch, "shm", OP_DISPATCH, F_STOP)
 FAULT_TEST_CHAN(chan_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST_CHAN(chan_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
 FAULT_TEST_CHAN(chan_kill_during_ar, "shm", OP_AR, F_KILL_DURING)
@@ -1605,6 +1632,9 @@ static Suite *suite(void)
 	ADD(tc, chan_kill_during_combine);
 	ADD(tc, chan_kill_during_ar);
 	ADD(tc, chan_stop_ar);
+	ADD(tc, lanes_kill_during_dispatch);
+	ADD(tc, lanes_kill_during_combine);
+	ADD(tc, lanes_stop_dispatch);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rendezvous");

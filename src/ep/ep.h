@@ -199,6 +199,8 @@ struct fabep_moe {
 	size_t gather_writes; /* the most writes of one gathered chunk */
 	int crows_mode;      /* FABEP_MOE_COMBINE_ROWS: -1 never, 0 auto, 1
 			      * wherever the rows fit the combine slot */
+	int lanes_mode;      /* FABEP_MOE_LANES: -1 never, 0 auto (batches of
+			      * FEP_EP_LANE_BYTES), 1 always (fep_ep_copy) */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
 	int place_mode;      /* FABEP_MOE_PLACE: -1 never, 0 auto (calls
@@ -388,17 +390,17 @@ int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
  * instead. */
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender);
 /* fep_fab_put_copy_many of puts[0, np) (bytes in all), made in lanes on
- * the pool's threads (fep_fab_copy_lane) where the fabric offers lanes,
- * the pool has two threads or more, and the batch has FEP_EP_LANE_BYTES
- * or more in two lanes or more: one thread would make every copy while
- * the others wait. */
+ * the pool's threads (fep_fab_copy_lane) where fep_ep_lanes and the
+ * batch has copies in two lanes or more, FEP_EP_LANE_BYTES or more of
+ * them unless FABEP_MOE_LANES is always: one thread would make every
+ * copy while the others wait. */
 int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
 		uint64_t bytes);
-/* Whether fep_ep_copy may make a batch in lanes: the fabric offers them
- * and the pool has two threads or more. */
+/* Whether fep_ep_copy may make a batch in lanes: FABEP_MOE_LANES is not
+ * never, the fabric offers them and the pool has two threads or more. */
 static inline int fep_ep_lanes(const struct fabep_moe *m)
 {
-	return fep_fab_copy_lanes(m->comm->fab) > 1 &&
+	return m->lanes_mode >= 0 && fep_fab_copy_lanes(m->comm->fab) > 1 &&
 	       fep_pool_threads(m->comm->pool) > 1;
 }
 

@@ -167,6 +167,8 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	m->dslot_bytes = m->dslot_recs * m->rec_bytes;
 	if (env_mode("FABEP_MOE_COMBINE_ROWS", "fit", quiet, &m->crows_mode))
 		return -EINVAL;
+	if (env_mode("FABEP_MOE_LANES", "always", quiet, &m->lanes_mode))
+		return -EINVAL;
 	/* chunk 0 of a run is its header, then the records (rows) */
 	m->dchunk_recs = m->chunk_bytes ?
 		FEP_MAX((size_t)1, m->chunk_bytes / m->rec_bytes) :
@@ -690,7 +692,7 @@ int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
 	struct lane_run r;
 	int ret;
 
-	if (!fep_ep_lanes(m) || bytes < FEP_EP_LANE_BYTES ||
+	if (!fep_ep_lanes(m) || (!m->lanes_mode && bytes < FEP_EP_LANE_BYTES) ||
 	    !lanes_used(fab, puts, np))
 		return fep_ep_fab(m, fep_fab_put_copy_many(fab, puts, np));
 	ret = fep_fab_copy_check(fab, puts, np);
