@@ -592,43 +592,46 @@ static void run_fault(const char *prov, int op, int fault)
 #define FAULT_TEST(name, prov, op, fault) \
 	START_TEST(name) { setenv("FABEP_TIMEOUT_MS", "1000", 1); run_fault(prov, op, fault); } END_TEST
 
+/* A fault case with channels and two threads a rank, under signal
+ * strategy sig (NULL: the automatic choice) and FABEP_MOE_LANES lanes
+ * (NULL: unset). */
+static void run_fault_chan(const char *prov, int op, int fault, const char *chans,
+			   const char *sig, const char *lanes)
+{
+	setenv("FABEP_TIMEOUT_MS", "1000", 1);
+	setenv("FABEP_CHANNELS", chans, 1);
+	setenv("FEP_TEST_THREADS", "2", 1);
+	if (sig)
+		setenv("FABEP_SIGNAL", sig, 1);
+	if (lanes)
+		setenv("FABEP_MOE_LANES", lanes, 1);
+	run_fault(prov, op, fault);
+	unsetenv("FABEP_CHANNELS");
+	unsetenv("FEP_TEST_THREADS");
+	unsetenv("FABEP_SIGNAL");
+	unsetenv("FABEP_MOE_LANES");
+}
+
 /* With channels: the waits run on the pool's threads, each progressing
  * its channel, while the caller alone checks that the peers live; the
  * allreduce's 256 KiB puts are split over the channels. */
-#define FAULT_TEST_CHAN(name, prov, op, fault)                          \
-	START_TEST(name) {                                              \
-		setenv("FABEP_TIMEOUT_MS", "1000", 1);                  \
-		setenv("FABEP_CHANNELS", "2", 1);                       \
-		setenv("FEP_TEST_THREADS", "2", 1);                     \
-		run_fault(prov, op, fault);                             \
-		unsetenv("FABEP_CHANNELS");                             \
-		unsetenv("FEP_TEST_THREADS");                           \
-	} END_TEST
+#define FAULT_TEST_CHAN(name, prov, op, fault) \
+	START_TEST(name) { run_fault_chan(prov, op, fault, "2", NULL, NULL); } END_TEST
 
-/* With lanes: under cma with a channel per peer, each batch of the
- * sender's copies made on both threads, the victim's lane failing or
- * waiting beside the others. */
-#define FAULT_TEST_LANES(name, prov, op, fault)                         \
-	START_TEST(name) {                                              \
-		setenv("FABEP_TIMEOUT_MS", "1000", 1);                  \
-		setenv("FABEP_SIGNAL", "cma", 1);                       \
-		setenv("FABEP_CHANNELS", "3", 1);                       \
-		setenv("FABEP_MOE_LANES", "always", 1);                 \
-		setenv("FEP_TEST_THREADS", "2", 1);                     \
-		run_fault(prov, op, fault);                             \
-		unsetenv("FABEP_SIGNAL");                               \
-		unsetenv("FABEP_CHANNELS");                             \
-		unsetenv("FABEP_MOE_LANES");                            \
-		unsetenv("FEP_TEST_THREADS");                           \
-	} END_TEST
-
-FAULT_TEST_LANES(lanes_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
-FAULT_TEST_LANES(lanes_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
-FAULT_TEST_LANES(lanes_stop_dispatch, "shm", OP_DISPATCH, F_STOP)
 FAULT_TEST_CHAN(chan_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST_CHAN(chan_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
 FAULT_TEST_CHAN(chan_kill_during_ar, "shm", OP_AR, F_KILL_DURING)
 FAULT_TEST_CHAN(chan_stop_ar, "shm", OP_AR, F_STOP)
+
+/* With lanes: under cma with a channel per peer, each batch of the
+ * sender's copies made on both threads, the victim's lane failing or
+ * waiting beside the others. */
+#define FAULT_TEST_LANES(name, prov, op, fault) \
+	START_TEST(name) { run_fault_chan(prov, op, fault, "3", "cma", "always"); } END_TEST
+
+FAULT_TEST_LANES(lanes_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
+FAULT_TEST_LANES(lanes_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
+FAULT_TEST_LANES(lanes_stop_dispatch, "shm", OP_DISPATCH, F_STOP)
 FAULT_TEST(shm_kill_before_dispatch, "shm", OP_DISPATCH, F_KILL_BEFORE)
 FAULT_TEST(shm_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST(shm_kill_after_dispatch, "shm", OP_DISPATCH, F_KILL_AFTER)

@@ -667,6 +667,22 @@ static int put_then_signal(fep_fabric_t *fab, const struct fep_put *puts,
 static int put_signals(fep_fabric_t *fab, const struct fep_put *puts,
 		       size_t n, bool inl, bool cq_signal, uint64_t mult);
 
+/* *list = fab->slices, with room for n puts; -ENOMEM without. */
+static int slices_room(fep_fabric_t *fab, size_t n, struct fep_put **list)
+{
+	struct fep_put *l;
+
+	if (fab->slices_cap < n) {
+		l = realloc(fab->slices, n * sizeof(*l));
+		if (!l)
+			return -ENOMEM;
+		fab->slices = l;
+		fab->slices_cap = n;
+	}
+	*list = fab->slices;
+	return 0;
+}
+
 /* A slice carries at least this much (below, the copies' start-up costs
  * more than the threads win). */
 #define FEP_SLICE_MIN (64u << 10)
@@ -680,14 +696,9 @@ static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 	struct fep_put *list;
 	int ret;
 
-	if (fab->slices_cap < n * nch) {
-		list = realloc(fab->slices, n * nch * sizeof(*list));
-		if (!list)
-			return -ENOMEM;
-		fab->slices = list;
-		fab->slices_cap = n * nch;
-	}
-	list = fab->slices;   /* channel c's at list[c * n ...] */
+	ret = slices_room(fab, n * nch, &list);  /* channel c's at list[c * n ...] */
+	if (ret)
+		return ret;
 	for (i = 0; i < n; i++) {
 		const struct fep_put *p = &puts[i];
 		uint64_t total = p->add * (uint64_t)fab->nchan;
@@ -809,14 +820,9 @@ int fep_fab_copy_lane(fep_fabric_t *fab, const struct fep_put *puts,
 	struct fep_put *list;
 	int ret;
 
-	if (ch->slices_cap < n) {
-		list = realloc(ch->slices, n * sizeof(*list));
-		if (!list)
-			return -ENOMEM;
-		ch->slices = list;
-		ch->slices_cap = n;
-	}
-	list = ch->slices;
+	ret = slices_room(ch, n, &list);
+	if (ret)
+		return ret;
 	for (i = 0; i < n; i++)
 		if (fep_fab_copy_lane_of(fab, &puts[i]) == lane)
 			list[cnt++] = puts[i];
@@ -940,6 +946,7 @@ static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
 {
 	struct fep_put *list;
 	size_t i;
+	int ret;
 
 	*big = puts;
 	*nbig = n;
@@ -947,14 +954,9 @@ static int puts_not_inline(fep_fabric_t *fab, const struct fep_put *puts,
 		;
 	if (i == n)
 		return 0;
-	if (fab->slices_cap < n) {
-		list = realloc(fab->slices, n * sizeof(*list));
-		if (!list)
-			return -ENOMEM;
-		fab->slices = list;
-		fab->slices_cap = n;
-	}
-	list = fab->slices;
+	ret = slices_room(fab, n, &list);
+	if (ret)
+		return ret;
 	for (*nbig = 0, i = 0; i < n; i++)
 		if (!put_inline(fab, &puts[i]))
 			list[(*nbig)++] = puts[i];
