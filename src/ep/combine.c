@@ -393,8 +393,8 @@ static int post_rows(struct fabep_moe *m, struct fep_ep_set *s, int b,
 		     const uint8_t *y, size_t ld_y)
 {
 	int lanes = fep_ep_lanes(m);
-	uint64_t t0 = fep_now_ns(), sum = 0;
-	size_t np = 0, i;
+	uint64_t t0 = fep_now_ns();
+	size_t np = 0;
 	int d, ret = 0;
 
 	for (d = 1; !ret && d < m->size; d++) {
@@ -409,12 +409,8 @@ static int post_rows(struct fabep_moe *m, struct fep_ep_set *s, int b,
 		np = rows_puts(m, b, peer, y, ld_y, m->puts);
 		ret = fep_ep_post(m, np, &m->tm.c_bytes, true);
 	}
-	if (lanes && np) {
-		for (i = 0; i < np; i++)
-			sum += m->rputs[i].len;
-		m->tm.c_bytes += sum;
-		ret = fep_ep_copy(m, m->rputs, np, sum);
-	}
+	if (lanes)
+		ret = fep_ep_copy(m, m->rputs, np, &m->tm.c_bytes);
 	m->tm.c_put += fep_now_ns() - t0;
 	return ret;
 }

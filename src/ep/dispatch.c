@@ -727,7 +727,7 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	size_t np = 0, i, e, iov = FEP_MAX(fab->iov_max, (size_t)1);
 	uint64_t in = fep_ep_dinput(m, b) + m->hdr_recs * m->rec_bytes;
 	uint64_t cap = (uint64_t)m->cfg.max_tokens * k;
-	uint64_t t0 = fep_now_ns(), t1, sum;
+	uint64_t t0 = fep_now_ns(), t1;
 	int d, src, ok, ret;
 
 	take_hdrs(m, b, s);
@@ -831,11 +831,8 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		m->pputs[np].ptr = NULL;
 		np++;
 	}
-	for (i = 0, sum = 0; i < np; i++)
-		sum += m->pputs[i].len;
-	m->tm.d_bytes += sum;
 	t1 = fep_now_ns();
-	ret = np ? fep_ep_copy(m, m->pputs, np, sum) : 0;
+	ret = fep_ep_copy(m, m->pputs, np, &m->tm.d_bytes);
 	m->tm.d_put += fep_now_ns() - t1;
 	return ret;
 }

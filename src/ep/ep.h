@@ -389,13 +389,14 @@ int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
  * fabric, or the wait) overlaps that copy with the workers' own work
  * instead. */
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender);
-/* fep_fab_put_copy_many of puts[0, np) (bytes in all), made in lanes on
+/* fep_fab_put_copy_many of puts[0, np), their bytes added to *total
+ * (the phase's count), made in lanes on
  * the pool's threads (fep_fab_copy_lane) where fep_ep_lanes and the
  * batch has copies in two lanes or more, FEP_EP_LANE_BYTES or more of
  * them unless FABEP_MOE_LANES is always: one thread would make every
  * copy while the others wait. */
 int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
-		uint64_t bytes);
+		uint64_t *total);
 /* Whether fep_ep_copy may make a batch in lanes: FABEP_MOE_LANES is not
  * never, the fabric offers them and the pool has two threads or more. */
 static inline int fep_ep_lanes(const struct fabep_moe *m)

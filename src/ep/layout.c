@@ -603,17 +603,13 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 
 int fep_ep_post(struct fabep_moe *m, size_t np, uint64_t *bytes, bool sender)
 {
-	uint64_t sum = 0;
 	size_t i;
 
-	for (i = 0; i < np; i++)
-		sum += m->puts[i].len;
-	*bytes += sum;
-	if (!np)
-		return 0;
 	if (sender)
-		return fep_ep_copy(m, m->puts, np, sum);
-	return fep_ep_fab(m, fep_fab_put_recv_many(m->comm->fab, m->puts, np));
+		return fep_ep_copy(m, m->puts, np, bytes);
+	for (i = 0; i < np; i++)
+		*bytes += m->puts[i].len;
+	return np ? fep_ep_fab(m, fep_fab_put_recv_many(m->comm->fab, m->puts, np)) : 0;
 }
 
 /* The lanes of one batch on the pool's threads: each claims lanes until
@@ -686,12 +682,19 @@ static bool lanes_used(const fep_fabric_t *fab, const struct fep_put *puts,
 }
 
 int fep_ep_copy(struct fabep_moe *m, const struct fep_put *puts, size_t np,
-		uint64_t bytes)
+		uint64_t *total)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	struct lane_run r;
+	uint64_t bytes = 0;
+	size_t i;
 	int ret;
 
+	for (i = 0; i < np; i++)
+		bytes += puts[i].len;
+	*total += bytes;
+	if (!np)
+		return 0;
 	if (!fep_ep_lanes(m) || (!m->lanes_mode && bytes < FEP_EP_LANE_BYTES) ||
 	    !lanes_used(fab, puts, np))
 		return fep_ep_fab(m, fep_fab_put_copy_many(fab, puts, np));
