@@ -1039,7 +1039,49 @@ START_TEST(test_rmsnorm_nan)
 		fep_k_ops_isa(isa)->rmsnorm(&a, 0, 1);
 		EXPECT1(sc == FEP_FP8_ZERO_SCALE);
 		for (i = 0; i < 100; i++)
-			ck_assert_int_eq(q[i] & 0x7f, 0x7f);
+			ck_assert_int_eq(q[i], 0x7f);
+	}
+	/* bf16 rows to FP8 (the vector levels take their even/odd path for
+	 * calls of two rows or more), NaNs of either sign in rows 1 and 2:
+	 * every code of those rows 0x7f, and every row's codes and scale the
+	 * same whether the rows come in one call or one by one */
+	{
+		enum { R = 4, C = 2880 };
+		uint16_t *h = xmalloc(R * C * 2);
+		float *g = xmalloc(C * 4), s1[R], s2[R];
+		uint8_t *q1 = xmalloc(R * C), *q2 = xmalloc(R * C);
+		size_t j;
+		int r;
+
+		for (j = 0; j < R * C; j++)
+			h[j] = fep_f32_to_bf16(rnd_unit() * 4.0f);
+		for (j = 0; j < C; j++)
+			g[j] = rnd_unit();
+		h[1 * C + 5] = 0xffc1;     /* negative quiet NaN */
+		h[1 * C + 700] = 0x7fc3;
+		h[2 * C + 2001] = 0xff81;  /* negative signalling NaN */
+		FOR_LEVELS(isa) {
+			fep_k_rmsnorm_args_t a = {
+				.in = h, .in_dt = FEP_K_BF16, .ld_in = C, .gamma = g,
+				.eps = 1e-6f, .out = q1, .out_dt = FEP_K_FP8, .ld_out = C,
+				.scales = s1, .ld_scales = 1, .cols = C,
+			};
+
+			fep_k_ops_isa(isa)->rmsnorm(&a, 0, R);
+			a.out = q2;
+			a.scales = s2;
+			for (r = 0; r < R; r++)
+				fep_k_ops_isa(isa)->rmsnorm(&a, (size_t)r, (size_t)r + 1);
+			EXPECT(!memcmp(q1, q2, R * C) && !memcmp(s1, s2, sizeof(s1)),
+			       "%s: one call and row by row differ", isa_name(isa));
+			for (j = C; j < 3 * C; j++)
+				EXPECT(q1[j] == 0x7f, "%s: row %zu col %zu: %02x",
+				       isa_name(isa), j / C, j % C, q1[j]);
+		}
+		free(h);
+		free(g);
+		free(q1);
+		free(q2);
 	}
 }
 END_TEST

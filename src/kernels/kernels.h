@@ -77,7 +77,12 @@
  *    second pass over the row in cache.  The sum of squares has one
  *    order at every level (32 partial sums, element i into sum i % 32
  *    with a fused multiply-add, then halved pairwise), so every level is
- *    bitwise equal to the reference, FP8 codes and scales included.
+ *    bitwise equal to the reference, FP8 codes and scales included.  A
+ *    row that holds a NaN (its sum of squares, and so inv, is a NaN)
+ *    gives the FP8 code 0x7F for every value: the sign of a NaN made
+ *    from NaNs follows the operand order, which differs between the
+ *    levels' paths (and with them between splits of a call's rows over
+ *    threads), and no value of such a row is a number.
  *
  *  Top-k sum: out[t] = sum_j w[t*k+j] * y[idx[t*k+j]] in fp32, j in
  *    order 0..k-1, rows with idx < 0 skipped (w may be NULL = all 1; a

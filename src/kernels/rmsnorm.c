@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels/kernels.h"
 #include "kernels/simd.h"
@@ -116,6 +117,10 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 				amax = FEP_MAX(amax, fep_absbits_finite(hg_of(&hc, i) * inv));
 			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales] = s;
+			if (inv != inv) {  /* a NaN in the row (kernels.h) */
+				memset(out, 0x7f, n);
+				continue;
+			}
 			c = inv * (1.0f / s);
 			for (i = 0; i < n; i++)
 				out[i] = fep_e4m3_enc(hg_of(&hc, i) * c);
@@ -644,6 +649,10 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			mb = fep256_hmax_u32(m);
 			s = fp8_row_scale(a, mb, inv, &hc);
 			a->scales[r * a->ld_scales] = s;
+			if (inv != inv) {  /* a NaN in the row (kernels.h) */
+				memset(out, 0x7f, n);
+				continue;
+			}
 			c = inv * (1.0f / s);
 			vc = _mm256_set1_ps(c);
 			/* |h * g| * c <= m * c (rounding is monotone) */
@@ -1103,6 +1112,10 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			mb = (uint32_t)_mm512_reduce_max_epu32(m);
 			s = fp8_row_scale(a, mb, inv, &hc);
 			a->scales[r * a->ld_scales] = s;
+			if (inv != inv) {  /* a NaN in the row (kernels.h) */
+				memset(out, 0x7f, n);
+				continue;
+			}
 			c = inv * (1.0f / s);
 			vc = _mm512_set1_ps(c);
 			/* |h * g| * c <= m * c (rounding is monotone) */
