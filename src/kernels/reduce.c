@@ -77,13 +77,17 @@ static size_t topk_next_rows(const fep_k_topk_args_t *a, size_t t, size_t t1,
 }
 
 static inline void topk_prefetch(const char *const *pf, size_t npf, size_t off,
-				 size_t bytes)
+				 size_t bytes, int l1)
 {
 	size_t r, o;
 
 	for (r = 0; r < npf; r++)
-		for (o = 0; o < bytes; o += 64)
-			_mm_prefetch(pf[r] + off + o, _MM_HINT_T1);
+		for (o = 0; o < bytes; o += 64) {
+			if (l1)
+				_mm_prefetch(pf[r] + off + o, _MM_HINT_T0);
+			else
+				_mm_prefetch(pf[r] + off + o, _MM_HINT_T1);
+		}
 }
 
 /* Whether the top-k sum streams its rows (a->nt): not where the
@@ -141,7 +145,7 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 				int r;
 
 				if (!j0)
-					topk_prefetch(pf, npf, i * ys, 32 * ys);
+					topk_prefetch(pf, npf, i * ys, 32 * ys, 0);
 				if (j0) {
 					s0 = fep256_load(out, a->out_dt, i, 8);
 					s1 = fep256_load(out, a->out_dt, i + 8, 8);
@@ -310,7 +314,8 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 				int r;
 
 				if (!j0)
-					topk_prefetch(pf, npf, i * ys, 64 * ys);
+					topk_prefetch(pf, npf, i * ys, 64 * ys,
+						      fep_k_topk_pf_l1);
 				if (j0) {
 					s0 = fep512_load(out, odt, i, 0xffff);
 					s1 = fep512_load(out, odt, i + 16, 0xffff);
