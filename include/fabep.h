@@ -275,8 +275,19 @@ FABEP_API int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 			       fabep_off_t src, size_t len, fabep_off_t sig,
 			       uint64_t add);
 
-/* Wait until every put and signal this rank posted has completed locally
- * (source buffers reusable). */
+/*
+ * Read `len` bytes at heap offset `src` of `peer` into heap offset `dst`
+ * of this rank.  Returns once posted; the bytes are at dst after
+ * fabep_flush().  The peer takes no part: the caller orders the read
+ * after the peer's writes of those bytes (a counter the peer signals).
+ * peer may be this rank.  -EINVAL for a peer out of range, -ERANGE for
+ * a range outside either heap.
+ */
+FABEP_API int fabep_get(fabep_comm_t *comm, int peer, fabep_off_t dst,
+			fabep_off_t src, size_t len);
+
+/* Wait until every put, signal and get this rank posted has completed
+ * locally (source buffers reusable, gets' bytes in place). */
 FABEP_API int fabep_flush(fabep_comm_t *comm);
 
 /*

@@ -1044,6 +1044,113 @@ START_TEST(shm_reads)
 }
 END_TEST
 
+/* fabep_get: every rank writes a fresh block each round and signals the
+ * others; each then reads random pieces of every rank's block (its own
+ * too; empty, one byte, unaligned, across the block) into random places
+ * of its heap and checks them against the generator's bytes. */
+#define GET_BLK ((size_t)1 << 20)
+
+struct get_case { fabep_signal_t sig; int rounds; int skipped; };
+
+static int gets_rank(int rank, int size, void *arg)
+{
+	struct get_case *gc = arg;
+	fabep_comm_t *comm;
+	fabep_off_t blk, into, ctr;
+	uint8_t *want = malloc(GET_BLK), *got;
+	uint64_t seed = 0x5eed0000ull + (uint64_t)rank, target = 0;
+	int round, ret, p;
+
+	ret = want ? make_comm(gc->sig, 8u << 20, &comm) : -ENOMEM;
+	if (ret == -FABEP_ERR_NO_SIGNAL) {
+		free(want);
+		return 77; /* strategy not offered: the caller skips */
+	}
+	if (!ret)
+		ret = fabep_heap_alloc(comm, GET_BLK, 64, &blk);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, GET_BLK + 64, 64, &into);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
+	if (ret) {
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	got = fabep_heap_ptr(comm, into);
+	for (round = 0; !ret && round < gc->rounds; round++) {
+		fill(fabep_heap_ptr(comm, blk), GET_BLK, rank, round);
+		/* the block is new: tell every peer (a signal alone) */
+		for (p = 0; !ret && p < size; p++)
+			if (p != rank)
+				ret = fabep_put_signal(comm, p, blk, blk, 0, ctr, 1);
+		target += (uint64_t)size - 1;
+		if (!ret)
+			ret = fabep_wait(comm, ctr, target);
+		for (p = 0; !ret && p < size; p++) {
+			int piece;
+
+			fill(want, GET_BLK, p, round);
+			for (piece = 0; !ret && piece < 6; piece++) {
+				size_t len, src, dst;
+
+				switch (piece) {
+				case 0: len = 0; break;
+				case 1: len = 1; break;
+				case 2: len = GET_BLK; break;
+				default: len = fep_test_rand(&seed) % GET_BLK + 1; break;
+				}
+				src = fep_test_rand(&seed) % (GET_BLK - len + 1);
+				dst = fep_test_rand(&seed) % (GET_BLK + 64 - len + 1);
+				memset(got + dst, 0xa5, len);
+				ret = fabep_get(comm, p, into + dst, blk + src, len);
+				if (!ret)
+					ret = fabep_flush(comm);
+				if (!ret && len && memcmp(got + dst, want + src, len)) {
+					size_t i = 0;
+
+					while (got[dst + i] == want[src + i])
+						i++;
+					fprintf(stderr, "rank %d round %d: get of %zu bytes at "
+						"%zu of rank %d: byte %zu is %u, want %u\n",
+						rank, round, len, src, p, i, got[dst + i],
+						want[src + i]);
+					ret = -EIO;
+				}
+			}
+		}
+		/* nobody rewrites its block while another still reads it */
+		if (!ret)
+			ret = fabep_barrier(comm);
+	}
+	if (ret)
+		fprintf(stderr, "rank %d: %s\n", rank, fabep_strerror(ret));
+	free(want);
+	return fabep_comm_destroy(comm) || ret ? 1 : 0;
+}
+
+static void run_gets(const char *prov, fabep_signal_t sig, int size, int rounds)
+{
+	struct get_case gc = { sig, rounds, 0 };
+	int status[4], r;
+
+	fep_test_need_provider(prov);
+	fep_test_use_provider(prov);
+	fep_test_run_ranks_status(size, 120, gets_rank, &gc, status);
+	if (status[0] == 77)
+		fep_test_skip("%s: signal %s not supported", prov, fabep_signal_name(sig));
+	for (r = 0; r < size; r++)
+		ck_assert_msg(status[r] == 0, "%s/%s: rank %d exited %d", prov,
+			      fabep_signal_name(sig), r, status[r]);
+}
+
+START_TEST(gets_shm) { run_gets("shm", FABEP_SIGNAL_AUTO, 3, 20); } END_TEST
+START_TEST(gets_shm_cqdata) { run_gets("shm", FABEP_SIGNAL_CQDATA, 3, 10); } END_TEST
+START_TEST(gets_shm_ordered) { run_gets("shm", FABEP_SIGNAL_ORDERED, 2, 10); } END_TEST
+START_TEST(gets_shm_delivery) { run_gets("shm", FABEP_SIGNAL_DELIVERY, 2, 10); } END_TEST
+START_TEST(gets_shm_cma) { run_gets("shm", FABEP_SIGNAL_CMA, 4, 20); } END_TEST
+START_TEST(gets_tcp) { run_gets("tcp", FABEP_SIGNAL_AUTO, 3, 10); } END_TEST
+START_TEST(gets_sockets) { run_gets("sockets", FABEP_SIGNAL_AUTO, 2, 5); } END_TEST
+
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
  * shm and 4 on tcp; with cma (shm), one per thread where ranks have
  * several threads and number at least 8, 4 where every rank has one
@@ -1294,6 +1401,12 @@ static int args_rank(int rank, int size, void *arg)
 	if (fabep_put(comm, size, off, off, 8) != -EINVAL) return 3;
 	if (fabep_put(comm, -1, off, off, 8) != -EINVAL) return 4;
 	if (fabep_put(comm, 0, fabep_heap_size(comm) - 4, off, 8) != -ERANGE) return 5;
+	if (fabep_get(comm, size, off, off, 8) != -EINVAL) return 17;
+	if (fabep_get(comm, -1, off, off, 8) != -EINVAL) return 18;
+	if (fabep_get(comm, 0, off, fabep_heap_size(comm) - 4, 8) != -ERANGE) return 19;
+	if (fabep_get(comm, 0, fabep_heap_size(comm) - 4, off, 8) != -ERANGE) return 20;
+	if (fabep_get(comm, 0, off, off, SIZE_MAX) != -ERANGE) return 21;
+	if (fabep_get(NULL, 0, off, off, 8) != -EINVAL) return 22;
 	if (fabep_put_signal(comm, 0, off, off, 8, ctr + 4, 1) != -EINVAL) return 6;
 	if (fabep_put_signal(comm, 0, off, off, 8, ctr, 0) != -EINVAL) return 7;
 	if (fabep_wait(comm, ctr + 1, 1) != -EINVAL) return 8;
@@ -1713,6 +1826,13 @@ static Suite *suite(void)
 	tc = tcase_create("heap");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, shm_reads);
+	tcase_add_test(tc, gets_shm);
+	tcase_add_test(tc, gets_shm_cqdata);
+	tcase_add_test(tc, gets_shm_ordered);
+	tcase_add_test(tc, gets_shm_delivery);
+	tcase_add_test(tc, gets_shm_cma);
+	tcase_add_test(tc, gets_tcp);
+	tcase_add_test(tc, gets_sockets);
 	tcase_add_test(tc, heap_blocks_model);
 	tcase_add_test(tc, heap_blocks_table_full);
 	tcase_add_test(tc, shm_agree_rounds);

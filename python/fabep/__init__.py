@@ -5,7 +5,7 @@ A pure-Python binding (ctypes) of libfabep's public C API:
 
     Comm        a communicator (from the environment, torchrun, or a
                 torch.distributed process group), its symmetric heap,
-                put / put_signal / wait, barrier
+                put / put_signal / get / wait, barrier
     MoE         dispatch / combine and their send / recv halves, the
                 receive view (RecvView), the send buffer, the backward
                 passes, timing

@@ -225,6 +225,7 @@ _decl("fabep_heap_size", c_size_t, P)
 _decl("fabep_put", c_int, P, c_int, c_uint64, c_uint64, c_size_t)
 _decl("fabep_put_signal", c_int, P, c_int, c_uint64, c_uint64, c_size_t,
       c_uint64, c_uint64)
+_decl("fabep_get", c_int, P, c_int, c_uint64, c_uint64, c_size_t)
 _decl("fabep_flush", c_int, P)
 _decl("fabep_wait", c_int, P, c_uint64, c_uint64)
 _decl("fabep_counter_read", c_uint64, P, c_uint64)

@@ -368,8 +368,19 @@ class Comm:
         if ret:
             raise_for(ret, "fabep_put_signal")
 
+    def get(self, peer, dst, src, nbytes):
+        """Read nbytes at heap offset `src` of `peer` into this rank's
+        offset `dst` (offsets or HeapBlocks; peer may be this rank).
+        Returns once posted; the bytes are at dst after flush().  Order it
+        after the peer's writes of those bytes (wait for a counter the
+        peer signals); off shm the peer's progress serves it."""
+        ret = lib.fabep_get(self._handle(), peer, _off(dst), _off(src), nbytes)
+        if ret:
+            raise_for(ret, "fabep_get")
+
     def flush(self):
-        """Wait until this rank's puts have completed locally."""
+        """Wait until this rank's puts and gets have completed locally
+        (sources reusable, gets' bytes in place)."""
         ret = lib.fabep_flush(self._handle())
         if ret:
             raise_for(ret, "fabep_flush")

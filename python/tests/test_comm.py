@@ -52,6 +52,20 @@ def _heap_body(me, n, kind):
             comm.flush()
             comm.barrier()
             assert recv.numpy("fp32")[0] == 1000 * ((me - 1) % n)
+        # get: read the left neighbour's block (its values, not ours)
+        # and this rank's own, into the receive area, then a range that
+        # leaves the peer's heap
+        left = (me - 1) % n
+        comm.get(left, recv.offset, data, 256)
+        comm.get(me, recv.offset + 256 if n > 1 else recv.offset, data, 256)
+        comm.flush()
+        got = recv.numpy("fp32")
+        assert (got[:64] == np.arange(64) + 1000 * (left if n > 1 else me)).all()
+        assert (got[64 * (n > 1):64 * (n > 1) + 64] == np.arange(64) + 1000 * me).all()
+        with pytest.raises(fabep.FabepError) as e:
+            comm.get(left, recv, comm.heap_size - 8, 64)
+        assert e.value.code == -34  # -ERANGE
+        comm.barrier()
         with pytest.raises(fabep.InvalidArgumentError):
             comm.heap_alloc(8, align=3)
         with pytest.raises(fabep.HeapFullError):

@@ -1181,6 +1181,22 @@ FEP_EXPORT int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 	return fep_fab_put_signal(comm->fab, peer, dst, src, len, sig, add);
 }
 
+FEP_EXPORT int fabep_get(fabep_comm_t *comm, int peer, fabep_off_t dst,
+			 fabep_off_t src, size_t len)
+{
+	if (!comm) {
+		fep_err("fabep_get: NULL communicator");
+		return -EINVAL;
+	}
+	if (!fep_heap_range_ok(comm->fab, dst, len)) {
+		fep_err("fabep_get: %zu bytes at local offset %llu leave the heap "
+			"(%zu bytes)", len, (unsigned long long)dst,
+			comm->fab->heap_size);
+		return -ERANGE;
+	}
+	return fep_fab_read(comm->fab, peer, fep_heap_at(comm->fab, dst), src, len);
+}
+
 FEP_EXPORT int fabep_flush(fabep_comm_t *comm)
 {
 	if (!comm) {
