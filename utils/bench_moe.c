@@ -86,7 +86,7 @@ size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
 	rec = cfg.hidden * 8 + 16 * (size_t)cfg.top_k + 64;
 	return fabep_moe_heap_bytes(&cfg, nranks) +
 	       ((size_t)nranks + 1) * ((size_t)cfg.max_tokens * rec + 256) +
-	       6 * (size_t)nranks * 8 * (size_t)bench_moe_iters(o, (int)cfg.max_tokens) +
+	       7 * (size_t)nranks * 8 * (size_t)bench_moe_iters(o, (int)cfg.max_tokens) +
 	       (4u << 20);
 }
 
@@ -396,6 +396,7 @@ struct moe_bench {
 	fabep_comm_t *comm;
 	const struct bench_opts *o;
 	int rank, size, do_d, do_c, sbuf, pre, fp8, L;
+	int do_pull;          /* FABEP_BENCH_PULL: the pull reference */
 	fabep_moe_config_t cfg;
 	fabep_moe_t *moe;
 	fabep_moe_recv_t rv;
@@ -406,7 +407,7 @@ struct moe_bench {
 	size_t maxrun, bytes, xbytes, xqbytes, evsz, ptl;
 	size_t recs_all, dtok_all, lbytes, fbytes;
 	uint64_t seed;
-	uint64_t *lat, *ref, *wire, *loc, *mcp, *cref, *lref, *oref;
+	uint64_t *lat, *ref, *wire, *loc, *mcp, *cref, *lref, *oref, *pull;
 	uint64_t *putt;       /* rank 0's put part of wire */
 	size_t *plen, *rlen, *dbytes, *cbytes;
 	uint8_t *xq;          /* fp8pre: the tokens' codes [n, H] */
@@ -434,6 +435,8 @@ static int mb_setup(struct moe_bench *s)
 		const char *e = getenv("FABEP_BENCH_SEND_BUFFER");
 
 		s->sbuf = e && *e && strcmp(e, "0") && cfg->token_type != FABEP_MOE_FP8;
+		e = getenv("FABEP_BENCH_PULL");
+		s->do_pull = e && *e && strcmp(e, "0");
 		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &s->expert_us) < 0)
 			return -EINVAL;  /* logged */
 	}
@@ -486,6 +489,7 @@ static int mb_alloc(struct moe_bench *s)
 	s->cref = calloc(ni, sizeof(*s->cref));
 	s->lref = calloc(ni, sizeof(*s->lref));
 	s->oref = calloc(ni, sizeof(*s->oref));
+	s->pull = calloc(ni, sizeof(*s->pull));
 	s->plen = calloc(size, sizeof(*s->plen));
 	s->rlen = calloc(size, sizeof(*s->rlen));
 	s->dbytes = calloc(size, sizeof(*s->dbytes));
@@ -495,7 +499,7 @@ static int mb_alloc(struct moe_bench *s)
 	s->xqbytes = s->pre ? n * H + n * s->nsc * sizeof(float) : 0;
 	s->x0 = malloc(s->xbytes + s->xqbytes + 1);
 	if (!s->x0 || !s->xq || !s->xs || !s->cbytes || !s->cref || !s->lref ||
-	    !s->oref || !s->rlen || !s->plen || !s->ids || !s->w || !s->x ||
+	    !s->oref || !s->pull || !s->rlen || !s->plen || !s->ids || !s->w || !s->x ||
 	    !s->outb || !s->lat || !s->ref || !s->dbytes || !s->seen ||
 	    !s->wire || !s->putt || !s->loc || !s->mcp)
 		return -ENOMEM;
@@ -577,7 +581,7 @@ static int mb_heap(struct moe_bench *s)
 	    (ret = fabep_heap_alloc(comm, s->slot * size, 64, &s->rdst)) ||
 	    (ret = fabep_heap_alloc(comm, 8 * size, 64, &s->flags)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 64, &s->fctr)) ||
-	    (ret = fabep_heap_alloc(comm, 6 * size * 8 * (size_t)s->iters, 64,
+	    (ret = fabep_heap_alloc(comm, 7 * size * 8 * (size_t)s->iters, 64,
 				    &s->tbuf)) ||
 	    (ret = fabep_heap_alloc(comm, 16 * size, 64, &s->lens)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 64, &s->lctr)) ||
@@ -938,6 +942,98 @@ static int mb_memcpy(struct moe_bench *s, int *failed)
 	return ret;
 }
 
+/* Add up n bytes of a window as floats, into 1024 sums (the source's
+ * sum reading its rows once, from the cache). */
+static float win_sum(const char *b, size_t n, float *restrict acc)
+{
+	size_t j, i, nf = n / 4;
+
+	for (j = 0; j < nf; j += 1024) {
+		const float *f = (const float *)(const void *)(b + 4 * j);
+		size_t m = nf - j < 1024 ? nf - j : 1024;
+
+		for (i = 0; i < m; i++)
+			acc[i] += f[i];
+	}
+	return acc[0];
+}
+
+/* The pull reference for combine: every rank at once reads, from each
+ * peer, the rows its tokens have there (one read of one row each, as a
+ * source fetching its tokens' rows straight from the expert rank's
+ * outputs would) into a window of about 1 MiB that stays in cache, and
+ * adds up each window once it is in; caches flushed before each round,
+ * as for the cold put.  Against the phase, which writes the rows into
+ * the source's memory and then reads them back for its sum.  *failed as
+ * for mb_iteration.  Only with FABEP_BENCH_PULL: on shm it has lost to
+ * the phase at every size measured (docs/performance.md).  Its round of
+ * tctr follows mb_memcpy's last. */
+static int mb_pull(struct moe_bench *s, int *failed)
+{
+	fabep_comm_t *comm = s->comm;
+	int rank = s->rank, size = s->size, e, ret = 0;
+	size_t L = (size_t)s->cfg.num_experts / (size_t)size, i;
+	size_t crow = s->crow, slot = s->slot;
+	size_t wrows = ((size_t)1 << 20) / crow ? ((size_t)1 << 20) / crow : 1;
+	size_t *prow = calloc((size_t)size, sizeof(*prow));
+	float *acc = calloc(1024, sizeof(*acc));
+	fabep_off_t win = s->rdst + (uint64_t)rank * slot;
+	volatile float sink = 0;
+	long it;
+
+	*failed = 0;
+	if (!prow || !acc) {
+		free(prow);
+		free(acc);
+		return -ENOMEM;
+	}
+	*failed = 1;
+	if (wrows * crow > slot)
+		wrows = slot / crow ? slot / crow : 1;
+	for (i = 0; i < s->n * s->k; i++)
+		if (s->ids[i] >= 0 && (size_t)s->ids[i] / L != (size_t)rank)
+			prow[(size_t)s->ids[i] / L]++;
+	for (it = -s->warmup; it < s->citers && !ret; it++) {
+		uint64_t t0;
+
+		memset(s->evict, (int)(it & 0x7f), s->evsz);
+		ret = fabep_barrier(comm);
+		if (ret)
+			break;
+		t0 = tool_now_ns();
+		for (e = 1; e < size && !ret; e++) {
+			int peer = (rank + e) % size;
+			size_t r = 0;
+
+			/* this rank's part of the peer's region: the rows the
+			 * peer holds for it, wrapped within one slot */
+			while (r < prow[peer] && !ret) {
+				size_t w = wrows < prow[peer] - r ? wrows : prow[peer] - r, j;
+
+				for (j = 0; j < w && !ret; j++)
+					ret = fabep_get(comm, peer, win + j * crow,
+							s->rdst + (uint64_t)rank * slot +
+							((r + j) * crow) % (slot - crow + 1),
+							crow);
+				if (!ret)
+					ret = fabep_flush(comm);
+				if (!ret)
+					sink += win_sum(fabep_heap_ptr(comm, win), w * crow, acc);
+				r += w;
+			}
+		}
+		if (!ret && it >= 0)
+			s->pull[it] = tool_now_ns() - t0;
+	}
+	(void)sink;
+	free(prow);
+	free(acc);
+	if (!ret)
+		ret = slowest(comm, s->tbuf + 6 * (uint64_t)size * 8 * (uint64_t)s->iters,
+			      s->tctr, s->fbytes ? 7 : 6, s->pull, s->citers);
+	return ret;
+}
+
 /* Rank 0's figures: medians of each iteration's slowest rank, rates,
  * ratios, the floor and the overlap bound, one line (-m) or a table. */
 static void mb_report(struct moe_bench *s, FILE *out)
@@ -950,7 +1046,7 @@ static void mb_report(struct moe_bench *s, FILE *out)
 	const char *chk = !o->check ? "off" : s->all_ok ? "ok" : "failed";
 	const char *mode = s->cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
 	double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
-	double lvmed, lgbps, fmed, ceil_live, omed, ceil_ov;
+	double lvmed, lgbps, fmed, ceil_live, omed, ceil_ov, pmed;
 
 	qsort(s->lat, (size_t)iters, sizeof(*s->lat), cmp_u64);
 	qsort(s->ref, (size_t)iters, sizeof(*s->ref), cmp_u64);
@@ -961,6 +1057,9 @@ static void mb_report(struct moe_bench *s, FILE *out)
 	qsort(s->loc, (size_t)iters, sizeof(*s->loc), cmp_u64);
 	qsort(s->mcp, (size_t)iters, sizeof(*s->mcp), cmp_u64);
 	qsort(s->oref, (size_t)iters, sizeof(*s->oref), cmp_u64);
+	qsort(s->pull, (size_t)citers, sizeof(*s->pull), cmp_u64);
+	pmed = s->do_pull && s->do_c && s->size > 1 ?
+		(double)s->pull[citers / 2] / 1e3 : 0;
 	wmed = (double)s->wire[iters / 2] / 1e3;
 	lmed = (double)s->loc[iters / 2] / 1e3;
 	mmed = (double)s->mcp[iters / 2] / 1e3;
@@ -993,7 +1092,7 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
 			"floor_us: %.1f ceiling_live: %.3f overlap_us: %.1f "
 			"ceiling_overlap: %.3f channels: %d check: %s "
-			"put_us: %.1f signal: %s\n", o->op,
+			"put_us: %.1f signal: %s pull_us: %.1f\n", o->op,
 			fabep_comm_provider(comm), s->size, s->n, s->H, s->k,
 			s->cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 			rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
@@ -1004,7 +1103,7 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
 			omed, ceil_ov, fabep_comm_channels(comm), chk,
 			(double)s->putt[iters / 2] / 1e3,
-			fabep_signal_name(fabep_comm_signal(comm)));
+			fabep_signal_name(fabep_comm_signal(comm)), pmed);
 	else {
 		fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 			"%d channels, rank 0's figures; bytes = what rank 0 "
@@ -1039,6 +1138,11 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			"threads copy the floor's bytes takes %.1f us; even a "
 			"phase that overlapped all its local work with the wire "
 			"would not exceed ratio %.3f here\n", omed, ceil_ov);
+		if (pmed > 0)
+			fprintf(out, "# pull reference (caches flushed; every rank "
+				"reads its tokens' rows from the peers, a row a "
+				"read, into a window that stays in cache, and adds "
+				"each window up): %.1f us\n", pmed);
 	}
 	fflush(out);
 }
@@ -1059,6 +1163,7 @@ static void mb_free(struct moe_bench *s)
 	free(s->cref);
 	free(s->lref);
 	free(s->oref);
+	free(s->pull);
 	free(s->plen);
 	free(s->rlen);
 	free(s->evict);
@@ -1104,6 +1209,8 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 		ret = mb_refs(&s, &failed);
 	if (!ret)
 		ret = mb_memcpy(&s, &failed);
+	if (!ret && s.do_pull && s.do_c && s.size > 1)
+		ret = mb_pull(&s, &failed);
 	if (ret)
 		goto out;
 	for (d = 0; d < s.size; d++)

@@ -205,7 +205,9 @@ static const struct tool_desc bench_desc = {
 		"FABEP_MOE_ZERO_COPY), FABEP_BENCH_SEND_BUFFER=1 (dispatch takes its\n"
 		"tokens from fabep_moe_send_buffer, filled before the timed call),\n"
 		"FABEP_BENCH_EXPERT_US=N (an untimed pause of N us before each combine:\n"
-		"the experts' compute, fabep's threads idle).\n"
+		"the experts' compute, fabep's threads idle), FABEP_BENCH_PULL=1\n"
+		"(combine: also pull_us, every rank fetching its tokens' rows from\n"
+		"the peers with fabep_get, a row a read, and summing them in cache).\n"
 		"\n"
 		"Exit status: 0 success, 1 a run failed or a check found an error,\n"
 		"2 bad command line.\n",
