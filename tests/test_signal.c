@@ -321,6 +321,54 @@ static void run_killed(const char *prov)
 
 START_TEST(killed_shm) { run_killed("shm"); } END_TEST
 
+/* A get from a rank that died fails with an error (no hang, no crash)
+ * within the timeout, and the communicator can still be destroyed. */
+static int get_killed_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	fabep_off_t blk;
+	int i, ret;
+
+	(void)size;
+	(void)arg;
+	if (make_comm(FABEP_SIGNAL_AUTO, 1u << 20, &comm) ||
+	    fabep_heap_alloc(comm, 65536, 64, &blk) || fabep_barrier(comm))
+		return 2;
+	if (rank == 1)
+		raise(SIGKILL);
+	usleep(300 * 1000);
+	for (i = 0; i < 3; i++) {
+		ret = fabep_get(comm, 1, blk, blk, 65536);
+		if (!ret)
+			ret = fabep_flush(comm);
+		if (ret)
+			break;
+	}
+	if (!ret) {
+		fprintf(stderr, "rank 0: gets from a dead rank succeeded\n");
+		return 3;
+	}
+	fprintf(stderr, "rank 0: get from the dead rank: %s\n", fabep_strerror(ret));
+	fabep_comm_destroy(comm);
+	return 10;
+}
+
+static void run_get_killed(const char *prov)
+{
+	int status[2];
+
+	fep_test_need_provider(prov);
+	fep_test_use_provider(prov);
+	setenv("FABEP_TIMEOUT_MS", "2000", 1);
+	fep_test_run_ranks_status(2, 60, get_killed_rank, NULL, status);
+	unsetenv("FABEP_TIMEOUT_MS");
+	ck_assert_msg(status[1] == 128 + SIGKILL, "killed rank status %d", status[1]);
+	ck_assert_msg(status[0] == 10, "%s: survivor exited %d", prov, status[0]);
+}
+
+START_TEST(get_killed_shm) { run_get_killed("shm"); } END_TEST
+START_TEST(get_killed_tcp) { run_get_killed("tcp"); } END_TEST
+
 /* The /dev/shm regions named after process pid. */
 static int shm_regions(pid_t pid)
 {
@@ -1843,6 +1891,8 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, killed_shm);
 	tcase_add_test(tc, killed_tcp);
+	tcase_add_test(tc, get_killed_shm);
+	tcase_add_test(tc, get_killed_tcp);
 	tcase_add_test(tc, shm_cleanup);
 	tcase_add_test(tc, bad_provider);
 	tcase_add_test(tc, bad_signal);
