@@ -891,9 +891,10 @@ END_TEST
 /* Rows that reach every branch of the vector FP8 and bf16 paths: signed
  * and zero gammas, zero, tiny (FP8 subnormal codes), overflowing and
  * non-finite values, NaN or inf in gamma, eps 0 (a zero row's inv is
- * inf), bf16 rounding ties, scale_ub (saturation) and pow2 scales.  Every level gives the scalar reference's bits (fp32 and
- * bf16 NaNs compared as NaNs where their payload is the compiler's
- * choice; FP8 codes exactly, NaN codes included). */
+ * inf), bf16 rounding ties, scale_ub (saturation) and pow2 scales.
+ * Every level gives the scalar reference's bits (fp32 and bf16 NaNs
+ * compared as NaNs where their payload is the compiler's choice; FP8
+ * codes exactly, NaN codes included). */
 static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 				fep_k_dtype_t out_dt, size_t cols, int with_res,
 				int gcase, int scase)

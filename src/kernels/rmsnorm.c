@@ -58,6 +58,17 @@ static inline float hg_of(const struct hg_ctx *c, size_t i)
 	return fep_ld1(c->h, c->dt, i) * (c->gamma[i] + c->wo);
 }
 
+/* A row holding a NaN (its sum of squares, and so inv, is a NaN) gets
+ * the code 0x7f for every value at every level (kernels.h); whether this
+ * row is one. */
+static inline int fp8_nan_row(uint8_t *out, size_t n, float inv)
+{
+	if (inv == inv)
+		return 0;
+	memset(out, 0x7f, n);
+	return 1;
+}
+
 /* The FP8 scale of a row from the largest |h * g| bits m (NaN and inf
  * above 0x7f800000), for the vector levels: since rounding is monotone
  * and inv > 0, the largest finite |y| = |(h * g) * inv| is fl(m * inv)
@@ -117,10 +128,8 @@ void fep_k_rmsnorm_scalar(const fep_k_rmsnorm_args_t *a, size_t r0, size_t r1)
 				amax = FEP_MAX(amax, fep_absbits_finite(hg_of(&hc, i) * inv));
 			s = fep_fp8_scale(fep_u2f(amax), a->scale_ub, a->pow2);
 			a->scales[r * a->ld_scales] = s;
-			if (inv != inv) {  /* a NaN in the row (kernels.h) */
-				memset(out, 0x7f, n);
+			if (fp8_nan_row(out, n, inv))
 				continue;
-			}
 			c = inv * (1.0f / s);
 			for (i = 0; i < n; i++)
 				out[i] = fep_e4m3_enc(hg_of(&hc, i) * c);
@@ -649,10 +658,8 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 			mb = fep256_hmax_u32(m);
 			s = fp8_row_scale(a, mb, inv, &hc);
 			a->scales[r * a->ld_scales] = s;
-			if (inv != inv) {  /* a NaN in the row (kernels.h) */
-				memset(out, 0x7f, n);
+			if (fp8_nan_row(out, n, inv))
 				continue;
-			}
 			c = inv * (1.0f / s);
 			vc = _mm256_set1_ps(c);
 			/* |h * g| * c <= m * c (rounding is monotone) */
@@ -1112,10 +1119,8 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 			mb = (uint32_t)_mm512_reduce_max_epu32(m);
 			s = fp8_row_scale(a, mb, inv, &hc);
 			a->scales[r * a->ld_scales] = s;
-			if (inv != inv) {  /* a NaN in the row (kernels.h) */
-				memset(out, 0x7f, n);
+			if (fp8_nan_row(out, n, inv))
 				continue;
-			}
 			c = inv * (1.0f / s);
 			vc = _mm512_set1_ps(c);
 			/* |h * g| * c <= m * c (rounding is monotone) */
