@@ -34,7 +34,6 @@ struct stress {
 	int rounds;
 	const size_t *sizes;
 	int nsizes;
-	int skipped;
 	const char *channels;   /* FABEP_CHANNELS, NULL: unset */
 	int threads;
 };
@@ -1098,7 +1097,7 @@ END_TEST
  * of its heap and checks them against the generator's bytes. */
 #define GET_BLK ((size_t)1 << 20)
 
-struct get_case { fabep_signal_t sig; int rounds; int skipped; };
+struct get_case { fabep_signal_t sig; int rounds; };
 
 static int gets_rank(int rank, int size, void *arg)
 {
@@ -1178,7 +1177,7 @@ static int gets_rank(int rank, int size, void *arg)
 
 static void run_gets(const char *prov, fabep_signal_t sig, int size, int rounds)
 {
-	struct get_case gc = { sig, rounds, 0 };
+	struct get_case gc = { sig, rounds };
 	int status[4], r;
 
 	fep_test_need_provider(prov);
