@@ -380,24 +380,6 @@ static FEP_INLINE FEP_T_AVX2 void enc_row256(uint8_t *out, const float *ybuf,
 	}
 }
 
-/* gamma + weight_offset in the even/odd order of bf16 vectors of
- * 2 * half values (eo_gamma256, eo_gamma512); mag: absolute values. */
-static void eo_gamma(const float *gamma, float wo, size_t n, size_t half,
-		     int mag, float *ga)
-{
-	size_t i, j;
-
-	/* per vector of 2 * half bf16 values: the half even, then the
-	 * half odd ones (for FP8, mag: their absolute values) */
-	for (i = 0; i < n; i += 2 * half)
-		for (j = 0; j < half; j++) {
-			float e = gamma[i + 2 * j] + wo, o = gamma[i + 2 * j + 1] + wo;
-
-			ga[i + j] = mag ? fabsf(e) : e;
-			ga[i + half + j] = mag ? fabsf(o) : o;
-		}
-}
-
 /* FP8 output of bf16 rows, the first n32 = n & ~31 values in even/odd
  * order: 16 bf16 values (one vector) are read as two fp32 vectors
  * without a widening shuffle, the even values (low halves shifted up)
@@ -413,15 +395,45 @@ static void eo_gamma(const float *gamma, float wo, size_t n, size_t half,
 static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 				   float *ga, uint8_t *gs)
 {
-	size_t i, j;
+	const __m256 vw = _mm256_set1_ps(wo);
+	const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(gs ? 0x7fffffff : -1));
+	size_t i;
 
-	eo_gamma(gamma, wo, n32, 8, gs != NULL, ga);
+	/* per 16 values: the 8 even, then the 8 odd ones (for FP8, their
+	 * absolute values); the in-lane shuffle leaves the pairs of each
+	 * 128-bit lane apart, the qword permute puts them in order.  Done
+	 * per call and per thread's share of the rows, so it is vector
+	 * code: a scalar pass cost as much as several rows. */
+	for (i = 0; i < n32; i += 16) {
+		__m256 a = _mm256_add_ps(_mm256_loadu_ps(gamma + i), vw);
+		__m256 b = _mm256_add_ps(_mm256_loadu_ps(gamma + i + 8), vw);
+		__m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(
+			_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+		__m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(
+			_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+
+		_mm256_storeu_ps(ga + i, _mm256_and_ps(e, mag));
+		_mm256_storeu_ps(ga + i + 8, _mm256_and_ps(o, mag));
+	}
 	/* byte j of 32: its lane (j / 16), the vector (j / 8 % 2: the
-	 * first or second 16 values), the word in that lane (j % 8) */
-	for (i = 0; gs && i < n32; i += 32)
-		for (j = 0; j < 32; j++)
-			gs[i + j] = signbit(gamma[i + j / 16 * 8 + j / 8 % 2 * 16 + j % 8] +
-					    wo) ? 0x80 : 0;
+	 * first or second 16 values), the word in that lane (j % 8).  The
+	 * signs as 0 / -1 words, packed to bytes, come out as dwords of
+	 * four values 0-3, 16-19, 8-11, 24-27 | 4-7, 20-23, 12-15, 28-31;
+	 * the dword permute puts them in that order. */
+	for (i = 0; gs && i < n32; i += 32) {
+		__m256i s[4], p, q;
+		int k;
+
+		for (k = 0; k < 4; k++)
+			s[k] = _mm256_srai_epi32(_mm256_castps_si256(_mm256_add_ps(
+				_mm256_loadu_ps(gamma + i + 8 * k), vw)), 31);
+		p = _mm256_packs_epi32(s[0], s[2]);
+		q = _mm256_packs_epi32(s[1], s[3]);
+		p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p, q),
+						_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+		_mm256_storeu_si256((__m256i *)(gs + i),
+				    _mm256_and_si256(p, _mm256_set1_epi8((char)0x80)));
+	}
 }
 
 /* The largest |h * g| bits of [0, n32) of a bf16 row in even/odd
@@ -559,18 +571,29 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 	if (eo)
 		eo_gamma256(gamma, a->weight_offset, n32, gbuf,
 			    odt == FEP_K_FP8 ? gsgn : NULL);
-	if (!eo && keep && r1 - r0 > 1) {
-		/* a NaN in gamma (or the offset) would reach the output
-		 * with its payload, which the short bf16 rounding does not
-		 * handle */
-		for (i = 0; i < n; i++) {
-			gbuf[i] = gamma[i] + a->weight_offset;
-			gnan |= gbuf[i] != gbuf[i];
-		}
+	/* a NaN in gamma (or the offset) would reach the output with its
+	 * payload, which the short bf16 rounding does not handle; vector
+	 * code, as eo_gamma256 */
+	if (!eo && keep && r1 - r0 > 1)
 		gw = gbuf;
-	} else {
-		for (i = 0; i < n; i++)
-			gnan |= !(gamma[i] + a->weight_offset == gamma[i] + a->weight_offset);
+	{
+		__m256 un = _mm256_setzero_ps();
+
+		for (i = 0; i + 8 <= n; i += 8) {
+			__m256 g = _mm256_add_ps(_mm256_loadu_ps(gamma + i), wo);
+
+			if (gw)
+				_mm256_storeu_ps(gbuf + i, g);
+			un = _mm256_or_ps(un, _mm256_cmp_ps(g, g, _CMP_UNORD_Q));
+		}
+		gnan = _mm256_movemask_ps(un) != 0;
+		for (; i < n; i++) {
+			float g = gamma[i] + a->weight_offset;
+
+			if (gw)
+				gbuf[i] = g;
+			gnan |= g != g;
+		}
 	}
 	for (r = r0; r < r1; r++) {
 		const char *x = CROW(a->in, dt, a->ld_in, r);
@@ -848,14 +871,32 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 static FEP_T_AVX512 void eo_gamma512(const float *gamma, float wo, size_t n32,
 				     float *ga, uint64_t *gs)
 {
+	const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18,
+					     20, 22, 24, 26, 28, 30);
+	const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+	const __m512 vw = _mm512_set1_ps(wo);
+	const __m512i mag = _mm512_set1_epi32(gs ? 0x7fffffff : -1);
 	size_t i;
 
-	eo_gamma(gamma, wo, n32, 16, gs != NULL, ga);
-	for (i = 0; gs && i < n32; i++) {
-		if (i % 64 == 0)
-			gs[i / 64] = 0;
-		if (signbit(gamma[i] + wo))
-			gs[i / 64] |= 1ull << (i % 64);
+	/* per call and per thread's share of the rows, so vector code: a
+	 * scalar pass cost as much as several rows */
+	for (i = 0; i < n32; i += 32) {
+		__m512 a = _mm512_add_ps(_mm512_loadu_ps(gamma + i), vw);
+		__m512 b = _mm512_add_ps(_mm512_loadu_ps(gamma + i + 16), vw);
+
+		_mm512_storeu_si512(ga + i, _mm512_and_si512(mag, _mm512_castps_si512(
+			_mm512_permutex2var_ps(a, ie, b))));
+		_mm512_storeu_si512(ga + i + 16, _mm512_and_si512(mag, _mm512_castps_si512(
+			_mm512_permutex2var_ps(a, io, b))));
+		if (gs) {  /* n32 a multiple of 64 here */
+			uint64_t bits = (uint64_t)_mm512_movepi32_mask(_mm512_castps_si512(a)) |
+					(uint64_t)_mm512_movepi32_mask(_mm512_castps_si512(b)) << 16;
+
+			if (i % 64 == 0)
+				gs[i / 64] = bits;
+			else
+				gs[i / 64] |= bits << 32;
+		}
 	}
 }
 
@@ -1001,8 +1042,11 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
 	const float *gw = NULL;
 	/* bf16 rows to FP8 or bf16 in even/odd order (eo_gamma512): gbuf
-	 * holds gamma + weight_offset in that order, gsgn the FP8 signs */
-	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && n <= RMS_YBUF && r1 - r0 > 1;
+	 * holds gamma + weight_offset in that order, gsgn the FP8 signs;
+	 * for FP8 even one row gains more than the order costs, for bf16
+	 * only several */
+	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && n <= RMS_YBUF &&
+		 (r1 - r0 > 1 || odt == FEP_K_FP8);
 	size_t n32 = n & ~(size_t)31, n64 = n & ~(size_t)63;
 	uint64_t gsgn[RMS_YBUF / 64];
 
@@ -1010,8 +1054,12 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		eo_gamma512(gamma, a->weight_offset, odt == FEP_K_FP8 ? n64 : n32, gbuf,
 			    odt == FEP_K_FP8 ? gsgn : NULL);
 	else if (odt == FEP_K_FP8 && n <= RMS_YBUF && r1 - r0 > 1) {
-		for (i = 0; i < n; i++)
-			gbuf[i] = gamma[i] + a->weight_offset;
+		for (i = 0; i < n; i += 16) {
+			__mmask16 k = fep512_mask(n - i);
+
+			_mm512_mask_storeu_ps(gbuf + i, k, _mm512_add_ps(
+				_mm512_maskz_loadu_ps(k, gamma + i), wo));
+		}
 		gw = gbuf;
 	}
 	for (r = r0; r < r1; r++) {
