@@ -42,9 +42,52 @@ void fep_k_scatter_scalar(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 			       (const char *)a->src + r * a->src_stride, a->row_bytes);
 }
 
+/* ---- the vector levels' row loops, over their streaming copy ---- */
+
+/* n bytes from s to d past the caches; pf: a cursor for a prefetch,
+ * advanced as the bytes go */
+typedef void (*copy_nt_fn)(char *d, const char *s, size_t n, fep_pf_t *pf);
+
+/* gather: row r from row idx[r] of src, prefetching the next one read
+ * (anywhere in src: a jump the prefetchers cannot follow) while this
+ * one is copied; scatter: row r to row idx[r] of dst, read in order */
+static void permute_rows(const fep_k_perm_args_t *a, size_t r0, size_t r1,
+			 int gather, copy_nt_fn copy)
+{
+	size_t r;
+
+	if (!perm_nt(a, r0, r1)) {
+		(gather ? fep_k_gather_scalar : fep_k_scatter_scalar)(a, r0, r1);
+		return;
+	}
+	for (r = r0; r < r1; r++) {
+		const char *src = (const char *)a->src;
+		char *dst = (char *)a->dst;
+		fep_pf_t pf = { NULL, 0, 0, 0 };
+		size_t q = r + 1;
+
+		if (a->idx[r] < 0)
+			continue;
+		if (gather) {
+			while (q < r1 && a->idx[q] < 0)
+				q++;
+			fep_pf_init(&pf, q < r1 ? src + (size_t)a->idx[q] * a->src_stride :
+					 NULL, a->row_bytes);
+			copy(dst + r * a->dst_stride, src + (size_t)a->idx[r] * a->src_stride,
+			     a->row_bytes, &pf);
+		} else {
+			copy(dst + (size_t)a->idx[r] * a->dst_stride, src + r * a->src_stride,
+			     a->row_bytes, &pf);
+		}
+	}
+	_mm_sfence();
+}
+
 /* ---- AVX2 ---- */
 
-static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n)
+/* copy_nt_fn */
+static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n,
+				    fep_pf_t *pf)
 {
 	size_t head = (32 - ((uintptr_t)d & 31)) & 31, i;
 
@@ -62,6 +105,7 @@ static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n)
 		_mm256_stream_si256((__m256i *)(d + i + 32), x1);
 		_mm256_stream_si256((__m256i *)(d + i + 64), x2);
 		_mm256_stream_si256((__m256i *)(d + i + 96), x3);
+		fep_pf_step(pf, 128);
 	}
 	for (; i + 32 <= n; i += 32)
 		_mm256_stream_si256((__m256i *)(d + i),
@@ -71,39 +115,17 @@ static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n)
 
 FEP_T_AVX2 void fep_k_gather_avx2(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	size_t r;
-
-	if (!perm_nt(a, r0, r1)) {
-		fep_k_gather_scalar(a, r0, r1);
-		return;
-	}
-	for (r = r0; r < r1; r++)
-		if (a->idx[r] >= 0)
-			copy_nt_avx2((char *)a->dst + r * a->dst_stride,
-				     (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
-				     a->row_bytes);
-	_mm_sfence();
+	permute_rows(a, r0, r1, 1, copy_nt_avx2);
 }
 
 FEP_T_AVX2 void fep_k_scatter_avx2(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	size_t r;
-
-	if (!perm_nt(a, r0, r1)) {
-		fep_k_scatter_scalar(a, r0, r1);
-		return;
-	}
-	for (r = r0; r < r1; r++)
-		if (a->idx[r] >= 0)
-			copy_nt_avx2((char *)a->dst + (size_t)a->idx[r] * a->dst_stride,
-				     (const char *)a->src + r * a->src_stride,
-				     a->row_bytes);
-	_mm_sfence();
+	permute_rows(a, r0, r1, 0, copy_nt_avx2);
 }
 
 /* ---- AVX-512 ---- */
 
-/* n bytes from s to d past the caches; pf: a cursor advanced as they go */
+/* copy_nt_fn */
 static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n,
 					fep_pf_t *pf)
 {
@@ -138,48 +160,12 @@ static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n,
 
 FEP_T_AVX512 void fep_k_gather_avx512(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	size_t r;
-
-	if (!perm_nt(a, r0, r1)) {
-		fep_k_gather_scalar(a, r0, r1);
-		return;
-	}
-	for (r = r0; r < r1; r++) {
-		fep_pf_t pf;
-		size_t q = r + 1;
-
-		if (a->idx[r] < 0)
-			continue;
-		/* the next row read, anywhere in src (a jump the prefetchers
-		 * cannot follow), comes in while this one is copied */
-		while (q < r1 && a->idx[q] < 0)
-			q++;
-		fep_pf_init(&pf, q < r1 ? (const char *)a->src + (size_t)a->idx[q] *
-					  a->src_stride : NULL, a->row_bytes);
-		copy_nt_avx512((char *)a->dst + r * a->dst_stride,
-			       (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
-			       a->row_bytes, &pf);
-	}
-	_mm_sfence();
+	permute_rows(a, r0, r1, 1, copy_nt_avx512);
 }
 
 FEP_T_AVX512 void fep_k_scatter_avx512(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	size_t r;
-
-	if (!perm_nt(a, r0, r1)) {
-		fep_k_scatter_scalar(a, r0, r1);
-		return;
-	}
-	for (r = r0; r < r1; r++)
-		if (a->idx[r] >= 0) {
-			fep_pf_t none = { NULL, 0, 0, 0 };  /* rows read in order */
-
-			copy_nt_avx512((char *)a->dst + (size_t)a->idx[r] * a->dst_stride,
-				       (const char *)a->src + r * a->src_stride,
-				       a->row_bytes, &none);
-		}
-	_mm_sfence();
+	permute_rows(a, r0, r1, 0, copy_nt_avx512);
 }
 
 /* ---- checks and threaded wrappers ---- */
