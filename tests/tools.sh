@@ -247,7 +247,7 @@ overlap_ok || overlap_ok || overlap_ok ||
 mpib=$top_builddir/utils/fabep_mpi_bench
 if expect 0 "$bench" -p shm -o scale -n 2 -t 2 --rows 2 -H 256 -k 2 -e 8 \
 	--cols 256 -I 3 -w 1 -m; then
-	[ "$(grep -c '^op: scale part: .* result: ok$' "$tmp.out")" = 4 ] ||
+	[ "$(grep -Ec '^op: scale part: .* result: ok( |$)' "$tmp.out")" = 4 ] ||
 		fail "fabep_bench -o scale: not 4 rows with result: ok"
 	if [ -x "$mpib" ]; then
 		grep -q 'mpi_us: -1' "$tmp.out" &&
@@ -260,6 +260,26 @@ expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch "$ben
 	fail "fabep_bench -o scale without the baseline: no n/a row"
 expect 2 "$bench" -o dispatch -n 2,4
 expect 2 "$bench" -o scale -n 2,x
+# --rounds: every row measured that often; the speedup, the median of
+# the rounds' own, lies in their range
+if expect 0 "$bench" -p shm -o scale -n 2 -t 2 --rows 2 -H 256 -k 2 -e 8 \
+	--cols 256 -I 3 -w 1 --rounds 3 -m; then
+	[ "$(grep -c '^op: scale part: .* result: ok rounds: 3 ' "$tmp.out")" = 4 ] ||
+		fail "fabep_bench -o scale --rounds 3: not 4 rows of 3 rounds"
+	awk '{ for (i = 1; i < NF; i++) v[$i] = $(i + 1)
+	       if (v["speedup:"] + 0 > 0 && (v["speedup_min:"] + 0 > v["speedup:"] + 0 ||
+		   v["speedup:"] + 0 > v["speedup_max:"] + 0)) bad = 1 }
+	     END { exit bad }' "$tmp.out" ||
+		fail "fabep_bench -o scale --rounds 3: a speedup outside its range"
+	if [ -x "$mpib" ]; then
+		grep -q 'speedup_min: -1' "$tmp.out" &&
+			fail "fabep_bench -o scale --rounds 3: no range with the baseline"
+	fi
+fi
+expect 2 "$bench" -o dispatch --rounds 2 && grep -q -- '--rounds is for' "$tmp.err" ||
+	fail "fabep_bench -o dispatch --rounds 2: no message"
+expect 2 "$bench" -o scale --rounds 0
+expect 2 "$bench" -o scale --rounds 101
 
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"

@@ -29,6 +29,7 @@ struct bench_opts {
 	int rows, cols;       /* --rows, --cols */
 	int check;            /* --check */
 	double soak_s;        /* --soak SECONDS */
+	int rounds;           /* --rounds N (scale; 0 = once) */
 	/* -o scale: -n, -t, --rows as lists (n_* 0: the part's defaults) */
 	const int *ranks_list, *tokens_list, *rows_list;
 	int n_ranks, n_tokens, n_rows;

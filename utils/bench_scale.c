@@ -15,6 +15,11 @@
  * local traffic of the phase at the memcpy rate of every rank at once);
  * of an allreduce, ref_median_us: every rank writing the bytes of the
  * input to the next at once.
+ *
+ * --rounds R measures every row R times, fabep and the baseline in
+ * turn, so that a load that comes and goes on a shared machine reaches
+ * both alike: the row shows the medians of the rounds and, as the
+ * speedup, the median of the rounds' own speedups with their range.
  */
 #include "config.h"
 
@@ -33,12 +38,64 @@ static const int def_ranks[] = { 2, 4, 8, 16 };
 static const int def_tokens[] = { 1, 8, 128, 1024 };
 static const int def_rows[] = { 16, 128, 1024 };
 
+#define SCALE_MAX_ROUNDS 100
+
 struct scale_row {
 	const char *part;
 	int ranks, size;       /* size: tokens or rows */
 	double us, floor_us, mpi_us, wire_us, local_us;
 	int failed, mpi_failed;
+	/* --rounds: the median of the rounds' speedups (each its mpi_us /
+	 * us), the least and the largest of them, and the rounds */
+	double speed, speed_lo, speed_hi;
+	int rounds;
 };
+
+/* One round of a row: fabep's figures and the baseline's. */
+struct scale_round {
+	double us, floor_us, mpi_us, wire_us, local_us;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The median of v[0, n) (sorted in place; n > 0): the lower middle
+ * one for even n, a value that was measured. */
+static double median_of(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return v[(n - 1) / 2];
+}
+
+/* r's figures from its rounds (each field of fabep's and of the
+ * baseline's its median; the speedup the median of the rounds' own) */
+static void row_of_rounds(struct scale_row *r, const struct scale_round *k,
+			  int n)
+{
+	double v[SCALE_MAX_ROUNDS];
+	int i;
+
+#define MED(f) do { for (i = 0; i < n; i++) v[i] = k[i].f; r->f = median_of(v, n); } while (0)
+	MED(us);
+	MED(floor_us);
+	MED(wire_us);
+	MED(local_us);
+	MED(mpi_us);
+#undef MED
+	r->rounds = n;
+	r->speed = r->speed_lo = r->speed_hi = -1;
+	if (r->failed || r->mpi_failed)
+		return;
+	for (i = 0; i < n; i++)
+		v[i] = k[i].us > 0 ? k[i].mpi_us / k[i].us : -1;
+	r->speed = median_of(v, n);
+	r->speed_lo = v[0];
+	r->speed_hi = v[n - 1];
+}
 
 /* The value after " key: " in line, or -1. */
 static double field(const char *line, const char *key)
@@ -145,19 +202,20 @@ static void print_row(FILE *out, const struct bench_opts *o,
 		      const struct scale_row *r, int have_mpi)
 {
 	double ratio = r->floor_us > 0 && !r->failed ? r->us / r->floor_us : -1;
-	double speed = have_mpi && !r->failed && !r->mpi_failed && r->us > 0 ?
-		       r->mpi_us / r->us : -1;
+	double speed = have_mpi && r->speed > 0 ? r->speed : -1;
 	int coll = !strcmp(r->part, "allreduce") || !strcmp(r->part, "arnorm");
-	char us[32], fl[32], ra[32], mp[32], sp[32];
+	char us[32], fl[32], ra[32], mp[32], sp[32], rg[32];
 
 	if (o->machine) {
 		fprintf(out, "op: scale part: %s ranks: %d %s: %d median_us: %.1f "
 			"floor_us: %.1f ratio: %.2f wire_us: %.1f local_us: %.1f "
-			"mpi_us: %.1f speedup: %.2f result: %s\n", r->part, r->ranks,
+			"mpi_us: %.1f speedup: %.2f result: %s rounds: %d "
+			"speedup_min: %.2f speedup_max: %.2f\n", r->part, r->ranks,
 			coll ? "rows" : "tokens", r->size, r->failed ? -1 : r->us,
 			r->floor_us, ratio, r->wire_us, r->local_us,
 			have_mpi && !r->mpi_failed ? r->mpi_us : -1, speed,
-			r->failed ? "failed" : "ok");
+			r->failed ? "failed" : "ok", r->rounds,
+			speed > 0 ? r->speed_lo : -1, speed > 0 ? r->speed_hi : -1);
 		fflush(out);
 		return;
 	}
@@ -169,8 +227,13 @@ static void print_row(FILE *out, const struct bench_opts *o,
 	else
 		snprintf(mp, sizeof(mp), r->mpi_failed ? "failed" : "%.1f", r->mpi_us);
 	snprintf(sp, sizeof(sp), speed > 0 ? "%.2f" : "n/a", speed);
-	fprintf(out, "%-10s %5d %5d%c %11s %11s %6s %11s %7s\n", r->part, r->ranks,
-		r->size, coll ? 'r' : 't', us, fl, ra, mp, sp);
+	rg[0] = '\0';
+	if (o->rounds > 1 && speed > 0)
+		snprintf(rg, sizeof(rg), " %.2f-%.2f", r->speed_lo, r->speed_hi);
+	else if (o->rounds > 1)
+		snprintf(rg, sizeof(rg), " n/a");
+	fprintf(out, "%-10s %5d %5d%c %11s %11s %6s %11s %7s%s\n", r->part, r->ranks,
+		r->size, coll ? 'r' : 't', us, fl, ra, mp, sp, rg);
 	fflush(out);
 }
 
@@ -203,7 +266,9 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 	const int *rows = o->n_rows ? o->rows_list : def_rows;
 	int nr = o->n_ranks ? o->n_ranks : 4, nt = o->n_tokens ? o->n_tokens : 4;
 	int nrows = o->n_rows ? o->n_rows : 3;
-	int cores = scale_cores(), failed = 0, i, j, p;
+	int cores = scale_cores(), failed = 0, i, j, k, p;
+	int rounds = o->rounds > 0 ? o->rounds : 1;
+	struct scale_round rd[SCALE_MAX_ROUNDS];
 	const char *mpib, *mpirun = find_mpirun();
 	char self[PATH_MAX], mbuf[PATH_MAX], args[512], cmd[3 * PATH_MAX + 1024];
 	char line[4096], mpiopt[160], shape[96], cols[32], miters[64];
@@ -243,8 +308,13 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 			mpib ? "MPI_Alltoallv dispatcher, MPI_Allreduce" : "not built: n/a",
 			cores, o->hidden ? o->hidden : 7168, o->topk ? o->topk : 8,
 			o->experts ? o->experts : 256, fmt, o->cols ? o->cols : 7168);
-		fprintf(out, "%-10s %5s %6s %11s %11s %6s %11s %7s\n", "part", "ranks",
-			"size", "median_us", "floor_us", "ratio", "mpi_us", "speedup");
+		if (o->rounds > 1)
+			fprintf(out, "# %d rounds a row, fabep and the baseline in turn: "
+				"the medians, and the\n# median of the rounds' speedups "
+				"with their range\n", o->rounds);
+		fprintf(out, "%-10s %5s %6s %11s %11s %6s %11s %7s%s\n", "part", "ranks",
+			"size", "median_us", "floor_us", "ratio", "mpi_us", "speedup",
+			o->rounds > 1 ? " range" : "");
 	}
 	for (i = 0; i < nr; i++) {
 		int n = ranks[i];
@@ -259,72 +329,88 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 		for (j = 0; j < nt; j++)
 			for (p = 0; p < 2; p++) {
 				struct scale_row r = { p ? "combine" : "dispatch", n, tokens[j],
-						       0, 0, 0, 0, 0, 0, 0 };
+						       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
 
 				if (!want_part(r.part))
 					continue;
 
-				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
-					 self, r.part, n, tokens[j], fmt, args, shape);
-				if (run_line(cmd, line, sizeof(line))) {
-					r.failed = 1;
-				} else {
-					r.us = field(line, "median_us");
-					/* the larger of the live put of the bytes it
-					 * sends and its least local traffic at
-					 * memcpy's rate, every rank at once */
-					r.floor_us = field(line, "ref_live_us");
-					if (field(line, "floor_us") > r.floor_us)
-						r.floor_us = field(line, "floor_us");
-					r.wire_us = field(line, "wire_us");
-					r.local_us = field(line, "local_us");
-				}
-				r.mpi_failed = 1;
-				if (mpi_moe) {
+				r.mpi_failed = !mpi_moe;
+				for (k = 0; k < rounds; k++) {
+					struct scale_round *q = &rd[k];
+
+					memset(q, 0, sizeof(*q));
+					snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
+						 self, r.part, n, tokens[j], fmt, args, shape);
+					if (run_line(cmd, line, sizeof(line))) {
+						r.failed = 1;
+					} else {
+						q->us = field(line, "median_us");
+						/* the larger of the live put of the
+						 * bytes it sends and its least local
+						 * traffic at memcpy's rate, every
+						 * rank at once */
+						q->floor_us = field(line, "ref_live_us");
+						if (field(line, "floor_us") > q->floor_us)
+							q->floor_us = field(line, "floor_us");
+						q->wire_us = field(line, "wire_us");
+						q->local_us = field(line, "local_us");
+					}
+					if (!mpi_moe)
+						continue;
 					/* the iterations fabep's part takes */
 					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s -t %d -I %d -w %d%s -m",
 						 mpirun, mpiopt, mpib, r.part, tokens[j],
 						 bench_moe_iters(o, tokens[j]),
 						 bench_moe_warmup(o, tokens[j]), shape);
 					if (!run_line(cmd, line, sizeof(line)) &&
-					    !strstr(line, "check: failed")) {
-						r.mpi_us = field(line, "median_us");
-						r.mpi_failed = 0;
-					}
+					    !strstr(line, "check: failed"))
+						q->mpi_us = field(line, "median_us");
+					else
+						r.mpi_failed = 1;
 				}
+				row_of_rounds(&r, rd, rounds);
 				failed |= r.failed;
 				print_row(out, o, &r, mpi_moe);
 			}
 		for (j = 0; j < nrows; j++)
 			for (p = 0, ar_floor = 0; p < 2; p++) {
 				struct scale_row r = { p ? "arnorm" : "allreduce", n, rows[j],
-						       0, 0, 0, -1, -1, 0, 0 };
+						       0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0 };
 
 				if (!want_part(r.part))
 					continue;
 
-				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",
-					 self, r.part, n, rows[j], args, cols);
-				if (run_line(cmd, line, sizeof(line))) {
-					r.failed = 1;
-				} else {
-					/* allreduce: the raw write of the input's
-					 * bytes; arnorm's reference is the separate
-					 * steps, so its floor is allreduce's */
-					r.us = field(line, "median_us");
-					r.floor_us = p ? ar_floor : field(line, "ref_median_us");
-					if (!p)
-						ar_floor = r.floor_us;
-				}
-				r.mpi_failed = 1;
-				if (mpib) {
+				r.mpi_failed = !mpib;
+				for (k = 0; k < rounds; k++) {
+					struct scale_round *q = &rd[k];
+
+					memset(q, 0, sizeof(*q));
+					q->wire_us = q->local_us = -1;
+					snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",
+						 self, r.part, n, rows[j], args, cols);
+					if (run_line(cmd, line, sizeof(line))) {
+						r.failed = 1;
+					} else {
+						/* allreduce: the raw write of the
+						 * input's bytes; arnorm's reference
+						 * is the separate steps, so its floor
+						 * is allreduce's */
+						q->us = field(line, "median_us");
+						q->floor_us = p ? ar_floor :
+							      field(line, "ref_median_us");
+					}
+					if (!mpib)
+						continue;
 					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s --rows %d%s%s -m",
 						 mpirun, mpiopt, mpib, r.part, rows[j], miters, cols);
-					if (!run_line(cmd, line, sizeof(line))) {
-						r.mpi_us = field(line, "median_us");
-						r.mpi_failed = 0;
-					}
+					if (!run_line(cmd, line, sizeof(line)))
+						q->mpi_us = field(line, "median_us");
+					else
+						r.mpi_failed = 1;
 				}
+				row_of_rounds(&r, rd, rounds);
+				if (!p)
+					ar_floor = r.floor_us;
 				failed |= r.failed;
 				print_row(out, o, &r, mpib != NULL);
 			}

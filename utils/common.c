@@ -73,6 +73,7 @@ static const struct tool_optdef tool_optdefs[] = {
 	{ TOOL_OPT_CHECK, "check", NULL, "check results against a reference" },
 	{ TOOL_OPT_SOAK, "soak", "SECONDS",
 	  "repeat for SECONDS, checking every result, and report errors" },
+	{ TOOL_OPT_ROUNDS, "rounds", "N", "measure every row N times" },
 	{ 'h', "help", NULL, "print this help and exit" },
 };
 
@@ -453,6 +454,7 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 					       &o->n_rows);
 			break;
 		case TOOL_OPT_COLS: o->cols = opt_int(d, od, val, 1, INT_MAX); break;
+		case TOOL_OPT_ROUNDS: o->rounds = opt_int(d, od, val, 1, 100); break;
 		case 'b': o->bandwidth = 1; break;
 		case 's': o->server = 1; break;
 		case TOOL_OPT_CHECK: o->check = 1; break;
@@ -488,6 +490,8 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 			tool_usage_error(d, "unhandled option %s", argv[optind - 1]);
 		}
 	}
+	if (o->rounds && !(o->op && !strcmp(o->op, "scale")))
+		tool_usage_error(d, "--rounds is for fabep_bench -o scale");
 	if ((o->n_nranks > 1 || o->n_tokens > 1 || o->n_rows > 1) &&
 	    !(o->op && !strcmp(o->op, "scale")))
 		tool_usage_error(d, "%s takes one value here (a list only with fabep_bench -o scale)",

@@ -30,6 +30,7 @@ enum {
 	TOOL_OPT_COLS,
 	TOOL_OPT_CHECK,
 	TOOL_OPT_SOAK,
+	TOOL_OPT_ROUNDS,
 };
 
 #define TOOL_MAX_SIZES 64
@@ -63,6 +64,7 @@ struct tool_opts {
 	int rows, cols;        /* --rows, --cols */
 	int check;             /* --check */
 	double soak_s;         /* --soak */
+	int rounds;            /* --rounds (0 = not given) */
 	fabep_signal_t signal; /* set by a tool (e.g. -o writedata), not a flag */
 	/* -n, -t, --rows as comma-separated lists (fabep_bench -o scale
 	 * only; elsewhere one value, the field above) */

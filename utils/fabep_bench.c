@@ -79,7 +79,7 @@ static const struct bench_part parts[] = {
 static const int bench_accept[] = {
 	'o', 'p', 'd', 'I', 'w', 'm', 'n', 'T', 'S', 'W', 'B', 'K', 't', 'H',
 	'k', 'e', 'f', TOOL_OPT_ROWS, TOOL_OPT_COLS, TOOL_OPT_CHECK,
-	TOOL_OPT_SOAK, 'h', 0
+	TOOL_OPT_SOAK, TOOL_OPT_ROUNDS, 'h', 0
 };
 
 static const struct tool_help bench_help[] = {
@@ -135,6 +135,10 @@ static const struct tool_help bench_help[] = {
 	  "result, and report rounds, errors and resident memory after the "
 	  "warm-up and at the end (exit 1 on an error or a growth above 8 MiB); "
 	  "with -o write: repeat the write test for SECONDS, checking the data" },
+	{ TOOL_OPT_ROUNDS, NULL,
+	  "scale: measure every row N times (at most 100), fabep and the MPI "
+	  "baseline in turn, and show the medians, the median of the rounds' "
+	  "speedups and their range (default 1)" },
 	{ 0, NULL, NULL },
 };
 
@@ -188,9 +192,12 @@ static const struct tool_desc bench_desc = {
 		"phase's bytes, and floor_us, its least local traffic at memcpy's rate;\n"
 		"allreduce, arnorm: the raw write of the input's bytes, every rank at\n"
 		"once), median / floor, MPI's\n"
-		"median and MPI / fabep (n/a without the baseline).  With -m: op\n"
-		"(scale), part, ranks, tokens or rows, median_us, floor_us, ratio,\n"
-		"wire_us, local_us, mpi_us, speedup, result.\n"
+		"median and MPI / fabep (n/a without the baseline).  --rounds N runs\n"
+		"each row N times, fabep and the baseline in turn: the medians of the\n"
+		"rounds, the median of their speedups, and (with N > 1) its range.\n"
+		"With -m: op (scale), part, ranks, tokens or rows, median_us,\n"
+		"floor_us, ratio, wire_us, local_us, mpi_us, speedup, result, rounds,\n"
+		"speedup_min, speedup_max.\n"
 		"\n"
 		"--soak (-o soak) prints rounds, errors and each rank's VmRSS after the\n"
 		"warm-up (a tenth of the run, at least 20 rounds) and at the end; with -m\n"
@@ -406,6 +413,7 @@ int main(int argc, char **argv)
 	bo.cols = o->cols;
 	bo.check = o->check;
 	bo.soak_s = o->soak_s;
+	bo.rounds = o->rounds;
 	bo.ranks_list = o->nranks_list;
 	bo.n_ranks = o->n_nranks;
 	bo.tokens_list = o->tokens_list;
