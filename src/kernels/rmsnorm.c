@@ -398,37 +398,41 @@ static FEP_T_AVX2 void eo_gamma256(const float *gamma, float wo, size_t n32,
 	const __m256 vw = _mm256_set1_ps(wo);
 	const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(gs ? 0x7fffffff : -1));
 	size_t i;
+	int k;
 
-	/* per 16 values: the 8 even, then the 8 odd ones (for FP8, their
-	 * absolute values); the in-lane shuffle leaves the pairs of each
-	 * 128-bit lane apart, the qword permute puts them in order.  Done
-	 * per call and per thread's share of the rows, so it is vector
-	 * code: a scalar pass cost as much as several rows. */
-	for (i = 0; i < n32; i += 16) {
-		__m256 a = _mm256_add_ps(_mm256_loadu_ps(gamma + i), vw);
-		__m256 b = _mm256_add_ps(_mm256_loadu_ps(gamma + i + 8), vw);
-		__m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(
-			_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
-		__m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(
-			_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
-
-		_mm256_storeu_ps(ga + i, _mm256_and_ps(e, mag));
-		_mm256_storeu_ps(ga + i + 8, _mm256_and_ps(o, mag));
-	}
-	/* byte j of 32: its lane (j / 16), the vector (j / 8 % 2: the
-	 * first or second 16 values), the word in that lane (j % 8).  The
-	 * signs as 0 / -1 words, packed to bytes, come out as dwords of
-	 * four values 0-3, 16-19, 8-11, 24-27 | 4-7, 20-23, 12-15, 28-31;
-	 * the dword permute puts them in that order. */
-	for (i = 0; gs && i < n32; i += 32) {
-		__m256i s[4], p, q;
-		int k;
+	/* Per call and per thread's share of the rows, so vector code: a
+	 * scalar pass cost as much as several rows. */
+	for (i = 0; i < n32; i += 32) {
+		__m256 g[4];
+		__m256i p, q;
 
 		for (k = 0; k < 4; k++)
-			s[k] = _mm256_srai_epi32(_mm256_castps_si256(_mm256_add_ps(
-				_mm256_loadu_ps(gamma + i + 8 * k), vw)), 31);
-		p = _mm256_packs_epi32(s[0], s[2]);
-		q = _mm256_packs_epi32(s[1], s[3]);
+			g[k] = _mm256_add_ps(_mm256_loadu_ps(gamma + i + 8 * k), vw);
+		/* per 16 values: the 8 even, then the 8 odd ones (for FP8,
+		 * their absolute values); the in-lane shuffle leaves the
+		 * pairs of each 128-bit lane apart, the qword permute puts
+		 * them in order */
+		for (k = 0; k < 4; k += 2) {
+			__m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(
+				_mm256_shuffle_ps(g[k], g[k + 1], 0x88)), 0xd8));
+			__m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(
+				_mm256_shuffle_ps(g[k], g[k + 1], 0xdd)), 0xd8));
+
+			_mm256_storeu_ps(ga + i + 8 * k, _mm256_and_ps(e, mag));
+			_mm256_storeu_ps(ga + i + 8 * k + 8, _mm256_and_ps(o, mag));
+		}
+		if (!gs)
+			continue;
+		/* byte j of 32: its lane (j / 16), the vector (j / 8 % 2:
+		 * the first or second 16 values), the word in that lane
+		 * (j % 8).  The signs as 0 / -1 words, packed to bytes, come
+		 * out as dwords of four values 0-3, 16-19, 8-11, 24-27 | 4-7,
+		 * 20-23, 12-15, 28-31; the dword permute puts them in that
+		 * order. */
+		p = _mm256_packs_epi32(_mm256_srai_epi32(_mm256_castps_si256(g[0]), 31),
+				       _mm256_srai_epi32(_mm256_castps_si256(g[2]), 31));
+		q = _mm256_packs_epi32(_mm256_srai_epi32(_mm256_castps_si256(g[1]), 31),
+				       _mm256_srai_epi32(_mm256_castps_si256(g[3]), 31));
 		p = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p, q),
 						_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 		_mm256_storeu_si256((__m256i *)(gs + i),
