@@ -38,8 +38,6 @@ static const int def_ranks[] = { 2, 4, 8, 16 };
 static const int def_tokens[] = { 1, 8, 128, 1024 };
 static const int def_rows[] = { 16, 128, 1024 };
 
-#define SCALE_MAX_ROUNDS 100
-
 struct scale_row {
 	const char *part;
 	int ranks, size;       /* size: tokens or rows */
@@ -76,7 +74,7 @@ static double median_of(double *v, int n)
 static void row_of_rounds(struct scale_row *r, const struct scale_round *k,
 			  int n)
 {
-	double v[SCALE_MAX_ROUNDS];
+	double v[TOOL_MAX_ROUNDS];
 	int i;
 
 #define MED(f) do { for (i = 0; i < n; i++) v[i] = k[i].f; r->f = median_of(v, n); } while (0)
@@ -132,6 +130,58 @@ static int run_line(const char *cmd, char *line, size_t len)
 }
 
 /* Cores this process may run on. */
+/* One round's figures from the line of fabep's run (ar_floor: arnorm's
+ * floor, the allreduce's of the same rows). */
+static void parse_round(const char *part, const char *line, double ar_floor,
+			struct scale_round *q)
+{
+	q->us = field(line, "median_us");
+	if (!strcmp(part, "allreduce") || !strcmp(part, "arnorm")) {
+		/* allreduce: the raw write of the input's bytes; arnorm's
+		 * reference is the separate steps, so its floor is
+		 * allreduce's */
+		q->floor_us = strcmp(part, "arnorm") ? field(line, "ref_median_us") :
+						       ar_floor;
+		return;
+	}
+	/* the larger of the live put of the bytes it sends and its least
+	 * local traffic at memcpy's rate, every rank at once */
+	q->floor_us = field(line, "ref_live_us");
+	if (field(line, "floor_us") > q->floor_us)
+		q->floor_us = field(line, "floor_us");
+	q->wire_us = field(line, "wire_us");
+	q->local_us = field(line, "local_us");
+}
+
+/* r's rounds: fabep's run fcmd, then the baseline's mcmd (NULL: none),
+ * in turn, and r's figures from their medians. */
+static void run_rounds(struct scale_row *r, int rounds, const char *fcmd,
+		       const char *mcmd, double ar_floor)
+{
+	struct scale_round rd[TOOL_MAX_ROUNDS];
+	char line[4096];
+	int k;
+
+	r->mpi_failed = !mcmd;
+	for (k = 0; k < rounds; k++) {
+		struct scale_round *q = &rd[k];
+
+		memset(q, 0, sizeof(*q));
+		q->wire_us = q->local_us = -1;
+		if (run_line(fcmd, line, sizeof(line)))
+			r->failed = 1;
+		else
+			parse_round(r->part, line, ar_floor, q);
+		if (!mcmd)
+			continue;
+		if (!run_line(mcmd, line, sizeof(line)) && !strstr(line, "check: failed"))
+			q->mpi_us = field(line, "median_us");
+		else
+			r->mpi_failed = 1;
+	}
+	row_of_rounds(r, rd, rounds);
+}
+
 static int scale_cores(void)
 {
 	cpu_set_t set;
@@ -266,12 +316,12 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 	const int *rows = o->n_rows ? o->rows_list : def_rows;
 	int nr = o->n_ranks ? o->n_ranks : 4, nt = o->n_tokens ? o->n_tokens : 4;
 	int nrows = o->n_rows ? o->n_rows : 3;
-	int cores = scale_cores(), failed = 0, i, j, k, p;
+	int cores = scale_cores(), failed = 0, i, j, p;
 	int rounds = o->rounds > 0 ? o->rounds : 1;
-	struct scale_round rd[SCALE_MAX_ROUNDS];
 	const char *mpib, *mpirun = find_mpirun();
 	char self[PATH_MAX], mbuf[PATH_MAX], args[512], cmd[3 * PATH_MAX + 1024];
-	char line[4096], mpiopt[160], shape[96], cols[32], miters[64];
+	char mcmd[3 * PATH_MAX + 1024];
+	char mpiopt[160], shape[96], cols[32], miters[64];
 	const char *fmt = o->format ? o->format : "bf16";
 	ssize_t sl;
 	double ar_floor;
@@ -334,41 +384,15 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				if (!want_part(r.part))
 					continue;
 
-				r.mpi_failed = !mpi_moe;
-				for (k = 0; k < rounds; k++) {
-					struct scale_round *q = &rd[k];
-
-					memset(q, 0, sizeof(*q));
-					snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
-						 self, r.part, n, tokens[j], fmt, args, shape);
-					if (run_line(cmd, line, sizeof(line))) {
-						r.failed = 1;
-					} else {
-						q->us = field(line, "median_us");
-						/* the larger of the live put of the
-						 * bytes it sends and its least local
-						 * traffic at memcpy's rate, every
-						 * rank at once */
-						q->floor_us = field(line, "ref_live_us");
-						if (field(line, "floor_us") > q->floor_us)
-							q->floor_us = field(line, "floor_us");
-						q->wire_us = field(line, "wire_us");
-						q->local_us = field(line, "local_us");
-					}
-					if (!mpi_moe)
-						continue;
-					/* the iterations fabep's part takes */
-					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s -t %d -I %d -w %d%s -m",
-						 mpirun, mpiopt, mpib, r.part, tokens[j],
+				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
+					 self, r.part, n, tokens[j], fmt, args, shape);
+				/* the iterations fabep's part takes */
+				if (mpi_moe)
+					snprintf(mcmd, sizeof(mcmd), "'%s'%s '%s' -o %s -t %d -I %d "
+						 "-w %d%s -m", mpirun, mpiopt, mpib, r.part, tokens[j],
 						 bench_moe_iters(o, tokens[j]),
 						 bench_moe_warmup(o, tokens[j]), shape);
-					if (!run_line(cmd, line, sizeof(line)) &&
-					    !strstr(line, "check: failed"))
-						q->mpi_us = field(line, "median_us");
-					else
-						r.mpi_failed = 1;
-				}
-				row_of_rounds(&r, rd, rounds);
+				run_rounds(&r, rounds, cmd, mpi_moe ? mcmd : NULL, 0);
 				failed |= r.failed;
 				print_row(out, o, &r, mpi_moe);
 			}
@@ -380,35 +404,12 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				if (!want_part(r.part))
 					continue;
 
-				r.mpi_failed = !mpib;
-				for (k = 0; k < rounds; k++) {
-					struct scale_round *q = &rd[k];
-
-					memset(q, 0, sizeof(*q));
-					q->wire_us = q->local_us = -1;
-					snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",
-						 self, r.part, n, rows[j], args, cols);
-					if (run_line(cmd, line, sizeof(line))) {
-						r.failed = 1;
-					} else {
-						/* allreduce: the raw write of the
-						 * input's bytes; arnorm's reference
-						 * is the separate steps, so its floor
-						 * is allreduce's */
-						q->us = field(line, "median_us");
-						q->floor_us = p ? ar_floor :
-							      field(line, "ref_median_us");
-					}
-					if (!mpib)
-						continue;
-					snprintf(cmd, sizeof(cmd), "'%s'%s '%s' -o %s --rows %d%s%s -m",
+				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",
+					 self, r.part, n, rows[j], args, cols);
+				if (mpib)
+					snprintf(mcmd, sizeof(mcmd), "'%s'%s '%s' -o %s --rows %d%s%s -m",
 						 mpirun, mpiopt, mpib, r.part, rows[j], miters, cols);
-					if (!run_line(cmd, line, sizeof(line)))
-						q->mpi_us = field(line, "median_us");
-					else
-						r.mpi_failed = 1;
-				}
-				row_of_rounds(&r, rd, rounds);
+				run_rounds(&r, rounds, cmd, mpib ? mcmd : NULL, ar_floor);
 				if (!p)
 					ar_floor = r.floor_us;
 				failed |= r.failed;

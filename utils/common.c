@@ -454,7 +454,7 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 					       &o->n_rows);
 			break;
 		case TOOL_OPT_COLS: o->cols = opt_int(d, od, val, 1, INT_MAX); break;
-		case TOOL_OPT_ROUNDS: o->rounds = opt_int(d, od, val, 1, 100); break;
+		case TOOL_OPT_ROUNDS: o->rounds = opt_int(d, od, val, 1, TOOL_MAX_ROUNDS); break;
 		case 'b': o->bandwidth = 1; break;
 		case 's': o->server = 1; break;
 		case TOOL_OPT_CHECK: o->check = 1; break;

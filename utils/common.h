@@ -35,6 +35,7 @@ enum {
 
 #define TOOL_MAX_SIZES 64
 #define TOOL_MAX_LIST 16      /* values in a -n, -t or --rows list */
+#define TOOL_MAX_ROUNDS 100   /* fabep_bench --rounds */
 #define TOOL_DEFAULT_PORT 47592
 
 /* Everything any tool parses; each tool accepts a subset. */
