@@ -119,10 +119,15 @@ static int to_root(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
 }
 
 /* Rank 0 keeps the slowest rank's time t[i] of each iteration (round
- * `round` of ctr): a phase is done when its last rank is (a rank that
- * leaves the barrier late may have moved its peers' data before its clock
- * started, so one rank's times alone under- or overstate it). */
-static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
+ * `round`, 1 to BENCH_ROUNDS, on its own word of ctrs): a phase is done
+ * when its last rank is (a rank that leaves the barrier late may have
+ * moved its peers' data before its clock started, so one rank's times
+ * alone under- or overstate it).  Each round counts on a word of its
+ * own: the ranks post their rounds one after the other without waiting,
+ * and on a shared word a fast rank's later rounds would make up the count
+ * of a round whose slow rank's times had not come. */
+#define BENCH_ROUNDS 8
+static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctrs,
 		   uint64_t round, uint64_t *t, long n)
 {
 	const uint64_t *b = fabep_heap_ptr(comm, buf);
@@ -131,7 +136,7 @@ static int slowest(fabep_comm_t *comm, fabep_off_t buf, fabep_off_t ctr,
 
 	if (n <= 0)
 		return 0;
-	ret = to_root(comm, buf, ctr, round, t, n);
+	ret = to_root(comm, buf, ctrs + 8 * (round - 1), 1, t, n);
 	if (ret || fabep_comm_rank(comm))
 		return ret;
 	for (r = 1; r < fabep_comm_size(comm); r++)
@@ -585,7 +590,7 @@ static int mb_heap(struct moe_bench *s)
 				    &s->tbuf)) ||
 	    (ret = fabep_heap_alloc(comm, 16 * size, 64, &s->lens)) ||
 	    (ret = fabep_heap_alloc(comm, 8, 64, &s->lctr)) ||
-	    (ret = fabep_heap_alloc(comm, 8, 64, &s->tctr))) {
+	    (ret = fabep_heap_alloc(comm, 8 * BENCH_ROUNDS, 64, &s->tctr))) {
 		if (!s->rank)
 			fprintf(stderr, "%s: set FABEP_HEAP_SIZE=%zu\n", tool_name,
 				bench_moe_heap_bytes(s->o, s->size));
