@@ -208,6 +208,40 @@ floor_ok dispatch bf16 0 || fail "fabep_bench -o dispatch (copy): floor or live 
 floor_ok dispatch bf16 1 || fail "fabep_bench -o dispatch (zero-copy): floor or live reference wrong"
 floor_ok combine bf16 0 || fail "fabep_bench -o combine: floor or live reference wrong"
 
+# each rank's median call: least <= median rank's <= largest <= the
+# median of the iterations' slowest ranks (each rank's time is at most
+# its iteration's slowest), slowest_rank a rank; a rank whose clock runs
+# 30 ms longer after each call (FABEP_BENCH_SLOW_US on
+# FABEP_BENCH_SLOW_RANK) must be the one named, its median the largest
+# by that much, the others' untouched; a rank out of range is refused
+spread_ok() { # op slow_rank slow_us (0: none)
+	expect 0 env FABEP_BENCH_SLOW_RANK="$2" FABEP_BENCH_SLOW_US="$3" \
+		"$bench" -p shm -o "$1" -n 4 -t 8 -H 256 -e 16 -I 5 -w 1 -m || return 1
+	awk -v want="$2" -v us="$3" '/^op: / {
+		for (i = 1; i < NF; i += 2)
+			v[$i] = $(i + 1)
+		lo = v["rank_min_us:"]; md = v["rank_median_us:"]
+		hi = v["rank_max_us:"]; r = v["slowest_rank:"]
+		if (!(lo > 0) || md < lo || hi < md || hi > v["median_us:"] + 0.05 ||
+		    r !~ /^[0-3]$/ ||
+		    (us > 0 && (r != want || hi < us || md > us))) {
+			print "rank_min_us " lo ", rank_median_us " md \
+			      ", rank_max_us " hi ", median_us " v["median_us:"] \
+			      ", slowest_rank " r " (want " want ")"
+			exit 1
+		}
+		n++
+	}
+	END { exit n == 1 ? 0 : 1 }' "$tmp.out"
+}
+spread_ok dispatch 0 0 || fail "fabep_bench -o dispatch: per-rank figures wrong"
+spread_ok combine 2 30000 || fail "fabep_bench -o combine: the slow rank not named"
+spread_ok moe 3 30000 || fail "fabep_bench -o moe: the slow rank not named"
+expect 1 env FABEP_BENCH_SLOW_RANK=4 FABEP_BENCH_SLOW_US=10 "$bench" -p shm \
+	-o dispatch -n 4 -t 8 -H 256 -e 16 -I 2 -m &&
+	grep -q 'FABEP_BENCH_SLOW_RANK="4" is not an integer in \[0, 3\]' "$tmp.err" ||
+	fail "fabep_bench: FABEP_BENCH_SLOW_RANK past the ranks not refused"
+
 # a floor far above the write (copy mode, top-16, rows of 4096: 8 rows per
 # token per rank, the floor about 15 times the write on a quiet machine):
 # the overlap bound must hold the floor's copy (at least half its time:

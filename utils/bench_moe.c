@@ -408,6 +408,11 @@ struct moe_bench {
 	fabep_moe_timing_t tm;
 	long iters, warmup, citers;
 	long expert_us;       /* FABEP_BENCH_EXPERT_US */
+	long slow_us, slow_rank; /* FABEP_BENCH_SLOW_US, FABEP_BENCH_SLOW_RANK */
+	/* every rank's median call (rank 0, from the phase's times): the
+	 * least, the median rank's, the largest, and the rank with it */
+	uint64_t rk_min, rk_med, rk_max;
+	int rk_at;
 	size_t n, H, k, elt, rec, nsc, slot, crow;
 	size_t maxrun, bytes, xbytes, xqbytes, evsz, ptl;
 	size_t recs_all, dtok_all, lbytes, fbytes;
@@ -428,6 +433,24 @@ struct moe_bench {
 	int ok, all_ok;
 };
 
+static void pause_us(long us)
+{
+	struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+/* FABEP_BENCH_SLOW_US on FABEP_BENCH_SLOW_RANK: that rank's clock runs
+ * on for the pause after each timed call has returned, as a rank slow
+ * in its own work would; the next call's barrier absorbs it, so the
+ * others' times stay what they are. */
+static void mb_slow(const struct moe_bench *s)
+{
+	if (s->slow_us && s->rank == s->slow_rank)
+		pause_us(s->slow_us);
+}
+
 /* The configuration from the options and the environment, and the
  * handle; nothing to free on failure. */
 static int mb_setup(struct moe_bench *s)
@@ -442,7 +465,9 @@ static int mb_setup(struct moe_bench *s)
 		s->sbuf = e && *e && strcmp(e, "0") && cfg->token_type != FABEP_MOE_FP8;
 		e = getenv("FABEP_BENCH_PULL");
 		s->do_pull = e && *e && strcmp(e, "0");
-		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &s->expert_us) < 0)
+		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &s->expert_us) < 0 ||
+		    fep_env_long("FABEP_BENCH_SLOW_US", 0, 10000000, &s->slow_us) < 0 ||
+		    fep_env_long("FABEP_BENCH_SLOW_RANK", 0, s->size - 1, &s->slow_rank) < 0)
 			return -EINVAL;  /* logged */
 	}
 	s->n = (size_t)cfg->max_tokens;
@@ -778,6 +803,8 @@ static int mb_iteration(struct moe_bench *s, long it, int *failed)
 	ret = fabep_moe_dispatch(s->moe, din, dsc, s->n, s->ids, s->w, &s->rv);
 	if (ret)
 		return ret;
+	if (s->do_d)
+		mb_slow(s);
 	if (s->do_d && it >= 0) {
 		s->lat[it] = tool_now_ns() - t0;
 		fabep_moe_timing(s->moe, &s->tm);
@@ -792,12 +819,8 @@ static int mb_iteration(struct moe_bench *s, long it, int *failed)
 	if (ret)
 		return ret;
 	*failed = 1;
-	if (s->expert_us) {  /* the expert's compute: fabep's threads idle */
-		struct timespec ts = { s->expert_us / 1000000,
-				       (s->expert_us % 1000000) * 1000 };
-
-		nanosleep(&ts, NULL);
-	}
+	if (s->expert_us)  /* the expert's compute: fabep's threads idle */
+		pause_us(s->expert_us);
 	ret = fabep_barrier(s->comm);
 	if (ret)
 		return ret;
@@ -805,6 +828,8 @@ static int mb_iteration(struct moe_bench *s, long it, int *failed)
 	ret = fabep_moe_combine(s->moe, s->y, s->H, 0, s->outb, s->H, NULL, NULL);
 	if (ret)
 		return ret;
+	if (s->do_c)
+		mb_slow(s);
 	if (it >= 0) {
 		s->lat[it] = (s->do_d ? s->lat[it] : 0) +
 			(s->do_c ? tool_now_ns() - t0 : 0);
@@ -820,6 +845,42 @@ static int mb_iteration(struct moe_bench *s, long it, int *failed)
 	if (s->o->check && it == s->iters - 1)
 		mb_check(s);
 	return 0;
+}
+
+/* Rank 0, after slowest() of the phase's times (buf holds every rank's
+ * n times): each rank's median, and of those the least, the median
+ * rank's and the largest, with the lowest rank that has it.  A phase
+ * waits for its last rank, so one rank far above the others (a slow
+ * core, host or link) sets every iteration's time.  Without memory
+ * for it (or times), rk_at stays -1 (reported as unknown, the run goes
+ * on). */
+static void rank_spread(struct moe_bench *s, fabep_off_t buf, long n)
+{
+	const uint64_t *b = fabep_heap_ptr(s->comm, buf);
+	uint64_t *v = n > 0 ? malloc((size_t)n * sizeof(*v)) : NULL;
+	uint64_t *med = malloc((size_t)s->size * sizeof(*med));
+	int r;
+
+	s->rk_at = -1;  /* unknown: printed as such */
+	if (!v || !med) {
+		free(v);
+		free(med);
+		return;
+	}
+	for (r = 0; r < s->size; r++) {
+		memcpy(v, b + (size_t)r * (size_t)n, (size_t)n * sizeof(*v));
+		qsort(v, (size_t)n, sizeof(*v), cmp_u64);
+		med[r] = v[n / 2];
+		if (r == 0 || med[r] > s->rk_max) {
+			s->rk_max = med[r];
+			s->rk_at = r;
+		}
+	}
+	qsort(med, (size_t)s->size, sizeof(*med), cmp_u64);
+	s->rk_min = med[0];
+	s->rk_med = med[s->size / 2];
+	free(v);
+	free(med);
 }
 
 /* The reference: the same bytes to each peer with fabep_put, with warm
@@ -884,6 +945,8 @@ static int mb_refs(struct moe_bench *s, int *failed)
 
 		if (!ret)
 			ret = slowest(comm, s->tbuf, s->tctr, 1, s->lat, s->iters);
+		if (!ret && !s->rank)
+			rank_spread(s, s->tbuf, s->iters);
 		if (!ret)
 			ret = slowest(comm, s->tbuf + part, s->tctr, 2, s->ref,
 				      s->iters);
@@ -1052,6 +1115,9 @@ static void mb_report(struct moe_bench *s, FILE *out)
 	const char *mode = s->cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
 	double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
 	double lvmed, lgbps, fmed, ceil_live, omed, ceil_ov, pmed;
+	double rkmin = s->rk_at >= 0 ? (double)s->rk_min / 1e3 : -1;
+	double rkmed = s->rk_at >= 0 ? (double)s->rk_med / 1e3 : -1;
+	double rkmax = s->rk_at >= 0 ? (double)s->rk_max / 1e3 : -1;
 
 	qsort(s->lat, (size_t)iters, sizeof(*s->lat), cmp_u64);
 	qsort(s->ref, (size_t)iters, sizeof(*s->ref), cmp_u64);
@@ -1097,7 +1163,9 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			"ref_live_GBps: %.3f ratio_live: %.3f floor_bytes: %zu "
 			"floor_us: %.1f ceiling_live: %.3f overlap_us: %.1f "
 			"ceiling_overlap: %.3f channels: %d check: %s "
-			"put_us: %.1f signal: %s pull_us: %.1f\n", o->op,
+			"put_us: %.1f signal: %s pull_us: %.1f rank_min_us: %.1f "
+			"rank_median_us: %.1f rank_max_us: %.1f slowest_rank: %d\n",
+			o->op,
 			fabep_comm_provider(comm), s->size, s->n, s->H, s->k,
 			s->cfg.num_experts, fmt, bytes, med, mn, gbps, rgbps,
 			rgbps > 0 ? gbps / rgbps : 0, mode, rmed, wmed,
@@ -1108,7 +1176,8 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
 			omed, ceil_ov, fabep_comm_channels(comm), chk,
 			(double)s->putt[iters / 2] / 1e3,
-			fabep_signal_name(fabep_comm_signal(comm)), pmed);
+			fabep_signal_name(fabep_comm_signal(comm)), pmed, rkmin,
+			rkmed, rkmax, s->rk_at);
 	else {
 		fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 			"%d channels, rank 0's figures; bytes = what rank 0 "
@@ -1124,6 +1193,10 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, s->n, s->H, s->k,
 			s->cfg.num_experts, bytes, med, mn, gbps, rgbps,
 			rgbps > 0 ? gbps / rgbps : 0, chk);
+		if (s->rk_at >= 0)
+			fprintf(out, "# ranks: each rank's median call took %.1f "
+				"to %.1f us (the median rank's %.1f); rank %d "
+				"took longest\n", rkmin, rkmax, rkmed, s->rk_at);
 		fprintf(out, "# mode %s: wire (puts + waits) median %.1f us, "
 			"ratio to ref %.3f; local work median %.1f us for %zu "
 			"bytes moved, memcpy of half of them %.1f us (%.3f of "
