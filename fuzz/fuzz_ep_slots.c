@@ -99,7 +99,8 @@ static uint64_t ref_signals(struct fabep_moe *m, int b, uint64_t seq)
  * magic, a status that is no error code, a count past max_tokens, record
  * signals neither 0 nor one per data chunk, more rows announced than
  * count * top_k, a record's token index or expert id out of range,
- * records that do not bring the rows per expert their header announced),
+ * records that do not bring the rows per expert their header announced,
+ * more rows than max_tokens from a peer that asks for them back as rows),
  * else the status of the lowest failing rank, else 0.  A failing rank's
  * status comes before a peer's bad record signals. */
 static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
@@ -142,6 +143,11 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		for (e = 0; e < m->L; e++)
 			sum += ann[e];
 		if (sum > (uint64_t)cnt[r] * (uint64_t)m->k)
+			return REF_PROTOCOL;
+		/* a peer that asks for its rows back as rows (its combine
+		 * slot here holds max_tokens rows) sends no more */
+		if (r != m->rank && (fl[r] & FEP_EP_HDR_ROWS) &&
+		    sum > (uint64_t)m->cfg.max_tokens)
 			return REF_PROTOCOL;
 		rows += sum;
 		/* where the header says every rank's rows per expert follow
