@@ -692,6 +692,139 @@ START_TEST(cpus_own_cores)
 }
 END_TEST
 
+/* The queues' warm-up at creation (FABEP_QUEUE_WARMUP): where any rank
+ * asks for it (auto: shm with more ranks than CPUs and at most
+ * FEP_WARM_AUTO_PEERS peer endpoints), every rank's
+ * counter holds the signals of every peer on every channel, the
+ * endpoint's queue depth of them (at most FEP_WARM_MAX); else none. */
+struct warm_plan {
+	const char *prov;
+	const char *env[3];     /* FABEP_QUEUE_WARMUP per rank, NULL: unset */
+	int cpu[3];             /* the CPU each rank is bound to, -1: any */
+	const char *channels;   /* FABEP_CHANNELS (cqdata), NULL: unset */
+	int warmed;             /* expected on every rank */
+};
+
+static int warm_rank(int rank, int size, void *arg)
+{
+	const struct warm_plan *pl = arg;
+	fabep_comm_t *comm = NULL;
+	uint64_t got, want = 0;
+	int ret, bad = 0;
+
+	if (pl->env[rank])
+		setenv("FABEP_QUEUE_WARMUP", pl->env[rank], 1);
+	else
+		unsetenv("FABEP_QUEUE_WARMUP");
+	if (pl->channels) {
+		setenv("FABEP_CHANNELS", pl->channels, 1);
+		setenv("FABEP_SIGNAL", "cqdata", 1);
+	}
+	if (pl->cpu[rank] >= 0) {
+		cpu_set_t set;
+
+		CPU_ZERO(&set);
+		CPU_SET(pl->cpu[rank], &set);
+		if (sched_setaffinity(0, sizeof(set), &set)) {
+			perror("sched_setaffinity");
+			return 1;
+		}
+	}
+	ret = fabep_comm_create(NULL, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if (pl->warmed)
+		want = (uint64_t)FEP_MIN(comm->fab->info->rx_attr->size, FEP_WARM_MAX) *
+		       (uint64_t)comm->fab->nchan * (uint64_t)(size - 1);
+	got = fep_counter_load(comm->fab, comm->warm_ctr);
+	if (got != want) {
+		fprintf(stderr, "rank %d of %d (%s, %d channels): %llu warm-up "
+			"signals, expected %llu\n", rank, size, pl->prov,
+			comm->fab->nchan, (unsigned long long)got,
+			(unsigned long long)want);
+		bad = 1;
+	}
+	if (pl->channels && comm->fab->nchan != atoi(pl->channels)) {
+		fprintf(stderr, "rank %d: %d channels, asked for %s\n", rank,
+			comm->fab->nchan, pl->channels);
+		bad = 1;
+	}
+	ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
+		bad = 1;
+	}
+	return fabep_comm_destroy(comm) || bad;
+}
+
+static void warm_run(const struct warm_plan *pl, int n)
+{
+	if (!fep_test_have_provider(pl->prov))
+		return;
+	fep_test_use_provider(pl->prov);
+	ck_assert_msg(fep_test_run_ranks(n, 120, warm_rank, (void *)pl) == 0,
+		      "%d ranks on %s: the queues' warm-up not as planned", n,
+		      pl->prov);
+}
+
+START_TEST(queue_warmup)
+{
+	static const char *bad[] = { "sometimes", "2", "Never" };
+	int expect = -EINVAL, c0, c1 = -1, i;
+	cpu_set_t all;
+
+	fep_test_need_provider("shm");
+	fep_test_need_provider("tcp");
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	for (c0 = 0; !CPU_ISSET(c0, &all); c0++)
+		;
+	for (i = c0 + 1; i < CPU_SETSIZE && c1 < 0; i++)
+		if (CPU_ISSET(i, &all))
+			c1 = i;
+	{       /* two ranks on one CPU: warmed by default, not with never */
+		struct warm_plan a = { "shm", { NULL, NULL }, { c0, c0 }, NULL, 1 };
+		struct warm_plan b = { "shm", { "never", "never" }, { c0, c0 }, NULL, 0 };
+
+		warm_run(&a, 2);
+		warm_run(&b, 2);
+	}
+	if (c1 >= 0) {  /* a CPU each: not by default; one that asks warms all */
+		struct warm_plan a = { "shm", { NULL, NULL }, { c0, c1 }, NULL, 0 };
+		struct warm_plan b = { "shm", { "auto", "always" }, { c0, c1 }, NULL, 1 };
+
+		warm_run(&a, 2);
+		warm_run(&b, 2);
+	}
+	{       /* three ranks crowded on one CPU: with three channels each
+		 * (6 peer endpoints), not with five (10) */
+		struct warm_plan a = { "shm", { NULL, NULL, NULL }, { c0, c0, c0 },
+				       "3", 1 };
+		struct warm_plan b = { "shm", { NULL, NULL, NULL }, { c0, c0, c0 },
+				       "5", 0 };
+
+		ck_assert_int_eq(2 * 3 <= FEP_WARM_AUTO_PEERS &&
+				 2 * 5 > FEP_WARM_AUTO_PEERS, 1);
+		warm_run(&a, 3);
+		warm_run(&b, 3);
+	}
+	{       /* asked for on tcp */
+		struct warm_plan a = { "tcp", { "always", "1" }, { -1, -1 }, NULL, 1 };
+
+		warm_run(&a, 2);
+	}
+	unsetenv("FABEP_CHANNELS");
+	unsetenv("FABEP_SIGNAL");
+	for (i = 0; i < (int)(sizeof(bad) / sizeof(bad[0])); i++) {
+		setenv("FABEP_QUEUE_WARMUP", bad[i], 1);
+		ck_assert_msg(fep_test_run_ranks(1, 30, bad_env_rank, &expect) == 0,
+			      "FABEP_QUEUE_WARMUP=\"%s\" accepted", bad[i]);
+	}
+	unsetenv("FABEP_QUEUE_WARMUP");
+}
+END_TEST
+
 START_TEST(unsupported_signal)
 {
 	int expect = -FABEP_ERR_NO_SIGNAL;
@@ -1896,6 +2029,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, bad_provider);
 	tcase_add_test(tc, bad_signal);
 	tcase_add_test(tc, numa_node_env);
+	tcase_add_test(tc, queue_warmup);
 	tcase_add_test(tc, cpus_crowd);
 	tcase_add_test(tc, cpus_own_cores);
 	tcase_add_test(tc, unsupported_signal);

@@ -52,7 +52,22 @@ struct fabep_comm {
 	 * barriers this rank has entered */
 	uint64_t dis_ctr;     /* [FEP_DIS_ROUNDS] */
 	uint64_t dis_seq;
+	/* FABEP_QUEUE_WARMUP (-1 never, 0 auto, 1 always), and the counter of
+	 * the queues' warm-up (fep_comm_warm_queues) */
+	int queue_warm;
+	uint64_t warm_ctr;
 };
+
+/* The queues' warm-up sends each peer on each channel the endpoint's
+ * rx_attr->size signals, at most this many (comm.c,
+ * fep_comm_warm_queues). */
+#define FEP_WARM_MAX 4096
+/* By default (FABEP_QUEUE_WARMUP=auto) only where each rank sends to at
+ * most this many peer endpoints (peers times channels): the warm-up's
+ * cost grows with them, while the slow first calls it removes were
+ * measured where ranks crowd onto a few CPUs (4 and 8 ranks on 2), not
+ * at 32 ranks on 16 cores (comm.c, fep_comm_warm_up). */
+#define FEP_WARM_AUTO_PEERS 8
 
 /* Rounds of the dissemination barrier: ceil(log2 size) for any int size. */
 #define FEP_DIS_ROUNDS 32
