@@ -530,6 +530,36 @@ START_TEST(numa_node_env)
 }
 END_TEST
 
+/* Bind this rank to set (NULL: leave it), then create a communicator
+ * from the environment; 0, or -1 with what failed on stderr. */
+static int bound_comm(int rank, const cpu_set_t *set, fabep_comm_t **comm)
+{
+	int ret;
+
+	if (set && sched_setaffinity(0, sizeof(*set), set)) {
+		perror("sched_setaffinity");
+		return -1;
+	}
+	ret = fabep_comm_create(NULL, comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return -1;
+	}
+	return 0;
+}
+
+/* A rank's end: a barrier, then destroy; 1 where either failed or bad. */
+static int end_comm(int rank, fabep_comm_t *comm, int bad)
+{
+	int ret = fabep_barrier(comm);
+
+	if (ret) {
+		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
+		bad = 1;
+	}
+	return fabep_comm_destroy(comm) || bad;
+}
+
 /* Who shares a rank's CPUs.  Each rank binds itself to its set of the
  * plan before it creates the communicator; then its waits must yield
  * from the start exactly where more ranks than CPUs may run on its
@@ -546,19 +576,12 @@ static int crowd_rank(int rank, int size, void *arg)
 {
 	const struct crowd_plan *pl = arg;
 	fabep_comm_t *comm = NULL;
-	int ret, bad = 0, threads;
+	int bad = 0, threads;
 
 	(void)size;
 	unsetenv("FABEP_THREADS");
-	if (sched_setaffinity(0, sizeof(pl->set[rank]), &pl->set[rank])) {
-		perror("sched_setaffinity");
+	if (bound_comm(rank, &pl->set[rank], &comm))
 		return 1;
-	}
-	ret = fabep_comm_create(NULL, &comm);
-	if (ret) {
-		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
-		return 1;
-	}
 	threads = fabep_comm_threads(comm);
 	if (comm->fab->oversubscribed != (pl->over[rank] != 0)) {
 		fprintf(stderr, "rank %d of %d (%d CPUs of its own set): waits %s, "
@@ -574,12 +597,7 @@ static int crowd_rank(int rank, int size, void *arg)
 			rank, pl->n, threads, pl->threads[rank]);
 		bad = 1;
 	}
-	ret = fabep_barrier(comm);
-	if (ret) {
-		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
-		bad = 1;
-	}
-	return fabep_comm_destroy(comm) || bad;
+	return end_comm(rank, comm, bad);
 }
 
 /* The CPUs this process may use, by physical core: out[i] is a CPU of
@@ -710,7 +728,8 @@ static int warm_rank(int rank, int size, void *arg)
 	const struct warm_plan *pl = arg;
 	fabep_comm_t *comm = NULL;
 	uint64_t got, want = 0;
-	int ret, bad = 0;
+	cpu_set_t set;
+	int bad = 0;
 
 	if (pl->env[rank])
 		setenv("FABEP_QUEUE_WARMUP", pl->env[rank], 1);
@@ -720,21 +739,11 @@ static int warm_rank(int rank, int size, void *arg)
 		setenv("FABEP_CHANNELS", pl->channels, 1);
 		setenv("FABEP_SIGNAL", "cqdata", 1);
 	}
-	if (pl->cpu[rank] >= 0) {
-		cpu_set_t set;
-
-		CPU_ZERO(&set);
+	CPU_ZERO(&set);
+	if (pl->cpu[rank] >= 0)
 		CPU_SET(pl->cpu[rank], &set);
-		if (sched_setaffinity(0, sizeof(set), &set)) {
-			perror("sched_setaffinity");
-			return 1;
-		}
-	}
-	ret = fabep_comm_create(NULL, &comm);
-	if (ret) {
-		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+	if (bound_comm(rank, pl->cpu[rank] >= 0 ? &set : NULL, &comm))
 		return 1;
-	}
 	if (pl->warmed)
 		want = (uint64_t)FEP_MIN(comm->fab->info->rx_attr->size, FEP_WARM_MAX) *
 		       (uint64_t)comm->fab->nchan * (uint64_t)(size - 1);
@@ -751,18 +760,11 @@ static int warm_rank(int rank, int size, void *arg)
 			comm->fab->nchan, pl->channels);
 		bad = 1;
 	}
-	ret = fabep_barrier(comm);
-	if (ret) {
-		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
-		bad = 1;
-	}
-	return fabep_comm_destroy(comm) || bad;
+	return end_comm(rank, comm, bad);
 }
 
 static void warm_run(const struct warm_plan *pl, int n)
 {
-	if (!fep_test_have_provider(pl->prov))
-		return;
 	fep_test_use_provider(pl->prov);
 	ck_assert_msg(fep_test_run_ranks(n, 120, warm_rank, (void *)pl) == 0,
 		      "%d ranks on %s: the queues' warm-up not as planned", n,
