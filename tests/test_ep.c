@@ -1104,11 +1104,11 @@ out:
 /* fabep_moe_combine, whose own run sums into out the tokens whose rows
  * have all come, against the halves, which sum after the wait: the same
  * tokens, routing and expert rows must give the same bits (and the
- * reference's values).  Rank 0 starts its combine late, so that the
- * peers' rows come during its own run.  Returns the tokens this rank's
- * own run summed into out (>= 0), or -1 (logged). */
+ * reference's values).  Rank 0 starts its combine late_ms late, so
+ * that the peers' rows come during its own run.  Returns the tokens this
+ * rank's own run summed into out (>= 0), or -1 (logged). */
 static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
-			int size, int round)
+			int size, int round, unsigned late_ms)
 {
 	struct input *all = calloc((size_t)size, sizeof(*all));
 	size_t H = (size_t)p->hidden, elt = p->ct == FABEP_MOE_FP32 ? 4 : 2;
@@ -1138,7 +1138,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 	out2 = calloc(me->n + 1, H * elt);
 	rows_init(&rs, p, me->n, out);
 	if (!rank)
-		usleep(20000);
+		usleep(late_ms * 1000u);
 	ret = fabep_moe_combine(moe, y, H, 0, out, H, count_row, &rs);
 	if (ret) {
 		fprintf(stderr, "rank %d round %d: combine: %s\n", rank, round,
@@ -1186,7 +1186,11 @@ static int ep_rank(int rank, int size, void *arg)
 	fabep_moe_t *moe = NULL;
 	fabep_moe_config_t cfg;
 	int round, ret, rc = 1;
-	long fused = 0, f;
+	long fused = 0, f = 0;
+	/* rank 0's lateness in the fused rounds: doubled after a round whose
+	 * own run summed nothing, for the peers' combines can take longer
+	 * than it (sanitizers, more ranks than CPUs) */
+	unsigned late_ms = 20;
 
 	ret = make(p, rank, size, &comm, &moe, &cfg);
 	if (ret == 2) {
@@ -1196,13 +1200,16 @@ static int ep_rank(int rank, int size, void *arg)
 	if (ret)
 		return ret == 77 ? 77 : 1;
 	for (round = 1; p->fused && round <= p->rounds; round++) {
-		if ((f = fused_round(p, moe, rank, size, round)) < 0)
+		if (round > 1 && !f && late_ms < 1280)
+			late_ms *= 2;
+		if ((f = fused_round(p, moe, rank, size, round, late_ms)) < 0)
 			goto done;
 		fused += f;
 	}
 	if (p->fused && !rank && !fused) {
 		fprintf(stderr, "rank 0: its own run summed no token into out in "
-			"%d rounds (the peers' rows came during it)\n", p->rounds);
+			"%d rounds, the last one started %u ms late\n", p->rounds,
+			late_ms);
 		goto done;
 	}
 	for (round = 1; !p->fused && round <= p->rounds; round++) {
