@@ -6,10 +6,15 @@
  *
  * Rank bodies must report failure by returning nonzero (after printing
  * why), not with ck_assert: they run in grandchildren of Check's runner.
+ * A rank's stderr goes through a pipe that the parent copies to its own
+ * as it comes, keeping the rank's last line for the tests' failure
+ * messages (fep_test_rank_said): the TAP output, which is all that some
+ * logs keep, then says why a rank failed.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,16 +117,92 @@ int fep_test_free_port(void)
 	return -1;
 }
 
+/* A rank's stderr as the parent reads it: the line being read, and the
+ * last complete one that was not the harness's own. */
+struct harness_out {
+	int fd;        /* the pipe's read end; -1 once closed */
+	size_t len;
+	char line[512];
+};
+
+#define HARNESS_SAID_RANKS 64
+static char harness_said[HARNESS_SAID_RANKS][256];
+
+/* Copy what rank r has written to stderr so far to this process's stderr;
+ * keep its last line.  At end of file, close the pipe. */
+static void harness_drain(struct harness_out *o, int r)
+{
+	char buf[4096];
+	ssize_t n, i, off;
+
+	while (o->fd >= 0) {
+		n = read(o->fd, buf, sizeof(buf));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			if (n == 0 || errno != EAGAIN) {
+				close(o->fd);
+				o->fd = -1;
+			}
+			return;
+		}
+		for (off = 0; off < n;) {
+			ssize_t w = write(STDERR_FILENO, buf + off, (size_t)(n - off));
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				break;  /* nowhere to copy it: keep the line only */
+			off += w;
+		}
+		for (i = 0; i < n; i++) {
+			if (buf[i] != '\n') {
+				if (o->len < sizeof(o->line) - 1)
+					o->line[o->len++] = buf[i];
+				continue;
+			}
+			o->line[o->len] = '\0';
+			if (o->len && strncmp(o->line, "harness:", 8) &&
+			    r < HARNESS_SAID_RANKS) {
+				size_t k = FEP_MIN(o->len, sizeof(harness_said[r]) - 1);
+
+				memcpy(harness_said[r], o->line, k);
+				harness_said[r][k] = '\0';
+			}
+			o->len = 0;
+		}
+	}
+}
+
+const char *fep_test_rank_said(int rank)
+{
+	if (rank < 0 || rank >= HARNESS_SAID_RANKS)
+		return "";
+	return harness_said[rank];
+}
+
 static void harness_child(int rank, int size, int port, fep_test_rank_fn fn,
-			  void *arg, pid_t parent)
+			  void *arg, pid_t parent, struct harness_out *outs,
+			  int err_fd)
 {
 	char buf[32];
-	int rc;
+	int rc, r;
 
 	/* Die with the test process (Check kills it on its timeout). */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
 		_exit(127);
+	/* stderr into this rank's pipe; the other ranks' read ends (and
+	 * this one's) are the parent's */
+	fflush(stderr);
+	if (err_fd >= 0) {
+		dup2(err_fd, STDERR_FILENO);
+		close(err_fd);
+	}
+	for (r = 0; r <= rank; r++)
+		if (outs[r].fd >= 0)
+			close(outs[r].fd);
+	free(outs);  /* the parent's */
 	snprintf(buf, sizeof(buf), "%d", rank);
 	setenv("FABEP_RANK", buf, 1);
 	snprintf(buf, sizeof(buf), "%d", size);
@@ -154,8 +235,9 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 {
 	pid_t *pids;
 	pid_t parent = getpid();
+	struct harness_out *outs;
 	uint64_t deadline;
-	int port, r, left, ret = 0, st;
+	int port, r, left, ret = 0, st, pfd[2];
 
 	if (size < 1 || !fn || !status) {
 		fprintf(stderr, "harness: bad arguments (size %d)\n", size);
@@ -165,33 +247,55 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 	if (port < 0)
 		return -1;
 	pids = calloc((size_t)size, sizeof(*pids));
-	if (!pids) {
+	outs = calloc((size_t)size, sizeof(*outs));
+	if (!pids || !outs) {
 		fprintf(stderr, "harness: out of memory\n");
+		free(pids);
+		free(outs);
 		return -1;
+	}
+	for (r = 0; r < size; r++) {
+		outs[r].fd = -1;
+		if (r < HARNESS_SAID_RANKS)
+			harness_said[r][0] = '\0';
 	}
 	fflush(stdout);
 	fflush(stderr);
 	for (r = 0; r < size; r++) {
 		status[r] = -1;
+		/* without a pipe the rank writes to stderr directly */
+		if (pipe2(pfd, O_CLOEXEC))
+			pfd[0] = pfd[1] = -1;
 		pids[r] = fork();
 		if (pids[r] < 0) {
 			fprintf(stderr, "harness: fork of rank %d: %s\n", r,
 				strerror(errno));
+			if (pfd[0] >= 0) {
+				close(pfd[0]);
+				close(pfd[1]);
+			}
 			ret = -1;
 			size = r; /* reap what was started */
 			for (r = 0; r < size; r++)
 				kill(pids[r], SIGKILL);
 			break;
 		}
+		outs[r].fd = pfd[0];
 		if (pids[r] == 0) {
 			free(pids); /* the parent's: not the rank's to leak */
-			harness_child(r, size, port, fn, arg, parent);
+			harness_child(r, size, port, fn, arg, parent, outs, pfd[1]);
+		}
+		if (pfd[1] >= 0) {
+			close(pfd[1]);
+			fcntl(pfd[0], F_SETFL, fcntl(pfd[0], F_GETFL) | O_NONBLOCK);
 		}
 	}
 
 	deadline = harness_now_ms() + (uint64_t)timeout_s * 1000;
 	left = size;
 	while (left) {
+		for (r = 0; r < size; r++)
+			harness_drain(&outs[r], r);
 		for (r = 0; r < size; r++) {
 			pid_t p;
 
@@ -251,6 +355,14 @@ static int harness_run(int size, int timeout_s, fep_test_rank_fn fn,
 		}
 		harness_sleep_ms(2);
 	}
+	/* what the ranks wrote last; a pipe that something a rank started
+	 * still holds open is closed unread */
+	for (r = 0; r < size; r++) {
+		harness_drain(&outs[r], r);
+		if (outs[r].fd >= 0)
+			close(outs[r].fd);
+	}
+	free(outs);
 	free(pids);
 	return ret;
 }

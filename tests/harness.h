@@ -34,6 +34,10 @@ int fep_test_run_ranks(int size, int timeout_s, fep_test_rank_fn fn, void *arg);
 int fep_test_run_ranks_status(int size, int timeout_s, fep_test_rank_fn fn,
 			      void *arg, int *status);
 
+/* The last line rank `rank` of the last run wrote to stderr, besides the
+ * harness's own ("" when none): for the test's failure message. */
+const char *fep_test_rank_said(int rank);
+
 /* A TCP port on 127.0.0.1 that was free a moment ago. */
 int fep_test_free_port(void);
 

@@ -522,8 +522,8 @@ static void run(const char *prov, int size, struct ar_run *t)
 		fep_test_skip("%s: communicator creation timed out", prov);
 	for (r = 0; r < size; r++)
 		ck_assert_msg(status[r] == 0, "%s, %d ranks, threshold %s: rank %d "
-			      "exited %d", prov, size, t->os_max ? t->os_max : "auto",
-			      r, status[r]);
+			      "exited %d: %s", prov, size, t->os_max ? t->os_max : "auto",
+			      r, status[r], fep_test_rank_said(r));
 	for (r = 1; r < size; r++)
 		ck_assert_msg(g_hash[r] == g_hash[0], "%s, %d ranks: outputs of "
 			      "rank %d differ from rank 0's", prov, size, r);
@@ -782,8 +782,8 @@ static void run_err(const char *prov, int size, int which)
 	fep_test_use_provider(prov);
 	fep_test_run_ranks_status(size, 60, err_rank, &e, status);
 	for (r = 0; r < size; r++)
-		ck_assert_msg(status[r] == 0, "%s errors %d: rank %d exited %d",
-			      prov, which, r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s errors %d: rank %d exited %d: %s",
+			      prov, which, r, status[r], fep_test_rank_said(r));
 }
 
 /* Every signal strategy that each provider offers (skipped where it

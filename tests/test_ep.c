@@ -1269,8 +1269,8 @@ static void run(const char *prov, int size, struct params *p)
 		fep_test_skip("%s does not offer signal strategy %s here", prov,
 			      fabep_signal_name(p->signal));
 	for (r = 0; r < size; r++)
-		ck_assert_msg(status[r] == 0, "%s, %d ranks: rank %d exited %d", prov,
-			      size, r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s, %d ranks: rank %d exited %d: %s",
+			      prov, size, r, status[r], fep_test_rank_said(r));
 }
 
 /* defaults first, a test's own values override them */
@@ -2277,8 +2277,9 @@ START_TEST(moe)
 		fep_test_skip("sockets: fabep_comm_create timed out (known "
 			      "intermittent warm-up failure)");
 	for (r = 0; r < size; r++)
-		ck_assert_msg(status[r] == 0, "%s, %s, %d ranks: rank %d exited %d",
-			      prov, fabep_signal_name(sig), size, r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s, %s, %d ranks: rank %d exited %d: %s",
+			      prov, fabep_signal_name(sig), size, r, status[r],
+			      fep_test_rank_said(r));
 }
 END_TEST
 

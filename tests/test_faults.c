@@ -549,8 +549,9 @@ static void run_fault(const char *prov, int op, int fault)
 	for (r = 0; r < VICTIM; r++) {
 		struct rank_res *x = &g_sh->res[r];
 
-		ck_assert_msg(status[r] == 0, "%s %s %s: survivor %d exited %d", prov,
-			      op_names[op], fault_names[fault], r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s %s %s: survivor %d exited %d: %s",
+			      prov, op_names[op], fault_names[fault], r,
+			      status[r], fep_test_rank_said(r));
 		ck_assert_msg(x->done, "survivor %d did not finish", r);
 		ck_assert_msg(x->err == -ETIMEDOUT || x->err == -FABEP_ERR_PEER_LOST ||
 			      x->err == -FABEP_ERR_PEER,

@@ -217,16 +217,18 @@ static void run_stress_chan(const char *prov, fabep_signal_t sig, int size,
 		fep_test_skip("%s does not offer signal strategy %s", prov,
 			      fabep_signal_name(sig));
 	for (r = 0; r < size; r++)
-		ck_assert_msg(status[r] == 0, "%s/%s small: rank %d exited %d", prov,
-			      fabep_signal_name(sig), r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s/%s small: rank %d exited %d: %s",
+			      prov, fabep_signal_name(sig), r, status[r],
+			      fep_test_rank_said(r));
 	(void)ret;
 	st.sizes = big_sizes;
 	st.nsizes = (int)(sizeof(big_sizes) / sizeof(big_sizes[0]));
 	st.rounds = big_rounds;
 	ret = fep_test_run_ranks_status(size, 120, stress_rank, &st, status);
 	for (r = 0; r < size; r++)
-		ck_assert_msg(status[r] == 0, "%s/%s big: rank %d exited %d", prov,
-			      fabep_signal_name(sig), r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s/%s big: rank %d exited %d: %s",
+			      prov, fabep_signal_name(sig), r, status[r],
+			      fep_test_rank_said(r));
 }
 
 static void run_stress(const char *prov, fabep_signal_t sig, int size,
@@ -312,8 +314,8 @@ static void run_killed(const char *prov)
 	unsetenv("FABEP_TIMEOUT_MS");
 	ck_assert_msg(status[2] == 128 + SIGKILL, "killed rank status %d", status[2]);
 	for (r = 0; r < 2; r++)
-		ck_assert_msg(status[r] == 10, "%s: survivor %d exited %d", prov, r,
-			      status[r]);
+		ck_assert_msg(status[r] == 10, "%s: survivor %d exited %d: %s", prov,
+			      r, status[r], fep_test_rank_said(r));
 	/* create + 20 barriers + detection within the timeout + destroy (<= 5 s) */
 	ck_assert_msg(dt < 20000, "detection took %llu ms", (unsigned long long)dt);
 }
@@ -362,7 +364,8 @@ static void run_get_killed(const char *prov)
 	fep_test_run_ranks_status(2, 60, get_killed_rank, NULL, status);
 	unsetenv("FABEP_TIMEOUT_MS");
 	ck_assert_msg(status[1] == 128 + SIGKILL, "killed rank status %d", status[1]);
-	ck_assert_msg(status[0] == 10, "%s: survivor exited %d", prov, status[0]);
+	ck_assert_msg(status[0] == 10, "%s: survivor exited %d: %s", prov,
+		      status[0], fep_test_rank_said(0));
 }
 
 START_TEST(get_killed_shm) { run_get_killed("shm"); } END_TEST
@@ -1321,8 +1324,9 @@ static void run_gets(const char *prov, fabep_signal_t sig, int size, int rounds)
 	if (status[0] == 77)
 		fep_test_skip("%s: signal %s not supported", prov, fabep_signal_name(sig));
 	for (r = 0; r < size; r++)
-		ck_assert_msg(status[r] == 0, "%s/%s: rank %d exited %d", prov,
-			      fabep_signal_name(sig), r, status[r]);
+		ck_assert_msg(status[r] == 0, "%s/%s: rank %d exited %d: %s", prov,
+			      fabep_signal_name(sig), r, status[r],
+			      fep_test_rank_said(r));
 }
 
 START_TEST(gets_shm) { run_gets("shm", FABEP_SIGNAL_AUTO, 3, 20); } END_TEST
@@ -1527,7 +1531,8 @@ static void run_cma_pair(fep_test_rank_fn fn)
 	if (status[0] == 77 || status[1] == 77)
 		fep_test_skip("shm does not offer signal strategy cma");
 	for (r = 0; r < 2; r++)
-		ck_assert_msg(status[r] == 0, "rank %d exited %d", r, status[r]);
+		ck_assert_msg(status[r] == 0, "rank %d exited %d: %s", r,
+			      status[r], fep_test_rank_said(r));
 }
 
 START_TEST(destroy_chan_error)
