@@ -373,27 +373,49 @@ int fep_test_run_ranks_status(int size, int timeout_s, fep_test_rank_fn fn,
 	return harness_run(size, timeout_s, fn, arg, status);
 }
 
+/* The last judged run's failed ranks, for fep_test_ranks_failed. */
+static char harness_failed[1024];
+
+const char *fep_test_ranks_failed(void)
+{
+	return harness_failed;
+}
+
 int fep_test_run_ranks(int size, int timeout_s, fep_test_rank_fn fn, void *arg)
 {
 	int *status, r, ret;
+	size_t off = 0;
 
+	harness_failed[0] = '\0';
 	status = calloc((size_t)(size > 0 ? size : 1), sizeof(*status));
 	if (!status) {
 		fprintf(stderr, "harness: out of memory\n");
+		snprintf(harness_failed, sizeof(harness_failed), "out of memory");
 		return -1;
 	}
 	ret = harness_run(size, timeout_s, fn, arg, status);
 	for (r = 0; r < size; r++) {
+		char why[64];
+
 		if (status[r] == 0)
 			continue;
 		if (status[r] > 128)
-			fprintf(stderr, "harness: rank %d of %d died of signal "
-				"%d\n", r, size, status[r] - 128);
-		else if (status[r] > 0)
-			fprintf(stderr, "harness: rank %d of %d exited with "
-				"%d\n", r, size, status[r]);
+			snprintf(why, sizeof(why), "died of signal %d", status[r] - 128);
+		else
+			snprintf(why, sizeof(why), "exited with %d", status[r]);
+		fprintf(stderr, "harness: rank %d of %d %s\n", r, size, why);
+		if (off < sizeof(harness_failed))
+			off += (size_t)snprintf(harness_failed + off,
+						sizeof(harness_failed) - off,
+						"%srank %d of %d %s%s%s", off ? "; " : "",
+						r, size, why,
+						*fep_test_rank_said(r) ? ": " : "",
+						fep_test_rank_said(r));
 		ret = -1;
 	}
+	if (ret && !harness_failed[0])
+		snprintf(harness_failed, sizeof(harness_failed),
+			 "the ranks could not be started (see the log)");
 	free(status);
 	return ret;
 }

@@ -29,6 +29,16 @@ typedef int (*fep_test_rank_fn)(int rank, int size, void *arg);
  */
 int fep_test_run_ranks(int size, int timeout_s, fep_test_rank_fn fn, void *arg);
 
+/* Why the last fep_test_run_ranks failed: each failed rank's status and
+ * last line of stderr (fep_test_rank_said), or "" after a run that
+ * passed. */
+const char *fep_test_ranks_failed(void);
+
+/* Assert that fep_test_run_ranks(...) passes, saying why where not. */
+#define fep_test_ranks_ok(size, timeout_s, fn, arg)                        \
+	ck_assert_msg(fep_test_run_ranks(size, timeout_s, fn, arg) == 0, "%s", \
+		      fep_test_ranks_failed())
+
 /* Like fep_test_run_ranks, but exit statuses are stored in status[size]
  * (exit code, or 128 + signal) instead of being judged. */
 int fep_test_run_ranks_status(int size, int timeout_s, fep_test_rank_fn fn,

@@ -619,7 +619,7 @@ START_TEST(test_tcp_allgather)
 {
 	int size = _i; /* loop test: 2..6 ranks */
 
-	ck_assert_int_eq(fep_test_run_ranks(size, 20, rank_allgather, NULL), 0);
+	fep_test_ranks_ok(size, 20, rank_allgather, NULL);
 }
 END_TEST
 
@@ -658,7 +658,7 @@ static int rank_barrier(int rank, int size, void *arg)
 
 START_TEST(test_tcp_barrier)
 {
-	ck_assert_int_eq(fep_test_run_ranks(4, 15, rank_barrier, NULL), 0);
+	fep_test_ranks_ok(4, 15, rank_barrier, NULL);
 }
 END_TEST
 
@@ -824,7 +824,7 @@ static int rank_watch_bye(int rank, int size, void *arg)
 
 START_TEST(test_tcp_watch_bye)
 {
-	ck_assert_int_eq(fep_test_run_ranks(3, 15, rank_watch_bye, NULL), 0);
+	fep_test_ranks_ok(3, 15, rank_watch_bye, NULL);
 }
 END_TEST
 
@@ -846,7 +846,7 @@ static int rank_len_mismatch(int rank, int size, void *arg)
 
 START_TEST(test_tcp_len_mismatch)
 {
-	ck_assert_int_eq(fep_test_run_ranks(4, 15, rank_len_mismatch, NULL), 0);
+	fep_test_ranks_ok(4, 15, rank_len_mismatch, NULL);
 }
 END_TEST
 
@@ -976,7 +976,7 @@ static int rank_intruders(int rank, int size, void *arg)
 
 START_TEST(test_tcp_intruders)
 {
-	ck_assert_int_eq(fep_test_run_ranks(3, 20, rank_intruders, NULL), 0);
+	fep_test_ranks_ok(3, 20, rank_intruders, NULL);
 }
 END_TEST
 

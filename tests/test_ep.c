@@ -2179,7 +2179,7 @@ START_TEST(shm2_heap_reuse)
 	marks_make(&d, "fep_reuse");
 	ret = fep_test_run_ranks(2, 120, reuse_rank, &d);
 	marks_remove(&d);
-	ck_assert_int_eq(ret, 0);
+	ck_assert_msg(ret == 0, "%s", fep_test_ranks_failed());
 }
 END_TEST
 
@@ -2578,7 +2578,7 @@ START_TEST(shm3_lying_peer)
 	if (!fep_test_have_provider("shm"))
 		return;
 	fep_test_use_provider("shm");
-	ck_assert_int_eq(fep_test_run_ranks(3, 120, liar_rank, NULL), 0);
+	fep_test_ranks_ok(3, 120, liar_rank, NULL);
 }
 END_TEST
 

@@ -450,7 +450,7 @@ START_TEST(shm_cleanup)
 {
 	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
-	ck_assert(fep_test_run_ranks(1, 60, cleanup_rank, NULL) == 0);
+	fep_test_ranks_ok(1, 60, cleanup_rank, NULL);
 }
 END_TEST
 START_TEST(killed_tcp) { run_killed("tcp"); } END_TEST
@@ -476,7 +476,7 @@ START_TEST(bad_provider)
 	int expect = -FABEP_ERR_NO_PROVIDER;
 
 	setenv("FABEP_PROVIDER", "no-such-provider", 1);
-	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+	fep_test_ranks_ok(2, 30, bad_env_rank, &expect);
 	unsetenv("FABEP_PROVIDER");
 }
 END_TEST
@@ -486,7 +486,7 @@ START_TEST(bad_signal)
 	int expect = -EINVAL;
 
 	setenv("FABEP_SIGNAL", "carrier-pigeon", 1);
-	ck_assert_int_eq(fep_test_run_ranks(1, 30, bad_env_rank, &expect), 0);
+	fep_test_ranks_ok(1, 30, bad_env_rank, &expect);
 	unsetenv("FABEP_SIGNAL");
 }
 END_TEST
@@ -523,11 +523,12 @@ START_TEST(numa_node_env)
 	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	setenv("FABEP_NUMA_NODE", "-1", 1);
-	ck_assert_int_eq(fep_test_run_ranks(1, 30, numa_default_rank, NULL), 0);
+	fep_test_ranks_ok(1, 30, numa_default_rank, NULL);
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		setenv("FABEP_NUMA_NODE", bad[i], 1);
 		ck_assert_msg(fep_test_run_ranks(1, 30, bad_env_rank, &expect) == 0,
-			      "FABEP_NUMA_NODE=%s accepted", bad[i]);
+			      "FABEP_NUMA_NODE=%s accepted: %s", bad[i],
+			      fep_test_ranks_failed());
 	}
 	unsetenv("FABEP_NUMA_NODE");
 }
@@ -640,7 +641,8 @@ static void crowd_run(int n, const int *over, const int *threads,
 		pl.threads[r] = threads ? threads[r] : 0;
 	}
 	ck_assert_msg(fep_test_run_ranks(n, 60, crowd_rank, &pl) == 0,
-		      "%d ranks: waits or threads not as the CPU sets say", n);
+		      "%d ranks: waits or threads not as the CPU sets say: %s", n,
+		      fep_test_ranks_failed());
 }
 
 START_TEST(cpus_crowd)
@@ -770,8 +772,8 @@ static void warm_run(const struct warm_plan *pl, int n)
 {
 	fep_test_use_provider(pl->prov);
 	ck_assert_msg(fep_test_run_ranks(n, 120, warm_rank, (void *)pl) == 0,
-		      "%d ranks on %s: the queues' warm-up not as planned", n,
-		      pl->prov);
+		      "%d ranks on %s: the queues' warm-up not as planned: %s", n,
+		      pl->prov, fep_test_ranks_failed());
 }
 
 START_TEST(queue_warmup)
@@ -824,7 +826,8 @@ START_TEST(queue_warmup)
 	for (i = 0; i < (int)(sizeof(bad) / sizeof(bad[0])); i++) {
 		setenv("FABEP_QUEUE_WARMUP", bad[i], 1);
 		ck_assert_msg(fep_test_run_ranks(1, 30, bad_env_rank, &expect) == 0,
-			      "FABEP_QUEUE_WARMUP=\"%s\" accepted", bad[i]);
+			      "FABEP_QUEUE_WARMUP=\"%s\" accepted: %s", bad[i],
+			      fep_test_ranks_failed());
 	}
 	unsetenv("FABEP_QUEUE_WARMUP");
 }
@@ -838,7 +841,7 @@ START_TEST(unsupported_signal)
 	/* shm refuses FI_FENCE (PROVIDERS.md) */
 	setenv("FABEP_PROVIDER", "shm", 1);
 	setenv("FABEP_SIGNAL", "fence", 1);
-	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+	fep_test_ranks_ok(2, 30, bad_env_rank, &expect);
 	unsetenv("FABEP_SIGNAL");
 	unsetenv("FABEP_PROVIDER");
 }
@@ -877,7 +880,7 @@ START_TEST(cma_conditions)
 	if (fep_test_have_provider("tcp")) {
 		fep_test_use_provider("tcp");
 		setenv("FABEP_SIGNAL", "cma", 1);
-		ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+		fep_test_ranks_ok(2, 30, bad_env_rank, &expect);
 		unsetenv("FABEP_SIGNAL");
 	}
 	if (!fep_test_have_provider("shm"))
@@ -885,11 +888,11 @@ START_TEST(cma_conditions)
 	fep_test_use_provider("shm");
 	setenv("FI_SHM_DISABLE_CMA", "1", 1);
 	setenv("FABEP_SIGNAL", "cma", 1);
-	ck_assert_int_eq(fep_test_run_ranks(2, 30, bad_env_rank, &expect), 0);
+	fep_test_ranks_ok(2, 30, bad_env_rank, &expect);
 	unsetenv("FABEP_SIGNAL");
-	ck_assert_int_eq(fep_test_run_ranks(2, 30, cma_auto_rank, NULL), 0);
+	fep_test_ranks_ok(2, 30, cma_auto_rank, NULL);
 	unsetenv("FI_SHM_DISABLE_CMA");
-	ck_assert_int_eq(fep_test_run_ranks(3, 30, cma_auto_rank, "1"), 0);
+	fep_test_ranks_ok(3, 30, cma_auto_rank, "1");
 }
 END_TEST
 
@@ -968,7 +971,7 @@ static int rescue_rank(int rank, int size, void *arg)
 	{                                                               \
 		fep_test_need_provider("shm");                          \
 		fep_test_use_provider("shm");                           \
-		ck_assert_int_eq(fep_test_run_ranks(2, 60, fn, NULL), 0); \
+		fep_test_ranks_ok(2, 60, fn, NULL); \
 	}                                                               \
 	END_TEST
 
@@ -1038,7 +1041,8 @@ START_TEST(barrier_order)
 		memset((void *)b.entered, 0, len);
 		b.channels = i == 2 ? "3" : NULL;
 		ck_assert_msg(fep_test_run_ranks(sizes[i], 60, barrier_rank, &b) == 0,
-			      "%d ranks%s", sizes[i], b.channels ? ", 3 channels" : "");
+			      "%d ranks%s: %s", sizes[i], b.channels ? ", 3 channels" : "",
+			      fep_test_ranks_failed());
 	}
 	munmap((void *)b.entered, len);
 }
@@ -1225,7 +1229,8 @@ START_TEST(shm_reads)
 	fep_test_use_provider("shm");
 	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		ck_assert_msg(fep_test_run_ranks(2, 60, reads_rank, (void *)&sigs[i]) == 0,
-			      "signal %s", fabep_signal_name(sigs[i]));
+			      "signal %s: %s", fabep_signal_name(sigs[i]),
+			      fep_test_ranks_failed());
 }
 END_TEST
 
@@ -1398,8 +1403,8 @@ START_TEST(channels_default)
 			continue;
 		fep_test_use_provider(c[i].prov);
 		ck_assert_msg(fep_test_run_ranks(d.ranks, 60, default_rank, &d) == 0,
-			      "%s with %d ranks of %d threads", c[i].prov, d.ranks,
-			      d.threads);
+			      "%s with %d ranks of %d threads: %s", c[i].prov, d.ranks,
+			      d.threads, fep_test_ranks_failed());
 	}
 }
 END_TEST
@@ -1564,13 +1569,13 @@ START_TEST(channels_bad)
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		setenv("FABEP_CHANNELS", bad[i], 1);
 		ck_assert_msg(fep_test_run_ranks(1, 30, bad_env_rank, &expect) == 0,
-			      "FABEP_CHANNELS=%s accepted", bad[i]);
+			      "FABEP_CHANNELS=%s accepted: %s", bad[i],
+			      fep_test_ranks_failed());
 	}
 	unsetenv("FABEP_CHANNELS");
 	if (fep_test_have_provider("shm")) {
 		fep_test_use_provider("shm");
-		ck_assert_int_eq(fep_test_run_ranks(3, 30, chan_mismatch_rank,
-						    &mismatch), 0);
+		fep_test_ranks_ok(3, 30, chan_mismatch_rank, &mismatch);
 	}
 }
 END_TEST
@@ -1612,7 +1617,7 @@ START_TEST(bad_args)
 {
 	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
-	ck_assert_int_eq(fep_test_run_ranks(2, 60, args_rank, NULL), 0);
+	fep_test_ranks_ok(2, 60, args_rank, NULL);
 }
 END_TEST
 
@@ -1725,8 +1730,8 @@ START_TEST(shm_agree_rounds)
 {
 	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
-	ck_assert_int_eq(fep_test_run_ranks(2, 120, agree_rank, NULL), 0);
-	ck_assert_int_eq(fep_test_run_ranks(3, 120, agree_rank, NULL), 0);
+	fep_test_ranks_ok(2, 120, agree_rank, NULL);
+	fep_test_ranks_ok(3, 120, agree_rank, NULL);
 }
 END_TEST
 
