@@ -12,7 +12,11 @@ mpirun --bind-to core does: the cores this process may use, whole
 physical cores, are shared out in contiguous blocks, rank r taking the
 r-th block, and its fabep worker threads default to the block's cores
 (FABEP_THREADS, unless set).  With more ranks than cores, or with
-FABEP_BIND=none, they stay unbound.
+FABEP_BIND=none, they stay unbound.  OMP_NUM_THREADS, unless set, is
+each rank's share of the CPUs (its block's CPUs, or unbound the CPUs of
+this process divided by the ranks, at least 1), as torchrun sets it: so
+torch's, OpenMP's and OpenBLAS's threads of N ranks do not each take
+every CPU.
 
 When a rank fails (nonzero exit or a signal) or --timeout passes, the
 others are stopped (SIGTERM, then SIGKILL), and the launcher exits
@@ -74,6 +78,14 @@ def bind_sets(nranks, env=None):
             for r in range(nranks)]
 
 
+def _ncpus():
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _shm_cleanup(proc):
     """A rank that died, or exited without closing its communicators,
     leaves its shm regions in /dev/shm: remove them (fabep_shm_cleanup),
@@ -114,10 +126,13 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
     root = root or "127.0.0.1:%d" % _free_port()
     procs = []
     sets = bind_sets(nranks, base)
+    share = max(1, _ncpus() // nranks)
     for r in range(nranks):
         e = dict(base, FABEP_RANK=str(r), FABEP_WORLD_SIZE=str(nranks),
                  FABEP_LOCAL_RANK=str(r), FABEP_LOCAL_SIZE=str(nranks),
                  FABEP_ROOT=root)
+        if not e.get("OMP_NUM_THREADS"):
+            e["OMP_NUM_THREADS"] = str(len(sets[r]) if sets[r] else share)
         pre = None
         if sets[r]:
             # the block's cores, not cores / local ranks of the block

@@ -83,6 +83,34 @@ c.close()
             assert var == ""
 
 
+def test_omp_threads(tmp_path):
+    """OMP_NUM_THREADS, unless set, is each rank's share of the CPUs:
+    its block's when bound, this process's CPUs over the ranks (at
+    least 1) when not; a value given is passed on as it is."""
+    prog = _script(tmp_path, """
+import os, sys
+open(sys.argv[1] + os.environ["FABEP_RANK"], "w").write(
+    os.environ.get("OMP_NUM_THREADS", "unset"))
+""")
+    mine = sorted(os.sched_getaffinity(0))
+    cores = len({frun._core_key(c) for c in mine})
+    env = _env()
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("FABEP_BIND", None)
+
+    def seen(n, e):
+        assert frun.launch(n, [prog, str(tmp_path / "o")], env=e) == 0
+        return [(tmp_path / ("o%d" % r)).read_text() for r in range(n)]
+
+    n = min(cores, 2)
+    assert seen(n, env) == [str(len(s)) for s in frun.bind_sets(n, env)]
+    m = len(mine) + 1  # more ranks than CPUs: unbound, one thread each
+    assert seen(m, env) == ["1"] * m
+    assert seen(n, dict(env, FABEP_BIND="none")) == \
+        [str(max(1, len(mine) // n))] * n
+    assert seen(2, dict(env, OMP_NUM_THREADS="3")) == ["3", "3"]
+
+
 def _regions(pid):
     return [f for f in os.listdir("/dev/shm") if f.startswith("%d:" % pid)]
 
