@@ -4,13 +4,13 @@ import ctypes
 
 from . import _lib
 from . import _tensor
-from .errors import InvalidArgumentError, invalid, raise_for, logged
+from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
 
 
-class AllReduce:
+class AllReduce(Handle):
     """An allreduce handle for [rows, cols] tensors of up to max_rows x
     max_cols elements of dtype "bf16" (torch.bfloat16 / numpy uint16) or
     "fp32" (fabep_allreduce_create).  Collective.
@@ -22,6 +22,8 @@ class AllReduce:
     every rank raises InvalidArgumentError and none waits.  Outputs are
     the caller's (`out`) or new tensors of the kind of the input.
     """
+
+    _what = "AllReduce handle"
 
     def __init__(self, comm, max_rows, max_cols, dtype="bf16"):
         self._h = None
@@ -58,21 +60,6 @@ class AllReduce:
             h, self._h = self._h, None
             lib.fabep_allreduce_destroy(h)
             logged()  # not raised: its messages must not reach a later error
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
-
-    def _handle(self):
-        if self._h is None:
-            raise invalid("the AllReduce handle is closed")
-        return self._h
 
     def _refuse(self, err, call):
         """Make the C call with no input buffer: every rank fails with

@@ -6,7 +6,7 @@ import weakref
 
 from . import _lib
 from . import _tensor
-from .errors import FabepError, invalid, raise_for
+from .errors import FabepError, Handle, invalid, raise_for
 
 lib = _lib.lib
 
@@ -119,7 +119,7 @@ def _off(x):
     return x.offset if isinstance(x, HeapBlock) else int(x)
 
 
-class Comm:
+class Comm(Handle):
     """A fabep communicator (fabep_comm_create).  Collective.
 
     Without `allgather` the ranks meet through the environment: FABEP_RANK,
@@ -142,6 +142,8 @@ class Comm:
     as long as every rank is alive.  A communicator is used by one thread
     at a time.
     """
+
+    _what = "communicator"
 
     def __init__(self, *, allgather=None, rank=None, size=None, provider=None,
                  domain=None, signal=None, timeout_ms=0, heap_size=0,
@@ -262,24 +264,6 @@ class Comm:
             hnd.close()
         h, self._h = self._h, None
         _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            try:
-                self.close()
-            except Exception:
-                pass
-
-    def _handle(self):
-        if self._h is None:
-            raise invalid("the communicator is closed")
-        return self._h
 
     # -- queries --------------------------------------------------------------
     @property

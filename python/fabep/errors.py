@@ -13,6 +13,10 @@ the package reads them when a call fails (and drops them where it made
 a C call fail on purpose), so an exception carries the messages of its
 own failure.  Standard error is not touched: the library still prints
 its log there as FABEP_LOG allows.
+
+Handle is the base of the package's handle classes (Comm, MoE,
+AllReduce): their context manager, their close by the garbage
+collector, and the InvalidArgumentError of a call on a closed one.
 """
 import builtins
 import errno
@@ -137,3 +141,31 @@ def raise_for(code, what):
     if extra:
         msg += "\n" + extra
     raise cls(code, msg)
+
+
+class Handle:
+    """What the package's handles share: `with` closes one, so does the
+    garbage collector (its errors dropped: a rank may be gone by then);
+    a closed one refuses further calls with InvalidArgumentError.  The
+    subclass sets `_h` (None once closed), `_what` (its name in that
+    message) and defines close()."""
+
+    _what = "handle"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+    def _handle(self):
+        if self._h is None:
+            raise invalid("the %s is closed" % self._what)
+        return self._h

@@ -6,7 +6,7 @@ import errno
 
 from . import _lib
 from . import _tensor
-from .errors import InvalidArgumentError, StaleViewError, invalid, \
+from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
     raise_for, logged
 
 lib = _lib.lib
@@ -161,7 +161,7 @@ class RecvView:
             self.rows, "" if self.valid() else " stale")
 
 
-class MoE:
+class MoE(Handle):
     """A MoE dispatch/combine handle (fabep_moe_create).  Collective.
 
     Experts are split in equal contiguous blocks: rank r owns experts
@@ -185,6 +185,8 @@ class MoE:
     (the refusing rank with the reason, the others with the code) and
     none waits.  Nothing is copied on the way in.
     """
+
+    _what = "MoE handle"
 
     def __init__(self, comm, num_experts, top_k, hidden, max_tokens, *,
                  token_type="bf16", input_type=None, fp8_block=0,
@@ -260,21 +262,6 @@ class MoE:
         self._gen += 1
         lib.fabep_moe_destroy(h)
         logged()  # not raised: its messages must not reach a later error
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_h", None) is not None:
-            self.close()
-
-    def _handle(self):
-        if self._h is None:
-            raise invalid("the MoE handle is closed")
-        return self._h
 
     # -- input checks ---------------------------------------------------------
     def _check_dispatch(self, x, topk_ids, topk_weights, scales):

@@ -169,3 +169,37 @@ def _cb_error_body(me, n):
 
 def test_allgather_callback_error():
     assert ranks.run(1, _cb_error_body) == [True]
+
+
+def _closed_body(me, n):
+    import fabep
+    import torch
+    with fabep.Comm.from_env() as comm:
+        moe = fabep.MoE(comm, 4, 2, 32, 4)
+        ar = fabep.AllReduce(comm, 4, 32, "fp32")
+        for h in (moe, ar):
+            h.close()
+            h.close()  # twice: nothing more
+        with pytest.raises(fabep.InvalidArgumentError,
+                           match="the MoE handle is closed"):
+            moe.dispatch(torch.zeros(1, 32, dtype=torch.bfloat16),
+                         torch.zeros(1, 2, dtype=torch.int32),
+                         torch.ones(1, 2))
+        with pytest.raises(fabep.InvalidArgumentError,
+                           match="the AllReduce handle is closed"):
+            ar.allreduce(torch.zeros(1, 32))
+        again = fabep.MoE(comm, 4, 2, 32, 4)  # the communicator still works
+        comm.barrier()
+    # the with-block closed the communicator and the handle made on it
+    with pytest.raises(fabep.InvalidArgumentError,
+                       match="the communicator is closed"):
+        comm.barrier()
+    assert again._h is None
+    return True
+
+
+def test_closed_handles():
+    """A closed handle refuses calls with InvalidArgumentError naming
+    it; close() twice is harmless; a with-block closes the communicator
+    and every handle made on it."""
+    assert ranks.run(2, _closed_body) == [True, True]
