@@ -201,7 +201,7 @@ static void fault_now(int sig)
 
 /*
  * "During" an allreduce: the victim passes an input whose pages are
- * PROT_NONE from float `keep` on, so the library's first read of them
+ * PROT_NONE from byte `keep` on, so the library's first read of them
  * faults inside the call; the handler then kills the process (or stops
  * it, after making the pages readable, so that it resumes where it was).
  * The allreduce's trap covers only the rows the victim owns, which the
@@ -236,27 +236,29 @@ static void trap_handler(int sig, siginfo_t *si, void *uc)
 	fault_now(g_trap_sig);
 }
 
-static float *trap_input(const float *src, size_t n, size_t keep, int sig)
+/* A copy of len bytes at src whose bytes from keep on are unreadable
+ * (keep a multiple of the page size); the first read of them stops or
+ * kills the process (trap_handler).  NULL when it cannot be made. */
+static void *trap_input(const void *src, size_t len, size_t keep, int sig)
 {
 	struct sigaction sa;
 	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-	size_t k = keep * sizeof(float);
 
-	g_trap_len = (n * sizeof(float) + pg - 1) / pg * pg;
+	g_trap_len = (len + pg - 1) / pg * pg;
 	g_trap = mmap(NULL, g_trap_len, PROT_READ | PROT_WRITE,
 		      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (g_trap == MAP_FAILED)
 		return NULL;
-	memcpy(g_trap, src, n * sizeof(float));
+	memcpy(g_trap, src, len);
 	g_trap_sig = sig;
 	g_trap_hit = 0;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_sigaction = trap_handler;
 	sa.sa_flags = SA_SIGINFO;
 	sigaction(SIGSEGV, &sa, NULL);
-	if (k % pg || k >= g_trap_len)
+	if (keep % pg || keep >= g_trap_len)
 		return NULL;
-	mprotect((char *)g_trap + k, g_trap_len - k, PROT_NONE);
+	mprotect((char *)g_trap + keep, g_trap_len - keep, PROT_NONE);
 	return g_trap;
 }
 
@@ -405,8 +407,7 @@ static int fault_rank(int rank, int size, void *arg)
 			const void *x = wd.x;
 
 			if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_PACK) {
-				x = trap_input((const float *)wd.x,
-					       sizeof(wd.x) / sizeof(float), 0, sig);
+				x = trap_input(wd.x, sizeof(wd.x), 0, sig);
 				if (!x) {
 					rc = 4;
 					break;
@@ -451,8 +452,8 @@ static int fault_rank(int rank, int size, void *arg)
 			const float *in = wd.arin;
 
 			if (hit && fc->op == OP_AR && during) {
-				in = trap_input(wd.arin, AR_ROWS * AR_COLS,
-						AR_VICTIM_ROW0 * AR_COLS, sig);
+				in = trap_input(wd.arin, sizeof(float) * AR_ROWS * AR_COLS,
+						sizeof(float) * AR_VICTIM_ROW0 * AR_COLS, sig);
 				if (!in) {
 					rc = 4;
 					break;
