@@ -1094,7 +1094,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	fabep_comm_attr_t a;
 	fabep_comm_t *comm;
 	bool cma_peers = false;
-	int ret, channels, queue_warm;
+	/* fep_comm_config sets both; zeroed for compilers that cannot tell */
+	int ret, channels = 0, queue_warm = 0;
 
 	if (!out) {
 		fep_err("fabep_comm_create: NULL output pointer");
