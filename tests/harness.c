@@ -191,7 +191,7 @@ static void harness_child(int rank, int size, int port, fep_test_rank_fn fn,
 	/* Die with the test process (Check kills it on its timeout). */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)
-		_exit(127);
+		fep_test_exit(127);
 	/* stderr into this rank's pipe; the other ranks' read ends (and
 	 * this one's) are the parent's */
 	fflush(stderr);
@@ -225,7 +225,7 @@ static void harness_child(int rank, int size, int port, fep_test_rank_fn fn,
 #endif
 	fflush(stdout);
 	fflush(stderr);
-	_exit(rc);
+	fep_test_exit(rc);
 }
 
 /* Fork and reap; returns 0, or -1 when the run had to be killed or could
@@ -495,7 +495,7 @@ static int provider_probe(const char *prov, const char **whyp)
 		close(pfd[0]);
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (!probe_one(prov, why, sizeof(why)))
-			_exit(0);
+			fep_test_exit(0);
 		/* The library maps "tcp" to tcp;ofi_rxm where tcp alone
 		 * has no RDM endpoints. */
 		if (!strcmp(prov, "tcp")) {
@@ -504,11 +504,11 @@ static int provider_probe(const char *prov, const char **whyp)
 			snprintf(why + l, sizeof(why) - l, "; ");
 			l = strlen(why);
 			if (!probe_one("tcp;ofi_rxm", why + l, sizeof(why) - l))
-				_exit(0);
+				fep_test_exit(0);
 		}
 		if (write(pfd[1], why, strlen(why)) < 0)
-			_exit(2);
-		_exit(1);
+			fep_test_exit(2);
+		fep_test_exit(1);
 	}
 	close(pfd[1]);
 	deadline = harness_now_ms() + 20000;
@@ -620,12 +620,12 @@ int fep_test_signals(const char *prov, unsigned *mask)
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		d[0].size = sizeof(d[0]);
 		if (fabep_provider_list(prov, d, 32, &n))
-			_exit(2);  /* logged */
+			fep_test_exit(2);  /* logged */
 		if (n <= 0)
 			m = 0;
 		for (k = 0; k < n; k++)
 			m &= d[k].signals;
-		_exit(write(pfd[1], &m, sizeof(m)) == sizeof(m) ? 0 : 1);
+		fep_test_exit(write(pfd[1], &m, sizeof(m)) == sizeof(m) ? 0 : 1);
 	}
 	close(pfd[1]);
 	ok = read(pfd[0], mask, sizeof(*mask)) == sizeof(*mask);

@@ -1911,7 +1911,7 @@ static int choose_levels(void)
 	 * level from FABEP_ISA, which test_isa_env sets in its own child */
 	pid = fork();
 	if (pid == 0)
-		_exit((int)fep_k_isa_max());
+		fep_test_exit((int)fep_k_isa_max());
 	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) {
 		fprintf(stderr, "test_kernels: cannot detect the CPU's level\n");
 		return 99;

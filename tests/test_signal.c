@@ -409,12 +409,12 @@ static int cleanup_rank(int rank, int size, void *arg)
 
 		close(fds[0]);
 		if (make_comm(FABEP_SIGNAL_AUTO, 4u << 20, &comm))
-			_exit(2);
+			fep_test_exit(2);
 		c = 1;
 		if (write(fds[1], &c, 1) != 1)
-			_exit(3);
+			fep_test_exit(3);
 		pause();
-		_exit(0);
+		fep_test_exit(0);
 	}
 	close(fds[1]);
 	if (read(fds[0], &c, 1) != 1 || c != 1) {
@@ -1076,7 +1076,7 @@ static int leave_rank(int rank, int size, void *arg)
 		ret = fabep_put_signal(comm, 0, ctr, ctr, 0, ctr, 1);
 		if (!ret)
 			ret = fabep_flush(comm);
-		_exit(ret ? 1 : 0);  /* gone, its signal sent */
+		fep_test_exit(ret ? 1 : 0);  /* gone, its signal sent */
 	}
 	peer = comm->peer_pid[1];
 	for (i = 0; i < 500 && kill(peer, 0) == 0; i++) {
