@@ -6,12 +6,14 @@
  * Fault matrix (shm and tcp, kills on sockets; 3 forked ranks,
  * FABEP_TIMEOUT_MS=1000): rank 2 is killed with SIGKILL before, during
  * and after a dispatch, a combine and an allreduce, or stopped with
- * SIGSTOP during one.  Every survivor
+ * SIGSTOP during one (or, under delivery, before one: the survivors'
+ * writes to it never complete).  Every survivor
  * must return -ETIMEDOUT, -FABEP_ERR_PEER_LOST or -FABEP_ERR_PEER within
  * the timeout (plus slack) of entering the failing call (for a killed
  * rank, which runs on this host, -FABEP_ERR_PEER_LOST: the waits' check
  * that the ranks of this host still run), log a message
- * naming rank 2 (its stderr is captured into a file and searched), free
+ * naming rank 2 (its stderr is captured into a file and searched; a
+ * timeout with rank 2 stopped must also say that it is stopped), free
  * its handles and destroy its communicator within a bound.  A stopped rank
  * is resumed (SIGCONT) once the survivors are done and must itself fail
  * cleanly.  Each case prints one table row ("FAULTROW | ...") to stderr:
@@ -75,12 +77,13 @@ const char *__lsan_default_suppressions(void)
 enum { OP_DISPATCH, OP_COMBINE, OP_AR, OP_N };
 /* F_KILL_PACK: inside dispatch_send, after its headers left (the runs
  * are big enough to post them before packing), while reading the tokens */
-enum { F_KILL_BEFORE, F_KILL_DURING, F_KILL_AFTER, F_STOP, F_KILL_PACK, F_N };
+enum { F_KILL_BEFORE, F_KILL_DURING, F_KILL_AFTER, F_STOP, F_KILL_PACK,
+       F_STOP_BEFORE, F_N };
 
 static const char *op_names[] = { "dispatch", "combine", "allreduce" };
 static const char *fault_names[] = { "SIGKILL before", "SIGKILL during",
 				     "SIGKILL after", "SIGSTOP during",
-				     "SIGKILL packing" };
+				     "SIGKILL packing", "SIGSTOP before" };
 
 struct rank_res {
 	int err;          /* the first error a survivor saw */
@@ -92,6 +95,8 @@ struct rank_res {
 	int destroy_ret;
 	int named;        /* its log names the victim */
 	int leaked;       /* LeakSanitizer found leaks after destroy */
+	int incomplete;   /* how often its log says transfers were incomplete */
+	int stopped;      /* its log says the victim is stopped */
 	int done;
 };
 
@@ -103,6 +108,8 @@ struct shared {
 };
 
 static struct shared *g_sh;
+/* the case requires a survivor's wait for completions to time out */
+static int g_want_incomplete;
 
 struct fcase {
 	const char *prov;
@@ -193,10 +200,43 @@ static int log_names(const char *log, int r)
 
 /* ---- the victim ---- */
 
+/* Whether process pid is stopped ('T' in /proc/<pid>/stat). */
+static int pid_stopped(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] == 'T';
+}
+
 static void fault_now(int sig)
 {
 	__atomic_store_n(&g_sh->t_fault_ns, now_ns(), __ATOMIC_SEQ_CST);
 	kill(getpid(), sig);
+}
+
+/* A fault before an operation: the victim faults; for a stop, the
+ * survivors enter the operation only once it is stopped (up to 5 s), so
+ * that nothing they send there is taken in by its progress. */
+static void fault_before(int victim, int sig)
+{
+	int64_t dl_ns = now_ns() + 5000000000ll;
+
+	if (victim) {
+		fault_now(sig);
+		return;
+	}
+	while (sig == SIGSTOP && !pid_stopped(g_sh->pid[VICTIM]) && now_ns() < dl_ns)
+		sleep_us(1000);
 }
 
 /*
@@ -371,14 +411,17 @@ static int fault_rank(int rank, int size, void *arg)
 {
 	const struct fcase *fc = arg;
 	struct rank_res *res = &g_sh->res[rank];
-	int victim = rank == VICTIM, sig = fc->fault == F_STOP ? SIGSTOP : SIGKILL;
+	int stop = fc->fault == F_STOP || fc->fault == F_STOP_BEFORE;
+	int victim = rank == VICTIM, sig = stop ? SIGSTOP : SIGKILL;
 	int during = fc->fault == F_KILL_DURING || fc->fault == F_STOP;
+	int before = fc->fault == F_KILL_BEFORE || fc->fault == F_STOP_BEFORE;
 	struct capture cap;
 	struct world wd;
 	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	int round, op = 0, ret = 0, rc = 0;
 	int64_t t_call = 0, tf;
 	char *log;
+	const char *p;
 
 	g_sh->pid[rank] = getpid();
 	capture_begin(&cap);
@@ -401,8 +444,8 @@ static int fault_rank(int rank, int size, void *arg)
 
 		/* dispatch */
 		op = OP_DISPATCH;
-		if (hit && fc->op == OP_DISPATCH && fc->fault == F_KILL_BEFORE)
-			fault_now(sig);
+		if (fc->op == OP_DISPATCH && before && round == FAULT_ROUND)
+			fault_before(victim, sig);
 		{
 			const void *x = wd.x;
 
@@ -430,8 +473,8 @@ static int fault_rank(int rank, int size, void *arg)
 
 		/* combine */
 		op = OP_COMBINE;
-		if (hit && fc->op == OP_COMBINE && fc->fault == F_KILL_BEFORE)
-			fault_now(sig);
+		if (fc->op == OP_COMBINE && before && round == FAULT_ROUND)
+			fault_before(victim, sig);
 		t_call = now_ns();
 		ret = fabep_moe_combine_send(wd.moe, wd.y, E_HIDDEN, 0);
 		if (ret)
@@ -446,8 +489,8 @@ static int fault_rank(int rank, int size, void *arg)
 
 		/* allreduce */
 		op = OP_AR;
-		if (hit && fc->op == OP_AR && fc->fault == F_KILL_BEFORE)
-			fault_now(sig);
+		if (fc->op == OP_AR && before && round == FAULT_ROUND)
+			fault_before(victim, sig);
 		{
 			const float *in = wd.arin;
 
@@ -483,6 +526,15 @@ static int fault_rank(int rank, int size, void *arg)
 	res->leaked = LEAK_CHECK();
 	log = capture_end(&cap);
 	res->named = log_names(log, VICTIM);
+	for (p = log; (p = strstr(p, "still incomplete")); p++)
+		res->incomplete++;
+	{
+		char pat[64];
+
+		snprintf(pat, sizeof(pat), "rank %d (process %d on this host) is stopped",
+			 VICTIM, (int)g_sh->pid[VICTIM]);
+		res->stopped = strstr(log, pat) != NULL;
+	}
 	if (victim) {
 		/* only a stopped victim gets here: resumed after the others */
 		free(log);
@@ -493,7 +545,7 @@ static int fault_rank(int rank, int size, void *arg)
 		fprintf(stderr, "---- rank %d log ----\n%s---- end ----\n", rank, log);
 	free(log);
 	__atomic_add_fetch(&g_sh->survivors_done, 1, __ATOMIC_SEQ_CST);
-	if (rank == 0 && fc->fault == F_STOP) {
+	if (rank == 0 && stop) {
 		int64_t dl_ns = now_ns() + 20000000000ll;
 
 		while (__atomic_load_n(&g_sh->survivors_done, __ATOMIC_SEQ_CST) <
@@ -526,7 +578,7 @@ static void run_fault(const char *prov, int op, int fault)
 			"machine?); trying again\n", prov, op_names[op],
 			fault_names[fault]);
 	}
-	if (fault == F_STOP)
+	if (fault == F_STOP || fault == F_STOP_BEFORE)
 		ck_assert_msg(status[VICTIM] < 128, "%s %s %s: the resumed rank died "
 			      "of signal %d", prov, op_names[op], fault_names[fault],
 			      status[VICTIM] - 128);
@@ -540,13 +592,18 @@ static void run_fault(const char *prov, int op, int fault)
 
 		l += (size_t)snprintf(row + l, sizeof(row) - l,
 				      " r%d: %s in %s %d, %lld ms after fault (call %lld ms), "
-				      "destroy %lld ms%s%s |", r, fabep_strerror(x->err),
+				      "destroy %lld ms%s%s%s |", r, fabep_strerror(x->err),
 				      op_names[x->failed_op], x->round, (long long)x->fault_ms,
 				      (long long)x->call_ms, (long long)x->destroy_ms,
 				      x->named ? "" : ", NOT NAMED",
-				      x->leaked ? ", LEAKED" : "");
+				      x->leaked ? ", LEAKED" : "",
+				      x->incomplete ? ", writes incomplete" : "");
 	}
 	fprintf(stderr, "%s\n", row);
+	if (g_want_incomplete)
+		ck_assert_msg(g_sh->res[0].incomplete || g_sh->res[1].incomplete,
+			      "%s %s %s: no survivor's wait for its writes timed out",
+			      prov, op_names[op], fault_names[fault]);
 	for (r = 0; r < VICTIM; r++) {
 		struct rank_res *x = &g_sh->res[r];
 
@@ -561,7 +618,7 @@ static void run_fault(const char *prov, int op, int fault)
 		/* every rank runs on this host: a killed one is seen gone
 		 * (the liveness check), not by the timeout; a stopped one
 		 * still runs */
-		if (fault != F_STOP)
+		if (fault != F_STOP && fault != F_STOP_BEFORE)
 			ck_assert_msg(x->err == -FABEP_ERR_PEER_LOST,
 				      "%s %s %s: survivor %d got %d (%s), not the "
 				      "lost peer", prov, op_names[op],
@@ -579,6 +636,16 @@ static void run_fault(const char *prov, int op, int fault)
 		ck_assert_msg(x->named, "%s %s %s: survivor %d's log does not name "
 			      "rank %d", prov, op_names[op], fault_names[fault], r,
 			      VICTIM);
+		/* once: a later wait that fails on the earlier timeout
+		 * has not waited itself */
+		ck_assert_msg(x->incomplete <= 1, "%s %s %s: survivor %d's log says "
+			      "%d times that transfers are incomplete", prov,
+			      op_names[op], fault_names[fault], r, x->incomplete);
+		/* a timeout with a rank of this host stopped says so */
+		if (x->err == -ETIMEDOUT && (fault == F_STOP || fault == F_STOP_BEFORE))
+			ck_assert_msg(x->stopped, "%s %s %s: survivor %d's log does not "
+				      "say that rank %d is stopped", prov, op_names[op],
+				      fault_names[fault], r, VICTIM);
 		ck_assert_msg(x->destroy_ret == 0 || x->destroy_ret == -ETIMEDOUT ||
 			      x->destroy_ret == -FABEP_ERR_PEER_LOST,
 			      "%s %s %s: survivor %d's destroy gave %d (%s)", prov,
@@ -631,6 +698,26 @@ FAULT_TEST_CHAN(chan_stop_ar, "shm", OP_AR, F_STOP)
 #define FAULT_TEST_LANES(name, prov, op, fault) \
 	START_TEST(name) { run_fault_chan(prov, op, fault, "3", "cma", "always"); } END_TEST
 
+/* Under delivery a write completes only once the target's progress has
+ * placed it: the survivors' writes to a rank stopped before the call
+ * stay incomplete, and their wait for completions must give up at the
+ * timeout, naming the rank, and leave handles that free and a
+ * communicator that destroys within the timeout.  Records only
+ * (FABEP_MOE_PLACE=never): a placed dispatch's send half first waits for
+ * every rank's headers, and would time out there. */
+#define FAULT_TEST_PENDING(name, prov, op)                                    \
+	START_TEST(name)                                                      \
+	{                                                                     \
+		g_want_incomplete = 1;                                        \
+		setenv("FABEP_MOE_PLACE", "never", 1);                        \
+		run_fault_chan(prov, op, F_STOP_BEFORE, "1", "delivery", NULL); \
+		unsetenv("FABEP_MOE_PLACE");                                  \
+	}                                                                     \
+	END_TEST
+
+FAULT_TEST_PENDING(pending_stop_dispatch, "shm", OP_DISPATCH)
+FAULT_TEST_PENDING(pending_stop_combine, "shm", OP_COMBINE)
+FAULT_TEST_PENDING(pending_stop_ar, "shm", OP_AR)
 FAULT_TEST_LANES(lanes_kill_during_dispatch, "shm", OP_DISPATCH, F_KILL_DURING)
 FAULT_TEST_LANES(lanes_kill_during_combine, "shm", OP_COMBINE, F_KILL_DURING)
 FAULT_TEST_LANES(lanes_stop_dispatch, "shm", OP_DISPATCH, F_STOP)
@@ -1640,6 +1727,9 @@ static Suite *suite(void)
 	ADD(tc, lanes_kill_during_dispatch);
 	ADD(tc, lanes_kill_during_combine);
 	ADD(tc, lanes_stop_dispatch);
+	ADD(tc, pending_stop_dispatch);
+	ADD(tc, pending_stop_combine);
+	ADD(tc, pending_stop_ar);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rendezvous");

@@ -120,10 +120,10 @@ static uint64_t fep_pidns(void)
 	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-/* Whether process pid (of this host and PID namespace) still runs: gone
- * (ESRCH) or a zombie ('Z', 'X' in /proc/<pid>/stat) is dead; anything
- * we cannot tell counts as running. */
-static int fep_pid_runs(pid_t pid)
+/* The state of process pid (of this host and PID namespace) as
+ * /proc/<pid>/stat gives it ('R', 'S', 'T' stopped, 't' traced, 'Z'
+ * zombie...): 0 when it is gone (ESRCH), '?' when it cannot be read. */
+static char fep_pid_state(pid_t pid)
 {
 	char path[64], buf[512], *p;
 	size_t n;
@@ -134,14 +134,48 @@ static int fep_pid_runs(pid_t pid)
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
 	f = fopen(path, "r");
 	if (!f)
-		return 1;  /* kill() found it; only a zombie counts as gone */
+		return '?';
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[n] = '\0';
 	p = strrchr(buf, ')');  /* the name may hold spaces and parentheses */
-	if (!p || p[1] != ' ')
-		return 1;
-	return p[2] != 'Z' && p[2] != 'X' && p[2] != 'x';
+	return p && p[1] == ' ' && p[2] ? p[2] : '?';
+}
+
+/* Whether process pid still runs: gone or a zombie ('Z', 'X') is dead;
+ * anything we cannot tell counts as running. */
+static int fep_pid_runs(pid_t pid)
+{
+	char st = fep_pid_state(pid);
+
+	return st && st != 'Z' && st != 'X' && st != 'x';
+}
+
+/* After a wait timed out: name the ranks of this host whose process is
+ * stopped (SIGSTOP, a job control stop, a debugger at a breakpoint),
+ * which a counter summed over senders cannot single out and which the
+ * liveness check counts as running.  Diagnosis only; skipped while
+ * another thread runs the liveness check, which may mark a rank gone. */
+static void fep_comm_tell_stopped(void *arg)
+{
+	fabep_comm_t *comm = arg;
+	int r;
+
+	if (!comm->peer_pid ||
+	    atomic_exchange_explicit(&comm->alive_busy, 1, memory_order_acquire))
+		return;
+	for (r = 0; r < comm->size; r++) {
+		char st;
+
+		if (comm->peer_pid[r] <= 0)
+			continue;
+		st = fep_pid_state(comm->peer_pid[r]);
+		if (st == 'T' || st == 't')
+			fep_err("rank %d (process %d on this host) is stopped%s",
+				r, (int)comm->peer_pid[r],
+				st == 't' ? " in a debugger" : " (a signal or a debugger)");
+	}
+	atomic_store_explicit(&comm->alive_busy, 0, memory_order_release);
 }
 
 /* The fabric's liveness check: the ranks on this host (same boot, same
@@ -480,6 +514,7 @@ int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
 			comm->timeout_ms,
 			(unsigned long long)fep_counter_load(fab, ctr),
 			(unsigned long long)target);
+	fep_comm_tell_stopped(comm);
 	return -ETIMEDOUT;
 }
 
@@ -937,7 +972,7 @@ static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	fp.cma_peers = cma_peers;
 	status = blobs ? fep_fabric_open(&fp, &comm->fab) : -ENOMEM;
 	if (!status)
-		fep_fabric_set_alive(comm->fab, fep_comm_alive, comm);
+		fep_fabric_set_alive(comm->fab, fep_comm_alive, fep_comm_tell_stopped, comm);
 	memset(&blob, 0, sizeof(blob));
 	if (!status)
 		status = fep_fabric_blob(comm->fab, &blob);

@@ -1117,7 +1117,8 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 			return ret;
 		}
 		/* its posts' retries watch the peers too */
-		fep_fabric_set_alive(fab->chan[c], fab->alive, fab->alive_ctx);
+		fep_fabric_set_alive(fab->chan[c], fab->alive, fab->stalled,
+				     fab->alive_ctx);
 	}
 	fab->nchan = n;   /* counters count in these units from now */
 	return 0;
@@ -1136,9 +1137,10 @@ int fep_fabric_chan_connect(fep_fabric_t *fab, const struct fep_fab_blob *all)
 }
 
 void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx, bool report),
-			  void *ctx)
+			  void (*stalled)(void *ctx), void *ctx)
 {
 	fab->alive = alive;
+	fab->stalled = stalled;
 	fab->alive_ctx = ctx;
 	fab->alive_next = 0;
 }
@@ -1266,7 +1268,9 @@ static int fep_wait_pending(fep_fabric_t *fab, enum fep_pending what)
 		ret = fep_fabric_stall(fab, &st);
 		if (ret == -FABEP_ERR_PEER_LOST && !fab->tx_error)
 			fab->tx_error = ret;  /* as after a timeout, below */
-		if (ret == -ETIMEDOUT) {
+		/* this wait's own clock ran out (not the sticky error of an
+		 * earlier one, which progress returns at once) */
+		if (ret == -ETIMEDOUT && st.deadline && fep_now_ns() > st.deadline) {
 			char peers[160];
 
 			fep_busy_peers(fab, peers, sizeof(peers));
@@ -1275,6 +1279,8 @@ static int fep_wait_pending(fep_fabric_t *fab, enum fep_pending what)
 				what == FEP_PEND_OPS ? "transfers" : "writes",
 				fab->timeout_ms, peers[0] ? " (to " : "", peers,
 				peers[0] ? ")" : "");
+			if (fab->stalled)
+				fab->stalled(fab->alive_ctx);
 			/* as after a failed wait: the peers may be gone, so
 			 * nothing (fabep_comm_destroy included) waits for them
 			 * again */

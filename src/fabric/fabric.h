@@ -188,6 +188,9 @@ typedef struct fep_fabric {
 	 * runs (0) or not (-FABEP_ERR_PEER_LOST; with report, logged and
 	 * the communicator marked failed) */
 	int (*alive)(void *ctx, bool report);
+	/* told after a wait for completions timed out (may be NULL): logs
+	 * what it can say about the peers, for the timeout's message */
+	void (*stalled)(void *ctx);
 	void *alive_ctx;
 	uint64_t alive_next;    /* ns: not before */
 } fep_fabric_t;
@@ -210,7 +213,7 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
 int fep_shm_remove_regions(pid_t pid);
 /* Install the liveness check of the waits (see fep_fabric_t.alive). */
 void fep_fabric_set_alive(fep_fabric_t *fab, int (*alive)(void *ctx, bool report),
-			  void *ctx);
+			  void (*stalled)(void *ctx), void *ctx);
 /* A wait's clock: the first call sets *deadline (0 = not yet) timeout_ms
  * from now; later ones return -ETIMEDOUT past it, and run the liveness
  * check when one is due (its error), else 0. */
