@@ -53,19 +53,24 @@ def _core_key(cpu):
     return tuple(key)
 
 
-def bind_sets(nranks, env=None):
-    """The CPU set of each rank (None: unbound), as the C tools' -n and
-    mpirun --bind-to core: this process's CPUs grouped by physical core,
-    contiguous blocks of cores // nranks cores.  None for every rank
-    with more ranks than cores, with FABEP_BIND=none, or where the
-    affinity cannot be read."""
-    env = os.environ if env is None else env
-    if env.get("FABEP_BIND") == "none" or \
-            not hasattr(os, "sched_getaffinity"):
-        return [None] * nranks
+def _cpus():
+    """The CPUs this process may run on, sorted; None where the affinity
+    cannot be read."""
     try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except OSError:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def bind_sets(nranks, env=None, cpus=None):
+    """The CPU set of each rank (None: unbound), as the C tools' -n and
+    mpirun --bind-to core: the CPUs (this process's by default) grouped
+    by physical core, contiguous blocks of cores // nranks cores.  None
+    for every rank with more ranks than cores, with FABEP_BIND=none, or
+    where the affinity cannot be read."""
+    env = os.environ if env is None else env
+    cpus = _cpus() if cpus is None else cpus
+    if env.get("FABEP_BIND") == "none" or not cpus:
         return [None] * nranks
     groups = {}
     for c in cpus:  # numbered in the order of their first CPU
@@ -76,14 +81,6 @@ def bind_sets(nranks, env=None):
     per = len(groups) // nranks
     return [sorted(c for g in groups[r * per:(r + 1) * per] for c in g)
             for r in range(nranks)]
-
-
-def _ncpus():
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _shm_cleanup(proc):
@@ -125,8 +122,9 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
     base = dict(os.environ if env is None else env)
     root = root or "127.0.0.1:%d" % _free_port()
     procs = []
-    sets = bind_sets(nranks, base)
-    share = max(1, _ncpus() // nranks)
+    cpus = _cpus()
+    sets = bind_sets(nranks, base, cpus)
+    share = max(1, (len(cpus) if cpus else os.cpu_count() or 1) // nranks)
     for r in range(nranks):
         e = dict(base, FABEP_RANK=str(r), FABEP_WORLD_SIZE=str(nranks),
                  FABEP_LOCAL_RANK=str(r), FABEP_LOCAL_SIZE=str(nranks),
