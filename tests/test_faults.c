@@ -97,6 +97,9 @@ struct rank_res {
 	int leaked;       /* LeakSanitizer found leaks after destroy */
 	int incomplete;   /* how often its log says transfers were incomplete */
 	int stopped;      /* its log says the victim is stopped */
+	int again;        /* the failed operation called once more */
+	int64_t again_ms;
+	int again_said;   /* its message says the handle is unusable */
 	int done;
 };
 
@@ -522,6 +525,22 @@ static int fault_rank(int rank, int size, void *arg)
 	res->round = round;
 	res->call_ms = ret ? (now_ns() - t_call) / 1000000 : -1;
 	res->fault_ms = ret && tf ? (now_ns() - tf) / 1000000 : -1;
+	if (ret && !victim) {
+		/* the failed call's handle refuses the next call at once
+		 * and says so: the ranks' calls are out of step */
+		int64_t t0 = now_ns();
+
+		if (op == OP_AR)
+			res->again = fabep_allreduce(wd.ar, wd.arin, wd.arout,
+						     AR_ROWS, AR_COLS);
+		else if (op == OP_COMBINE)
+			res->again = fabep_moe_combine_send(wd.moe, wd.y, E_HIDDEN, 0);
+		else
+			res->again = fabep_moe_dispatch_send(wd.moe, wd.x, NULL,
+							     E_TOKENS, wd.ids, wd.w);
+		res->again_ms = (now_ns() - t0) / 1000000;
+		res->again_said = strstr(fabep_last_error(), "unusable") != NULL;
+	}
 	res->destroy_ret = world_close(&wd, &res->destroy_ms);
 	res->leaked = LEAK_CHECK();
 	log = capture_end(&cap);
@@ -636,6 +655,13 @@ static void run_fault(const char *prov, int op, int fault)
 		ck_assert_msg(x->named, "%s %s %s: survivor %d's log does not name "
 			      "rank %d", prov, op_names[op], fault_names[fault], r,
 			      VICTIM);
+		ck_assert_msg(x->again && x->again_said && x->again_ms < 100,
+			      "%s %s %s: survivor %d's next %s gave %d (%s) after "
+			      "%lld ms, %s", prov, op_names[op], fault_names[fault],
+			      r, op_names[x->failed_op], x->again,
+			      fabep_strerror(x->again), (long long)x->again_ms,
+			      x->again_said ? "saying why" : "not saying that the "
+			      "handle is unusable");
 		/* once: a later wait that fails on the earlier timeout
 		 * has not waited itself */
 		ck_assert_msg(x->incomplete <= 1, "%s %s %s: survivor %d's log says "
