@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """Bad input on one rank raises the same error class on every rank, and
-none waits; the handle works again afterwards; a killed rank gives a
-timeout that names it."""
+none waits; the handle works again afterwards; a killed, stalled or
+stopped rank gives an error that names it."""
 import os
 import signal
 
@@ -128,7 +128,7 @@ def test_bad_input_same_error_everywhere(nranks, bad_rank, kind):
         [16] * nranks
 
 
-def _lost_body(me, nranks, mode):
+def _lost_body(me, nranks, mode, pidfile):
     import time
     import fabep
     comm = fabep.Comm.from_env()
@@ -137,6 +137,10 @@ def _lost_body(me, nranks, mode):
     if me == 1:
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "stop":  # resumed by rank 0 once the others gave up
+            with open(pidfile, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3.0)  # past the others' timeout: they give up on it
         comm._h = None   # its peers are gone: no collective destroy
         return None
@@ -144,22 +148,35 @@ def _lost_body(me, nranks, mode):
     with pytest.raises(fabep.FabepError) as ei:
         moe.dispatch(x.bfloat16(), ids, w)
     comm._h = None
-    return type(ei.value).__name__, ei.value.code, str(ei.value)
+    stopped = None
+    if mode == "stop":
+        with open(pidfile) as f:
+            stopped = int(f.read())
+        if me == 0:
+            time.sleep(1.0)  # rank 2's wait ends too
+            os.kill(stopped, signal.SIGCONT)
+    return type(ei.value).__name__, ei.value.code, str(ei.value), stopped
 
 
 @pytest.mark.parametrize("mode,cls", [("kill", "PeerLostError"),
-                                      ("stall", "TimeoutError")])
-def test_lost_rank_is_named(mode, cls):
+                                      ("stall", "TimeoutError"),
+                                      ("stop", "TimeoutError")])
+def test_lost_rank_is_named(mode, cls, tmp_path):
     """A killed rank: PeerLostError; a rank that stops answering:
-    TimeoutError; on every other rank, with a message naming rank 1."""
-    res = ranks.run(3, _lost_body, mode, env={"FABEP_TIMEOUT_MS": "1500"},
+    TimeoutError; on every other rank, with a message naming rank 1,
+    which says so when that rank's process is stopped (SIGSTOP)."""
+    res = ranks.run(3, _lost_body, mode, str(tmp_path / "pid"),
+                    env={"FABEP_TIMEOUT_MS": "1500"},
                     allow_killed=True, timeout=60)
     if mode == "kill":
         assert isinstance(res[1], ranks.Killed)
     for r in (0, 2):
-        name, code, msg = res[r]
+        name, code, msg, stopped = res[r]
         assert name == cls, msg
         assert "rank 1" in msg or "ranks 1" in msg or "peer 1" in msg, msg
+        if stopped:
+            assert "rank 1 (process %d on this host) is stopped" % stopped \
+                in msg, msg
 
 
 def _text_body(me, nranks):
