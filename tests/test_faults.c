@@ -13,8 +13,12 @@
  * rank, which runs on this host, -FABEP_ERR_PEER_LOST: the waits' check
  * that the ranks of this host still run), log a message
  * naming rank 2 (its stderr is captured into a file and searched; a
- * timeout with rank 2 stopped must also say that it is stopped), free
- * its handles and destroy its communicator within a bound.  A stopped rank
+ * timeout with rank 2 stopped must also say that it is stopped), have
+ * the failed call's handle refuse its next call at once, and find the
+ * communicator refusing a barrier at once where rank 2 is lost or its
+ * own transfers timed out, or timing out again where rank 2 is only
+ * stopped; then free its handles and destroy its communicator within a
+ * bound.  A stopped rank
  * is resumed (SIGCONT) once the survivors are done and must itself fail
  * cleanly.  Each case prints one table row ("FAULTROW | ...") to stderr:
  * fault, operation, provider, the error, and the milliseconds from the
@@ -100,6 +104,10 @@ struct rank_res {
 	int again;        /* the failed operation called once more */
 	int64_t again_ms;
 	int again_said;   /* its message says the handle is unusable */
+	int bar;          /* then a barrier on the communicator */
+	int64_t bar_ms;
+	int bar_said;     /* its message says the communicator is unusable */
+	int bar_stopped;  /* or that the victim is stopped */
 	int done;
 };
 
@@ -540,6 +548,13 @@ static int fault_rank(int rank, int size, void *arg)
 							     E_TOKENS, wd.ids, wd.w);
 		res->again_ms = (now_ns() - t0) / 1000000;
 		res->again_said = strstr(fabep_last_error(), "unusable") != NULL;
+		/* the communicator: see run_fault */
+		t0 = now_ns();
+		res->bar = fabep_barrier(wd.comm);
+		res->bar_ms = (now_ns() - t0) / 1000000;
+		p = fabep_last_error();
+		res->bar_said = strstr(p, "communicator is unusable") != NULL;
+		res->bar_stopped = strstr(p, "is stopped") != NULL;
 	}
 	res->destroy_ret = world_close(&wd, &res->destroy_ms);
 	res->leaked = LEAK_CHECK();
@@ -662,6 +677,35 @@ static void run_fault(const char *prov, int op, int fault)
 			      fabep_strerror(x->again), (long long)x->again_ms,
 			      x->again_said ? "saying why" : "not saying that the "
 			      "handle is unusable");
+		/* A rank gone (killed), or transfers that never completed
+		 * (the fabric keeps their error): the communicator refuses
+		 * at once, saying why.  A stopped rank whose signals did not
+		 * come is only late: the communicator stays usable, and its
+		 * barrier times out again, saying the rank is stopped. */
+		if (fault != F_STOP && fault != F_STOP_BEFORE)
+			ck_assert_msg(x->bar == -FABEP_ERR_PEER_LOST && x->bar_said &&
+				      x->bar_ms < 100, "%s %s %s: survivor %d's barrier "
+				      "after the failure gave %d (%s) after %lld ms, %s",
+				      prov, op_names[op], fault_names[fault], r, x->bar,
+				      fabep_strerror(x->bar), (long long)x->bar_ms,
+				      x->bar_said ? "saying why" : "not saying that the "
+				      "communicator is unusable");
+		else if (x->incomplete)
+			ck_assert_msg(x->bar == -ETIMEDOUT && x->bar_said &&
+				      x->bar_ms < 100, "%s %s %s: survivor %d's barrier "
+				      "after its transfers timed out gave %d (%s) after "
+				      "%lld ms, %s", prov, op_names[op], fault_names[fault],
+				      r, x->bar, fabep_strerror(x->bar),
+				      (long long)x->bar_ms, x->bar_said ? "saying why" :
+				      "not saying that the communicator is unusable");
+		else
+			ck_assert_msg(x->bar == -ETIMEDOUT && x->bar_stopped &&
+				      x->bar_ms <= TIMEOUT_MS + SLACK_MS,
+				      "%s %s %s: survivor %d's barrier after the timeout "
+				      "gave %d (%s) after %lld ms, %s", prov, op_names[op],
+				      fault_names[fault], r, x->bar, fabep_strerror(x->bar),
+				      (long long)x->bar_ms, x->bar_stopped ? "naming the "
+				      "stopped rank" : "not saying that rank 2 is stopped");
 		/* once: a later wait that fails on the earlier timeout
 		 * has not waited itself */
 		ck_assert_msg(x->incomplete <= 1, "%s %s %s: survivor %d's log says "

@@ -147,6 +147,13 @@ def _lost_body(me, nranks, mode, pidfile):
     x, ids, w = tokens(me, 4, H, E, K, 5)
     with pytest.raises(fabep.FabepError) as ei:
         moe.dispatch(x.bfloat16(), ids, w)
+    if mode == "kill":
+        # a lost rank leaves the communicator unusable: refused at once
+        t0 = time.monotonic()
+        with pytest.raises(fabep.PeerLostError) as bi:
+            comm.barrier()
+        assert time.monotonic() - t0 < 0.5
+        assert "communicator is unusable" in str(bi.value), str(bi.value)
     comm._h = None
     stopped = None
     if mode == "stop":

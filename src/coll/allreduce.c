@@ -273,6 +273,10 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		fep_err("fabep_allreduce_create: NULL communicator");
 		return -EINVAL;
 	}
+	/* a failed communicator's peers cannot take part: refused at once */
+	ret = fep_comm_usable(comm, "fabep_allreduce_create");
+	if (ret)
+		return ret;
 	fab = comm->fab;
 	h = calloc(1, sizeof(*h));
 	if (!h)
@@ -801,6 +805,9 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 			c->name, fabep_strerror(h->broken));
 		return -FABEP_ERR_PEER_LOST;
 	}
+	ret = fep_comm_usable(h->comm, c->name);
+	if (ret)
+		return ret;
 	c->h = h;
 	c->op = op;
 	c->in = in;

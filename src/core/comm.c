@@ -178,6 +178,28 @@ static void fep_comm_tell_stopped(void *arg)
 	atomic_store_explicit(&comm->alive_busy, 0, memory_order_release);
 }
 
+void fep_comm_fail(fabep_comm_t *comm, int code)
+{
+	int none = 0;
+
+	comm->failed = true;
+	__atomic_compare_exchange_n(&comm->broken, &none, code, false,
+				    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+int fep_comm_usable(fabep_comm_t *comm, const char *what)
+{
+	int code = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE);
+
+	if (!code)
+		code = fep_fabric_tx_error(comm->fab);
+	if (!code)
+		return 0;
+	fep_err("%s: the communicator is unusable after an earlier failure "
+		"(%s): destroy it", what, fabep_strerror(code));
+	return code;
+}
+
 /* The fabric's liveness check: the ranks on this host (same boot, same
  * PID namespace) must still run, and the TCP bootstrap's connections
  * must not have closed without a goodbye (any host; the root tells the
@@ -192,7 +214,7 @@ static int fep_comm_alive_one(fabep_comm_t *comm, bool report)
 
 	ret = fep_boot_watch(comm->boot);
 	if (ret) {
-		comm->failed = true;
+		fep_comm_fail(comm, ret);
 		return ret;
 	}
 
@@ -212,7 +234,7 @@ static int fep_comm_alive_one(fabep_comm_t *comm, bool report)
 	if (!lost)
 		return 0;
 	if (report)
-		comm->failed = true;
+		fep_comm_fail(comm, -FABEP_ERR_PEER_LOST);
 	return -FABEP_ERR_PEER_LOST;
 }
 
@@ -613,11 +635,14 @@ static int fep_comm_barrier(fabep_comm_t *comm)
 
 FEP_EXPORT int fabep_barrier(fabep_comm_t *comm)
 {
+	int ret;
+
 	if (!comm) {
 		fep_err("fabep_barrier: NULL communicator");
 		return -EINVAL;
 	}
-	return fep_comm_barrier(comm);
+	ret = fep_comm_usable(comm, "fabep_barrier");
+	return ret ? ret : fep_comm_barrier(comm);
 }
 
 /* Every rank reports its status; all return the same verdict. */
@@ -1297,17 +1322,22 @@ FEP_EXPORT size_t fabep_heap_size(const fabep_comm_t *comm)
 FEP_EXPORT int fabep_put(fabep_comm_t *comm, int peer, fabep_off_t dst,
 			 fabep_off_t src, size_t len)
 {
+	int ret;
+
 	if (!comm) {
 		fep_err("fabep_put: NULL communicator");
 		return -EINVAL;
 	}
-	return fep_fab_write(comm->fab, peer, dst, src, len, 0);
+	ret = fep_comm_usable(comm, "fabep_put");
+	return ret ? ret : fep_fab_write(comm->fab, peer, dst, src, len, 0);
 }
 
 FEP_EXPORT int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 				fabep_off_t src, size_t len, fabep_off_t sig,
 				uint64_t add)
 {
+	int ret;
+
 	if (!comm) {
 		fep_err("fabep_put_signal: NULL communicator");
 		return -EINVAL;
@@ -1316,12 +1346,15 @@ FEP_EXPORT int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 		fep_err("fabep_put_signal: add must be nonzero (use fabep_put)");
 		return -EINVAL;
 	}
-	return fep_fab_put_signal(comm->fab, peer, dst, src, len, sig, add);
+	ret = fep_comm_usable(comm, "fabep_put_signal");
+	return ret ? ret : fep_fab_put_signal(comm->fab, peer, dst, src, len, sig, add);
 }
 
 FEP_EXPORT int fabep_get(fabep_comm_t *comm, int peer, fabep_off_t dst,
 			 fabep_off_t src, size_t len)
 {
+	int ret;
+
 	if (!comm) {
 		fep_err("fabep_get: NULL communicator");
 		return -EINVAL;
@@ -1332,20 +1365,27 @@ FEP_EXPORT int fabep_get(fabep_comm_t *comm, int peer, fabep_off_t dst,
 			comm->fab->heap_size);
 		return -ERANGE;
 	}
-	return fep_fab_read(comm->fab, peer, fep_heap_at(comm->fab, dst), src, len);
+	ret = fep_comm_usable(comm, "fabep_get");
+	return ret ? ret : fep_fab_read(comm->fab, peer, fep_heap_at(comm->fab, dst),
+					src, len);
 }
 
 FEP_EXPORT int fabep_flush(fabep_comm_t *comm)
 {
+	int ret;
+
 	if (!comm) {
 		fep_err("fabep_flush: NULL communicator");
 		return -EINVAL;
 	}
-	return fep_fabric_quiet(comm->fab);
+	ret = fep_comm_usable(comm, "fabep_flush");
+	return ret ? ret : fep_fabric_quiet(comm->fab);
 }
 
 FEP_EXPORT int fabep_wait(fabep_comm_t *comm, fabep_off_t sig, uint64_t target)
 {
+	int ret;
+
 	if (!comm) {
 		fep_err("fabep_wait: NULL communicator");
 		return -EINVAL;
@@ -1355,7 +1395,9 @@ FEP_EXPORT int fabep_wait(fabep_comm_t *comm, fabep_off_t sig, uint64_t target)
 			"heap offset", (unsigned long long)sig);
 		return -EINVAL;
 	}
-	return fep_comm_wait(comm, "fabep_wait", sig, target, UINT64_MAX, 0, 0);
+	ret = fep_comm_usable(comm, "fabep_wait");
+	return ret ? ret : fep_comm_wait(comm, "fabep_wait", sig, target,
+					 UINT64_MAX, 0, 0);
 }
 
 FEP_EXPORT uint64_t fabep_counter_read(fabep_comm_t *comm, fabep_off_t sig)
@@ -1367,7 +1409,10 @@ FEP_EXPORT uint64_t fabep_counter_read(fabep_comm_t *comm, fabep_off_t sig)
 
 FEP_EXPORT int fabep_progress(fabep_comm_t *comm)
 {
+	int ret;
+
 	if (!comm)
 		return -EINVAL;
-	return fep_fabric_progress_all(comm->fab);
+	ret = fep_comm_usable(comm, "fabep_progress");
+	return ret ? ret : fep_fabric_progress_all(comm->fab);
 }

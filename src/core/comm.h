@@ -31,6 +31,10 @@ struct fabep_comm {
 	fep_fabric_t *fab;
 	struct fep_pool *pool;
 	bool failed;          /* a collective wait failed: peers may be gone */
+	/* atomic: -FABEP_ERR_PEER_LOST or the bootstrap's error once a
+	 * rank is gone (fep_comm_fail): every later call that involves the
+	 * peers refuses with it, as with an error the fabric keeps */
+	int broken;
 	pid_t *peer_pid;      /* [size]: pid of a rank on this host and PID
 				 namespace (the liveness check; negated once
 				 it was reported gone), else 0 */
@@ -71,6 +75,16 @@ struct fabep_comm {
 
 /* Rounds of the dissemination barrier: ceil(log2 size) for any int size. */
 #define FEP_DIS_ROUNDS 32
+
+/* Mark comm unusable with code (the first code stays): a rank is gone.
+ * A timeout is not enough: the peer may only be slow or stopped, and
+ * what timed out (a handle) is unusable on its own. */
+void fep_comm_fail(fabep_comm_t *comm, int code);
+
+/* 0 if comm can still be used; else its first failure's code, logged
+ * with `what` ("...: the communicator is unusable after an earlier
+ * failure"), also when its fabric keeps a transfer's error. */
+int fep_comm_usable(fabep_comm_t *comm, const char *what);
 
 /*
  * Wait until the local counter at `ctr` reaches `target`.  On timeout,

@@ -390,6 +390,10 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 		fep_err("fabep_moe_create: NULL communicator");
 		return -EINVAL;
 	}
+	/* a failed communicator's peers cannot take part: refused at once */
+	ret = fep_comm_usable(comm, "fabep_moe_create");
+	if (ret)
+		return ret;
 	fab = comm->fab;
 	/* Every local failure from here on still takes part in the exchange,
 	 * so that every rank returns the same code and none waits for it. */
@@ -548,7 +552,7 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 int fep_ep_usable(struct fabep_moe *m, const char *what)
 {
 	if (!m->unclean)
-		return 0;
+		return fep_comm_usable(m->comm, what);
 	fep_err("%s: the handle is unusable after an earlier failed wait or "
 		"transfer (destroy it)", what);
 	return -FABEP_ERR_PEER_LOST;
