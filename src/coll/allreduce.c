@@ -112,9 +112,13 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * The threshold below which a call does not take the two-stage path,
  * FEP_AR_ONESTAGE_DEFAULT (32 KiB of input per rank).  The one-stage path
  * (2 or 3 ranks): below it one round trip beats the two-stage path's
- * two, although the one-stage path moves and sums ranks x the data; on
- * 2 shm ranks the crossover lies between 2 and 4 rows of 7168 bf16
- * values (fabep_bench -o arnorm with the path forced each way).  The
+ * two, although the one-stage path sums (and normalizes) every row on
+ * every rank and, from 3 ranks, moves more bytes; on 2 shm ranks the
+ * fused norm's crossover lies between 4 and 8 rows of 7168 bf16 values
+ * with one thread a rank and between 16 and 64 with eight, while a
+ * plain sum gains at every size measured, and a handle has one
+ * threshold for both (fabep_bench -o arnorm and -o allreduce with the
+ * path forced each way, docs/performance.md).  The
  * log-step path (from FEP_AR_RD_RANKS ranks) moves fp32, twice a bf16
  * input's bytes, where the two-stage path moves the dtype (and FP8
  * results, a byte a value): at 4, 8 and 16 shm ranks of the lent
