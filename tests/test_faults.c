@@ -229,6 +229,12 @@ static int pid_stopped(pid_t pid)
 	return p && p[1] == ' ' && p[2] == 'T';
 }
 
+/* Whether the fault stops the victim (it runs on, resumed at the end). */
+static int is_stop(int fault)
+{
+	return fault == F_STOP || fault == F_STOP_BEFORE;
+}
+
 static void fault_now(int sig)
 {
 	__atomic_store_n(&g_sh->t_fault_ns, now_ns(), __ATOMIC_SEQ_CST);
@@ -422,7 +428,7 @@ static int fault_rank(int rank, int size, void *arg)
 {
 	const struct fcase *fc = arg;
 	struct rank_res *res = &g_sh->res[rank];
-	int stop = fc->fault == F_STOP || fc->fault == F_STOP_BEFORE;
+	int stop = is_stop(fc->fault);
 	int victim = rank == VICTIM, sig = stop ? SIGSTOP : SIGKILL;
 	int during = fc->fault == F_KILL_DURING || fc->fault == F_STOP;
 	int before = fc->fault == F_KILL_BEFORE || fc->fault == F_STOP_BEFORE;
@@ -612,7 +618,7 @@ static void run_fault(const char *prov, int op, int fault)
 			"machine?); trying again\n", prov, op_names[op],
 			fault_names[fault]);
 	}
-	if (fault == F_STOP || fault == F_STOP_BEFORE)
+	if (is_stop(fault))
 		ck_assert_msg(status[VICTIM] < 128, "%s %s %s: the resumed rank died "
 			      "of signal %d", prov, op_names[op], fault_names[fault],
 			      status[VICTIM] - 128);
@@ -652,7 +658,7 @@ static void run_fault(const char *prov, int op, int fault)
 		/* every rank runs on this host: a killed one is seen gone
 		 * (the liveness check), not by the timeout; a stopped one
 		 * still runs */
-		if (fault != F_STOP && fault != F_STOP_BEFORE)
+		if (!is_stop(fault))
 			ck_assert_msg(x->err == -FABEP_ERR_PEER_LOST,
 				      "%s %s %s: survivor %d got %d (%s), not the "
 				      "lost peer", prov, op_names[op],
@@ -682,18 +688,11 @@ static void run_fault(const char *prov, int op, int fault)
 		 * at once, saying why.  A stopped rank whose signals did not
 		 * come is only late: the communicator stays usable, and its
 		 * barrier times out again, saying the rank is stopped. */
-		if (fault != F_STOP && fault != F_STOP_BEFORE)
-			ck_assert_msg(x->bar == -FABEP_ERR_PEER_LOST && x->bar_said &&
-				      x->bar_ms < 100, "%s %s %s: survivor %d's barrier "
-				      "after the failure gave %d (%s) after %lld ms, %s",
-				      prov, op_names[op], fault_names[fault], r, x->bar,
-				      fabep_strerror(x->bar), (long long)x->bar_ms,
-				      x->bar_said ? "saying why" : "not saying that the "
-				      "communicator is unusable");
-		else if (x->incomplete)
-			ck_assert_msg(x->bar == -ETIMEDOUT && x->bar_said &&
-				      x->bar_ms < 100, "%s %s %s: survivor %d's barrier "
-				      "after its transfers timed out gave %d (%s) after "
+		if (!is_stop(fault) || x->incomplete)
+			ck_assert_msg(x->bar == (is_stop(fault) ? -ETIMEDOUT :
+						 -FABEP_ERR_PEER_LOST) &&
+				      x->bar_said && x->bar_ms < 100, "%s %s %s: survivor "
+				      "%d's barrier after the failure gave %d (%s) after "
 				      "%lld ms, %s", prov, op_names[op], fault_names[fault],
 				      r, x->bar, fabep_strerror(x->bar),
 				      (long long)x->bar_ms, x->bar_said ? "saying why" :
@@ -712,7 +711,7 @@ static void run_fault(const char *prov, int op, int fault)
 			      "%d times that transfers are incomplete", prov,
 			      op_names[op], fault_names[fault], r, x->incomplete);
 		/* a timeout with a rank of this host stopped says so */
-		if (x->err == -ETIMEDOUT && (fault == F_STOP || fault == F_STOP_BEFORE))
+		if (x->err == -ETIMEDOUT && is_stop(fault))
 			ck_assert_msg(x->stopped, "%s %s %s: survivor %d's log does not "
 				      "say that rank %d is stopped", prov, op_names[op],
 				      fault_names[fault], r, VICTIM);
