@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	struct fuzz_in in = { data, n };
 	struct fep_boot_env env;
 	fabep_comm_attr_t a;
-	size_t os_max;
+	size_t os_max, os_sum;
 	int i, ret;
 
 	while (in.n) {
@@ -113,9 +113,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			   a.signal <= FABEP_SIGNAL_CMA);
 	}
 
-	ret = fep_ar_onestage_env(2, 16, &os_max);
+	ret = fep_ar_onestage_env(2, 16, &os_max, &os_sum);
 	FUZZ_CHECK(ret <= 0);
-	FUZZ_CHECK(ret || os_max <= ((size_t)1 << 40));
+	FUZZ_CHECK(ret || (os_max <= ((size_t)1 << 40) && os_sum == os_max));
+	ret = fep_ar_onestage_env(4, 2, &os_max, &os_sum);
+	FUZZ_CHECK(ret <= 0);
+	FUZZ_CHECK(ret || (os_sum >= os_max && os_sum <= ((size_t)1 << 40)));
 	ret = fep_pool_default_node(-1);
 	FUZZ_CHECK(ret >= -EINVAL);
 

@@ -627,8 +627,10 @@ FABEP_API int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 /* Not collective; NULL is ignored.  The heap block is reused as a MoE
  * handle's is (fabep_moe_destroy), kept after a failed call. */
 FABEP_API int fabep_allreduce_destroy(fabep_allreduce_t *ar);
-/* The one-stage threshold in force, in input bytes per rank. */
+/* The one-stage threshold in force, in input bytes per rank: of the
+ * RMSNorm calls, and of fabep_allreduce() (larger on 2 ranks). */
 FABEP_API size_t fabep_allreduce_onestage_max(const fabep_allreduce_t *ar);
+FABEP_API size_t fabep_allreduce_sum_onestage_max(const fabep_allreduce_t *ar);
 
 /*
  * out[rows, cols] = the sum over ranks of in[rows, cols].  Collective.

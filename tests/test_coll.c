@@ -314,6 +314,8 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	const void *in;
 	fabep_rmsnorm_params_t p;
 	double eps = 1e-5;
+	size_t os;
+	char want;
 	bool logstep;
 	int k, ret;
 
@@ -345,8 +347,14 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 		FAILF("%s %zu x %zu: %s", op_name(c->op), c->rows, c->cols,
 		      fabep_strerror(ret));
 	/* the log-step path (allreduce.c): from 4 ranks, below the
-	 * one-stage threshold */
-	logstep = size >= 4 && n * es <= fabep_allreduce_onestage_max(ar);
+	 * threshold, which the plain sum has of its own on 2 ranks */
+	os = c->op == OP_SUM ? fabep_allreduce_sum_onestage_max(ar) :
+			       fabep_allreduce_onestage_max(ar);
+	logstep = size >= 4 && n * es <= os;
+	want = n * es <= os ? (size >= 4 ? 'l' : 'o') : 't';
+	if (size > 1 && ar->path != want)
+		FAILF("%s %zu x %zu (threshold %zu): took path '%c', not '%c'",
+		      op_name(c->op), c->rows, c->cols, os, ar->path, want);
 	if (c->op != OP_SUM &&
 	    check_exact(rank, size, t, c, logstep, ins, res0, res, gamma, out,
 			scales, &p))
@@ -450,7 +458,7 @@ static int run_rank(int rank, int size, void *arg)
 {
 	const struct ar_run *t = arg;
 	size_t es = t->dt == FABEP_AR_BF16 ? 2 : 4;
-	size_t n = t->max_rows * t->max_cols, heap;
+	size_t n = t->max_rows * t->max_cols, heap, os_sum;
 	fabep_comm_t *comm;
 	fabep_allreduce_t *ar;
 	void *ins[8], *res0, *res, *gamma, *out;
@@ -474,6 +482,12 @@ static int run_rank(int rank, int size, void *arg)
 		FAILF("fabep_allreduce_create: %s", fabep_strerror(ret));
 	if (t->copies)
 		ar->direct = ar->rd = false;
+	/* the plain sum's own threshold: 1 MiB on 2 ranks, unless set */
+	os_sum = t->os_max || size != 2 ? fabep_allreduce_onestage_max(ar) :
+		 (size_t)1 << 20;
+	if (fabep_allreduce_sum_onestage_max(ar) != os_sum)
+		FAILF("the plain sum's threshold is %zu, not %zu",
+		      fabep_allreduce_sum_onestage_max(ar), os_sum);
 	for (k = 0; k < size; k++)
 		ins[k] = malloc(n * es);
 	res0 = malloc(n * es);
@@ -715,6 +729,61 @@ static int err_rank(int rank, int size, void *arg)
 		fabep_allreduce_destroy(ar);
 		goto done;
 	}
+	if (e->which == 3) {
+		/* 2 ranks, default thresholds: 8 rows of 7168 bf16 (112 KiB)
+		 * take the one-stage path in a plain sum and the two-stage
+		 * path in a normalizing call, so ranks whose operations
+		 * differ take different paths: both must see the mismatch,
+		 * and the handle work on for either operation */
+		enum { R8 = 8, C = 7168 };
+		uint16_t *big = malloc(2 * R8 * C * sizeof(*big)), *bout = big + R8 * C;
+		uint16_t *g = malloc(C * sizeof(*g));
+		uint8_t *bq = malloc(R8 * C);
+		fabep_rmsnorm_params_t bp = p;
+		size_t j;
+
+		if (!big || !g || !bq)
+			FAILF("out of memory");
+		for (j = 0; j < R8 * C; j++)
+			big[j] = to_bf16((float)(j % 7) + (float)rank);
+		for (j = 0; j < C; j++)
+			g[j] = to_bf16(1.0f);
+		bp.gamma = g;
+		ret = fabep_allreduce_create(comm, 16, C, FABEP_AR_BF16, &ar);
+		if (ret)
+			FAILF("create: %s", fabep_strerror(ret));
+		if (R8 * C * 2 > fabep_allreduce_sum_onestage_max(ar) ||
+		    R8 * C * 2 <= fabep_allreduce_onestage_max(ar))
+			FAILF("thresholds %zu / %zu do not split 8 rows",
+			      fabep_allreduce_onestage_max(ar),
+			      fabep_allreduce_sum_onestage_max(ar));
+		for (i = 0; i < 2; i++) {
+			ret = rank == i ? fabep_allreduce(ar, big, bout, R8, C) :
+			      fabep_allreduce_rmsnorm_fp8(ar, big, R8, C, &bp, bq, sc);
+			if (ret != -FABEP_ERR_MISMATCH)
+				FAILF("sum on rank %d, FP8 on the other: %s", i,
+				      fabep_strerror(ret));
+			memset(bout, 0, R8 * C * sizeof(*bout));
+			ret = fabep_allreduce(ar, big, bout, R8, C);
+			if (ret)
+				FAILF("a sum after the mismatch: %s",
+				      fabep_strerror(ret));
+			for (j = 0; j < R8 * C; j++)
+				if (from_bf16(bout[j]) != (double)(2 * (j % 7) + 1))
+					FAILF("sum after the mismatch: [%zu] = %g, "
+					      "want %zu", j, from_bf16(bout[j]),
+					      2 * (j % 7) + 1);
+			ret = fabep_allreduce_rmsnorm_fp8(ar, big, R8, C, &bp, bq, sc);
+			if (ret)
+				FAILF("FP8 after the mismatch: %s",
+				      fabep_strerror(ret));
+		}
+		fabep_allreduce_destroy(ar);
+		free(big);
+		free(g);
+		free(bq);
+		goto done;
+	}
 	if (e->which == 0) {
 		/* creation: shapes differ, then a heap that is too small */
 		ret = fabep_allreduce_create(comm, rank == 1 ? 32 : 64, 8,
@@ -804,6 +873,7 @@ START_TEST(err_calls_shm) { run_err("shm", 3, 1); } END_TEST
 START_TEST(err_calls_logstep) { run_err("shm", 5, 1); } END_TEST
 START_TEST(err_paths_differ) { run_err("shm", 5, 2); } END_TEST
 START_TEST(err_create_shm) { run_err("shm", 3, 0); } END_TEST
+START_TEST(err_ops_paths_differ) { run_err("shm", 2, 3); } END_TEST
 START_TEST(err_calls_tcp) { run_err("tcp", 2, 1); } END_TEST
 
 START_TEST(heap_bytes)
@@ -856,6 +926,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, err_calls_logstep);
 	tcase_add_test(tc, err_paths_differ);
 	tcase_add_test(tc, err_create_shm);
+	tcase_add_test(tc, err_ops_paths_differ);
 	tcase_add_test(tc, err_calls_tcp);
 	suite_add_tcase(s, tc);
 	/* every strategy of every provider */

@@ -254,6 +254,7 @@ _decl("fabep_allreduce_create", c_int, P, c_size_t, c_size_t, c_int,
       POINTER(P))
 _decl("fabep_allreduce_destroy", c_int, P)
 _decl("fabep_allreduce_onestage_max", c_size_t, P)
+_decl("fabep_allreduce_sum_onestage_max", c_size_t, P)
 _decl("fabep_allreduce", c_int, P, P, P, c_size_t, c_size_t)
 _decl("fabep_allreduce_rmsnorm_fp8", c_int, P, P, c_size_t, c_size_t,
       POINTER(RmsnormParams), P, P)

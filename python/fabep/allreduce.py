@@ -49,10 +49,18 @@ class AllReduce(Handle):
 
     @property
     def onestage_max(self):
-        """The threshold in force, in input bytes per rank: calls up to
-        it take the one-stage path (2 or 3 ranks) or the log-step path
-        (4 ranks or more), larger ones the two-stage path."""
+        """The threshold of the RMSNorm calls, in input bytes per rank:
+        calls up to it take the one-stage path (2 or 3 ranks) or the
+        log-step path (4 ranks or more), larger ones the two-stage
+        path."""
         return lib.fabep_allreduce_onestage_max(self._handle())
+
+    @property
+    def sum_onestage_max(self):
+        """The same threshold of allreduce(): larger than onestage_max
+        on 2 ranks, where the one-stage path is the faster for a plain
+        sum of any size up to it."""
+        return lib.fabep_allreduce_sum_onestage_max(self._handle())
 
     def close(self):
         """Free the handle (not collective)."""

@@ -115,10 +115,16 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * two, although the one-stage path sums (and normalizes) every row on
  * every rank and, from 3 ranks, moves more bytes; on 2 shm ranks the
  * fused norm's crossover lies between 4 and 8 rows of 7168 bf16 values
- * with one thread a rank and between 16 and 64 with eight, while a
- * plain sum gains at every size measured, and a handle has one
- * threshold for both (fabep_bench -o arnorm and -o allreduce with the
- * path forced each way, docs/performance.md).  The
+ * with one thread a rank and between 16 and 64 with eight.  A plain sum
+ * on 2 ranks, where both paths move the same bytes and the one-stage
+ * path saves a round trip and the allgather's copy, gains on shm at
+ * every size measured (to 7 MiB of fp32, most below 1 MiB) and on tcp
+ * up to about 1 MiB, level at 1.8 MiB and losing at 3.5 MiB; so it has
+ * a threshold of its own there, FEP_AR_ONESTAGE_SUM2_DEFAULT (1 MiB: 36
+ * rows of 7168 fp32 values, a decode step's), whose slots, holding the
+ * whole input of a call up to it, add at most twice that to the heap
+ * (fabep_bench -o arnorm and -o allreduce with the path forced each
+ * way, docs/performance.md).  The
  * log-step path (from FEP_AR_RD_RANKS ranks) moves fp32, twice a bf16
  * input's bytes, where the two-stage path moves the dtype (and FP8
  * results, a byte a value): at 4, 8 and 16 shm ranks of the lent
@@ -126,9 +132,11 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * values (112 KiB) and lost from 8, so fp32 input takes
  * FEP_AR_RD_DEFAULT_F32 (128 KiB); bf16 rows to FP8 gained up to 2 rows
  * and lost at 4, so bf16 keeps 32 KiB (fabep_bench -o scale,
- * docs/performance.md).  FABEP_AR_ONESTAGE_MAX overrides both.
+ * docs/performance.md).  FABEP_AR_ONESTAGE_MAX, where set, is every
+ * threshold.
  */
-int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max)
+int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max,
+			size_t *os_sum)
 {
 	size_t v = nranks >= FEP_AR_RD_RANKS && esize == 4 ?
 		   FEP_AR_RD_DEFAULT_F32 : FEP_AR_ONESTAGE_DEFAULT;
@@ -137,6 +145,7 @@ int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max)
 	if (ret < 0)
 		return ret;
 	*os_max = v;
+	*os_sum = !ret && nranks == 2 ? FEP_AR_ONESTAGE_SUM2_DEFAULT : v;
 	return 0;
 }
 
@@ -169,7 +178,7 @@ static size_t ag_bytes(int op, bool res, size_t q, size_t c, size_t esize)
 }
 
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
-		  size_t os_max, struct fep_ar_layout *l)
+		  size_t os_max, size_t os_sum, struct fep_ar_layout *l)
 {
 	size_t rb, all, d1, ag1, ag2, p = (size_t)nranks, t;
 
@@ -183,8 +192,8 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 		return -EOVERFLOW;
 	l->esize = esize;
 	l->qmax = (max_rows + p - 1) / p;
-	l->two_stage = all > os_max;
-	l->os_cap = FEP_MIN(all, os_max);
+	l->two_stage = all > FEP_MIN(os_max, os_sum);
+	l->os_cap = FEP_MIN(all, FEP_MAX(os_max, os_sum));
 	if (p >= FEP_AR_RD_RANKS && l->os_cap) {
 		while (((size_t)2 << l->rd_m) <= p)
 			l->rd_m++;
@@ -195,6 +204,7 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	if (l->two_stage)
 		d1 = FEP_MAX(d1, l->qmax * rb);
 	l->blk1 = FEP_AR_HDR + A64(d1);
+	l->blkst = FEP_AR_HDR + A64(l->qmax * rb);
 	if (l->two_stage) {
 		ag1 = ag_bytes(FEP_AR_NORM, true, l->qmax, max_cols, esize);
 		ag2 = ag_bytes(FEP_AR_NORM_FP8, true, l->qmax, max_cols, esize);
@@ -203,7 +213,9 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	l->o_ctr = 0;
 	l->o_slots = 64;
 	l->o_stage = l->o_slots + 2 * p * l->blk1;
-	t = (l->two_stage ? p : 1) * l->blk1;
+	t = FEP_AR_HDR + A64(l->rd_m ? 0 : l->os_cap);
+	if (l->two_stage)
+		t = FEP_MAX(t, p * l->blkst);
 	l->o_ag = l->o_stage + t;
 	l->total = l->o_ag + p * l->blkag;
 	if (l->rd_m) {
@@ -238,11 +250,11 @@ FEP_EXPORT size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,
 {
 	struct fep_ar_layout l;
 	fep_k_dtype_t dt;
-	size_t es, os_max;
+	size_t es, os_max, os_sum;
 
 	if (fep_ar_esize(dtype, &dt, &es) ||
-	    fep_ar_onestage_env(es, nranks, &os_max) ||
-	    fep_ar_layout(max_rows, cols, es, nranks, os_max, &l))
+	    fep_ar_onestage_env(es, nranks, &os_max, &os_sum) ||
+	    fep_ar_layout(max_rows, cols, es, nranks, os_max, os_sum, &l))
 		return 0;
 	return l.total + 64; /* alignment of the block */
 }
@@ -254,6 +266,7 @@ struct fep_ar_hello {
 	uint64_t max_rows;
 	uint64_t max_cols;
 	uint64_t os_max;
+	uint64_t os_sum;
 	int32_t dtype;
 	int32_t status;
 	int32_t reads;        /* this rank would take the reads (h->rd) */
@@ -269,7 +282,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	struct fep_hb_hello hb;
 	struct fabep_allreduce *h = NULL;
 	fep_fabric_t *fab;
-	size_t es = 0, os_max = 0;
+	size_t es = 0, os_max = 0, os_sum = 0;
 	fep_k_dtype_t dt = FEP_K_F32;
 	int r, ret, status = 0, first = -1;
 
@@ -295,10 +308,10 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		status = -EINVAL;
 	}
 	if (!status)
-		status = fep_ar_onestage_env(es, comm->size, &os_max);
+		status = fep_ar_onestage_env(es, comm->size, &os_max, &os_sum);
 	if (!status) {
 		ret = fep_ar_layout(max_rows, max_cols, es, comm->size, os_max,
-				    &h->lay);
+				    os_sum, &h->lay);
 		if (ret) {
 			fep_err("fabep_allreduce_create: shape %zu x %zu %s",
 				max_rows, max_cols, ret == -EINVAL ?
@@ -327,6 +340,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	me.max_rows = max_rows;
 	me.max_cols = max_cols;
 	me.os_max = os_max;
+	me.os_sum = os_sum;
 	fep_hb_hello(fab, &me.hb);
 	me.dtype = (int32_t)dtype;
 	me.status = status;
@@ -356,16 +370,21 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	}
 	for (r = 0; r < comm->size; r++)
 		if (all[r].max_rows != me.max_rows || all[r].max_cols != me.max_cols ||
-		    all[r].dtype != me.dtype || all[r].os_max != me.os_max) {
+		    all[r].dtype != me.dtype || all[r].os_max != me.os_max ||
+		    all[r].os_sum != me.os_sum) {
 			fep_err("fabep_allreduce_create: arguments differ between "
-				"ranks: rank %d has %llu x %llu dtype %d threshold %llu, "
-				"rank %d has %llu x %llu dtype %d threshold %llu",
+				"ranks: rank %d has %llu x %llu dtype %d thresholds "
+				"%llu / %llu, rank %d has %llu x %llu dtype %d "
+				"thresholds %llu / %llu (FABEP_AR_ONESTAGE_MAX must "
+				"be the same on every rank)",
 				comm->rank, (unsigned long long)me.max_rows,
 				(unsigned long long)me.max_cols, me.dtype,
-				(unsigned long long)me.os_max, r,
+				(unsigned long long)me.os_max,
+				(unsigned long long)me.os_sum, r,
 				(unsigned long long)all[r].max_rows,
 				(unsigned long long)all[r].max_cols, all[r].dtype,
-				(unsigned long long)all[r].os_max);
+				(unsigned long long)all[r].os_max,
+				(unsigned long long)all[r].os_sum);
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
@@ -391,6 +410,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->max_rows = max_rows;
 	h->max_cols = max_cols;
 	h->os_max = os_max;
+	h->os_sum = os_sum;
 	h->ctr1[0] = h->base + h->lay.o_ctr;
 	h->ctr1[1] = h->ctr1[0] + 8;
 	h->ctr_ag = h->ctr1[0] + 16;
@@ -410,8 +430,9 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	for (r = 0; r < comm->size; r++)
 		h->rd = h->rd && all[r].reads;
 	free(all);
-	fep_dbg("allreduce handle %zu x %zu %s: threshold %zu bytes, %s, heap "
-		"%zu bytes", max_rows, max_cols, fep_k_dtype_name(dt), os_max,
+	fep_dbg("allreduce handle %zu x %zu %s: thresholds %zu (RMSNorm) and "
+		"%zu (sum) bytes, %s, heap %zu bytes", max_rows, max_cols,
+		fep_k_dtype_name(dt), os_max, os_sum,
 		h->lay.rd_m ? (h->lay.two_stage ? "log-step and two-stage" :
 			       "log-step only") :
 			      (h->lay.two_stage ? "one- and two-stage" :
@@ -450,6 +471,11 @@ FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 FEP_EXPORT size_t fabep_allreduce_onestage_max(const fabep_allreduce_t *h)
 {
 	return h ? h->os_max : 0;
+}
+
+FEP_EXPORT size_t fabep_allreduce_sum_onestage_max(const fabep_allreduce_t *h)
+{
+	return h ? h->os_sum : 0;
 }
 
 /* ---- local work ---- */
@@ -578,7 +604,7 @@ static void fep_ar_stage_rows(void *ctx, size_t r0, size_t r1)
 
 		if ((int)o == c->me)
 			continue;
-		memcpy(st + o * h->lay.blk1 + FEP_AR_HDR + i * c->rb,
+		memcpy(st + o * h->lay.blkst + FEP_AR_HDR + i * c->rb,
 		       c->in + r * c->rb, c->rb);
 	}
 }
@@ -826,15 +852,21 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 	c->rb = cols * h->lay.esize;
 	{
 		size_t rb, bytes;
-		/* the same on every rank that passes the same rows and
-		 * cols, whatever else it got wrong */
+		/* the same on every rank that passes the same rows, cols
+		 * and operation, whatever else it got wrong; ranks whose
+		 * operations differ may differ here, but on one path or the
+		 * other every rank's phase 1 writes into the same slots, so
+		 * every rank sees the mismatch (from FEP_AR_RD_RANKS ranks,
+		 * where the log-step path has slots of its own, the two
+		 * thresholds are one: fep_ar_onestage_env) */
 		bool small = !h->lay.two_stage ||
 			(!__builtin_mul_overflow(cols, h->lay.esize, &rb) &&
 			 !__builtin_mul_overflow(rows, rb, &bytes) &&
-			 bytes <= h->os_max);
+			 bytes <= (op == FEP_AR_SUM ? h->os_sum : h->os_max));
 
 		c->rdp = h->lay.rd_m && small;
 		c->one = !c->rdp && (status || small);
+		h->path = c->rdp ? 'l' : c->one ? 'o' : 't';
 	}
 	c->direct = h->direct && !status;
 	c->rd = h->rd && !c->one && op != FEP_AR_NORM_FP8;
@@ -876,7 +908,7 @@ static int fep_ar_put1(struct fep_ar_state *c, int o, struct fep_put *pu)
 {
 	struct fabep_allreduce *h = c->h;
 	uint64_t dst = h->slots1[c->par] + (uint64_t)h->comm->rank * h->lay.blk1;
-	uint64_t st = h->stage + (c->one ? 0 : (uint64_t)o * h->lay.blk1);
+	uint64_t st = h->stage + (c->one ? 0 : (uint64_t)o * h->lay.blkst);
 	size_t r0 = 0, nr = c->hdr.status || c->hdr_only ? 0 : c->rows;
 	int n = 0;
 
@@ -915,7 +947,7 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 		c->q = (c->rows + (size_t)P - 1) / (size_t)P;
 		c->cp.q = c->q;
 		for (r = 0; r < P; r++)
-			memcpy(st + (size_t)r * h->lay.blk1, &c->hdr, sizeof(c->hdr));
+			memcpy(st + (size_t)r * h->lay.blkst, &c->hdr, sizeof(c->hdr));
 		if (!c->direct)
 			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_rows,
 				     &c->cp);

@@ -20,6 +20,11 @@
  * (see the comment at fep_ar_onestage_env in allreduce.c). */
 #define FEP_AR_ONESTAGE_DEFAULT ((size_t)32 << 10)
 #define FEP_AR_RD_DEFAULT_F32 ((size_t)128 << 10)
+/* The plain sum's threshold on 2 ranks when FABEP_AR_ONESTAGE_MAX is not
+ * set: both paths move the same bytes there, and the one-stage path
+ * saves a round trip and the allgather's copy (measured on shm and tcp,
+ * see fep_ar_onestage_env). */
+#define FEP_AR_ONESTAGE_SUM2_DEFAULT ((size_t)1 << 20)
 /* The log-step path below the threshold from this many ranks: log2(ranks)
  * rounds with one partner each, where the one-stage path has every rank
  * write its input to every other (ranks - 1 copies of it into each rank,
@@ -76,9 +81,11 @@ struct fep_ar_layout {
 	size_t esize;       /* element bytes */
 	size_t qmax;        /* ceil(max_rows / ranks): rows one rank owns */
 	size_t os_cap;      /* one-stage data bytes a slot holds */
-	size_t blk1;        /* phase-1 slot (and staging block): hdr + data */
+	size_t blk1;        /* phase-1 slot: hdr + data */
+	size_t blkst;       /* two-stage staging block: hdr + owned rows */
 	size_t blkag;       /* allgather block: hdr + data; 0 without two-stage */
-	bool two_stage;     /* whether max_rows x max_cols exceeds os_max */
+	bool two_stage;     /* whether max_rows x max_cols exceeds the lower
+			       threshold (some call may take two stages) */
 	int rd_m;           /* log-step rounds (log2 of the largest power of
 			       two <= ranks) where calls below os_max take
 			       the log-step path (4 ranks or more), else 0 */
@@ -86,7 +93,8 @@ struct fep_ar_layout {
 	/* offsets from the start of the handle's heap block */
 	size_t o_ctr;       /* 3 counters: phase 1 by parity, allgather */
 	size_t o_slots;     /* 2 parities x ranks x blk1 */
-	size_t o_stage;     /* ranks x blk1 (one-stage: block 0 only) */
+	size_t o_stage;     /* one-stage: hdr + os_cap; two-stage: ranks x
+			       blkst (the larger of the two) */
 	size_t o_ag;        /* ranks x blkag */
 	size_t o_rdctr;     /* 2 parities x (rd_m + 2) log-step counters */
 	size_t o_rdslots;   /* 2 parities x (rd_m + 2) x blkrd */
@@ -99,7 +107,8 @@ struct fabep_allreduce {
 	fep_k_dtype_t dt;
 	size_t max_rows;
 	size_t max_cols;
-	size_t os_max;
+	size_t os_max;          /* threshold of the RMSNorm calls */
+	size_t os_sum;          /* threshold of the plain sum */
 	struct fep_ar_layout lay;
 	uint64_t base;          /* heap offset of the block */
 	uint64_t ctr1[2];       /* phase-1 counters, by call parity */
@@ -119,6 +128,9 @@ struct fabep_allreduce {
 				   (fep_ar_direct_ok), not from staging */
 	bool rd;                /* the allgather reads the owners' blocks
 				   into the caller's outputs */
+	char path;              /* the last call's path, as it began: 'o'
+				   one-stage, 'l' log-step, 't' two-stage
+				   (debug logs, tests) */
 
 	/* local scratch */
 	int nthreads;
@@ -131,10 +143,12 @@ struct fabep_allreduce {
 
 /* Compute the layout; 0 or -EINVAL / -EOVERFLOW (not logged). */
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
-		  size_t os_max, struct fep_ar_layout *l);
+		  size_t os_max, size_t os_sum, struct fep_ar_layout *l);
 
-/* FABEP_AR_ONESTAGE_MAX, else the default for elements of esize bytes
- * on nranks ranks.  0 or -EINVAL (logged). */
-int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max);
+/* The thresholds of the RMSNorm calls (*os_max) and of the plain sum
+ * (*os_sum): FABEP_AR_ONESTAGE_MAX for both, else the defaults for
+ * elements of esize bytes on nranks ranks.  0 or -EINVAL (logged). */
+int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max,
+			size_t *os_sum);
 
 #endif
