@@ -100,6 +100,7 @@ struct rank_res {
 	int named;        /* its log names the victim */
 	int leaked;       /* LeakSanitizer found leaks after destroy */
 	int incomplete;   /* how often its log says transfers were incomplete */
+	int blamed;       /* ...and that the oldest of them go to the victim */
 	int stopped;      /* its log says the victim is stopped */
 	int again;        /* the failed operation called once more */
 	int64_t again_ms;
@@ -566,10 +567,22 @@ static int fault_rank(int rank, int size, void *arg)
 	res->leaked = LEAK_CHECK();
 	log = capture_end(&cap);
 	res->named = log_names(log, VICTIM);
-	for (p = log; (p = strstr(p, "still incomplete")); p++)
-		res->incomplete++;
 	{
-		char pat[64];
+		char pat[64], only[24], oldest[40];
+
+		/* the peers in flight name the victim as the only one or as
+		 * the oldest's (transfers to live ranks can wait behind
+		 * one to it: fep_busy_peers) */
+		snprintf(only, sizeof(only), "(to rank %d)", VICTIM);
+		snprintf(oldest, sizeof(oldest), "; the oldest to rank %d)", VICTIM);
+		for (p = log; (p = strstr(p, "still incomplete")); p++) {
+			const char *eol = strchr(p, '\n'), *a = strstr(p, only),
+				   *b = strstr(p, oldest);
+
+			res->incomplete++;
+			res->blamed = (a && (!eol || a < eol)) ||
+				      (b && (!eol || b < eol));
+		}
 
 		snprintf(pat, sizeof(pat), "rank %d (process %d on this host) is stopped",
 			 VICTIM, (int)g_sh->pid[VICTIM]);
@@ -710,6 +723,12 @@ static void run_fault(const char *prov, int op, int fault)
 		ck_assert_msg(x->incomplete <= 1, "%s %s %s: survivor %d's log says "
 			      "%d times that transfers are incomplete", prov,
 			      op_names[op], fault_names[fault], r, x->incomplete);
+		if (x->incomplete && is_stop(fault))
+			ck_assert_msg(x->blamed, "%s %s %s: survivor %d's log does "
+				      "not say that its oldest incomplete transfers "
+				      "go to rank %d: %s", prov, op_names[op],
+				      fault_names[fault], r, VICTIM,
+				      fep_test_rank_said(r));
 		/* a timeout with a rank of this host stopped says so */
 		if (x->err == -ETIMEDOUT && is_stop(fault))
 			ck_assert_msg(x->stopped, "%s %s %s: survivor %d's log does not "

@@ -1201,30 +1201,72 @@ int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 	return 0;
 }
 
-/* The peers of the operations in flight, as "rank 2" or "ranks 1, 3",
- * into buf (for a timeout's message). */
-static void fep_busy_peers(const fep_fabric_t *fab, char *buf, size_t len)
+/* Ranks marked in set (of n), as "rank 2" or "ranks 1, 3", appended to
+ * buf at *l. */
+static void fep_rank_list(const uint8_t *set, int size, size_t n, char *buf,
+			  size_t len, size_t *l)
 {
-	uint8_t *free_op = calloc(fab->nops + 1, 1), *hit = calloc((size_t)fab->size + 1, 1);
-	const struct fep_op *op;
-	size_t i, n = 0, l = 0;
+	bool first = true;
 	int r;
 
-	buf[0] = '\0';
-	if (!free_op || !hit)
-		goto out;
-	for (op = fab->free_ops; op; op = op->next)
-		free_op[op - fab->ops] = 1;
-	for (i = 0; i < fab->nops; i++)
-		if (!free_op[i] && fab->ops[i].peer >= 0 && fab->ops[i].peer < fab->size &&
-		    !hit[fab->ops[i].peer]) {
-			hit[fab->ops[i].peer] = 1;
-			n++;
+	for (r = 0; r < size && *l < len; r++)
+		if (set[r]) {
+			*l += (size_t)snprintf(buf + *l, len - *l, "%s%d",
+					       !first ? ", " : n > 1 ? "ranks " :
+					       "rank ", r);
+			first = false;
 		}
-	for (r = 0; r < fab->size && l < len; r++)
-		if (hit[r])
-			l += (size_t)snprintf(buf + l, len - l, "%s%d",
-					      l ? ", " : n > 1 ? "ranks " : "rank ", r);
+}
+
+/* The peers of the operations in flight on the first nchan channels, as
+ * "rank 2" or "ranks 0, 2", into buf (for a timeout's message), with
+ * the peers of each channel's oldest operation where they are not all
+ * of them: "ranks 0, 2; the oldest to rank 2".  A provider may complete
+ * an endpoint's operations in the order they were posted (shm: a
+ * sender's responses queue in post order, and one not yet answered
+ * holds back those behind it), so transfers to a live rank can wait
+ * behind one to a stopped rank; the oldest names that rank. */
+static void fep_busy_peers(const fep_fabric_t *fab, int nchan, char *buf,
+			   size_t len)
+{
+	uint8_t *hit = calloc(2 * ((size_t)fab->size + 1), 1), *old, *free_op = NULL;
+	const struct fep_fabric *ch;
+	size_t i, n = 0, nold = 0, l = 0;
+	int c;
+
+	buf[0] = '\0';
+	if (!hit)
+		return;
+	old = hit + fab->size + 1;
+	for (c = 0; c < nchan; c++) {
+		const struct fep_op *op, *oldest = NULL;
+
+		ch = c ? fab->chan[c] : fab;
+		free(free_op);
+		free_op = calloc(ch->nops + 1, 1);
+		if (!free_op)
+			goto out;
+		for (op = ch->free_ops; op; op = op->next)
+			free_op[op - ch->ops] = 1;
+		for (i = 0; i < ch->nops; i++) {
+			op = &ch->ops[i];
+			if (free_op[i] || op->peer < 0 || op->peer >= fab->size)
+				continue;
+			n += !hit[op->peer];
+			hit[op->peer] = 1;
+			if (!oldest || op->seq < oldest->seq)
+				oldest = op;
+		}
+		if (oldest && !old[oldest->peer]) {
+			old[oldest->peer] = 1;
+			nold++;
+		}
+	}
+	fep_rank_list(hit, fab->size, n, buf, len, &l);
+	if (nold < n && l < len) {
+		l += (size_t)snprintf(buf + l, len - l, "; the oldest to ");
+		fep_rank_list(old, fab->size, nold, buf, len, &l);
+	}
 out:
 	free(free_op);
 	free(hit);
@@ -1271,12 +1313,15 @@ static int fep_wait_pending(fep_fabric_t *fab, enum fep_pending what)
 		/* this wait's own clock ran out (not the sticky error of an
 		 * earlier one, which progress returns at once) */
 		if (ret == -ETIMEDOUT && st.deadline && fep_now_ns() > st.deadline) {
-			char peers[160];
+			char peers[200];
 
-			fep_busy_peers(fab, peers, sizeof(peers));
-			fep_err("%zu %s still incomplete after %d ms%s%s%s",
-				fep_pending(fab, what),
-				what == FEP_PEND_OPS ? "transfers" : "writes",
+			fep_busy_peers(fab, what == FEP_PEND_OWN_WRITES ? 1 :
+				       fab->nchan, peers, sizeof(peers));
+			size_t n = fep_pending(fab, what);
+
+			fep_err("%zu %s%s still incomplete after %d ms%s%s%s", n,
+				what == FEP_PEND_OPS ? "transfer" : "write",
+				n == 1 ? "" : "s",
 				fab->timeout_ms, peers[0] ? " (to " : "", peers,
 				peers[0] ? ")" : "");
 			if (fab->stalled)

@@ -47,6 +47,7 @@ struct fep_op {
 	struct fi_context2 ctx;   /* must stay first */
 	uint64_t operand;         /* atomic operand (registered memory) */
 	struct fep_op *next;
+	uint64_t seq;             /* post order on its endpoint (fep_op_get) */
 	int peer;
 	int kind;
 	bool dc;                  /* a write with FI_DELIVERY_COMPLETE: counted
@@ -131,6 +132,7 @@ typedef struct fep_fabric {
 	struct fep_op *ops;
 	size_t nops;
 	struct fep_op *free_ops;
+	uint64_t op_seq;        /* operations taken so far (fep_op->seq) */
 	struct fid_mr *ops_mr;
 	void *ops_desc;
 	size_t outstanding;

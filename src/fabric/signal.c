@@ -264,6 +264,7 @@ static int fep_op_get(fep_fabric_t *fab, int peer, int kind,
 	}
 	*out = fab->free_ops;
 	fab->free_ops = (*out)->next;
+	(*out)->seq = ++fab->op_seq;
 	(*out)->peer = peer;
 	(*out)->kind = kind;
 	fab->outstanding++;
