@@ -796,6 +796,18 @@ static int err_rank(int rank, int size, void *arg)
 		ret = fabep_allreduce_create(comm, 64, 8, (fabep_ar_dtype_t)7, &ar);
 		if (ret != -EINVAL)
 			FAILF("create with a bad dtype: %s", fabep_strerror(ret));
+		/* a threshold set on one rank only: refused on every rank,
+		 * naming the variable */
+		if (rank == 1)
+			setenv("FABEP_AR_ONESTAGE_MAX", "64", 1);
+		ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_BF16, &ar);
+		unsetenv("FABEP_AR_ONESTAGE_MAX");
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("create with FABEP_AR_ONESTAGE_MAX on rank 1 only: %s",
+			      fabep_strerror(ret));
+		if (!strstr(fabep_last_error(), "FABEP_AR_ONESTAGE_MAX"))
+			FAILF("the mismatch of thresholds does not name "
+			      "FABEP_AR_ONESTAGE_MAX: %s", fabep_last_error());
 		goto done;
 	}
 	ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_BF16, &ar);
