@@ -391,6 +391,14 @@ static int bc_check(struct bc_run *R, size_t rows, uint64_t seq, int *all_ok)
 }
 
 /* Rank 0's header of the table (not with -m). */
+/* The one-stage threshold of the operation timed: the plain sum has its
+ * own on 2 ranks (fabep_allreduce(3)). */
+static size_t bc_threshold(const struct bc_run *R)
+{
+	return R->arnorm ? fabep_allreduce_onestage_max(R->ar) :
+			   fabep_allreduce_sum_onestage_max(R->ar);
+}
+
 static void bc_header(struct bc_run *R, FILE *out)
 {
 	const struct bench_opts *o = R->o;
@@ -401,9 +409,7 @@ static void bc_header(struct bc_run *R, FILE *out)
 		R->size, fabep_comm_provider(comm),
 		fabep_signal_name(fabep_comm_signal(comm)),
 		fabep_comm_threads(comm), R->adt == FABEP_AR_BF16 ? "bf16" : "fp32",
-		R->size >= 4 ? "log-step" : "one-stage", R->arnorm ?
-		fabep_allreduce_onestage_max(R->ar) :
-		fabep_allreduce_sum_onestage_max(R->ar));
+		R->size >= 4 ? "log-step" : "one-stage", bc_threshold(R));
 	fprintf(out, "# ref: %s\n", R->arnorm ?
 		"allreduce, then separate RMSNorm and FP8 passes (ratio = ref / fused)" :
 		"fabep_put + fabep_flush of the same bytes to one peer (ratio = ref / allreduce)");
@@ -423,9 +429,7 @@ static int bc_one(struct bc_run *R, FILE *out, size_t i, size_t rows,
 	long iters = o->iters > 0 ? o->iters :
 		     bytes < (1u << 20) ? 200 : bytes < (16u << 20) ? 50 : 20;
 	long warm = o->warmup >= 0 ? o->warmup : (iters / 10 > 3 ? iters / 10 : 3);
-	size_t os = R->arnorm ? fabep_allreduce_onestage_max(R->ar) :
-		    fabep_allreduce_sum_onestage_max(R->ar);
-	const char *path = R->size > 1 && bytes > os ?
+	const char *path = R->size > 1 && bytes > bc_threshold(R) ?
 			   "two-stage" : R->size >= 4 ? "log-step" : "one-stage";
 	const char *chk = "off";
 	uint64_t *t, *tr;

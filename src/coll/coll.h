@@ -130,7 +130,8 @@ struct fabep_allreduce {
 				   into the caller's outputs */
 	char path;              /* the last call's path, as it began: 'o'
 				   one-stage, 'l' log-step, 't' two-stage
-				   (debug logs, tests) */
+				   (for tests: test_coll checks it against the
+				   thresholds) */
 
 	/* local scratch */
 	int nthreads;
