@@ -61,6 +61,8 @@ struct ar_run {
 	int threads0;         /* rank 0's threads, where not 0 */
 	bool copies;          /* phase 1 staged and the results copied, not
 				 written from the input and read (coll.h) */
+	bool slices;          /* large puts must have gone in slices over the
+				 channels (cma_slices) */
 };
 
 /* One hash per rank, in memory shared with the parent. */
@@ -510,6 +512,12 @@ static int run_rank(int rank, int size, void *arg)
 			}
 		}
 	g_hash[rank] = hash;
+	if (t->slices && (!comm->fab->cma_slices || !comm->fab->cma_sliced)) {
+		fprintf(stderr, "rank %d: cma_slices %d, %llu puts sliced\n", rank,
+			comm->fab->cma_slices,
+			(unsigned long long)comm->fab->cma_sliced);
+		return 1;
+	}
 	fabep_allreduce_destroy(ar);
 	ret = fabep_comm_destroy(comm);
 	for (k = 0; k < size; k++)
@@ -628,6 +636,21 @@ START_TEST(shm_cma_channels)
 	fep_test_use_signal("shm", FABEP_SIGNAL_CMA);
 	setenv("FABEP_CHANNELS", "3", 1);
 	run_cases("shm", 4, FABEP_AR_F32, "4k", mixed, N(mixed), 2);
+}
+END_TEST
+/* cma with a channel per thread and more channels than senders (4 ranks
+ * of 4 threads, 4 channels): the large puts go in slices over every
+ * channel, with every rank posting to every other at once, which must
+ * neither hang nor lose a slice. */
+START_TEST(shm_cma_slices)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "0", .cases = wide,
+			    .ncases = N(wide), .repeat = 2, .threads = 4,
+			    .max_rows = 40, .max_cols = 7168, .slices = true };
+
+	fep_test_use_signal("shm", FABEP_SIGNAL_CMA);
+	setenv("FABEP_CHANNELS", "4", 1);
+	run("shm", 4, &t);
 }
 END_TEST
 /* Ranks with different thread counts: each rank's own choice of the
@@ -930,6 +953,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, tcp_logstep);
 	tcase_add_test(tc, shm_copies);
 	tcase_add_test(tc, shm_uneven_threads);
+	tcase_add_test(tc, shm_cma_slices);
 	tcase_add_test(tc, shm_cma_channels);
 	tcase_add_test(tc, tcp_auto);
 	tcase_add_test(tc, tcp_wide_two);

@@ -76,6 +76,8 @@ struct params {
 	int lanes;        /* 1: some batch of copies must be made in lanes;
 			   * -1: none may be */
 	const char *lanes_env; /* FABEP_MOE_LANES */
+	int slices;       /* some put must have gone in slices over the
+			   * channels (cma_slices) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -1248,6 +1250,14 @@ static int ep_rank(int rank, int size, void *arg)
 			fabep_comm_threads(comm), fabep_comm_channels(comm));
 		goto done;
 	}
+	if (p->slices && size > 1 && (!comm->fab->cma_slices ||
+				      !comm->fab->cma_sliced)) {
+		fprintf(stderr, "rank %d: cma_slices %d, %llu puts sliced (%d "
+			"threads, %d channels)\n", rank, comm->fab->cma_slices,
+			(unsigned long long)comm->fab->cma_sliced,
+			fabep_comm_threads(comm), fabep_comm_channels(comm));
+		goto done;
+	}
 	rc = 0;
 done:
 	fabep_moe_destroy(moe);
@@ -1390,6 +1400,14 @@ EP_TEST(lanes_shm3_place_rows, "shm", 3, .rounds = 6, .hidden = 7168,
 	.topk = 4, .experts = 12, .max_tokens = 48, .threads = 3,
 	.channels = "3", .signal = FABEP_SIGNAL_CMA, .place = "always",
 	.place_expect = 1, .crows = "fit", .lanes = 1)
+/* cma with a channel per thread and more channels than a target's
+ * senders (4 ranks of 4 threads): combine's large runs of partial rows
+ * go in slices over every channel, which the receivers' threads copy;
+ * dispatch keeps the sender's copies (lanes) */
+EP_TEST(cma_slices_shm4, "shm", 4, .rounds = 6, .hidden = 7168, .topk = 8,
+	.experts = 16, .max_tokens = 48, .threads = 4, .channels = "4",
+	.signal = FABEP_SIGNAL_CMA, .routing = R_NEG, .split = 1, .backward = 1,
+	.crows = "never", .lanes = 1, .slices = 1)
 /* FABEP_MOE_LANES: always for batches of a few KiB, never for the
  * large ones */
 EP_TEST(lanes_always_shm4_small, "shm", 4, .rounds = 8, .hidden = 200,
@@ -2717,6 +2735,7 @@ static Suite *ep_suite(void)
 	ADD(tc, cma_chan_shm4);
 	ADD(tc, cma_chan_shm3_fused);
 	ADD(tc, lanes_shm4);
+	ADD(tc, cma_slices_shm4);
 	ADD(tc, lanes_shm3_place_rows);
 	ADD(tc, lanes_always_shm4_small);
 	ADD(tc, lanes_never_shm4);

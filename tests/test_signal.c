@@ -36,6 +36,7 @@ struct stress {
 	int nsizes;
 	const char *channels;   /* FABEP_CHANNELS, NULL: unset */
 	int threads;
+	bool slices;            /* large puts must go in slices (cma_slices) */
 };
 
 static void fill(uint8_t *p, size_t n, int src, int round)
@@ -179,6 +180,15 @@ static int stress_rank(int rank, int size, void *arg)
 		}
 	}
 	free(expect);
+	/* cma with more channels than a target has senders, and a thread
+	 * for each: the large puts went in slices over the channels */
+	if (st->slices && rank != 0 && (!comm->fab->cma_slices ||
+					!comm->fab->cma_sliced)) {
+		fprintf(stderr, "rank %d: cma_slices %d, %llu puts sliced\n", rank,
+			comm->fab->cma_slices,
+			(unsigned long long)comm->fab->cma_sliced);
+		return 1;
+	}
 	/* delivery: no atomic went before the completions of the writes to
 	 * its peer were reaped (the providers here would not show it: shm
 	 * and tcp carry a write and the next atomic through one queue) */
@@ -200,9 +210,9 @@ static int stress_rank(int rank, int size, void *arg)
 static const size_t small_sizes[] = { 1, 7, 8, 64, 100, 4096, 4097, 65536 + 3 };
 static const size_t big_sizes[] = { 1, 1u << 20, (4u << 20) + 13, 3, 65536 };
 
-static void run_stress_chan(const char *prov, fabep_signal_t sig, int size,
-			    int small_rounds, int big_rounds, const char *channels,
-			    int threads)
+static void run_stress_slices(const char *prov, fabep_signal_t sig, int size,
+			      int small_rounds, int big_rounds,
+			      const char *channels, int threads, bool slices)
 {
 	struct stress st = { .signal = sig, .channels = channels, .threads = threads };
 	int status[8], r, ret;
@@ -224,11 +234,20 @@ static void run_stress_chan(const char *prov, fabep_signal_t sig, int size,
 	st.sizes = big_sizes;
 	st.nsizes = (int)(sizeof(big_sizes) / sizeof(big_sizes[0]));
 	st.rounds = big_rounds;
+	st.slices = slices;
 	ret = fep_test_run_ranks_status(size, 120, stress_rank, &st, status);
 	for (r = 0; r < size; r++)
 		ck_assert_msg(status[r] == 0, "%s/%s big: rank %d exited %d: %s",
 			      prov, fabep_signal_name(sig), r, status[r],
 			      fep_test_rank_said(r));
+}
+
+static void run_stress_chan(const char *prov, fabep_signal_t sig, int size,
+			    int small_rounds, int big_rounds, const char *channels,
+			    int threads)
+{
+	run_stress_slices(prov, sig, size, small_rounds, big_rounds, channels,
+			  threads, false);
 }
 
 static void run_stress(const char *prov, fabep_signal_t sig, int size,
@@ -268,6 +287,15 @@ CHAN_TEST(shm_chan_ordered, "shm", FABEP_SIGNAL_ORDERED, 2, 200, 10, "4", 2)
 CHAN_TEST(shm_cma_chan4, "shm", FABEP_SIGNAL_CMA, 4, 2000, 30, "4", 1)
 CHAN_TEST(shm_cma_chan3_threads, "shm", FABEP_SIGNAL_CMA, 3, 1000, 20, "3", 2)
 CHAN_TEST(tcp_chan2, "tcp", FABEP_SIGNAL_CQDATA, 3, 500, 10, "2", 2)
+/* cma with 4 channels on 3 ranks of 4 threads: a target's 2 senders
+ * would leave 2 of its channels idle, so the large puts go in slices,
+ * one on every channel with its share of the signal as CQ data (the big
+ * payloads are checked, and that slices were sent) */
+START_TEST(shm_cma_slices)
+{
+	run_stress_slices("shm", FABEP_SIGNAL_CMA, 3, 300, 20, "4", 4, true);
+}
+END_TEST
 
 /* ---- failures ---- */
 
@@ -1344,7 +1372,7 @@ START_TEST(gets_sockets) { run_gets("sockets", FABEP_SIGNAL_AUTO, 2, 5); } END_T
 
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
  * shm and 4 on tcp; with cma (shm), one per thread where ranks have
- * several threads and number at least 8, 4 where every rank has one
+ * several threads and number at least 4, 4 where every rank has one
  * thread and there are at least 16 ranks; one elsewhere.  want and cma_want are the
  * channels with cqdata and with cma; 0: that strategy must not be the
  * choice. */
@@ -1382,7 +1410,8 @@ START_TEST(channels_default)
 		{ "shm", { 3, 3, 2, 0 } }, { "shm", { 10, 8, 2, 0 } },
 		{ "shm", { 1, 0, 2, 1 } }, { "shm", { 1, 0, 16, 4 } },
 		{ "shm", { 2, 2, 3, 0 } }, { "shm", { 2, 0, 8, 2 } },
-		{ "shm", { 3, 3, 7, 0 } }, { "shm", { 3, 0, 8, 3 } },
+		{ "shm", { 3, 3, 3, 0 } }, { "shm", { 3, 0, 4, 3 } },
+		{ "shm", { 3, 0, 8, 3 } },
 		{ "shm", { 1, 0, 15, 1 } },
 		{ "tcp", { 2, 2, 2, 1 } }, { "tcp", { 6, 4, 2, 1 } },
 		{ "sockets", { 3, 1, 2, 1 } },
@@ -2007,6 +2036,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, shm_chan_ordered);
 	tcase_add_test(tc, shm_cma_chan4);
 	tcase_add_test(tc, shm_cma_chan3_threads);
+	tcase_add_test(tc, shm_cma_slices);
 	tcase_add_test(tc, tcp_chan2);
 	tcase_add_test(tc, channels_bad);
 	tcase_add_test(tc, channels_rescue);

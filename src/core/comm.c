@@ -781,13 +781,15 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	int c, ret, status, n = asked;
 	/* cma chosen by default gives way to cqdata with channels where
 	 * ranks have several threads and are fewer than
-	 * FEP_CMA_THREADS_RANKS: a target has few senders there, and the
-	 * receivers' threads copy side by side (one per channel), faster
-	 * than the senders' copies (under cma a target with few senders
-	 * would receive on few channels, copied by as few threads); with
-	 * one thread, the sender's copy avoids the receiver's one-thread
-	 * progress.  Both use the same endpoint (no ordering, atomics and
-	 * CQ data). */
+	 * FEP_CMA_THREADS_RANKS: with 2 or 3 ranks a sender's copies (its
+	 * lanes, one per peer) would take only one or two of its threads,
+	 * and the receivers' threads copy side by side (one per channel),
+	 * faster; with one thread, the sender's copy avoids the receiver's
+	 * one-thread progress.  Both use the same endpoint (no ordering,
+	 * atomics and CQ data).  From FEP_CMA_THREADS_RANKS ranks cma keeps
+	 * a channel per thread, and where a target then has fewer senders
+	 * than channels its large puts go in slices (cma_slices, below), so
+	 * that every one of its threads copies a share. */
 	bool may_switch = sig_auto && comm->fab->signal == FABEP_SIGNAL_CMA &&
 			  (comm->fab->desc.signals & (1u << FABEP_SIGNAL_CQDATA));
 
@@ -801,12 +803,15 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	 * regions, and each rank sends on its own one (signal.c,
 	 * put_cma_chan).  With one thread a rank, 4 channels from 16 ranks
 	 * (dispatch and combine of 128 tokens 16 % faster at 16; no clear
-	 * gain at 8); with several threads, one channel per thread from 8
-	 * ranks (against cqdata with as many channels: at 8 ranks of two
-	 * threads 16 % less time at 128 tokens and 20 % at one token; at
-	 * 16 ranks of four threads 37-39 % less for a dispatch of 128
-	 * tokens and 45-51 % for one; at 8 of eight threads 45 % less at
-	 * one token and the same at 128; docs/performance.md). */
+	 * gain at 8); with several threads, one channel per thread from 4
+	 * ranks (against cqdata with as many channels: at 4 ranks of four
+	 * threads dispatch 22-30 % less time at 1 to 1024 tokens, combine
+	 * 18 % at 8 tokens and the same at 128, the allreduce the same or
+	 * up to 11 % less; at 8 ranks of two threads 16 % less at 128
+	 * tokens and 20 % at one token; at 16 ranks of four threads 37-39 %
+	 * less for a dispatch of 128 tokens and 45-51 % for one; at 8 of
+	 * eight threads 45 % less at one token and the same at 128;
+	 * docs/performance.md). */
 	if (!n) {
 		const char *prov = comm->fab->desc.provider;
 		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
@@ -852,6 +857,12 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	comm->fab->sender_copy = may_switch &&
 				 comm->fab->signal == FABEP_SIGNAL_CQDATA &&
 				 n <= FEP_SENDER_COPY_CHANNELS;
+	/* cma with more channels than a target's senders, each channel
+	 * progressed by a thread of its own: large puts in slices over
+	 * every channel (signal.c, put_cma_chan) */
+	comm->fab->cma_slices = comm->fab->signal == FABEP_SIGNAL_CMA && n > 1 &&
+				comm->size - 1 < n &&
+				fep_pool_threads(comm->pool) >= n;
 	if (n <= 1)
 		return 0;
 	mine = calloc((size_t)n, sizeof(*mine));

@@ -1119,6 +1119,7 @@ int fep_fabric_chan_open(fep_fabric_t *fab, int n, struct fep_fab_blob *blobs)
 		/* its posts' retries watch the peers too */
 		fep_fabric_set_alive(fab->chan[c], fab->alive, fab->stalled,
 				     fab->alive_ctx);
+		fab->chan[c]->owner = fab;
 	}
 	fab->nchan = n;   /* counters count in these units from now */
 	return 0;
@@ -1186,9 +1187,17 @@ int fep_fabric_clock_ctr(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
 	return ret ? ret : fab->alive(fab->alive_ctx, true);
 }
 
+/* A stall in a lane progresses its channel alone (the other threads
+ * hold theirs).  A stall on another channel (a post's retry, a reap)
+ * progresses every channel that no pool thread holds: a peer may be
+ * stalled itself on another of this rank's channels, waiting for this
+ * rank to take what it sent there, and two ranks each progressing only
+ * the channel of its own stall would wait for each other for ever. */
 int fep_fabric_stall(fep_fabric_t *fab, struct fep_stall *st)
 {
-	int ret = fab->lane ? fep_fabric_progress(fab) : fep_fabric_progress_all(fab);
+	int ret = fab->lane ? fep_fabric_progress(fab) :
+		  fab->owner ? fep_fabric_progress_free(fab->owner) :
+			       fep_fabric_progress_all(fab);
 
 	if (fab->oversubscribed && st->bo.spins < 64)
 		st->bo.spins = 64;  /* straight to yielding */

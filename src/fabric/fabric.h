@@ -33,8 +33,10 @@
 /* cma chosen by default stays where ranks have one thread, with
  * FEP_CMA_CHANNELS channels from FEP_CMA_CHANNEL_RANKS ranks, and where
  * they have more threads and number at least FEP_CMA_THREADS_RANKS,
- * with a channel per thread (comm.c, signal.c put_cma_chan) */
-#define FEP_CMA_THREADS_RANKS 8
+ * with a channel per thread (comm.c, signal.c put_cma_chan; below it,
+ * with 2 or 3 ranks, a sender's copies to its one or two peers would
+ * take as few threads) */
+#define FEP_CMA_THREADS_RANKS 4
 #define FEP_CMA_CHANNEL_RANKS 16
 #define FEP_CMA_CHANNELS 4
 
@@ -143,6 +145,10 @@ typedef struct fep_fabric {
 	bool sender_copy;       /* cqdata on shm with its fast path and at
 				   most two channels: fep_fab_put_copy_many
 				   writes plainly, then signals */
+	bool cma_slices;        /* cma with more channels than a target has
+				   senders, and a thread per channel: large
+				   puts are sliced over every channel, the
+				   receivers' threads copying (put_cma_chan) */
 	bool oversubscribed;    /* more ranks on this host than CPUs: a wait
 				   yields at once instead of spinning first,
 				   so that the peer it waits for gets a CPU */
@@ -153,6 +159,9 @@ typedef struct fep_fabric {
 	 * no provider here shows it (shm and tcp carry both through one
 	 * queue).  Read by the tests; one add per atomic. */
 	uint64_t sig_unreaped;
+	/* Puts sent in slices over the channels under cma_slices (read by
+	 * the tests). */
+	uint64_t cma_sliced;
 
 	/* Channels (FABEP_CHANNELS): chan[0] is this fabric, chan[1..] more
 	 * endpoints, each in its own domain with its own CQs, registering
@@ -163,12 +172,14 @@ typedef struct fep_fabric {
 	 * slice counts, every signal adds nchan times its amount, shared out
 	 * over the slices, and fep_counter_load divides by nchan (a channel
 	 * itself has nchan 1: its adds are already in those units).  Under
-	 * cma a put is not split: every put of a rank, and its signal, go on
-	 * the rank's own channel (rank % nchan), so that the senders to one
-	 * target spread over its channels' regions, each with its own lock
-	 * (shm copies into a region under that region's lock). */
+	 * cma a put is not split (but see cma_slices): every put of a rank,
+	 * and its signal, go on the rank's own channel (rank % nchan), so
+	 * that the senders to one target spread over its channels' regions,
+	 * each with its own lock (shm copies into a region under that
+	 * region's lock). */
 	int nchan;
 	struct fep_fabric **chan;
+	struct fep_fabric *owner;  /* a channel's chan[0]; NULL on chan[0] */
 	/* a channel's progress by a pool run's threads (fep_fabric_progress_mine):
 	 * held while one progresses it, and counted, so that the others see
 	 * a channel whose thread does not run (preempted, or still waking)

@@ -101,7 +101,7 @@ fabep_signal_t fep_signal_choose(const fabep_provider_desc_t *d, char *why,
 	if (d->signals & (1u << FABEP_SIGNAL_CMA)) {
 		snprintf(why, len, "shm with CMA: the sender's process_vm_writev "
 			 "completes each write within fi_write (beyond libfabric's "
-			 "promise); below 8 ranks of several threads, cqdata with "
+			 "promise); below 4 ranks of several threads, cqdata with "
 			 "a channel per thread");
 		return FABEP_SIGNAL_CMA;
 	}
@@ -688,6 +688,24 @@ static int slices_room(fep_fabric_t *fab, size_t n, struct fep_put **list)
  * more than the threads win). */
 #define FEP_SLICE_MIN (64u << 10)
 
+/* Slice j of s of put p into q: 64-byte boundaries, the last slice
+ * ending the put; the slices' adds share total out. */
+static void put_slice(const struct fep_put *p, size_t s, size_t j,
+		      uint64_t total, struct fep_put *q)
+{
+	size_t b0 = (p->len * j / s) & ~(size_t)63;
+	size_t b1 = j + 1 < s ? (p->len * (j + 1) / s) & ~(size_t)63 : p->len;
+
+	*q = *p;
+	q->dst += b0;
+	if (q->src == FEP_PUT_PTR)
+		q->ptr = (const uint8_t *)q->ptr + b0;
+	else
+		q->src += b0;
+	q->len = b1 - b0;
+	q->add = total / s + (j < total % s);
+}
+
 /* Channels: share every put with a signal of at least two slices' bytes
  * over the channels, each slice signalled on its own channel; its adds,
  * in units of the channel count, sum to the put's. */
@@ -710,21 +728,8 @@ static int put_sliced(fep_fabric_t *fab, const struct fep_put *puts, size_t n)
 			list[cnt[0]++].add = total;
 			continue;
 		}
-		for (j = 0; j < s; j++) {
-			/* 64-byte boundaries; the last slice ends the put */
-			size_t b0 = (p->len * j / s) & ~(size_t)63;
-			size_t b1 = j + 1 < s ? (p->len * (j + 1) / s) & ~(size_t)63 : p->len;
-			struct fep_put *q = &list[j * n + cnt[j]++];
-
-			*q = *p;
-			q->dst += b0;
-			if (q->src == FEP_PUT_PTR)
-				q->ptr = (const uint8_t *)q->ptr + b0;
-			else
-				q->src += b0;
-			q->len = b1 - b0;
-			q->add = total / s + (j < total % s);
-		}
+		for (j = 0; j < s; j++)
+			put_slice(p, s, j, total, &list[j * n + cnt[j]++]);
 	}
 	for (c = 0; c < nch; c++) {
 		ret = put_many(fab->chan[c], list + c * n, cnt[c]);
@@ -754,18 +759,59 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 	return 0;
 }
 
+/* Under fab->cma_slices, a put of at least two slices' bytes whose
+ * counter CQ data can name goes in slices, as under cqdata (put_sliced);
+ * a smaller one is the sender's copy (or, recv, the receiver's on the
+ * sender's own channel), which small calls gain by. */
+static bool put_cma_sliced(const fep_fabric_t *fab, const struct fep_put *p)
+{
+	return fab->cma_slices && p->add && fab->cq_data_size &&
+	       !((p->sig / 8) >> fab->cq_idx_bits) &&
+	       p->len >= 2 * (size_t)FEP_SLICE_MIN;
+}
+
 /* cma with channels: every put on this rank's own channel, each signal
  * times the channel count; recv: each write carries its signal as CQ
  * data (the target copies), else the sender's copies, reaped, then the
- * signals. */
+ * signals.  With slices, under fab->cma_slices (a target has fewer
+ * senders than channels, so the senders' own channels would leave some
+ * of its threads idle), a large put goes in slices, one on every
+ * channel, each with its share of the signal as CQ data: the receiver's
+ * threads copy them side by side, as under cqdata, and its source is
+ * read after the call returns (not for fep_fab_put_copy_many, whose
+ * sources are free on return). */
 static int put_cma_chan(fep_fabric_t *fab, const struct fep_put *puts,
-			size_t n, bool recv)
+			size_t n, bool recv, bool slices)
 {
 	fep_fabric_t *ch = fab->chan[fab->rank % fab->nchan];
 	uint64_t mult = (uint64_t)fab->nchan;
+	size_t i = 0, j, s, k;
+	int ret = 0;
 
-	return recv ? put_cqdata(ch, puts, n, mult) :
-		      put_then_signal(ch, puts, n, 0, false, mult);
+	if (!slices || !fab->cma_slices)
+		return recv ? put_cqdata(ch, puts, n, mult) :
+			      put_then_signal(ch, puts, n, 0, false, mult);
+	while (!ret && i < n) {
+		if (put_cma_sliced(fab, &puts[i])) {
+			s = FEP_MIN((size_t)fab->nchan, puts[i].len / FEP_SLICE_MIN);
+			for (k = 0; !ret && k < s; k++) {
+				struct fep_put q;
+
+				put_slice(&puts[i], s, k, puts[i].add * mult, &q);
+				ret = put_cqdata(fab->chan[(fab->rank + k) % fab->nchan],
+						 &q, 1, 1);
+			}
+			fab->cma_sliced++;
+			i++;
+			continue;
+		}
+		for (j = i + 1; j < n && !put_cma_sliced(fab, &puts[j]); j++)
+			;
+		ret = recv ? put_cqdata(ch, puts + i, j - i, mult) :
+			     put_then_signal(ch, puts + i, j - i, 0, false, mult);
+		i = j;
+	}
+	return ret;
 }
 
 int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
@@ -776,7 +822,7 @@ int fep_fab_put_signal_many(fep_fabric_t *fab, const struct fep_put *puts,
 	if (ret)
 		return ret;
 	if (fab->nchan > 1 && fab->signal == FABEP_SIGNAL_CMA)
-		return put_cma_chan(fab, puts, n, false);
+		return put_cma_chan(fab, puts, n, false, true);
 	return fab->nchan > 1 ? put_sliced(fab, puts, n) : put_many(fab, puts, n);
 }
 
@@ -790,7 +836,7 @@ int fep_fab_put_recv_many(fep_fabric_t *fab, const struct fep_put *puts,
 	ret = put_checks(fab, puts, n, true);
 	if (ret)
 		return ret;
-	return fab->nchan > 1 ? put_cma_chan(fab, puts, n, true) :
+	return fab->nchan > 1 ? put_cma_chan(fab, puts, n, true, true) :
 				put_cqdata(fab, puts, n, 1);
 }
 
@@ -849,6 +895,10 @@ int fep_fab_put_copy_many(fep_fabric_t *fab, const struct fep_put *puts,
 {
 	int ret;
 
+	if (!fab->sender_copy && fab->nchan > 1 && fab->signal == FABEP_SIGNAL_CMA) {
+		ret = put_checks(fab, puts, n, false);
+		return ret ? ret : put_cma_chan(fab, puts, n, false, false);
+	}
 	if (!fab->sender_copy)
 		return fep_fab_put_signal_many(fab, puts, n);
 	ret = put_checks(fab, puts, n, true);
