@@ -863,6 +863,10 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	comm->fab->cma_slices = comm->fab->signal == FABEP_SIGNAL_CMA && n > 1 &&
 				comm->size - 1 < n &&
 				fep_pool_threads(comm->pool) >= n;
+	if (comm->fab->cma_slices)
+		fep_info("cma with %d channels and %d sender%s to a target: puts "
+			 "of 128 KiB and more go in slices over every channel", n,
+			 comm->size - 1, comm->size > 2 ? "s" : "");
 	if (n <= 1)
 		return 0;
 	mine = calloc((size_t)n, sizeof(*mine));
