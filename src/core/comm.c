@@ -865,8 +865,9 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 				fep_pool_threads(comm->pool) >= n;
 	if (comm->fab->cma_slices)
 		fep_info("cma with %d channels and %d sender%s to a target: puts "
-			 "of 128 KiB and more go in slices over every channel", n,
-			 comm->size - 1, comm->size > 2 ? "s" : "");
+			 "of %u KiB and more go in slices over every channel", n,
+			 comm->size - 1, comm->size > 2 ? "s" : "",
+			 2 * FEP_SLICE_MIN >> 10);
 	if (n <= 1)
 		return 0;
 	mine = calloc((size_t)n, sizeof(*mine));

@@ -37,6 +37,10 @@
  * with 2 or 3 ranks, a sender's copies to its one or two peers would
  * take as few threads) */
 #define FEP_CMA_THREADS_RANKS 4
+/* A slice of a put split over the channels carries at least this much
+ * (below, the copies' start-up costs more than the threads win): puts
+ * of two slices' bytes and more are split (signal.c) */
+#define FEP_SLICE_MIN (64u << 10)
 #define FEP_CMA_CHANNEL_RANKS 16
 #define FEP_CMA_CHANNELS 4
 

@@ -684,10 +684,6 @@ static int slices_room(fep_fabric_t *fab, size_t n, struct fep_put **list)
 	return 0;
 }
 
-/* A slice carries at least this much (below, the copies' start-up costs
- * more than the threads win). */
-#define FEP_SLICE_MIN (64u << 10)
-
 /* Slice j of s of put p into q: 64-byte boundaries, the last slice
  * ending the put; the slices' adds share total out. */
 static void put_slice(const struct fep_put *p, size_t s, size_t j,
@@ -765,7 +761,7 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
  * sender's own channel), which small calls gain by. */
 static bool put_cma_sliced(const fep_fabric_t *fab, const struct fep_put *p)
 {
-	return fab->cma_slices && p->add && fab->cq_data_size &&
+	return p->add && fab->cq_data_size &&
 	       !((p->sig / 8) >> fab->cq_idx_bits) &&
 	       p->len >= 2 * (size_t)FEP_SLICE_MIN;
 }
