@@ -582,6 +582,19 @@ static void fep_ar_job_run(void *ctx, int tid, int nthreads)
 		fep_ar_job_rows(j, tid, r0, FEP_MIN(j->rows, r0 + step));
 }
 
+/* fep_ar_job_run on the pool, or on the caller alone where the job's
+ * inputs and output are less than FEP_POOL_SOLO_BYTES in all. */
+static int fep_ar_job_go(fep_pool_t *pool, struct fep_ar_job *j)
+{
+	size_t es = j->sum32 ? 4 : j->h->lay.esize;
+
+	if (fep_pool_grain(j->rows, j->cols * es * ((size_t)j->n + 1)) >= j->rows) {
+		fep_ar_job_run(j, 0, 1);
+		return 0;
+	}
+	return fep_pool_run(pool, fep_ar_job_run, j);
+}
+
 /* Copy rows into place (staging, outputs). */
 struct fep_ar_copy {
 	struct fabep_allreduce *h;
@@ -945,16 +958,18 @@ static int fep_ar_phase1(struct fep_ar_state *c)
 		memcpy(st, &c->hdr, sizeof(c->hdr));
 		if (!c->direct && !c->hdr.status && !c->hdr_only && c->rows &&
 		    P > 1)
-			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_flat,
-				     &c->cp);
+			fep_pool_for(h->comm->pool, c->rows,
+				     fep_pool_grain(c->rows, c->rb),
+				     fep_ar_stage_flat, &c->cp);
 	} else {
 		c->q = (c->rows + (size_t)P - 1) / (size_t)P;
 		c->cp.q = c->q;
 		for (r = 0; r < P; r++)
 			memcpy(st + (size_t)r * h->lay.blkst, &c->hdr, sizeof(c->hdr));
 		if (!c->direct)
-			fep_pool_for(h->comm->pool, c->rows, 1, fep_ar_stage_rows,
-				     &c->cp);
+			fep_pool_for(h->comm->pool, c->rows,
+				     fep_pool_grain(c->rows, c->rb),
+				     fep_ar_stage_rows, &c->cp);
 		fep_ar_owned(c, me, &c->my0, &c->myn);
 	}
 	for (i = 1; i < (size_t)P; i++)
@@ -1028,7 +1043,7 @@ static int fep_ar_reduce(struct fep_ar_state *c, const uint8_t *slots)
 		job.out = c->out;
 		job.scales = c->scales;
 		job.res_src = job.res = c->res ? c->p->residual : NULL;
-		return fep_pool_run(h->comm->pool, fep_ar_job_run, &job);
+		return fep_ar_job_go(h->comm->pool, &job);
 	}
 	mine = (uint8_t *)fep_heap_at(fab, h->ag) + (size_t)me * h->lay.blkag;
 	for (r = 0; r < P; r++)
@@ -1046,7 +1061,7 @@ static int fep_ar_reduce(struct fep_ar_state *c, const uint8_t *slots)
 	if (c->res)
 		job.res_src = (const uint8_t *)c->p->residual + c->my0 * c->rb;
 	if (c->myn) {
-		ret = fep_pool_run(h->comm->pool, fep_ar_job_run, &job);
+		ret = fep_ar_job_go(h->comm->pool, &job);
 		if (ret)
 			return fep_ar_fail(h, ret);
 	}
@@ -1081,8 +1096,9 @@ static int fep_ar_read_blocks(struct fep_ar_state *c)
 					   b + A64(c->q * rb), n * rb);
 	}
 	if (!ret && c->myn)
-		ret = fep_pool_for(h->comm->pool, c->myn, 1, fep_ar_gather_own,
-				   &c->cp);
+		ret = fep_pool_for(h->comm->pool, c->myn,
+				   fep_pool_grain(c->myn, c->rb),
+				   fep_ar_gather_own, &c->cp);
 	/* the reads posted must be done before the call returns, even
 	 * after an error */
 	rret = fep_fabric_reap_writes(fab);
@@ -1563,7 +1579,7 @@ static int fep_ar_rd(struct fep_ar_state *c)
 		}
 	}
 	job.p = c->p;
-	ret = fep_pool_run(comm->pool, fep_ar_job_run, &job);
+	ret = fep_ar_job_go(comm->pool, &job);
 	return ret ? fep_ar_fail(h, ret) : 0;
 }
 
@@ -1607,7 +1623,8 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 	c.cp.residual = c.res ? c.p->residual : NULL;
 	if (c.rd)
 		return fep_ar_read_blocks(&c);
-	return fep_pool_for(h->comm->pool, rows, 1, fep_ar_gather_rows, &c.cp);
+	return fep_pool_for(h->comm->pool, rows, fep_pool_grain(rows, c.rb),
+			    fep_ar_gather_rows, &c.cp);
 }
 
 FEP_EXPORT void fabep_rmsnorm_params_init(fabep_rmsnorm_params_t *p)

@@ -163,6 +163,15 @@ static int peers_in(struct red_ctx *c)
 	return v > 0;
 }
 
+/* About what a partial row's reduction moves: the row, and the rows of
+ * its token's experts on this rank (k / size of them, on average, at
+ * least one). */
+static size_t red_item_bytes(const struct fabep_moe *m)
+{
+	return m->crow_bytes *
+	       (1 + ((size_t)m->k + (size_t)m->size - 1) / (size_t)m->size);
+}
+
 static void reduce_block(void *arg, size_t r0, size_t r1)
 {
 	struct red_ctx *c = arg;
@@ -532,6 +541,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 			/* one block: every thread reduces; several: the caller
 			 * drives the fabric meanwhile */
 			ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, pe - pb,
+							    red_item_bytes(m),
 							    pe - pb != np_all,
 							    reduce_block, &c,
 							    &c.idle));
@@ -591,6 +601,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		if (ret)
 			goto fail;
 		ret = fep_ep_fab(m, fep_ep_pool_run(comm->pool, s->rcount[m->rank],
+						    m->crow_bytes * (1 + (size_t)m->k),
 						    1, reduce_block, &c, &c.idle));
 		if (ret)
 			goto fail;

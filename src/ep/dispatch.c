@@ -661,6 +661,7 @@ static int pack_and_post(struct fabep_moe *m, struct pack_ctx *c,
 			/* one block: every thread packs; several: the caller
 			 * drives the fabric meanwhile (the peers' chunks move) */
 			ret = fep_ep_fab(m, fep_ep_pool_run(m->comm->pool, te - tb,
+							    m->row_bytes * (size_t)m->kk,
 							    te - tb != n, pack_block,
 							    c, &c->idle));
 			if (ret)

@@ -376,10 +376,13 @@ void fep_ep_idle(void *arg);
 /* fn over [0, n) on the pool: on every thread, or (caller_idles) on the
  * workers while the caller drives the fabric (fep_pool_for_idle); with
  * several channels, caller_idles has every thread claim ranges and
- * progress its channel before each claim.  Returns
- * the pool's or the fabric's first error. */
-int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
-		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle);
+ * progress its channel before each claim.  A run of n items of about
+ * item_bytes each below FEP_POOL_SOLO_BYTES in all goes on the caller
+ * alone, the fabric left to the phase's next wait.  Returns the pool's
+ * or the fabric's first error. */
+int fep_ep_pool_run(fep_pool_t *pool, size_t n, size_t item_bytes,
+		    int caller_idles, fep_pool_range_fn fn, void *ctx,
+		    struct fep_ep_idle *idle);
 /* Post m->puts[0, np), counting their bytes into *bytes; sender: the
  * phase's copies are better made by the sender (fep_ep_copy), else by
  * the receivers (fep_fab_put_recv_many).  A post of the receivers'

@@ -767,11 +767,17 @@ static void chan_run_fn(void *arg, int tid, int nthreads)
 	}
 }
 
-int fep_ep_pool_run(fep_pool_t *pool, size_t n, int caller_idles,
-		    fep_pool_range_fn fn, void *ctx, struct fep_ep_idle *idle)
+int fep_ep_pool_run(fep_pool_t *pool, size_t n, size_t item_bytes,
+		    int caller_idles, fep_pool_range_fn fn, void *ctx,
+		    struct fep_ep_idle *idle)
 {
+	size_t grain = fep_pool_grain(n, item_bytes);
 	int nth = fep_pool_threads(pool), ret;
 
+	if (n && grain >= n) {  /* small: the caller's alone */
+		fn(ctx, 0, n);
+		return idle->err;
+	}
 	if (caller_idles && idle->fab->nchan > 1 && nth > 1 && n) {
 		struct chan_run r = { fn, ctx, idle->fab, n, 0, 0, 0 };
 

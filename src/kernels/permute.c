@@ -273,7 +273,7 @@ int fep_k_gather_blocks_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 {
 	fep_k_perm_args_t b;
 	struct pb_ctx c = { &b, fep_k_ops(), start, pre, nb };
-	size_t rows = nb ? pre[nb] : 0;
+	size_t rows = nb ? pre[nb] : 0, grain;
 	int ret = fep_k_perm_check(a);
 
 	if (ret)
@@ -281,6 +281,7 @@ int fep_k_gather_blocks_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 	if (!rows)
 		return 0;
 	b = perm_whole(a, rows);
-	return idle ? fep_pool_for_idle(pool, rows, 1, blocks_range, &c, idle, ictx)
-		    : fep_pool_for(pool, rows, 1, blocks_range, &c);
+	grain = fep_pool_grain(rows, a->row_bytes);
+	return idle ? fep_pool_for_idle(pool, rows, grain, blocks_range, &c, idle, ictx)
+		    : fep_pool_for(pool, rows, grain, blocks_range, &c);
 }

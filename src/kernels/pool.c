@@ -540,7 +540,7 @@ int fep_pool_for_idle(fep_pool_t *p, size_t n, size_t grain,
 	}
 	if (grain == 0)
 		grain = 1;
-	if (!p || p->nthreads == 1 || n == 0) {
+	if (!p || p->nthreads == 1 || n <= grain) {
 		if (n)
 			fn(ctx, 0, n);  /* no idle: the caller was busy all along */
 		return 0;

@@ -56,6 +56,19 @@ void fep_pool_wake(fep_pool_t *pool);
 typedef void (*fep_pool_fn)(void *ctx, int tid, int nthreads);
 int fep_pool_run(fep_pool_t *pool, fep_pool_fn fn, void *ctx);
 
+/* A run that moves fewer bytes than this in all goes on the caller
+ * alone: handing ranges to the workers costs microseconds (a sleeping
+ * worker's wake-up, the rows' cache lines moving to its core), as long
+ * as the caller takes to copy that much from its caches. */
+#define FEP_POOL_SOLO_BYTES (128 * 1024)
+
+/* The grain of a run of n items of item_bytes each: n (one range, the
+ * caller's) below FEP_POOL_SOLO_BYTES in all, else 1. */
+static inline size_t fep_pool_grain(size_t n, size_t item_bytes)
+{
+	return n && item_bytes < FEP_POOL_SOLO_BYTES / n ? n : 1;
+}
+
 /* Call fn(ctx, r0, r1) over [0, n) on the workers, in contiguous ranges
  * that start at multiples of `grain` (grain 0 = 1) and cover every index
  * once.  The workers claim the ranges as they come (several each, about
@@ -69,8 +82,8 @@ int fep_pool_for(fep_pool_t *pool, size_t n, size_t grain,
 		 fep_pool_range_fn fn, void *ctx);
 /* fep_pool_for over the workers only, while the caller calls idle(ictx)
  * in a loop until every range is done (it drives the fabric meanwhile).
- * With one thread the caller runs fn over [0, n) itself and idle is not
- * called. */
+ * With one thread, or n <= grain, the caller runs fn over [0, n) itself
+ * and idle is not called. */
 int fep_pool_for_idle(fep_pool_t *pool, size_t n, size_t grain,
 		      fep_pool_range_fn fn, void *ctx,
 		      void (*idle)(void *), void *ictx);
