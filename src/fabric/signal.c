@@ -524,6 +524,13 @@ uint64_t fep_fab_write_flags(const fep_fabric_t *fab)
 	return fab->signal == FABEP_SIGNAL_DELIVERY ? FI_DELIVERY_COMPLETE : 0;
 }
 
+/* Whether a write's CQ data can name the counter at heap offset sig
+ * (its index in the low cq_idx_bits, the add above them). */
+static bool cq_names(const fep_fabric_t *fab, uint64_t sig)
+{
+	return fab->cq_data_size && !((sig / 8) >> fab->cq_idx_bits);
+}
+
 static int fep_check_sig_as(fep_fabric_t *fab, uint64_t sig, bool cqdata)
 {
 	if ((sig & 7) || !fep_heap_range_ok(fab, sig, 8)) {
@@ -531,7 +538,7 @@ static int fep_check_sig_as(fep_fabric_t *fab, uint64_t sig, bool cqdata)
 			"offset", (unsigned long long)sig);
 		return -EINVAL;
 	}
-	if (cqdata && (sig / 8) >> fab->cq_idx_bits) {
+	if (cqdata && !cq_names(fab, sig)) {
 		fep_err("signal counter offset %llu is beyond what %zu-byte CQ data "
 			"can name", (unsigned long long)sig, fab->cq_data_size);
 		return -ERANGE;
@@ -761,8 +768,7 @@ static int put_checks(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
  * sender's own channel), which small calls gain by. */
 static bool put_cma_sliced(const fep_fabric_t *fab, const struct fep_put *p)
 {
-	return p->add && fab->cq_data_size &&
-	       !((p->sig / 8) >> fab->cq_idx_bits) &&
+	return p->add && cq_names(fab, p->sig) &&
 	       p->len >= 2 * (size_t)FEP_SLICE_MIN;
 }
 
@@ -981,9 +987,8 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
  * operations. */
 static bool put_inline(const fep_fabric_t *fab, const struct fep_put *p)
 {
-	return fep_fab_sender_copies(fab) &&
-	       fab->cq_data_size && p->add && p->len &&
-	       p->len <= fab->inject_size && !((p->sig / 8) >> fab->cq_idx_bits);
+	return fep_fab_sender_copies(fab) && p->add && p->len &&
+	       p->len <= fab->inject_size && cq_names(fab, p->sig);
 }
 
 /* The puts that are not put_inline: puts itself when all are, else a
