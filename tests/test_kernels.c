@@ -643,34 +643,41 @@ static float ld_row(const void *p, fep_k_dtype_t dt, size_t i);
 
 /* Every code times scales at the edges (subnormal, the smallest normal,
  * near the largest float, where 2^8 * scale stops being finite, inf,
- * NaN, negative), to fp32 and bf16: each level bitwise equal to the
+ * NaN, negative; and the range where bf16 output goes by tables, its
+ * ends and just past them, with scales whose products round), to fp32
+ * and bf16, in blocks of 32 and of 256: each level bitwise equal to the
  * scalar reference (NaN and NaN equal only where the scale is NaN). */
 START_TEST(test_fp8_dequant_edges)
 {
 	static const float scl[] = { 1e-40f, 0x1p-126f, 0.01f, 1.0f, 3.0e38f,
 				     0x1p118f, 0x1p119f, 0x1p120f, INFINITY, NAN,
-				     -1.5f, 0.0f };
+				     -1.5f, 0.0f, 0x1p-100f, 0x1.fffffep-101f,
+				     0x1p100f, 0x1.000002p100f, 0.3f, 3.0f,
+				     0x1.555556p-2f, 0x1.fffffep-1f };
+	static const int blocks[] = { 32, 256 };
 	const size_t ns = FEP_ARRAY_SIZE(scl), cols = 256 * ns;
 	uint8_t *q = xmalloc(cols);
 	float *sc = xmalloc(8 * ns * 4), *rs = xmalloc(cols * 4);
 	float *rv = aligned_alloc(64, cols * 4);  /* streamed when asked */
-	size_t i;
+	size_t i, b;
 	int dt, nt;
 
 	ck_assert_ptr_nonnull(rv);
-	/* all 256 codes (8 blocks of 32, whole vectors) with each scale in
+	/* all 256 codes (one block of 256, or 8 of 32) with each scale in
 	 * turn */
 	for (i = 0; i < cols; i++)
 		q[i] = (uint8_t)(i % 256);
-	for (i = 0; i < 8 * ns; i++)
-		sc[i] = scl[i / 8];
+	for (b = 0; b < FEP_ARRAY_SIZE(blocks); b++)
 	for (dt = 0; dt < 2; dt++) {
+		size_t bs = (size_t)blocks[b], nb = cols / bs;
 		fep_k_fp8dq_args_t d = {
-			.in = q, .ld_in = cols, .scales = sc, .ld_scales = 8 * ns,
-			.block = 32, .out = rs, .out_dt = (fep_k_dtype_t)dt,
+			.in = q, .ld_in = cols, .scales = sc, .ld_scales = nb,
+			.block = blocks[b], .out = rs, .out_dt = (fep_k_dtype_t)dt,
 			.ld_out = cols, .cols = cols,
 		};
 
+		for (i = 0; i < nb; i++)
+			sc[i] = scl[i * bs / 256];
 		fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_dequant(&d, 0, 1);
 		for (nt = -1; nt <= 1; nt += 2)
 		FOR_HW_BF16(hw) FOR_VECTOR_LEVELS(isa) {
@@ -681,15 +688,15 @@ START_TEST(test_fp8_dequant_edges)
 			d.out = rs;
 			for (i = 0; i < cols; i++) {
 				float a = ld_row(rs, (fep_k_dtype_t)dt, i);
-				float b = ld_row(rv, (fep_k_dtype_t)dt, i);
-				int nan_scale = isnan(sc[i / 32]);
+				float v = ld_row(rv, (fep_k_dtype_t)dt, i);
+				int nan_scale = isnan(sc[i / bs]);
 
-				EXPECT(nan_scale ? (isnan(a) && isnan(b)) :
+				EXPECT(nan_scale ? (isnan(a) && isnan(v)) :
 				       (dt ? ((uint16_t *)rs)[i] == ((uint16_t *)rv)[i]
-					   : f2u(a) == f2u(b)),
-				       "%s dequant %s code %02zx scale %a: %a vs %a",
-				       isa_name(isa), dt ? "bf16" : "fp32", i % 256,
-				       sc[i / 32], b, a);
+					   : f2u(a) == f2u(v)),
+				       "%s dequant %s block %zu code %02zx scale %a: %a vs %a",
+				       isa_name(isa), dt ? "bf16" : "fp32", bs, i % 256,
+				       sc[i / bs], v, a);
 			}
 		}
 	}

@@ -54,6 +54,9 @@ FEP_T_AVX2 void fep_k_bf16_to_f32_avx2(const uint16_t *in, float *out,
 	for (; i + 16 <= i1; i += 16) {
 		__m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(in + i)));
 		__m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(in + i + 8)));
+
+		if (nt && !(i & 31))
+			_mm_prefetch((const char *)(in + i) + FEP_K_NT_PF, _MM_HINT_T0);
 		a = _mm256_slli_epi32(a, 16);
 		b = _mm256_slli_epi32(b, 16);
 		if (nt) {
@@ -84,10 +87,12 @@ FEP_T_AVX2 void fep_k_f32_to_bf16_avx2(const float *in, uint16_t *out,
 		__m128i b = fep256_f32_to_bf16(_mm256_loadu_ps(in + i + 8));
 		__m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
 
-		if (nt)
+		if (nt) {
+			_mm_prefetch((const char *)(in + i) + FEP_K_NT_PF, _MM_HINT_T0);
 			_mm256_stream_si256((__m256i *)(out + i), r);
-		else
+		} else {
 			_mm256_storeu_si256((__m256i *)(out + i), r);
+		}
 	}
 	for (; i < i1; i++)
 		out[i] = fep_bf16_rne(in[i]);
@@ -119,6 +124,9 @@ FEP_T_AVX512 void fep_k_bf16_to_f32_avx512(const uint16_t *in, float *out,
 	for (; i + 32 <= i1; i += 32) {
 		__m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(in + i)));
 		__m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(in + i + 16)));
+
+		if (nt)
+			_mm_prefetch((const char *)(in + i) + FEP_K_NT_PF, _MM_HINT_T0);
 		a = _mm512_slli_epi32(a, 16);
 		b = _mm512_slli_epi32(b, 16);
 		if (nt) {
@@ -157,10 +165,14 @@ FEP_T_AVX512 void fep_k_f32_to_bf16_avx512(const float *in, uint16_t *out,
 		__m512i r = fep512_f32x2_to_bf16(_mm512_loadu_ps(in + i),
 						 _mm512_loadu_ps(in + i + 16));
 
-		if (nt)
+		if (nt) {
+			_mm_prefetch((const char *)(in + i) + FEP_K_NT_PF, _MM_HINT_T0);
+			_mm_prefetch((const char *)(in + i + 16) + FEP_K_NT_PF,
+				     _MM_HINT_T0);
 			_mm512_stream_si512((void *)(out + i), r);
-		else
+		} else {
 			_mm512_storeu_si512(out + i, r);
+		}
 	}
 	for (; i < i1; i += 16) {
 		__mmask16 m = fep512_mask(i1 - i);

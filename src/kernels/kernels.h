@@ -115,7 +115,8 @@
  *
  * Kernels that read a row twice (the scale's pass, then the pass that
  * writes) prefetch the next row or block group into L2 during the second
- * pass, so that the memory stays busy while they work from cache.
+ * pass, so that the memory stays busy while they work from cache; the
+ * single-pass ones that stream prefetch their input FEP_K_NT_PF ahead.
  *
  * Threads: fep_pool_t (kernels/pool.h).  Raw kernels may run
  * concurrently on disjoint row ranges; they keep no state (the dispatch
@@ -145,6 +146,13 @@ typedef enum {
 #define FEP_FP8_MIN_SCALE 1.17549435e-38f /* 2^-126 */
 /* Calls writing at least this many bytes use non-temporal stores. */
 #define FEP_K_NT_BYTES ((size_t)4 << 20)
+/* Single-pass kernels whose stores stream (the conversions, FP8
+ * dequantization) prefetch their input this many bytes ahead: with
+ * streaming stores the Xeons' loads stalled on each line (the hardware
+ * did not fetch ahead of them), and 2 KiB ahead the kernels ran 1.3 to
+ * 3 times as fast at 1 and 2 threads; with plain stores it changes
+ * nothing (docs/performance.md). */
+#define FEP_K_NT_PF 2048
 
 const char *fep_k_dtype_name(fep_k_dtype_t dt);
 size_t fep_k_dtype_size(fep_k_dtype_t dt); /* 4, 2, 1 */
