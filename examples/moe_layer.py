@@ -33,6 +33,7 @@ is the communication; raise it for a realistic compute share).
 """
 import argparse
 import os
+import socket
 import statistics
 import sys
 import time
@@ -183,11 +184,31 @@ def start(heap):
         comm = fabep.Comm.from_process_group(heap_size=heap)
     else:                                     # fabep.run, mpirun, Slurm
         comm = fabep.Comm.from_env(heap_size=heap)
-        root = env.get("FABEP_ROOT", "127.0.0.1:29600")
-        host, port = root.rsplit(":", 1)
+        host = env.get("FABEP_ROOT", "127.0.0.1:29600").rsplit(":", 1)[0]
         dist.init_process_group("gloo", init_method="tcp://%s:%d" % (
-            host, int(port) + 1), rank=comm.rank, world_size=comm.size)
+            host, gloo_port(comm, host)), rank=comm.rank,
+            world_size=comm.size)
     return comm, comm.rank, comm.size
+
+
+def gloo_port(comm, host):
+    """A free port on rank 0's host for gloo's store, which rank 0 finds
+    and puts into every rank's heap with a signal.  A fixed port next to
+    FABEP_ROOT's may be taken: the ranks' own connections to FABEP_ROOT
+    get their source ports from the same range."""
+    box = comm.heap_alloc(8)
+    sig = comm.heap_alloc(8)
+    if comm.rank == 0:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((host, 0))
+        box.numpy("i32")[0] = s.getsockname()[1]
+        s.close()
+        for peer in range(1, comm.size):
+            comm.put_signal(peer, box, box, 8, sig)
+        comm.flush()
+    else:
+        comm.wait(sig, 1)
+    return int(box.numpy("i32")[0])
 
 
 def size_from_env():

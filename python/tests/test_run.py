@@ -3,6 +3,7 @@
 the others and the exit status says so; a timeout stops every rank."""
 import errno
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -180,3 +181,27 @@ def test_command_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fabep.run", "-n", "0", prog],
                        env=env, stderr=subprocess.DEVNULL)
     assert r.returncode == 2
+
+
+def test_example_layer(tmp_path):
+    """examples/moe_layer.py on 2 ranks, small, its output checked against
+    one process; gloo's store must find its own port even where the one
+    after FABEP_ROOT's is taken."""
+    pytest.importorskip("torch.distributed")
+    example = os.path.join(os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__)))), "examples", "moe_layer.py")
+    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    busy.bind(("127.0.0.1", 0))
+    port = busy.getsockname()[1] - 1
+    busy.listen(1)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "fabep.run", "-n", "2", "--root",
+             "127.0.0.1:%d" % port, example, "--hidden", "256", "--experts",
+             "16", "--top-k", "4", "--tokens", "8", "--ffn", "8", "--iters",
+             "2", "--warmup", "1"], env=_env(), capture_output=True,
+            text=True, timeout=300)
+    finally:
+        busy.close()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "result: correct" in p.stdout, p.stdout
