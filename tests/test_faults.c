@@ -110,6 +110,9 @@ struct rank_res {
 	int bar_said;     /* its message says the communicator is unusable */
 	int bar_stopped;  /* or that the victim is stopped */
 	int done;
+	/* while its stderr is captured: the file, for the parent to show
+	 * what it said if it dies there */
+	char cap[64];
 };
 
 struct shared {
@@ -158,17 +161,71 @@ static void shared_init(void)
 struct capture {
 	FILE *f;
 	int saved;
+	char *path;  /* the file's name (shared with the parent) or NULL */
 };
 
-static void capture_begin(struct capture *c)
+/* stderr into a file until capture_end; with `path` (room for 64 bytes,
+ * in the shared page) a named one, which the parent reads if this
+ * process dies before capture_end (fault_said), else an unnamed one. */
+static void capture_begin(struct capture *c, char *path)
 {
+	int fd = -1;
+
 	fflush(stderr);
-	c->f = tmpfile();
+	c->f = NULL;
 	c->saved = -1;
+	c->path = NULL;
+	if (path) {
+		snprintf(path, 64, "/tmp/fep_faults_XXXXXX");
+		fd = mkstemp(path);
+		if (fd >= 0) {
+			c->f = fdopen(fd, "w+");
+			if (!c->f)
+				close(fd);
+		}
+		if (c->f)
+			c->path = path;
+		else if (fd >= 0)
+			unlink(path);
+		if (!c->f)
+			path[0] = '\0';
+	}
+	if (!c->f)
+		c->f = tmpfile();
 	if (!c->f)
 		return;
 	c->saved = dup(2);
 	dup2(fileno(c->f), 2);
+}
+
+/* The last line a rank wrote to its capture file before it died there
+ * ("" when none), and the file removed. */
+static const char *fault_said(char *path)
+{
+	static char line[256];
+	char buf[4096];
+	FILE *f;
+	size_t n = 0;
+	char *p;
+
+	line[0] = '\0';
+	if (!path[0])
+		return line;
+	f = fopen(path, "r");
+	if (f) {
+		if (fseek(f, -(long)(sizeof(buf) - 1), SEEK_END))
+			fseek(f, 0, SEEK_SET);
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	buf[n] = '\0';
+	while (n && buf[n - 1] == '\n')
+		buf[--n] = '\0';
+	p = strrchr(buf, '\n');
+	snprintf(line, sizeof(line), "%s", p ? p + 1 : buf);
+	unlink(path);
+	path[0] = '\0';
+	return line;
 }
 
 /* Restore stderr; returns the captured text (malloc'd, "" on failure). */
@@ -182,6 +239,10 @@ static char *capture_end(struct capture *c)
 		return strdup("");
 	dup2(c->saved, 2);
 	close(c->saved);
+	if (c->path) {
+		unlink(c->path);
+		c->path[0] = '\0';
+	}
 	fseek(c->f, 0, SEEK_END);
 	n = ftell(c->f);
 	if (n < 0)
@@ -442,7 +503,7 @@ static int fault_rank(int rank, int size, void *arg)
 	const char *p;
 
 	g_sh->pid[rank] = getpid();
-	capture_begin(&cap);
+	capture_begin(&cap, res->cap);
 	ret = world_open(&wd, rank, size);
 	if (ret) {
 		/* creation itself can time out on a loaded machine: the
@@ -613,6 +674,7 @@ static void run_fault(const char *prov, int op, int fault)
 {
 	struct fcase fc = { prov, op, fault };
 	int status[NRANKS], r;
+	char said[NRANKS][256];
 	char row[512];
 	size_t l = 0;
 
@@ -623,6 +685,11 @@ static void run_fault(const char *prov, int op, int fault)
 
 		shared_init();
 		fep_test_run_ranks_status(NRANKS, 60, fault_rank, &fc, status);
+		/* what a rank said before it died with its stderr captured
+		 * (the victim's file too: it is removed) */
+		for (q = 0; q < NRANKS; q++)
+			snprintf(said[q], sizeof(said[q]), "%s",
+				 fault_said(g_sh->res[q].cap));
 		for (q = 0; q < NRANKS; q++)
 			again |= status[q] == 77;
 		if (!again)
@@ -660,9 +727,12 @@ static void run_fault(const char *prov, int op, int fault)
 	for (r = 0; r < VICTIM; r++) {
 		struct rank_res *x = &g_sh->res[r];
 
-		ck_assert_msg(status[r] == 0, "%s %s %s: survivor %d exited %d: %s",
+		ck_assert_msg(status[r] == 0, "%s %s %s: survivor %d exited %d%s%s%s%s",
 			      prov, op_names[op], fault_names[fault], r,
-			      status[r], fep_test_rank_said(r));
+			      status[r], *fep_test_rank_said(r) ? ": " : "",
+			      fep_test_rank_said(r),
+			      said[r][0] ? "; its last line while captured: " : "",
+			      said[r]);
 		ck_assert_msg(x->done, "survivor %d did not finish", r);
 		ck_assert_msg(x->err == -ETIMEDOUT || x->err == -FABEP_ERR_PEER_LOST ||
 			      x->err == -FABEP_ERR_PEER,
@@ -917,7 +987,7 @@ static int rdv_rank(int rank, int size, void *arg)
 	fabep_comm_attr_init(&a);
 	a.timeout_ms = TIMEOUT_MS;
 	a.threads = 1;
-	capture_begin(&cap);
+	capture_begin(&cap, NULL);
 	t0 = now_ns();
 	g_rdv->ret = fabep_comm_create(&a, &comm);
 	__atomic_store_n(&g_rdv->ms, (now_ns() - t0) / 1000000 + 1, __ATOMIC_SEQ_CST);
@@ -1264,7 +1334,7 @@ static int args_rank(int rank, int size, void *arg)
 		int got;
 
 		ids[1] = rank == 1 ? E_EXPERTS : 0;
-		capture_begin(&c);
+		capture_begin(&c, NULL);
 		got = fabep_moe_dispatch_send(moe, x, NULL, 2, ids, NULL);
 		if (rank != 1 && !got)
 			got = fabep_moe_dispatch_recv(moe, &rv);
