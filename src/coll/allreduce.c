@@ -214,8 +214,11 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 		ag2 = ag_bytes(FEP_AR_NORM_FP8, true, l->qmax, max_cols, esize);
 		l->blkag = FEP_AR_HDR + FEP_MAX(ag1, ag2);
 	}
+	/* every counter before the slots: a block taken back is zeroed up
+	 * to o_slots (fep_comm_block), and a new handle counts from 0 */
 	l->o_ctr = 0;
-	l->o_slots = 64;
+	l->o_rdctr = 24;
+	l->o_slots = A64(l->o_rdctr + (l->rd_m ? 2 * (size_t)(l->rd_m + 2) * 8 : 0));
 	l->o_stage = l->o_slots + 2 * p * l->blk1;
 	t = FEP_AR_HDR + A64(l->rd_m ? 0 : l->os_cap);
 	if (l->two_stage)
@@ -225,8 +228,7 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	if (l->rd_m) {
 		size_t nr = 2 * (size_t)(l->rd_m + 2);
 
-		l->o_rdctr = A64(l->total);
-		l->o_rdslots = l->o_rdctr + A64(nr * 8);
+		l->o_rdslots = A64(l->total);
 		l->o_rdstage = l->o_rdslots + nr * l->blkrd;
 		l->total = l->o_rdstage + l->blkrd;
 	}
@@ -398,7 +400,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		goto err;
 
 	/* Every heap is in the same state: the same verdict everywhere. */
-	ret = fep_comm_block(comm, &hb, h->lay.total, h->lay.o_ctr + 24, &h->base);
+	ret = fep_comm_block(comm, &hb, h->lay.total, h->lay.o_slots, &h->base);
 	if (ret == -FABEP_ERR_HEAP_FULL)
 		fep_err("fabep_allreduce_create: a %zu x %zu %s handle on %d ranks "
 			"needs %zu heap bytes, %zu of %zu are in use and no block "
