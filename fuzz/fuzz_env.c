@@ -26,7 +26,7 @@ static const char *const fuzz_vars[] = {
 	"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
 	"FABEP_PROVIDER", "FABEP_DOMAIN", "FABEP_SIGNAL", "FABEP_TIMEOUT_MS",
 	"FABEP_HEAP_SIZE", "FABEP_THREADS", "FABEP_NUMA_NODE",
-	"FABEP_AR_ONESTAGE_MAX",
+	"FABEP_AR_ONESTAGE_MAX", "FABEP_AR_HALVING_MAX",
 };
 #define FUZZ_NVARS ((int)(sizeof(fuzz_vars) / sizeof(fuzz_vars[0])))
 
@@ -74,7 +74,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	struct fuzz_in in = { data, n };
 	struct fep_boot_env env;
 	fabep_comm_attr_t a;
-	size_t os_max, os_sum;
+	size_t os_max, os_sum, hv_max, hv_sum;
+	const char *hv;
 	int i, ret;
 
 	while (in.n) {
@@ -119,6 +120,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	ret = fep_ar_onestage_env(4, 2, &os_max, &os_sum);
 	FUZZ_CHECK(ret <= 0);
 	FUZZ_CHECK(ret || (os_sum >= os_max && os_sum <= ((size_t)1 << 40)));
+	/* set, one limit for both; unset, the plain sum's is the larger */
+	ret = fep_ar_halving_env(2, 16, &hv_max, &hv_sum);
+	hv = getenv("FABEP_AR_HALVING_MAX");
+	FUZZ_CHECK(ret <= 0);
+	FUZZ_CHECK(ret || (hv_max <= ((size_t)1 << 40) && hv_sum <= ((size_t)1 << 40) &&
+			   (hv && *hv ? hv_sum == hv_max : hv_sum > hv_max)));
 	ret = fep_pool_default_node(-1);
 	FUZZ_CHECK(ret >= -EINVAL);
 

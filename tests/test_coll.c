@@ -53,6 +53,7 @@ struct ar_run {
 	const char *prov;
 	fabep_ar_dtype_t dt;
 	const char *os_max;   /* FABEP_AR_ONESTAGE_MAX, NULL: unset */
+	const char *hv_max;   /* FABEP_AR_HALVING_MAX, NULL: unset */
 	size_t max_rows, max_cols;
 	const struct ar_case *cases;
 	int ncases;
@@ -318,7 +319,7 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	double eps = 1e-5;
 	size_t os;
 	char want;
-	bool logstep;
+	bool logstep, half;
 	int k, ret;
 
 	for (k = 0; k < size; k++)
@@ -352,8 +353,12 @@ static int check_case(int rank, int size, fabep_allreduce_t *ar,
 	 * threshold, which the plain sum has of its own on 2 ranks */
 	os = c->op == OP_SUM ? fabep_allreduce_sum_onestage_max(ar) :
 			       fabep_allreduce_onestage_max(ar);
-	logstep = size >= 4 && n * es <= os;
-	want = n * es <= os ? (size >= 4 ? 'l' : 'o') : 't';
+	/* and above the threshold, up to the halving mode's limit, that
+	 * path's halving mode */
+	half = ar->lay.rd_m && n * es > os &&
+	       n * es <= (c->op == OP_SUM ? ar->hv_sum : ar->hv_max);
+	logstep = size >= 4 && (n * es <= os || half);
+	want = n * es <= os || half ? (logstep ? 'l' : 'o') : 't';
 	if (size > 1 && ar->path != want)
 		FAILF("%s %zu x %zu (threshold %zu): took path '%c', not '%c'",
 		      op_name(c->op), c->rows, c->cols, os, ar->path, want);
@@ -473,6 +478,10 @@ static int run_rank(int rank, int size, void *arg)
 		setenv("FABEP_AR_ONESTAGE_MAX", t->os_max, 1);
 	else
 		unsetenv("FABEP_AR_ONESTAGE_MAX");
+	if (t->hv_max)
+		setenv("FABEP_AR_HALVING_MAX", t->hv_max, 1);
+	else
+		unsetenv("FABEP_AR_HALVING_MAX");
 	heap = fabep_allreduce_heap_bytes(t->max_rows, t->max_cols, t->dt, size);
 	if (!heap)
 		FAILF("fabep_allreduce_heap_bytes returned 0");
@@ -624,6 +633,31 @@ START_TEST(shm_8ranks) { run_cases("shm", 8, FABEP_AR_BF16, "2k", mixed, N(mixed
 START_TEST(shm_logstep5) { run_cases("shm", 5, FABEP_AR_BF16, "4k", mixed, N(mixed), 6); } END_TEST
 START_TEST(shm_logstep7) { run_cases("shm", 7, FABEP_AR_F32, "1G", mixed, N(mixed), 1); } END_TEST
 START_TEST(tcp_logstep) { run_cases("tcp", 4, FABEP_AR_BF16, "4k", mixed, N(mixed), 2); } END_TEST
+/* The log-step path's halving mode (from 4 ranks, above the threshold
+ * up to FABEP_AR_HALVING_MAX): rows of 7168 on 4 ranks, 1 row doubling,
+ * 5 and 40 rows halving; on 5 ranks (the fold) back to back with both
+ * modes and the two-stage path (fp32 rows of 100: up to 5 doubling, 17
+ * halving, from 64 two-stage) */
+START_TEST(shm_halving_wide)
+{
+	struct ar_run t = { .dt = FABEP_AR_BF16, .hv_max = "1M", .cases = wide,
+			    .ncases = N(wide), .repeat = 1,
+			    .threads = fep_test_threads(1), .max_rows = 40,
+			    .max_cols = 7168 };
+
+	run("shm", 4, &t);
+}
+END_TEST
+START_TEST(shm_halving_mix)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "2k", .hv_max = "16k",
+			    .cases = mixed, .ncases = N(mixed), .repeat = 6,
+			    .threads = fep_test_threads(1), .max_rows = 100,
+			    .max_cols = 100 };
+
+	run("shm", 5, &t);
+}
+END_TEST
 /* threshold 4k: rows <= 20 of 100 bf16 go one-stage, the rest two-stage */
 START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 40); } END_TEST
 /* The staged phase 1 and the copied results, which this machine's shm
@@ -720,31 +754,50 @@ static int err_rank(int rank, int size, void *arg)
 
 	if (e->which == 2) {
 		/* rows on one rank past the threshold of 64 bytes (3 rows of
-		 * 8 bf16 take the log-step path, 60 two-stage): every rank
-		 * gets the same error, and then that the handle is unusable;
-		 * once by a mismatch, once by rows past the maximum */
-		static const size_t odd[2] = { 60, 65 };
-		static const int want[2] = { -FABEP_ERR_MISMATCH, -EINVAL };
+		 * 8 bf16 take the log-step path's doubling mode; 60 take the
+		 * two-stage path without the halving mode, else the halving
+		 * mode; 65, past the maximum, the two-stage path): every rank
+		 * gets the same error; where a rank took the two-stage path,
+		 * then that the handle is unusable, else the handle works on.
+		 * Last, both modes of the log-step path with different rows
+		 * (59 and 60). */
+		static const size_t odd[5] = { 60, 65, 60, 65, 59 };
+		static const size_t even[5] = { 3, 3, 3, 3, 60 };
+		static const char *const hv[5] = { "0", "0", NULL, NULL, NULL };
+		static const int want[5] = { -FABEP_ERR_MISMATCH, -EINVAL,
+					     -FABEP_ERR_MISMATCH, -EINVAL,
+					     -FABEP_ERR_MISMATCH };
+		static const bool lost[5] = { true, true, false, true, false };
 
-		for (i = 0; i < 2; i++) {
+		for (i = 0; i < 5; i++) {
 			setenv("FABEP_AR_ONESTAGE_MAX", "64", 1);
+			if (hv[i])
+				setenv("FABEP_AR_HALVING_MAX", hv[i], 1);
 			ret = fabep_allreduce_create(comm, 64, 8, FABEP_AR_BF16, &ar);
 			unsetenv("FABEP_AR_ONESTAGE_MAX");
+			unsetenv("FABEP_AR_HALVING_MAX");
 			if (ret)
 				FAILF("create: %s", fabep_strerror(ret));
 			if ((ret = fabep_allreduce(ar, in, out, 3, 8)) ||
 			    (ret = fabep_allreduce(ar, in, out, 60, 8)))
 				FAILF("good calls: %s", fabep_strerror(ret));
-			ret = fabep_allreduce(ar, in, out, rank == 1 ? odd[i] : 3, 8);
+			if (ar->path != (hv[i] ? 't' : 'l'))
+				FAILF("60 rows took path '%c' (halving max %s)",
+				      ar->path, hv[i] ? hv[i] : "default");
+			ret = fabep_allreduce(ar, in, out, rank == 1 ? odd[i] : even[i], 8);
 			if (ret != want[i])
-				FAILF("rows %zu on rank 1 across the threshold: %s",
-				      odd[i], fabep_strerror(ret));
+				FAILF("rows %zu on rank 1, %zu on the others: %s",
+				      odd[i], even[i], fabep_strerror(ret));
 			ret = fabep_allreduce(ar, in, out, 3, 8);
-			if (ret != -FABEP_ERR_PEER_LOST)
-				FAILF("the call after paths differed: %s",
-				      fabep_strerror(ret));
+			if (lost[i] ? ret != -FABEP_ERR_PEER_LOST : ret != 0)
+				FAILF("the call after rows %zu on rank 1, %zu on the "
+				      "others: %s", odd[i], even[i], fabep_strerror(ret));
+			if (!lost[i] && err_sum_bad(rank, size, out, 3, "after a mismatch"))
+				return 1;
 			fabep_allreduce_destroy(ar);
 		}
+		/* a new handle works, and one that takes its heap block
+		 * back after it (the log-step counters start from 0 again) */
 		for (i = 0; i < 2; i++) {
 			int j;
 
@@ -958,6 +1011,8 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_1rank);
 	tcase_add_test(tc, shm_8ranks);
 	tcase_add_test(tc, shm_b2b);
+	tcase_add_test(tc, shm_halving_wide);
+	tcase_add_test(tc, shm_halving_mix);
 	tcase_add_test(tc, shm_logstep5);
 	tcase_add_test(tc, shm_logstep7);
 	tcase_add_test(tc, tcp_logstep);

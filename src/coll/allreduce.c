@@ -17,7 +17,8 @@
  *             results (FP8 rows, scales, new residual rows, or dtype rows)
  *
  * Calls below the threshold from FEP_AR_RD_RANKS ranks take the
- * log-step path instead, with heap objects of its own (rdctr, rdslots,
+ * log-step path instead, and above it, up to the halving limit, that
+ * path's halving mode, with heap objects of its own (rdctr, rdslots,
  * rdstage; fep_ar_rd, below).
  *
  * One call:
@@ -181,8 +182,63 @@ static size_t ag_bytes(int op, bool res, size_t q, size_t c, size_t esize)
 	}
 }
 
+/*
+ * The halving mode's limits, in input bytes per rank.  It moves half the
+ * sums a round where the doubling mode moves them all, in twice the
+ * rounds, and every rank still normalizes every row; the two-stage path
+ * writes each rank's share to its owner and back, ranks - 1 writes and
+ * as many reads or copies a rank, each owner normalizing its rows.  On
+ * shm ranks of the lent 32-core Xeon (fp32 rows of 7168, bf16 rows to
+ * FP8; fabep_bench -o scale, docs/performance.md) the halving mode was
+ * 1.2 times faster at 16 ranks and 1.8 at 32 for 8 fp32 rows (224 KiB),
+ * 1.2 at 32 ranks for 16 (448 KiB), level or slower beyond, and at 8
+ * ranks level at 8 rows; with the norm, 1.3 times faster at 32 ranks for
+ * 8 bf16 rows, slower for 16.  Hence FEP_AR_HALVING_SUM and
+ * FEP_AR_HALVING_NORM bytes of fp32 sums per rank, in the input's dtype;
+ * FABEP_AR_HALVING_MAX, where set, is both.
+ */
+int fep_ar_halving_env(size_t esize, int nranks, size_t *hv_max,
+		       size_t *hv_sum)
+{
+	size_t p = nranks > 0 ? (size_t)nranks : 1, v = 0;
+	int ret = fep_env_size("FABEP_AR_HALVING_MAX", 0, (size_t)1 << 40, &v);
+
+	if (ret < 0)
+		return ret;
+	*hv_max = ret ? v : FEP_AR_HALVING_NORM * p / 4 * esize;
+	*hv_sum = ret ? v : FEP_AR_HALVING_SUM * p / 4 * esize;
+	return 0;
+}
+
+/* The log-step slots of one parity: rounds k < rd_m take a doubling
+ * message (the sums of a call up to os_cap) or a halving one (of a call
+ * up to hv_cap, round k carries at most ceil(n / 2^(k + 1)) sums);
+ * rounds rd_m and rd_m + 1, the fold and its answer, the whole sums,
+ * where the ranks are not a power of two; the halving mode's allgather
+ * rounds rd_m + 2 + k only a header (their sums go into the staging). */
+static void fep_ar_rd_layout(struct fep_ar_layout *l, size_t esize, size_t p)
+{
+	size_t m = (size_t)l->rd_m, dcap = A64(l->os_cap / esize * 4);
+	size_t hvn = l->hv_cap / esize, off = 0, k, d;
+
+	l->rd_n = 2 * l->rd_m + 2;
+	for (k = 0; k < (size_t)l->rd_n; k++) {
+		if (k < m)
+			d = FEP_MAX(dcap, A64(((hvn + ((size_t)2 << k) - 1) >> (k + 1)) * 4));
+		else if (k < m + 2)
+			d = p > ((size_t)1 << m) ? FEP_MAX(dcap, A64(hvn * 4)) : 0;
+		else
+			d = 0;
+		l->rdoff[k] = off;
+		off += FEP_AR_HDR + d;
+	}
+	l->rdpar = off;
+	l->blkrd = FEP_AR_HDR + FEP_MAX(dcap, A64(hvn * 4));
+}
+
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
-		  size_t os_max, size_t os_sum, struct fep_ar_layout *l)
+		  size_t os_max, size_t os_sum, size_t hv_max, size_t hv_sum,
+		  struct fep_ar_layout *l)
 {
 	size_t rb, all, d1, ag1, ag2, p = (size_t)nranks, t;
 
@@ -201,7 +257,9 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	if (p >= FEP_AR_RD_RANKS && l->os_cap) {
 		while (((size_t)2 << l->rd_m) <= p)
 			l->rd_m++;
-		l->blkrd = FEP_AR_HDR + A64(l->os_cap / esize * 4);
+		t = FEP_MIN(all, FEP_MAX(hv_max, hv_sum));
+		l->hv_cap = t > l->os_cap ? t : 0;
+		fep_ar_rd_layout(l, esize, p);
 	}
 	/* with the log-step path, phase 1 carries two-stage rows only */
 	d1 = l->rd_m ? 0 : l->os_cap;
@@ -215,10 +273,10 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 		l->blkag = FEP_AR_HDR + FEP_MAX(ag1, ag2);
 	}
 	/* every counter before the slots: a block taken back is zeroed up
-	 * to o_slots (fep_comm_block), and a new handle counts from 0 */
+	 * to o_slots (fep_comm_block), which a new handle's counts need */
 	l->o_ctr = 0;
 	l->o_rdctr = 24;
-	l->o_slots = A64(l->o_rdctr + (l->rd_m ? 2 * (size_t)(l->rd_m + 2) * 8 : 0));
+	l->o_slots = A64(l->o_rdctr + (l->rd_m ? 2 * (size_t)l->rd_n * 8 : 0));
 	l->o_stage = l->o_slots + 2 * p * l->blk1;
 	t = FEP_AR_HDR + A64(l->rd_m ? 0 : l->os_cap);
 	if (l->two_stage)
@@ -226,10 +284,8 @@ int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
 	l->o_ag = l->o_stage + t;
 	l->total = l->o_ag + p * l->blkag;
 	if (l->rd_m) {
-		size_t nr = 2 * (size_t)(l->rd_m + 2);
-
 		l->o_rdslots = A64(l->total);
-		l->o_rdstage = l->o_rdslots + nr * l->blkrd;
+		l->o_rdstage = l->o_rdslots + 2 * l->rdpar;
 		l->total = l->o_rdstage + l->blkrd;
 	}
 	return 0;
@@ -256,11 +312,13 @@ FEP_EXPORT size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,
 {
 	struct fep_ar_layout l;
 	fep_k_dtype_t dt;
-	size_t es, os_max, os_sum;
+	size_t es, os_max, os_sum, hv_max, hv_sum;
 
 	if (fep_ar_esize(dtype, &dt, &es) ||
 	    fep_ar_onestage_env(es, nranks, &os_max, &os_sum) ||
-	    fep_ar_layout(max_rows, cols, es, nranks, os_max, os_sum, &l))
+	    fep_ar_halving_env(es, nranks, &hv_max, &hv_sum) ||
+	    fep_ar_layout(max_rows, cols, es, nranks, os_max, os_sum, hv_max,
+			  hv_sum, &l))
 		return 0;
 	return l.total + 64; /* alignment of the block */
 }
@@ -273,6 +331,8 @@ struct fep_ar_hello {
 	uint64_t max_cols;
 	uint64_t os_max;
 	uint64_t os_sum;
+	uint64_t hv_max;
+	uint64_t hv_sum;
 	int32_t dtype;
 	int32_t status;
 	int32_t reads;        /* this rank would take the reads (h->rd) */
@@ -288,7 +348,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	struct fep_hb_hello hb;
 	struct fabep_allreduce *h = NULL;
 	fep_fabric_t *fab;
-	size_t es = 0, os_max = 0, os_sum = 0;
+	size_t es = 0, os_max = 0, os_sum = 0, hv_max = 0, hv_sum = 0;
 	fep_k_dtype_t dt = FEP_K_F32;
 	int r, ret, status = 0, first = -1;
 
@@ -315,9 +375,11 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	}
 	if (!status)
 		status = fep_ar_onestage_env(es, comm->size, &os_max, &os_sum);
+	if (!status)
+		status = fep_ar_halving_env(es, comm->size, &hv_max, &hv_sum);
 	if (!status) {
 		ret = fep_ar_layout(max_rows, max_cols, es, comm->size, os_max,
-				    os_sum, &h->lay);
+				    os_sum, hv_max, hv_sum, &h->lay);
 		if (ret) {
 			fep_err("fabep_allreduce_create: shape %zu x %zu %s",
 				max_rows, max_cols, ret == -EINVAL ?
@@ -347,6 +409,8 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	me.max_cols = max_cols;
 	me.os_max = os_max;
 	me.os_sum = os_sum;
+	me.hv_max = hv_max;
+	me.hv_sum = hv_sum;
 	fep_hb_hello(fab, &me.hb);
 	me.dtype = (int32_t)dtype;
 	me.status = status;
@@ -377,20 +441,26 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	for (r = 0; r < comm->size; r++)
 		if (all[r].max_rows != me.max_rows || all[r].max_cols != me.max_cols ||
 		    all[r].dtype != me.dtype || all[r].os_max != me.os_max ||
-		    all[r].os_sum != me.os_sum) {
+		    all[r].os_sum != me.os_sum || all[r].hv_max != me.hv_max ||
+		    all[r].hv_sum != me.hv_sum) {
 			fep_err("fabep_allreduce_create: arguments differ between "
 				"ranks: rank %d has %llu x %llu dtype %d thresholds "
-				"%llu / %llu, rank %d has %llu x %llu dtype %d "
-				"thresholds %llu / %llu (FABEP_AR_ONESTAGE_MAX must "
+				"%llu / %llu / %llu / %llu, rank %d has %llu x %llu "
+				"dtype %d thresholds %llu / %llu / %llu / %llu "
+				"(FABEP_AR_ONESTAGE_MAX and FABEP_AR_HALVING_MAX must "
 				"be the same on every rank)",
 				comm->rank, (unsigned long long)me.max_rows,
 				(unsigned long long)me.max_cols, me.dtype,
 				(unsigned long long)me.os_max,
-				(unsigned long long)me.os_sum, r,
+				(unsigned long long)me.os_sum,
+				(unsigned long long)me.hv_max,
+				(unsigned long long)me.hv_sum, r,
 				(unsigned long long)all[r].max_rows,
 				(unsigned long long)all[r].max_cols, all[r].dtype,
 				(unsigned long long)all[r].os_max,
-				(unsigned long long)all[r].os_sum);
+				(unsigned long long)all[r].os_sum,
+				(unsigned long long)all[r].hv_max,
+				(unsigned long long)all[r].hv_sum);
 			ret = -FABEP_ERR_MISMATCH;
 			goto err;
 		}
@@ -417,6 +487,8 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->max_cols = max_cols;
 	h->os_max = os_max;
 	h->os_sum = os_sum;
+	h->hv_max = FEP_MIN(hv_max, h->lay.hv_cap);
+	h->hv_sum = FEP_MIN(hv_sum, h->lay.hv_cap);
 	h->ctr1[0] = h->base + h->lay.o_ctr;
 	h->ctr1[1] = h->ctr1[0] + 8;
 	h->ctr_ag = h->ctr1[0] + 16;
@@ -825,6 +897,7 @@ struct fep_ar_state {
 	size_t q, my0, myn;    /* two-stage: rows per owner, this rank's rows */
 	bool one;              /* the one-stage path (or an error to agree on) */
 	bool rdp;              /* the log-step path (fep_ar_rd) */
+	bool half;             /* in its halving mode */
 	bool hdr_only;         /* phase 1 carries the header alone */
 	bool res;              /* a residual is added */
 	bool direct;           /* phase 1 from the caller's input */
@@ -878,12 +951,14 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 		 * every rank sees the mismatch (from FEP_AR_RD_RANKS ranks,
 		 * where the log-step path has slots of its own, the two
 		 * thresholds are one: fep_ar_onestage_env) */
+		bool fits = !__builtin_mul_overflow(cols, h->lay.esize, &rb) &&
+			    !__builtin_mul_overflow(rows, rb, &bytes);
 		bool small = !h->lay.two_stage ||
-			(!__builtin_mul_overflow(cols, h->lay.esize, &rb) &&
-			 !__builtin_mul_overflow(rows, rb, &bytes) &&
-			 bytes <= (op == FEP_AR_SUM ? h->os_sum : h->os_max));
+			(fits && bytes <= (op == FEP_AR_SUM ? h->os_sum : h->os_max));
 
-		c->rdp = h->lay.rd_m && small;
+		c->half = h->lay.rd_m && !small && fits &&
+			  bytes <= (op == FEP_AR_SUM ? h->hv_sum : h->hv_max);
+		c->rdp = h->lay.rd_m && (small || c->half);
 		c->one = !c->rdp && (status || small);
 		h->path = c->rdp ? 'l' : c->one ? 'o' : 't';
 	}
@@ -1185,26 +1260,45 @@ static int fep_ar_allgather(struct fep_ar_state *c)
  * from the headers.  Where the view so far holds an error, the rounds
  * go on with the headers alone, so that every rank learns it.
  *
+ * The halving mode (calls above the threshold up to hv_sum / hv_max,
+ * fep_ar_halving_env): in round k each partner sends only the half of
+ * its range of the sums (the whole sums before round 0) that the other
+ * keeps, the rank whose bit k is 0 keeping the lower half, and adds the
+ * partner's half of its own range, so each sum is taken in the same
+ * tree as by doubling; after round m - 1 each rank holds the totals of
+ * its 1/M.  Then an allgather in the rounds m - 1 down to 0, on
+ * counters and slots of their own (rd_m + 2 + k: the partner's message
+ * of round k may come while this rank still adds the slot of round k):
+ * each partner writes its range of totals into the other's staging,
+ * where they lie in its own, and its header into the slot, so the
+ * staging holds every total after round 0.  Where the view after the
+ * halving rounds holds an error (the same on every rank then), no rank
+ * takes the allgather.  Every other step, the fold, the views, the
+ * verdict and the totals' use, is the doubling mode's.
+ *
  * Back-to-back safety is phase 1's argument, round by round: rank A
  * writes round k of call N + 2 into B's slot of call N's parity only
  * after A had B's round-k message of call N + 1, which B sent after it
- * returned from call N.  A call of ranks whose rows differ across the
- * threshold sends some ranks here and others to phase 1: a rank here
- * watches the phase-1 counter while it waits, and when a phase-1 message
- * comes it joins phase 1 with its header alone (fep_ar_rd_cross), so
- * that every rank reaches the same verdict; the log-step counters are
- * out of step after that, and the handle is unusable. */
+ * returned from call N.  In the halving mode A writes its totals into
+ * B's staging (the range that B sent A in their halving round, and
+ * reads no more) only after B's message of that round came, whose bytes
+ * were then read out of it; B rewrites its staging for call N + 1 only
+ * after every allgather message of call N came.  A call of ranks whose
+ * rows differ across the threshold sends some ranks here and others to
+ * phase 1: a rank here watches the phase-1 counter while it waits, and
+ * when a phase-1 message comes it joins phase 1 with its header alone
+ * (fep_ar_rd_cross), so that every rank reaches the same verdict; the
+ * log-step counters are out of step after that, and the handle is
+ * unusable. */
 
 static uint64_t fep_ar_rd_ctr(const struct fabep_allreduce *h, int par, int k)
 {
-	return h->rdctr + 8 * ((uint64_t)par * (uint64_t)(h->lay.rd_m + 2) +
-			       (uint64_t)k);
+	return h->rdctr + 8 * ((uint64_t)par * (uint64_t)h->lay.rd_n + (uint64_t)k);
 }
 
 static uint64_t fep_ar_rd_slot(const struct fabep_allreduce *h, int par, int k)
 {
-	return h->rdslots + h->lay.blkrd *
-		((uint64_t)par * (uint64_t)(h->lay.rd_m + 2) + (uint64_t)k);
+	return h->rdslots + (uint64_t)par * h->lay.rdpar + h->lay.rdoff[k];
 }
 
 /* Whether a merged view holds an error or a disagreement. */
@@ -1302,21 +1396,33 @@ static int fep_ar_rd_verdict(const struct fep_ar_state *c,
 	return 0;
 }
 
-/* Round k's message to peer: the staged header, and the sums where
- * `data` (the view holds no error), signalled on the peer's counter k. */
-static int fep_ar_rd_post(struct fep_ar_state *c, int peer, int k, bool data)
+/* Round k's message to peer: the staged header, then the staged sums
+ * [lo, lo + cnt) (cnt 0: the view holds an error), into the peer's slot
+ * k behind the header or (at: the halving mode's allgather) into the
+ * peer's staging where they lie in this rank's, signalled on the peer's
+ * counter k after both. */
+static int fep_ar_rd_post(struct fep_ar_state *c, int peer, int k, size_t lo,
+			  size_t cnt, bool at)
 {
 	struct fabep_allreduce *h = c->h;
 	fep_fabric_t *fab = h->comm->fab;
-	struct fep_put pu = {
-		.peer = peer,
-		.dst = fep_ar_rd_slot(h, c->par, k),
-		.src = h->rdstage,
-		.len = FEP_AR_HDR + (data ? c->rows * c->cols * 4 : 0),
-		.sig = fep_ar_rd_ctr(h, c->par, k),
-		.add = 1,
+	uint64_t dst = fep_ar_rd_slot(h, c->par, k);
+	struct fep_put pu[2] = {
+		{ .peer = peer, .dst = dst, .src = h->rdstage, .len = FEP_AR_HDR },
+		{ .peer = peer, .src = h->rdstage + FEP_AR_HDR + lo * 4,
+		  .len = cnt * 4 },
 	};
-	int ret = fep_fab_put_signal_many(fab, &pu, 1);
+	int n = 0, ret;
+
+	if (cnt && !lo && !at) {
+		pu[0].len += cnt * 4;
+	} else if (cnt) {
+		pu[1].dst = at ? pu[1].src : dst + FEP_AR_HDR;
+		n = 1;
+	}
+	pu[n].sig = fep_ar_rd_ctr(h, c->par, k);
+	pu[n].add = 1;
+	ret = fep_fab_put_signal_many(fab, pu, (size_t)n + 1);
 
 	if (ret)
 		fep_err("%s: posting to rank %d: %s", c->name, peer,
@@ -1435,17 +1541,18 @@ static void fep_ar_rd_add_fn(void *ctx, size_t i0, size_t i1)
 /* Elements per range of a pool run over the sums. */
 #define FEP_AR_RD_GRAIN 4096
 
-static int fep_ar_rd_sum(struct fep_ar_state *c, int k, bool peer_first)
+/* The staged sums [lo, lo + n) plus those of round k's message. */
+static int fep_ar_rd_sum(struct fep_ar_state *c, int k, bool peer_first,
+			 size_t lo, size_t n)
 {
 	struct fabep_allreduce *h = c->h;
 	fep_fabric_t *fab = h->comm->fab;
 	struct fep_ar_rd_add a = {
-		.sum = (float *)((uint8_t *)fep_heap_at(fab, h->rdstage) + FEP_AR_HDR),
+		.sum = (float *)((uint8_t *)fep_heap_at(fab, h->rdstage) + FEP_AR_HDR) + lo,
 		.peer = (const float *)((const uint8_t *)fep_heap_at(
 			fab, fep_ar_rd_slot(h, c->par, k)) + FEP_AR_HDR),
 		.peer_first = peer_first,
 	};
-	size_t n = c->rows * c->cols;
 
 	if (n <= FEP_AR_RD_GRAIN) {
 		fep_ar_rd_add_fn(&a, 0, n);
@@ -1467,6 +1574,8 @@ static int fep_ar_rd(struct fep_ar_state *c)
 	const float *total;
 	bool cross = false, proto = false, data;
 	struct fep_ar_job job;
+	size_t n = c->rows * c->cols, lo = 0, hi = n;
+	size_t plo[FEP_AR_RD_MAX], phi[FEP_AR_RD_MAX];
 
 	memset(&view, 0, sizeof(view));
 	view.seq = c->hdr.seq;
@@ -1479,8 +1588,6 @@ static int fep_ar_rd(struct fep_ar_state *c)
 	view.diff = -1;
 	data = !c->hdr.status && c->rows;
 	if (data) {
-		size_t n = c->rows * c->cols;
-
 		if (n <= FEP_AR_RD_GRAIN)
 			fep_ar_rd_widen(c, 0, n);
 		else if ((ret = fep_pool_for(comm->pool, n, FEP_AR_RD_GRAIN,
@@ -1493,7 +1600,7 @@ static int fep_ar_rd(struct fep_ar_state *c)
 	if (me >= M) {  /* an extra rank: the fold, then the total */
 		peer = me - M;
 		*st = view;
-		ret = fep_ar_rd_post(c, peer, m, data);
+		ret = fep_ar_rd_post(c, peer, m, 0, data ? n : 0, false);
 		if (!ret)
 			ret = fep_ar_rd_wait(c, peer, m + 1, &cross);
 		if (ret)
@@ -1521,16 +1628,30 @@ static int fep_ar_rd(struct fep_ar_state *c)
 			fep_ar_rd_merge(&view, got, P, me, view.seq, me + M, &proto,
 					c->name);
 			data = data && !fep_ar_rd_bad(&view);
-			if (data && (ret = fep_ar_rd_sum(c, m, false)))
+			if (data && (ret = fep_ar_rd_sum(c, m, false, 0, n)))
 				return fep_ar_fail(h, ret);
 		}
 		/* the staging changes only while no write reads it: the
 		 * call's start reaped the last call's, each round reaps its
-		 * own before its sum */
+		 * own before its sum; in the halving mode the sums a write
+		 * reads are not those the round adds to (or, in the
+		 * allgather, receives) */
 		for (k = 0; k < m; k++) {
+			size_t mid = lo + (hi - lo) / 2;
+			bool up = (me >> k) & 1;
+
+			/* halving: keep one half of [lo, hi) (the lower one
+			 * where bit k is 0), send the other */
+			plo[k] = lo;
+			phi[k] = hi;
 			peer = me ^ (1 << k);
 			*st = view;
-			ret = fep_ar_rd_post(c, peer, k, data);
+			if (c->half)
+				ret = fep_ar_rd_post(c, peer, k, up ? lo : mid,
+						     data ? (up ? mid - lo : hi - mid) : 0,
+						     false);
+			else
+				ret = fep_ar_rd_post(c, peer, k, 0, data ? n : 0, false);
 			if (!ret)
 				ret = fep_ar_rd_wait(c, peer, k, &cross);
 			if (ret)
@@ -1541,15 +1662,51 @@ static int fep_ar_rd(struct fep_ar_state *c)
 			fep_ar_rd_merge(&view, got, P, me, view.seq, peer, &proto,
 					c->name);
 			data = data && !fep_ar_rd_bad(&view);
+			if (c->half) {
+				lo = up ? mid : lo;
+				hi = up ? hi : mid;
+			}
 			ret = fep_fabric_reap_writes(fab);
 			if (!ret && data)
-				ret = fep_ar_rd_sum(c, k, (me >> k) & 1);
+				ret = fep_ar_rd_sum(c, k, up, lo, hi - lo);
 			if (ret)
 				return fep_ar_fail(h, ret);
 		}
+		/* halving: the allgather, the rounds in reverse, where the
+		 * view (the same on every rank by now) holds no error: each
+		 * rank's sums of its part into the partner's staging, whose
+		 * part is the rest of the two's range of the round */
+		for (k = m - 1; c->half && data && k >= 0; k--) {
+			peer = me ^ (1 << k);
+			ret = fep_fabric_reap_writes(fab);
+			if (!ret) {
+				*st = view;
+				ret = fep_ar_rd_post(c, peer, m + 2 + k, lo, hi - lo, true);
+			}
+			if (!ret)
+				ret = fep_ar_rd_wait(c, peer, m + 2 + k, &cross);
+			if (ret)
+				return fep_ar_fail(h, ret);
+			if (cross)
+				return fep_ar_rd_cross(c);
+			got = fep_heap_at(fab, fep_ar_rd_slot(h, c->par, m + 2 + k));
+			if (got->seq != view.seq) {
+				fep_err("%s: rank %d's allgather message holds call "
+					"%llu, expected %llu", c->name, peer,
+					(unsigned long long)got->seq,
+					(unsigned long long)view.seq);
+				return fep_ar_fail(h, -FABEP_ERR_PROTOCOL);
+			}
+			lo = plo[k];
+			hi = phi[k];
+		}
 		if (me < X) {  /* the total to the extra rank */
-			*st = view;
-			ret = fep_ar_rd_post(c, me + M, m + 1, data);
+			ret = fep_fabric_reap_writes(fab);
+			if (!ret) {
+				*st = view;
+				ret = fep_ar_rd_post(c, me + M, m + 1, 0, data ? n : 0,
+						     false);
+			}
 			if (ret)
 				return fep_ar_fail(h, ret);
 		}

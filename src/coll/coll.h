@@ -72,9 +72,17 @@ enum fep_ar_op {
  * the two-stage one (rows that differ between ranks) and joined phase 1
  * to agree on the verdict; the log-step counters are then out of step. */
 #define FEP_AR_F_LOGSTEP 0x200u
-/* Log-step rounds at most: ranks up to 65536, plus the fold and its
- * answer for a rank count that is not a power of two. */
-#define FEP_AR_RD_MAX 18
+/* Log-step rounds at most: ranks up to 65536, the fold and its answer
+ * for a rank count that is not a power of two, and as many again for
+ * the allgather of the halving mode. */
+#define FEP_AR_RD_MAX 34
+/* The halving mode of the log-step path (fep_ar_rd), above the
+ * threshold of its doubling mode, when FABEP_AR_HALVING_MAX is not set:
+ * up to this many bytes of fp32 sums per rank (times the ranks) for the
+ * plain sum and for the RMSNorm calls; measured on shm (see
+ * fep_ar_halving_env in allreduce.c). */
+#define FEP_AR_HALVING_SUM ((size_t)16 << 10)
+#define FEP_AR_HALVING_NORM ((size_t)8 << 10)
 
 /* Sizes of one handle's heap objects. */
 struct fep_ar_layout {
@@ -89,15 +97,23 @@ struct fep_ar_layout {
 	int rd_m;           /* log-step rounds (log2 of the largest power of
 			       two <= ranks) where calls below os_max take
 			       the log-step path (4 ranks or more), else 0 */
-	size_t blkrd;       /* log-step slot: rdhdr + fp32 sums of os_cap */
+	int rd_n;           /* log-step slots (and counters) per parity:
+			       2 * rd_m + 2 */
+	size_t hv_cap;      /* input bytes up to which calls above os_cap
+			       may take the halving mode (the larger
+			       limit); 0: none */
+	size_t rdoff[FEP_AR_RD_MAX]; /* log-step slot k within a parity */
+	size_t rdpar;       /* log-step slot bytes per parity */
+	size_t blkrd;       /* log-step staging: rdhdr + the fp32 sums of a
+			       call up to os_cap or hv_cap */
 	/* offsets from the start of the handle's heap block */
 	size_t o_ctr;       /* 3 counters: phase 1 by parity, allgather */
 	size_t o_slots;     /* 2 parities x ranks x blk1 */
 	size_t o_stage;     /* one-stage: hdr + os_cap; two-stage: ranks x
 			       blkst (the larger of the two) */
 	size_t o_ag;        /* ranks x blkag */
-	size_t o_rdctr;     /* 2 parities x (rd_m + 2) log-step counters */
-	size_t o_rdslots;   /* 2 parities x (rd_m + 2) x blkrd */
+	size_t o_rdctr;     /* 2 parities x rd_n log-step counters */
+	size_t o_rdslots;   /* 2 parities x rdpar */
 	size_t o_rdstage;   /* blkrd: what this rank sends in a round */
 	size_t total;
 };
@@ -109,6 +125,8 @@ struct fabep_allreduce {
 	size_t max_cols;
 	size_t os_max;          /* threshold of the RMSNorm calls */
 	size_t os_sum;          /* threshold of the plain sum */
+	size_t hv_max;          /* the halving mode's limit, RMSNorm calls */
+	size_t hv_sum;          /* and the plain sum's (both at most hv_cap) */
 	struct fep_ar_layout lay;
 	uint64_t base;          /* heap offset of the block */
 	uint64_t ctr1[2];       /* phase-1 counters, by call parity */
@@ -144,7 +162,15 @@ struct fabep_allreduce {
 
 /* Compute the layout; 0 or -EINVAL / -EOVERFLOW (not logged). */
 int fep_ar_layout(size_t max_rows, size_t max_cols, size_t esize, int nranks,
-		  size_t os_max, size_t os_sum, struct fep_ar_layout *l);
+		  size_t os_max, size_t os_sum, size_t hv_max, size_t hv_sum,
+		  struct fep_ar_layout *l);
+
+/* The halving mode's limits in input bytes per rank, of the RMSNorm
+ * calls (*hv_max) and of the plain sum (*hv_sum): FABEP_AR_HALVING_MAX
+ * for both, else the defaults for elements of esize bytes on nranks
+ * ranks.  0 or -EINVAL (logged). */
+int fep_ar_halving_env(size_t esize, int nranks, size_t *hv_max,
+		       size_t *hv_sum);
 
 /* The thresholds of the RMSNorm calls (*os_max) and of the plain sum
  * (*os_sum): FABEP_AR_ONESTAGE_MAX for both, else the defaults for
