@@ -882,16 +882,17 @@ static void fep_op_put(fep_fabric_t *fab, struct fep_op *op)
 		fab->writes--;
 }
 
-/* After the first failed transfer: the liveness check names the rank
- * that is gone.  A rank of another host is known gone through the
- * bootstrap's root, which can come after the failed transfer (a read
- * fails at once): ask again for up to FEP_LOST_GRACE_MS until it does. */
-static void name_lost(fep_fabric_t *fab)
+int fep_fabric_name_lost(fep_fabric_t *fab, bool grace)
 {
 	uint64_t end = fep_now_ns() + (uint64_t)FEP_LOST_GRACE_MS * 1000000ull;
+	int ret;
 
-	while (!fab->alive(fab->alive_ctx, true) && fep_now_ns() < end)
+	if (!fab->alive)
+		return 0;
+	while (!(ret = fab->alive(fab->alive_ctx, true)) && grace &&
+	       fep_now_ns() < end)
 		usleep(1000);
+	return ret;
 }
 
 static int fep_cq_tx(fep_fabric_t *fab)
@@ -924,7 +925,7 @@ static int fep_cq_tx(fep_fabric_t *fab)
 				 * progresses channels beside this one) */
 				if (fab->alive && fab->nchan <= 1 && !fab->heap_shared &&
 				    !fab->tx_error)
-					name_lost(fab);
+					fep_fabric_name_lost(fab, true);
 			} else {
 				fep_err("transfer failed: %s", fi_strerror(err.err));
 			}

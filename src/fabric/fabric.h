@@ -214,7 +214,7 @@ typedef struct fep_fabric {
 
 #define FEP_ALIVE_EVERY_MS 50
 /* A failed transfer waits at most this long for the liveness check to
- * name the rank that is gone (fabric.c, name_lost). */
+ * name the rank that is gone (fep_fabric_name_lost). */
 #define FEP_LOST_GRACE_MS 500
 
 /* ---- fabric.c ---- */
@@ -295,6 +295,14 @@ int fep_fabric_quiet(fep_fabric_t *fab);
  * Before a buffer that writes read from changes, or before the
  * results of reads are used. */
 int fep_fabric_reap_writes(fep_fabric_t *fab);
+/* After a failed transfer or post: the liveness check's verdict (0: every
+ * rank runs; -FABEP_ERR_PEER_LOST: a rank is gone, logged), and, with
+ * grace, asked again for up to FEP_LOST_GRACE_MS while it finds none: a
+ * rank of another host is known gone through the bootstrap's root, which
+ * can come after the failed transfer, and a killed process of this host
+ * closes its sockets (which fails sockets' posts, even to the ranks still
+ * there) a little before it has exited.  0 without a liveness check. */
+int fep_fabric_name_lost(fep_fabric_t *fab, bool grace);
 /* The same for the writes of this endpoint alone (a batch's writes
  * before its signals, on the endpoint that posted both). */
 int fep_fabric_reap_own(fep_fabric_t *fab);

@@ -286,9 +286,11 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
  * (sockets: -FI_ENOENT from its connection map once a rank's process is
  * gone, even for posts to the ranks still there; a reset or refused
  * socket elsewhere) means a lost rank, as a failed completion does: the
- * liveness check names the rank that is gone, else the post's peer is
- * the lost one.  Either way the fabric is failed (tx_error), so nothing,
- * fabep_comm_destroy included, waits for the peers again. */
+ * liveness check names the rank that is gone (given the grace of a failed
+ * completion for the first failure, under the same conditions), else the
+ * post's peer is the lost one.  Either way the fabric is failed
+ * (tx_error), so nothing, fabep_comm_destroy included, waits for the
+ * peers again. */
 static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
 {
 	switch (r) {
@@ -307,7 +309,8 @@ static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
 	}
 	fep_err("%s to rank %d: %s (no connection to it)", what, peer,
 		fi_strerror(-r));
-	if (!fab->alive || fab->alive(fab->alive_ctx, true) != -FABEP_ERR_PEER_LOST) {
+	if (fep_fabric_name_lost(fab, fab->nchan <= 1 && !fab->heap_shared &&
+				      !fab->tx_error) != -FABEP_ERR_PEER_LOST) {
 		fep_err("rank %d is lost: no connection to it", peer);
 		fab->peers[peer].lost = 1;
 	}
