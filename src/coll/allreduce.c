@@ -184,18 +184,23 @@ static size_t ag_bytes(int op, bool res, size_t q, size_t c, size_t esize)
 
 /*
  * The halving mode's limits, in input bytes per rank.  It moves half the
- * sums a round where the doubling mode moves them all, in twice the
- * rounds, and every rank still normalizes every row; the two-stage path
- * writes each rank's share to its owner and back, ranks - 1 writes and
- * as many reads or copies a rank, each owner normalizing its rows.  On
- * shm ranks of the lent 32-core Xeon (fp32 rows of 7168, bf16 rows to
- * FP8; fabep_bench -o scale, docs/performance.md) the halving mode was
- * 1.2 times faster at 16 ranks and 1.8 at 32 for 8 fp32 rows (224 KiB),
- * 1.2 at 32 ranks for 16 (448 KiB), level or slower beyond, and at 8
- * ranks level at 8 rows; with the norm, 1.3 times faster at 32 ranks for
- * 8 bf16 rows, slower for 16.  Hence FEP_AR_HALVING_SUM and
- * FEP_AR_HALVING_NORM bytes of fp32 sums per rank, in the input's dtype;
- * FABEP_AR_HALVING_MAX, where set, is both.
+ * sums (fp32) a round where the doubling mode moves them all, in twice
+ * the rounds, and every rank still normalizes every row; the two-stage
+ * path writes each rank's share (in the dtype) to its owner and back,
+ * ranks - 1 writes and as many reads or copies a rank, each owner
+ * normalizing its rows.  On shm ranks of the lent 32-core Xeon (rows of
+ * 7168; fabep_bench -o scale and -o allreduce / arnorm -f bf16,
+ * docs/performance.md) the plain sum's halving was 1.2 times faster at
+ * 16 ranks and 1.8 at 32 for 8 fp32 rows (224 KiB of sums), 1.2 at 32
+ * ranks for 16 (448 KiB), level or slower beyond; of bf16 rows, whose
+ * two-stage path moves half the bytes, 1.1 times faster at 16 ranks for
+ * 4 rows (112 KiB of sums) and slower for 8, 1.7 and 1.3 at 32 ranks for
+ * 4 and 8, level for 16; with the norm (FP8 out), 1.3 times faster at
+ * 32 ranks for 8 fp32 rows and level at 16 ranks, 1.1-1.5 for 4 and 8
+ * bf16 rows at 16 and 32 ranks.  Hence, per rank and times the ranks,
+ * FEP_AR_HALVING_SUM bytes of fp32 sums for the plain sum of fp32 input,
+ * FEP_AR_HALVING_NORM for that of bf16 input and for the normalizing
+ * calls; FABEP_AR_HALVING_MAX, where set, is every limit.
  */
 int fep_ar_halving_env(size_t esize, int nranks, size_t *hv_max,
 		       size_t *hv_sum)
@@ -206,7 +211,8 @@ int fep_ar_halving_env(size_t esize, int nranks, size_t *hv_max,
 	if (ret < 0)
 		return ret;
 	*hv_max = ret ? v : FEP_AR_HALVING_NORM * p / 4 * esize;
-	*hv_sum = ret ? v : FEP_AR_HALVING_SUM * p / 4 * esize;
+	*hv_sum = ret ? v : (esize == 4 ? FEP_AR_HALVING_SUM : FEP_AR_HALVING_NORM) *
+			    p / 4 * esize;
 	return 0;
 }
 

@@ -79,8 +79,8 @@ enum fep_ar_op {
 /* The halving mode of the log-step path (fep_ar_rd), above the
  * threshold of its doubling mode, when FABEP_AR_HALVING_MAX is not set:
  * up to this many bytes of fp32 sums per rank (times the ranks) for the
- * plain sum and for the RMSNorm calls; measured on shm (see
- * fep_ar_halving_env in allreduce.c). */
+ * plain sum of fp32 input, and for that of bf16 input and the RMSNorm
+ * calls; measured on shm (see fep_ar_halving_env in allreduce.c). */
 #define FEP_AR_HALVING_SUM ((size_t)16 << 10)
 #define FEP_AR_HALVING_NORM ((size_t)8 << 10)
 
