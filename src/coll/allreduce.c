@@ -198,8 +198,8 @@ static size_t ag_bytes(int op, bool res, size_t q, size_t c, size_t esize)
  * 4 and 8, level for 16; with the norm (FP8 out), 1.3 times faster at
  * 32 ranks for 8 fp32 rows and level at 16 ranks, 1.1-1.5 for 4 and 8
  * bf16 rows at 16 and 32 ranks.  Hence, per rank and times the ranks,
- * FEP_AR_HALVING_SUM bytes of fp32 sums for the plain sum of fp32 input,
- * FEP_AR_HALVING_NORM for that of bf16 input and for the normalizing
+ * FEP_AR_HALVING_F32_SUM bytes of fp32 sums for the plain sum of fp32 input,
+ * FEP_AR_HALVING_OTHER for that of bf16 input and for the normalizing
  * calls; FABEP_AR_HALVING_MAX, where set, is every limit.
  */
 int fep_ar_halving_env(size_t esize, int nranks, size_t *hv_max,
@@ -210,8 +210,8 @@ int fep_ar_halving_env(size_t esize, int nranks, size_t *hv_max,
 
 	if (ret < 0)
 		return ret;
-	*hv_max = ret ? v : FEP_AR_HALVING_NORM * p / 4 * esize;
-	*hv_sum = ret ? v : (esize == 4 ? FEP_AR_HALVING_SUM : FEP_AR_HALVING_NORM) *
+	*hv_max = ret ? v : FEP_AR_HALVING_OTHER * p / 4 * esize;
+	*hv_sum = ret ? v : (esize == 4 ? FEP_AR_HALVING_F32_SUM : FEP_AR_HALVING_OTHER) *
 			    p / 4 * esize;
 	return 0;
 }

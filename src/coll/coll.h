@@ -81,8 +81,8 @@ enum fep_ar_op {
  * up to this many bytes of fp32 sums per rank (times the ranks) for the
  * plain sum of fp32 input, and for that of bf16 input and the RMSNorm
  * calls; measured on shm (see fep_ar_halving_env in allreduce.c). */
-#define FEP_AR_HALVING_SUM ((size_t)16 << 10)
-#define FEP_AR_HALVING_NORM ((size_t)8 << 10)
+#define FEP_AR_HALVING_F32_SUM ((size_t)16 << 10)  /* plain sum, fp32 input */
+#define FEP_AR_HALVING_OTHER ((size_t)8 << 10)     /* bf16 input; the norms */
 
 /* Sizes of one handle's heap objects. */
 struct fep_ar_layout {

@@ -921,10 +921,8 @@ static int fep_cq_tx(fep_fabric_t *fab)
 				fep_op_put(fab, op);
 				/* sockets fails transfers to the ranks still
 				 * there once one is gone: name that one (the
-				 * liveness check; only where no pool thread
-				 * progresses channels beside this one) */
-				if (fab->alive && fab->nchan <= 1 && !fab->heap_shared &&
-				    !fab->tx_error)
+				 * liveness check) */
+				if (fep_fab_lost_grace(fab))
 					fep_fabric_name_lost(fab, true);
 			} else {
 				fep_err("transfer failed: %s", fi_strerror(err.err));

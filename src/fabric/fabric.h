@@ -217,6 +217,15 @@ typedef struct fep_fabric {
  * name the rank that is gone (fep_fabric_name_lost). */
 #define FEP_LOST_GRACE_MS 500
 
+/* Whether a failed transfer may wait FEP_LOST_GRACE_MS for the liveness
+ * check to name the rank that is gone: only on a rank's one channel, where
+ * no pool thread progresses another beside it, and for the first failure
+ * (the later ones of a call would each wait again). */
+static inline bool fep_fab_lost_grace(const fep_fabric_t *fab)
+{
+	return fab->nchan <= 1 && !fab->heap_shared && !fab->tx_error;
+}
+
 /* ---- fabric.c ---- */
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
 void fep_fabric_close(fep_fabric_t *fab);

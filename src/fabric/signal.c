@@ -309,8 +309,7 @@ static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
 	}
 	fep_err("%s to rank %d: %s (no connection to it)", what, peer,
 		fi_strerror(-r));
-	if (fep_fabric_name_lost(fab, fab->nchan <= 1 && !fab->heap_shared &&
-				      !fab->tx_error) != -FABEP_ERR_PEER_LOST) {
+	if (fep_fabric_name_lost(fab, fep_fab_lost_grace(fab)) != -FABEP_ERR_PEER_LOST) {
 		fep_err("rank %d is lost: no connection to it", peer);
 		fab->peers[peer].lost = 1;
 	}
