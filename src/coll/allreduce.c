@@ -131,8 +131,10 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * results, a byte a value): at 4, 8 and 16 shm ranks of the lent
  * 16-core Xeon it beat the two-stage path up to 4 rows of 7168 fp32
  * values (112 KiB) and lost from 8, so fp32 input takes
- * FEP_AR_RD_DEFAULT_F32 (128 KiB); bf16 rows to FP8 gained up to 2 rows
- * and lost at 4, so bf16 keeps 32 KiB (fabep_bench -o scale,
+ * FEP_AR_RD_DEFAULT_F32 (128 KiB); with the norm (fp32 rows to FP8) it
+ * gained up to 2 rows and at 4 was level at 8 and 16 ranks, ahead at 32
+ * and behind at 4.  bf16 input keeps 32 KiB: its rounds move fp32, so
+ * 2 bf16 rows cost what 2 fp32 rows do (fabep_bench -o scale,
  * docs/performance.md).  FABEP_AR_ONESTAGE_MAX, where set, is every
  * threshold.
  */
