@@ -47,7 +47,7 @@ def _ar_body(me, n, dtype, kind):
     comm = fabep.Comm.from_env()
     ar = fabep.AllReduce(comm, ROWS, COLS, dtype)
     # the thresholds: the plain sum's own on 2 ranks (fabep_allreduce(3))
-    os = 128 << 10 if n >= 4 and dtype == "fp32" else 32 << 10
+    os = 96 << 10 if n >= 4 and dtype == "fp32" else 32 << 10
     assert ar.onestage_max == os
     assert ar.sum_onestage_max == (1 << 20 if n == 2 else os)
     xs = [_input(r, dtype) for r in range(n)]

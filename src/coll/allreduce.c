@@ -130,11 +130,17 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * input's bytes, where the two-stage path moves the dtype (and FP8
  * results, a byte a value): at 4, 8 and 16 shm ranks of the lent
  * 16-core Xeon it beat the two-stage path up to 4 rows of 7168 fp32
- * values (112 KiB) and lost from 8, so fp32 input takes
- * FEP_AR_RD_DEFAULT_F32 (128 KiB); with the norm (fp32 rows to FP8) it
- * gained up to 2 rows and at 4 was level at 8 and 16 ranks, ahead at 32
- * and behind at 4.  bf16 input keeps 32 KiB: its rounds move fp32, so
- * 2 bf16 rows cost what 2 fp32 rows do (fabep_bench -o scale,
+ * values (112 KiB) and lost from 8; but against the two-stage path (4
+ * ranks) and the halving mode above it (8 ranks and more, fp32 sums),
+ * the plain sum of 4 rows was level or slower on it, and the norm of 4
+ * rows (fp32 to FP8) slower by a tenth to a third; at 3 rows (84 KiB)
+ * it was ahead for the sum at 4 ranks, behind for the norm, level
+ * elsewhere.  So fp32 input takes FEP_AR_RD_DEFAULT_F32 (96 KiB), one
+ * threshold for both operations: the log-step path has slots of its
+ * own, and ranks that call different operations with the same rows
+ * then take the same path, where each sees the mismatch and the handle
+ * stays usable.  bf16 input keeps 32 KiB: its rounds move fp32, so 2
+ * bf16 rows cost what 2 fp32 rows do (fabep_bench -o scale,
  * docs/performance.md).  FABEP_AR_ONESTAGE_MAX, where set, is every
  * threshold.
  */

@@ -19,7 +19,7 @@
  * log-step path) FEP_AR_RD_DEFAULT_F32 for fp32 input.  Measured on shm
  * (see the comment at fep_ar_onestage_env in allreduce.c). */
 #define FEP_AR_ONESTAGE_DEFAULT ((size_t)32 << 10)
-#define FEP_AR_RD_DEFAULT_F32 ((size_t)128 << 10)
+#define FEP_AR_RD_DEFAULT_F32 ((size_t)96 << 10)
 /* The plain sum's threshold on 2 ranks when FABEP_AR_ONESTAGE_MAX is not
  * set: both paths move the same bytes there, and the one-stage path
  * saves a round trip and the allgather's copy (measured on shm and tcp,
