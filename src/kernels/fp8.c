@@ -594,12 +594,13 @@ static FEP_T_AVX512 void amax512_b128x16(const uint16_t *p, size_t nb,
 	size_t j;
 
 	for (j = 0; j < 16; j++) {
-		const uint16_t *q = p + 128 * j;
+		const uint16_t *q;
 
 		if (j >= nb) {
 			m[j] = _mm512_setzero_si512();
 			continue;
 		}
+		q = p + 128 * j;
 		m[j] = _mm512_max_epu16(
 			_mm512_max_epu16(_mm512_and_si512(_mm512_loadu_si512(q), abs),
 					 _mm512_and_si512(_mm512_loadu_si512(q + 32), abs)),
