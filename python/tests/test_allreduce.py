@@ -47,7 +47,10 @@ def _ar_body(me, n, dtype, kind):
     comm = fabep.Comm.from_env()
     ar = fabep.AllReduce(comm, ROWS, COLS, dtype)
     # the thresholds: the plain sum's own on 2 ranks (fabep_allreduce(3))
-    os = 96 << 10 if n >= 4 and dtype == "fp32" else 32 << 10
+    # from 4 ranks the log-step path's: 32 KiB of fp32 sums below 8
+    esize = 4 if dtype == "fp32" else 2
+    os = (32 << 10) // 4 * esize if 4 <= n < 8 else \
+        96 << 10 if n >= 8 and dtype == "fp32" else 32 << 10
     assert ar.onestage_max == os
     assert ar.sum_onestage_max == (1 << 20 if n == 2 else os)
     xs = [_input(r, dtype) for r in range(n)]

@@ -135,20 +135,29 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * the plain sum of 4 rows was level or slower on it, and the norm of 4
  * rows (fp32 to FP8) slower by a tenth to a third; at 3 rows (84 KiB)
  * it was ahead for the sum at 4 ranks, behind for the norm, level
- * elsewhere.  So fp32 input takes FEP_AR_RD_DEFAULT_F32 (96 KiB), one
- * threshold for both operations: the log-step path has slots of its
- * own, and ranks that call different operations with the same rows
- * then take the same path, where each sees the mismatch and the handle
- * stays usable.  bf16 input keeps 32 KiB: its rounds move fp32, so 2
- * bf16 rows cost what 2 fp32 rows do (fabep_bench -o scale,
+ * elsewhere.  So from FEP_AR_RD_WIDE ranks fp32 input takes
+ * FEP_AR_RD_DEFAULT_F32 (96 KiB), one threshold for both operations:
+ * the log-step path has slots of its own, and ranks that call different
+ * operations with the same rows then take the same path, where each
+ * sees the mismatch and the handle stays usable; bf16 input keeps 32
+ * KiB there: its rounds move fp32, so 2 bf16 rows cost what 2 fp32 rows
+ * do.  Below FEP_AR_RD_WIDE ranks the rounds are two (and, at 5 to 7
+ * ranks, the fold's round trip besides) while the two-stage path's
+ * writes are few: at 4 to 6 ranks the log-step path gained or held
+ * level up to one row of 7168 fp32 or bf16 values,
+ * and from two rows lost by up to half its time (the norm of 3 fp32
+ * rows at 5 ranks: 124 against 54 us; of 2 bf16 rows at 4 ranks 53-68
+ * against 41-44), so there it takes FEP_AR_RD_SMALL_SUMS of fp32 sums
+ * (fabep_bench -o scale, -o allreduce / arnorm -f bf16,
  * docs/performance.md).  FABEP_AR_ONESTAGE_MAX, where set, is every
  * threshold.
  */
 int fep_ar_onestage_env(size_t esize, int nranks, size_t *os_max,
 			size_t *os_sum)
 {
-	size_t v = nranks >= FEP_AR_RD_RANKS && esize == 4 ?
-		   FEP_AR_RD_DEFAULT_F32 : FEP_AR_ONESTAGE_DEFAULT;
+	size_t v = nranks < FEP_AR_RD_RANKS ? FEP_AR_ONESTAGE_DEFAULT :
+		   nranks < FEP_AR_RD_WIDE ? FEP_AR_RD_SMALL_SUMS / 4 * esize :
+		   esize == 4 ? FEP_AR_RD_DEFAULT_F32 : FEP_AR_ONESTAGE_DEFAULT;
 	int ret = fep_env_size("FABEP_AR_ONESTAGE_MAX", 0, (size_t)1 << 40, &v);
 
 	if (ret < 0)

@@ -15,10 +15,14 @@
 #include "kernels/kernels.h"
 
 /* The threshold when FABEP_AR_ONESTAGE_MAX is not set, in input bytes
- * per rank: FEP_AR_ONESTAGE_DEFAULT, but from FEP_AR_RD_RANKS ranks (the
- * log-step path) FEP_AR_RD_DEFAULT_F32 for fp32 input.  Measured on shm
- * (see the comment at fep_ar_onestage_env in allreduce.c). */
+ * per rank: FEP_AR_ONESTAGE_DEFAULT; from FEP_AR_RD_RANKS ranks (the
+ * log-step path) FEP_AR_RD_SMALL_SUMS bytes of the fp32 sums it moves
+ * (16 KiB of bf16 input, 32 KiB of fp32), and from FEP_AR_RD_WIDE ranks
+ * FEP_AR_RD_DEFAULT_F32 for fp32 input.  Measured on shm (see the
+ * comment at fep_ar_onestage_env in allreduce.c). */
 #define FEP_AR_ONESTAGE_DEFAULT ((size_t)32 << 10)
+#define FEP_AR_RD_SMALL_SUMS ((size_t)32 << 10)
+#define FEP_AR_RD_WIDE 8
 #define FEP_AR_RD_DEFAULT_F32 ((size_t)96 << 10)
 /* The plain sum's threshold on 2 ranks when FABEP_AR_ONESTAGE_MAX is not
  * set: both paths move the same bytes there, and the one-stage path
