@@ -870,6 +870,78 @@ static int err_rank(int rank, int size, void *arg)
 		free(bq);
 		goto done;
 	}
+	if (e->which == 4) {
+		/* 4 ranks, default thresholds, fp32 rows of 256 (1 KiB): the
+		 * doubling threshold is one for both operations (32 KiB here),
+		 * so at 24 rows ranks whose operations differ take the same
+		 * path, see the mismatch and keep a usable handle; the halving
+		 * limits are not (64 KiB for the plain sum, 32 KiB for the
+		 * norms), so at 48 rows a plain sum takes the halving mode and
+		 * a norm the two-stage path: every rank sees the mismatch, and
+		 * the handle is unusable after it (as where rows differ) */
+		enum { R = 64, C = 256 };
+		float *fin = malloc(2 * R * C * sizeof(*fin)), *fout = fin + R * C;
+		float *fg = malloc(C * sizeof(*fg));
+		fabep_rmsnorm_params_t fp = p;
+		size_t j;
+
+		if (!fin || !fg)
+			FAILF("out of memory");
+		for (j = 0; j < R * C; j++)
+			fin[j] = (float)(j % 7) + (float)rank;
+		for (j = 0; j < C; j++)
+			fg[j] = 1.0f;
+		fp.gamma = fg;
+		ret = fabep_allreduce_create(comm, R, C, FABEP_AR_F32, &ar);
+		if (ret)
+			FAILF("create: %s", fabep_strerror(ret));
+		if (fabep_allreduce_onestage_max(ar) != 32 * 1024 ||
+		    fabep_allreduce_sum_onestage_max(ar) != 32 * 1024)
+			FAILF("thresholds %zu / %zu, want 32 KiB for both",
+			      fabep_allreduce_onestage_max(ar),
+			      fabep_allreduce_sum_onestage_max(ar));
+		if ((ret = fabep_allreduce(ar, fin, fout, 48, C)) || ar->path != 'l')
+			FAILF("a sum of 48 rows: %s, path '%c'", fabep_strerror(ret),
+			      ar->path);
+		if ((ret = fabep_allreduce_rmsnorm(ar, fin, 48, C, &fp, fout)) ||
+		    ar->path != 't')
+			FAILF("a norm of 48 rows: %s, path '%c'", fabep_strerror(ret),
+			      ar->path);
+		ret = rank == 0 ? fabep_allreduce(ar, fin, fout, 24, C) :
+		      fabep_allreduce_rmsnorm(ar, fin, 24, C, &fp, fout);
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("24 rows, sum on rank 0, norm on the others: %s",
+			      fabep_strerror(ret));
+		ret = fabep_allreduce(ar, fin, fout, 24, C);
+		if (ret)
+			FAILF("a sum after the mismatch on one path: %s",
+			      fabep_strerror(ret));
+		for (j = 0; j < 24 * C; j++)
+			if (fout[j] != (float)(4 * (j % 7) + 6))
+				FAILF("sum after the mismatch: [%zu] = %g, want %zu",
+				      j, (double)fout[j], 4 * (j % 7) + 6);
+		ret = rank == 0 ? fabep_allreduce(ar, fin, fout, 48, C) :
+		      fabep_allreduce_rmsnorm(ar, fin, 48, C, &fp, fout);
+		if (ret != -FABEP_ERR_MISMATCH)
+			FAILF("48 rows, sum (halving) on rank 0, norm (two-stage) "
+			      "on the others: %s", fabep_strerror(ret));
+		ret = fabep_allreduce(ar, fin, fout, 24, C);
+		if (ret != -FABEP_ERR_PEER_LOST)
+			FAILF("the call after the mismatch across paths: %s",
+			      fabep_strerror(ret));
+		fabep_allreduce_destroy(ar);
+		/* and a new handle works */
+		ret = fabep_allreduce_create(comm, R, C, FABEP_AR_F32, &ar);
+		if (ret || (ret = fabep_allreduce(ar, fin, fout, 48, C)))
+			FAILF("a new handle: %s", fabep_strerror(ret));
+		for (j = 0; j < 48 * C; j++)
+			if (fout[j] != (float)(4 * (j % 7) + 6))
+				FAILF("a new handle's sum: [%zu] = %g", j, (double)fout[j]);
+		fabep_allreduce_destroy(ar);
+		free(fin);
+		free(fg);
+		goto done;
+	}
 	if (e->which == 0) {
 		/* creation: shapes differ, then a heap that is too small */
 		ret = fabep_allreduce_create(comm, rank == 1 ? 32 : 64, 8,
@@ -972,6 +1044,7 @@ START_TEST(err_calls_logstep) { run_err("shm", 5, 1); } END_TEST
 START_TEST(err_paths_differ) { run_err("shm", 5, 2); } END_TEST
 START_TEST(err_create_shm) { run_err("shm", 3, 0); } END_TEST
 START_TEST(err_ops_paths_differ) { run_err("shm", 2, 3); } END_TEST
+START_TEST(err_ops_halving_differ) { run_err("shm", 4, 4); } END_TEST
 START_TEST(err_calls_tcp) { run_err("tcp", 2, 1); } END_TEST
 
 START_TEST(heap_bytes)
@@ -1028,6 +1101,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, err_paths_differ);
 	tcase_add_test(tc, err_create_shm);
 	tcase_add_test(tc, err_ops_paths_differ);
+	tcase_add_test(tc, err_ops_halving_differ);
 	tcase_add_test(tc, err_calls_tcp);
 	suite_add_tcase(s, tc);
 	/* every strategy of every provider */

@@ -138,16 +138,17 @@ _Static_assert(sizeof(struct fep_ar_hdr) == 64, "header is one cache line");
  * elsewhere.  So from FEP_AR_RD_WIDE ranks fp32 input takes
  * FEP_AR_RD_DEFAULT_F32 (96 KiB), one threshold for both operations:
  * the log-step path has slots of its own, and ranks that call different
- * operations with the same rows then take the same path, where each
- * sees the mismatch and the handle stays usable; bf16 input keeps 32
- * KiB there: its rounds move fp32, so 2 bf16 rows cost what 2 fp32 rows
- * do.  Below FEP_AR_RD_WIDE ranks the rounds are two (and, at 5 to 7
- * ranks, the fold's round trip besides) while the two-stage path's
- * writes are few: at 4 to 6 ranks the log-step path gained or held
- * level up to one row of 7168 fp32 or bf16 values,
- * and from two rows lost by up to half its time (the norm of 3 fp32
- * rows at 5 ranks: 124 against 54 us; of 2 bf16 rows at 4 ranks 53-68
- * against 41-44), so there it takes FEP_AR_RD_SMALL_SUMS of fp32 sums
+ * operations with the same rows below it then take the same path, where
+ * each sees the mismatch and the handle stays usable (the halving
+ * limits differ by operation: fep_ar_begin); bf16 input keeps 32 KiB
+ * there: its rounds move fp32, so 2 bf16 rows cost what 2 fp32 rows do.
+ * Below FEP_AR_RD_WIDE ranks the rounds are two (and, at 5 to 7 ranks,
+ * the fold's round trip besides) while the two-stage path's writes are
+ * few: at 4 to 6 ranks the log-step path gained or held level up to one
+ * row of 7168 fp32 or bf16 values, and from two rows lost by up to half
+ * its time (the norm of 3 fp32 rows at 5 ranks: 124 against 54 us; of 2
+ * bf16 rows at 4 ranks 53-68 against 41-44), so there it takes
+ * FEP_AR_RD_SMALL_SUMS of fp32 sums
  * (fabep_bench -o scale, -o allreduce / arnorm -f bf16,
  * docs/performance.md).  FABEP_AR_ONESTAGE_MAX, where set, is every
  * threshold.
@@ -973,7 +974,13 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 		 * other every rank's phase 1 writes into the same slots, so
 		 * every rank sees the mismatch (from FEP_AR_RD_RANKS ranks,
 		 * where the log-step path has slots of its own, the two
-		 * thresholds are one: fep_ar_onestage_env) */
+		 * thresholds are one: fep_ar_onestage_env).  The halving
+		 * limits are not (the plain sum's is the larger): above the
+		 * threshold ranks whose operations differ may take the
+		 * halving mode and the two-stage path, and then, as ranks
+		 * whose rows differ across it, every rank still sees the
+		 * mismatch (fep_ar_rd_cross) but the handle is unusable
+		 * after it */
 		bool fits = !__builtin_mul_overflow(cols, h->lay.esize, &rb) &&
 			    !__builtin_mul_overflow(rows, rb, &bytes);
 		bool small = !h->lay.two_stage ||
