@@ -638,6 +638,81 @@ START_TEST(test_fp8_bf16_all)
 }
 END_TEST
 
+/* fp32 input, each level against the scalar reference: every bf16
+ * pattern widened (NaN and inf among them, in order); then, NaN-free and
+ * shuffled, the same with random low mantissa bits; then the e4m3 ties,
+ * the midpoints of neighbouring codes and the floats either side of
+ * them, both signs, in blocks whose largest value is 448 (scale 1: every
+ * value encoded as it is) */
+START_TEST(test_fp8_f32_all)
+{
+	enum { N = 65536 };
+	static const float ubs[] = { 1.0f, 0.3f, 0.0f };
+	float *in = xmalloc(N * 4);
+	uint8_t *qs = xmalloc(N), *qv = xmalloc(N);
+	float ss[N / 128], sv[N / 128];
+	size_t i, u, nt = 0;
+	float ties[6 * 126];
+	int pass, pow2, c;
+
+	build_e4m3_table();
+	for (c = 0; c < 126; c++) {
+		float mid = (e4m3_table[c] + e4m3_table[c + 1]) / 2;
+
+		ties[nt++] = mid;
+		ties[nt++] = nextafterf(mid, 0.0f);
+		ties[nt++] = nextafterf(mid, INFINITY);
+	}
+	for (i = 0; i < 3 * 126; i++)
+		ties[nt++] = -ties[i];
+	for (pass = 0; pass < 3; pass++) {
+		for (i = 0; i < N; i++)
+			in[i] = u2f((uint32_t)i << 16);
+		if (pass == 1) {
+			for (i = 0; i < N; i++) {
+				uint32_t b = ((uint32_t)i << 16) | (rnd32() & 0xffff);
+
+				if ((b & 0x7fffffff) >= 0x7f800000)
+					b &= 0x807fffff;
+				in[i] = u2f(b);
+			}
+			for (i = N - 1; i > 0; i--) {
+				size_t j = rnd32() % (i + 1);
+				float t = in[i];
+
+				in[i] = in[j];
+				in[j] = t;
+			}
+		} else if (pass == 2) {
+			for (i = 0; i < N; i++)
+				in[i] = i % 128 ? ties[(i - i / 128 - 1) % nt] : 448.0f;
+		}
+		for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
+			for (pow2 = 0; pow2 < 2; pow2++)
+				FOR_VECTOR_LEVELS(isa) {
+					fep_k_fp8_args_t a = {
+						.in = in, .in_dt = FEP_K_F32, .ld_in = N,
+						.out = qs, .ld_out = N, .scales = ss,
+						.ld_scales = N / 128, .cols = N, .block = 128,
+						.scale_ub = ubs[u], .pow2 = pow2,
+					};
+
+					fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
+					a.out = qv;
+					a.scales = sv;
+					fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
+					EXPECT1(!memcmp(ss, sv, sizeof(ss)));
+					for (i = 0; i < N; i++)
+						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d: "
+						       "fp32 %a -> %02x, scalar %02x",
+						       isa_name(isa), pass, ubs[u], pow2,
+						       in[i], qv[i], qs[i]);
+				}
+	}
+	free(in); free(qs); free(qv);
+}
+END_TEST
+
 /* An all-zero row and block get the documented finite scale. */
 static float ld_row(const void *p, fep_k_dtype_t dt, size_t i);
 
@@ -1867,6 +1942,7 @@ static Suite *kernels_suite(int forked)
 	tcase_add_test(tc, test_fp8_table);
 	tcase_add_test(tc, test_fp8_scale_rules);
 	tcase_add_test(tc, test_fp8_bf16_all);
+	tcase_add_test(tc, test_fp8_f32_all);
 	tcase_add_test(tc, test_fp8_table_vector);
 	tcase_add_test(tc, test_fp8_zero_blocks);
 	tcase_add_test(tc, test_fp8_dequant_edges);

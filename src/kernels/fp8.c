@@ -509,9 +509,8 @@ static inline FEP_T_AVX512 uint32_t hmax512_epu16(__m512i v)
 	return 0xffffu - ((uint32_t)_mm_cvtsi128_si32(b) & 0xffffu);
 }
 
-/* Largest finite |value| of in[c0, c1) as fp32 bits; bf16: *nan gets
- * bit 0 when the values hold a NaN, bit 1 when they hold a NaN or an
- * inf. */
+/* Largest finite |value| of in[c0, c1) as fp32 bits; *nan gets bit 0
+ * when the values hold a NaN, bit 1 when they hold a NaN or an inf. */
 static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 				     size_t c0, size_t c1, uint8_t *nan)
 {
@@ -555,19 +554,28 @@ static FEP_T_AVX512 uint32_t amax512(const char *in, fep_k_dtype_t dt,
 		const __m512i abs = _mm512_set1_epi32(0x7fffffff);
 		const __m512i inf = _mm512_set1_epi32(0x7f800000);
 		__m512i m0 = _mm512_setzero_si512(), m1 = m0;
+		uint32_t mx;
 
+		/* as for bf16: the largest of all, then the largest finite
+		 * one only where that is not finite */
 		for (; i + 32 <= c1; i += 32) {
-			__m512i x0 = _mm512_and_si512(_mm512_loadu_si512(p + i), abs);
-			__m512i x1 = _mm512_and_si512(_mm512_loadu_si512(p + i + 16), abs);
-			m0 = _mm512_mask_max_epu32(m0, _mm512_cmplt_epu32_mask(x0, inf), m0, x0);
-			m1 = _mm512_mask_max_epu32(m1, _mm512_cmplt_epu32_mask(x1, inf), m1, x1);
+			m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_si512(p + i), abs));
+			m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_si512(p + i + 16), abs));
 		}
-		for (; i < c1; i += 16) {
+		for (; i < c1; i += 16)
+			m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_maskz_loadu_epi32(
+				fep512_mask(c1 - i), p + i), abs));
+		mx = (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+		*nan = (uint8_t)((mx > 0x7f800000u) | (mx >= 0x7f800000u) << 1);
+		if (mx < 0x7f800000u)
+			return mx;
+		m0 = _mm512_setzero_si512();
+		for (i = c0; i < c1; i += 16) {
 			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi32(
 				fep512_mask(c1 - i), p + i), abs);
 			m0 = _mm512_mask_max_epu32(m0, _mm512_cmplt_epu32_mask(x, inf), m0, x);
 		}
-		return (uint32_t)_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1));
+		return (uint32_t)_mm512_reduce_max_epu32(m0);
 	}
 }
 
@@ -739,6 +747,25 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					__m512i x0 = _mm512_loadu_si512(p + i);
 					__m512i x1 = _mm512_loadu_si512(p + i + 32);
 					__m512i q = fep512_e4m3_bf16x64(x0, x1, inv, fast);
+
+					if (ntr && (c0 & 63) == 0)
+						_mm512_stream_si512((void *)(out + i), q);
+					else
+						_mm512_storeu_si512(out + i, q);
+					fep_pf_step(&pf, 64 * es);
+				}
+			}
+			if (dt == FEP_K_F32 && !nan[b % 64] &&
+			    amax[b % 64] * invs[b % 64] < 464.0f) {
+				const float *p = (const float *)in;
+
+				/* no NaN or inf, no value to clamp */
+				for (; i + 64 <= c1; i += 64) {
+					__m512i q = fep512_e4m3_f32x64_fast(
+						_mm512_mul_ps(_mm512_loadu_ps(p + i), inv),
+						_mm512_mul_ps(_mm512_loadu_ps(p + i + 16), inv),
+						_mm512_mul_ps(_mm512_loadu_ps(p + i + 32), inv),
+						_mm512_mul_ps(_mm512_loadu_ps(p + i + 48), inv));
 
 					if (ntr && (c0 & 63) == 0)
 						_mm512_stream_si512((void *)(out + i), q);

@@ -1184,10 +1184,15 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				/* finite h * g times a finite c: no NaN
 				 * (vrangeps clamps the rest) */
 				int fast = mb < 0x7f800000u && rms_finite(c);
+				/* and no value to clamp either */
+				int fast2 = fast && fep_u2f(mb) * c < 464.0f;
 
 #define YB(f, j) f(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), vc))
+#define YV(j) _mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), vc)
 				for (i = 0; i + 64 <= n; i += 64) {
-					__m512i q = fast ?
+					__m512i q = fast2 ?
+						fep512_e4m3_f32x64_fast(YV(0), YV(16), YV(32), YV(48)) :
+						fast ?
 						fep512_pack4(YB(yb_fast, 0), YB(yb_fast, 16),
 							     YB(yb_fast, 32), YB(yb_fast, 48)) :
 						fep512_pack4(YB(fep512_e4m3_codes, 0),
@@ -1200,6 +1205,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 					st64_512(out + i, q, ntr);
 				}
 #undef YB
+#undef YV
 				for (; i < n; i += 16)
 					_mm_mask_storeu_epi8(out + i, fep512_mask(n - i),
 						fep512_e4m3(_mm512_mul_ps(_mm512_load_ps(ybuf + i), vc)));

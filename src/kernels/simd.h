@@ -371,6 +371,35 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_eo32(__m512i e, __m512i o)
 		_mm512_slli_epi32(fep512_e4m3_c16(o), 16)), _mm512_set1_epi16(16 * 1128)), 4);
 }
 
+/* 64 scaled fp32 values (four vectors, in order), every |v| below 464
+ * and none a NaN -> 64 codes in order, with their signs: the codes as
+ * 16 * (code + 1128) (fep512_e4m3_c16), packed to words, taken back to
+ * the codes there, packed to bytes and the 128-bit lanes' dwords put
+ * back in order (as fep512_pack4); the signs set through a mask. */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_f32x64_fast(__m512 v0, __m512 v1,
+							   __m512 v2, __m512 v3)
+{
+	const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+	const __m512i off = _mm512_set1_epi16(16 * 1128);
+	__m512i w0 = _mm512_packus_epi32(
+		fep512_e4m3_c16(_mm512_and_si512(_mm512_castps_si512(v0), abs)),
+		fep512_e4m3_c16(_mm512_and_si512(_mm512_castps_si512(v1), abs)));
+	__m512i w1 = _mm512_packus_epi32(
+		fep512_e4m3_c16(_mm512_and_si512(_mm512_castps_si512(v2), abs)),
+		fep512_e4m3_c16(_mm512_and_si512(_mm512_castps_si512(v3), abs)));
+	__m512i q = _mm512_permutexvar_epi32(
+		_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+		_mm512_packus_epi16(_mm512_srli_epi16(_mm512_sub_epi16(w0, off), 4),
+				    _mm512_srli_epi16(_mm512_sub_epi16(w1, off), 4)));
+	__mmask64 neg = _mm512_kunpackd(
+		_mm512_kunpackw(_mm512_movepi32_mask(_mm512_castps_si512(v3)),
+				_mm512_movepi32_mask(_mm512_castps_si512(v2))),
+		_mm512_kunpackw(_mm512_movepi32_mask(_mm512_castps_si512(v1)),
+				_mm512_movepi32_mask(_mm512_castps_si512(v0))));
+
+	return _mm512_mask_add_epi8(q, neg, q, _mm512_set1_epi8((char)0x80));
+}
+
 /* 32 bf16 values (one vector), |v| * inv < 464 and none a NaN or inf,
  * -> their codes without sign in 16-bit lanes, in order */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16w_fast(__m512i x, __m512 inv)
