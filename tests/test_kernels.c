@@ -592,11 +592,12 @@ START_TEST(test_fp8_bf16_all)
 	enum { N = 65536 };
 	static const float ubs[] = { 1.0f, 0.3f, 0.0f };
 	uint16_t *in = xmalloc(N * 2);
-	uint8_t *qs = xmalloc(N), *qv = xmalloc(N);
+	uint8_t *qs = xmalloc(N), *qv = aligned_alloc(64, N);
 	float ss[N / 128], sv[N / 128];
 	size_t i, u;
-	int pass, pow2;
+	int pass, pow2, st;
 
+	ck_assert_ptr_nonnull(qv);
 	for (pass = 0; pass < 2; pass++) {
 		for (i = 0; i < N; i++)
 			in[i] = (uint16_t)i;
@@ -614,7 +615,7 @@ START_TEST(test_fp8_bf16_all)
 		}
 		for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
 			for (pow2 = 0; pow2 < 2; pow2++)
-				FOR_VECTOR_LEVELS(isa) {
+				FOR_VECTOR_LEVELS(isa) for (st = 0; st < 2; st++) {
 					fep_k_fp8_args_t a = {
 						.in = in, .in_dt = FEP_K_BF16, .ld_in = N,
 						.out = qs, .ld_out = N, .scales = ss,
@@ -625,12 +626,14 @@ START_TEST(test_fp8_bf16_all)
 					fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
 					a.out = qv;
 					a.scales = sv;
+					a.nt = st ? 1 : -1;  /* streaming stores, and plain */
+					memset(qv, 0xcc, N);
 					fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
 					EXPECT1(!memcmp(ss, sv, sizeof(ss)));
 					for (i = 0; i < N; i++)
-						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d: "
+						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d nt %d: "
 						       "bf16 %04x -> %02x, scalar %02x",
-						       isa_name(isa), pass, ubs[u], pow2,
+						       isa_name(isa), pass, ubs[u], pow2, st,
 						       in[i], qv[i], qs[i]);
 				}
 	}
@@ -649,12 +652,13 @@ START_TEST(test_fp8_f32_all)
 	enum { N = 65536 };
 	static const float ubs[] = { 1.0f, 0.3f, 0.0f };
 	float *in = xmalloc(N * 4);
-	uint8_t *qs = xmalloc(N), *qv = xmalloc(N);
+	uint8_t *qs = xmalloc(N), *qv = aligned_alloc(64, N);
 	float ss[N / 128], sv[N / 128];
 	size_t i, u, nt = 0;
 	float ties[6 * 126];
-	int pass, pow2, c;
+	int pass, pow2, c, st;
 
+	ck_assert_ptr_nonnull(qv);
 	build_e4m3_table();
 	for (c = 0; c < 126; c++) {
 		float mid = (e4m3_table[c] + e4m3_table[c + 1]) / 2;
@@ -689,7 +693,7 @@ START_TEST(test_fp8_f32_all)
 		}
 		for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
 			for (pow2 = 0; pow2 < 2; pow2++)
-				FOR_VECTOR_LEVELS(isa) {
+				FOR_VECTOR_LEVELS(isa) for (st = 0; st < 2; st++) {
 					fep_k_fp8_args_t a = {
 						.in = in, .in_dt = FEP_K_F32, .ld_in = N,
 						.out = qs, .ld_out = N, .scales = ss,
@@ -700,12 +704,14 @@ START_TEST(test_fp8_f32_all)
 					fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
 					a.out = qv;
 					a.scales = sv;
+					a.nt = st ? 1 : -1;  /* streaming stores, and plain */
+					memset(qv, 0xcc, N);
 					fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
 					EXPECT1(!memcmp(ss, sv, sizeof(ss)));
 					for (i = 0; i < N; i++)
-						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d: "
+						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d nt %d: "
 						       "fp32 %a -> %02x, scalar %02x",
-						       isa_name(isa), pass, ubs[u], pow2,
+						       isa_name(isa), pass, ubs[u], pow2, st,
 						       in[i], qv[i], qs[i]);
 				}
 	}
