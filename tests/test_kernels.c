@@ -582,30 +582,70 @@ START_TEST(test_fp8_vector)
 }
 END_TEST
 
-/* Every bf16 value, quantized by each level against the scalar
- * reference: in order (blocks of 128 hold one run of patterns, the NaN
- * patterns only four of them), then NaN-free and shuffled, with scales
- * of 1 (every value as it is), of 0.3 (every product rounded) and the
- * scales the blocks' maxima give, and powers of two. */
-START_TEST(test_fp8_bf16_all)
+/* N values of dt in blocks of 128, quantized by each level, with
+ * streaming stores and plain ones, against the scalar reference: with
+ * scales of 1 (every value as it is, where no block needs more), of 0.3
+ * (every product rounded) and the scales the blocks' maxima give, and
+ * powers of two. */
+enum { QALL_N = 65536 };
+
+static float ld_row(const void *p, fep_k_dtype_t dt, size_t i);
+
+static void quant_all_levels(const void *in, fep_k_dtype_t dt, int pass)
 {
-	enum { N = 65536 };
 	static const float ubs[] = { 1.0f, 0.3f, 0.0f };
-	uint16_t *in = xmalloc(N * 2);
-	uint8_t *qs = xmalloc(N), *qv = aligned_alloc(64, N);
-	float ss[N / 128], sv[N / 128];
+	uint8_t *qs = xmalloc(QALL_N), *qv = aligned_alloc(64, QALL_N);
+	float ss[QALL_N / 128], sv[QALL_N / 128];
 	size_t i, u;
-	int pass, pow2, st;
+	int pow2, st;
 
 	ck_assert_ptr_nonnull(qv);
+	for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
+		for (pow2 = 0; pow2 < 2; pow2++)
+			FOR_VECTOR_LEVELS(isa) for (st = 0; st < 2; st++) {
+				fep_k_fp8_args_t a = {
+					.in = in, .in_dt = dt, .ld_in = QALL_N,
+					.out = qs, .ld_out = QALL_N, .scales = ss,
+					.ld_scales = QALL_N / 128, .cols = QALL_N,
+					.block = 128, .scale_ub = ubs[u], .pow2 = pow2,
+				};
+
+				fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
+				a.out = qv;
+				a.scales = sv;
+				a.nt = st ? 1 : -1;  /* streaming stores, and plain */
+				memset(qv, 0xcc, QALL_N);
+				fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
+				EXPECT1(!memcmp(ss, sv, sizeof(ss)));
+				for (i = 0; i < QALL_N; i++)
+					EXPECT(qs[i] == qv[i], "%s %s pass %d ub %g pow2 %d "
+					       "nt %d: value %zu (%a, bits %08x) -> %02x, "
+					       "scalar %02x", isa_name(isa),
+					       dt == FEP_K_BF16 ? "bf16" : "fp32", pass,
+					       ubs[u], pow2, st, i, ld_row(in, dt, i),
+					       f2u(ld_row(in, dt, i)), qv[i], qs[i]);
+			}
+	free(qs);
+	free(qv);
+}
+
+/* Every bf16 value, quantized by each level against the scalar
+ * reference: in order (blocks of 128 hold one run of patterns, the NaN
+ * patterns only four of them), then NaN-free and shuffled. */
+START_TEST(test_fp8_bf16_all)
+{
+	uint16_t *in = xmalloc(QALL_N * 2);
+	size_t i;
+	int pass;
+
 	for (pass = 0; pass < 2; pass++) {
-		for (i = 0; i < N; i++)
+		for (i = 0; i < QALL_N; i++)
 			in[i] = (uint16_t)i;
 		if (pass) {  /* no NaN, shuffled */
-			for (i = 0; i < N; i++)
+			for (i = 0; i < QALL_N; i++)
 				if ((in[i] & 0x7fff) > 0x7f80)
 					in[i] = (uint16_t)(rnd32() & 0x807f);
-			for (i = N - 1; i > 0; i--) {
+			for (i = QALL_N - 1; i > 0; i--) {
 				size_t j = rnd32() % (i + 1);
 				uint16_t t = in[i];
 
@@ -613,31 +653,9 @@ START_TEST(test_fp8_bf16_all)
 				in[j] = t;
 			}
 		}
-		for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
-			for (pow2 = 0; pow2 < 2; pow2++)
-				FOR_VECTOR_LEVELS(isa) for (st = 0; st < 2; st++) {
-					fep_k_fp8_args_t a = {
-						.in = in, .in_dt = FEP_K_BF16, .ld_in = N,
-						.out = qs, .ld_out = N, .scales = ss,
-						.ld_scales = N / 128, .cols = N, .block = 128,
-						.scale_ub = ubs[u], .pow2 = pow2,
-					};
-
-					fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
-					a.out = qv;
-					a.scales = sv;
-					a.nt = st ? 1 : -1;  /* streaming stores, and plain */
-					memset(qv, 0xcc, N);
-					fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
-					EXPECT1(!memcmp(ss, sv, sizeof(ss)));
-					for (i = 0; i < N; i++)
-						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d nt %d: "
-						       "bf16 %04x -> %02x, scalar %02x",
-						       isa_name(isa), pass, ubs[u], pow2, st,
-						       in[i], qv[i], qs[i]);
-				}
+		quant_all_levels(in, FEP_K_BF16, pass);
 	}
-	free(in); free(qs); free(qv);
+	free(in);
 }
 END_TEST
 
@@ -649,16 +667,11 @@ END_TEST
  * value encoded as it is) */
 START_TEST(test_fp8_f32_all)
 {
-	enum { N = 65536 };
-	static const float ubs[] = { 1.0f, 0.3f, 0.0f };
-	float *in = xmalloc(N * 4);
-	uint8_t *qs = xmalloc(N), *qv = aligned_alloc(64, N);
-	float ss[N / 128], sv[N / 128];
-	size_t i, u, nt = 0;
+	float *in = xmalloc(QALL_N * 4);
+	size_t i, nt = 0;
 	float ties[6 * 126];
-	int pass, pow2, c, st;
+	int pass, c;
 
-	ck_assert_ptr_nonnull(qv);
 	build_e4m3_table();
 	for (c = 0; c < 126; c++) {
 		float mid = (e4m3_table[c] + e4m3_table[c + 1]) / 2;
@@ -670,17 +683,17 @@ START_TEST(test_fp8_f32_all)
 	for (i = 0; i < 3 * 126; i++)
 		ties[nt++] = -ties[i];
 	for (pass = 0; pass < 3; pass++) {
-		for (i = 0; i < N; i++)
+		for (i = 0; i < QALL_N; i++)
 			in[i] = u2f((uint32_t)i << 16);
 		if (pass == 1) {
-			for (i = 0; i < N; i++) {
+			for (i = 0; i < QALL_N; i++) {
 				uint32_t b = ((uint32_t)i << 16) | (rnd32() & 0xffff);
 
 				if ((b & 0x7fffffff) >= 0x7f800000)
 					b &= 0x807fffff;
 				in[i] = u2f(b);
 			}
-			for (i = N - 1; i > 0; i--) {
+			for (i = QALL_N - 1; i > 0; i--) {
 				size_t j = rnd32() % (i + 1);
 				float t = in[i];
 
@@ -688,39 +701,16 @@ START_TEST(test_fp8_f32_all)
 				in[j] = t;
 			}
 		} else if (pass == 2) {
-			for (i = 0; i < N; i++)
+			for (i = 0; i < QALL_N; i++)
 				in[i] = i % 128 ? ties[(i - i / 128 - 1) % nt] : 448.0f;
 		}
-		for (u = 0; u < FEP_ARRAY_SIZE(ubs); u++)
-			for (pow2 = 0; pow2 < 2; pow2++)
-				FOR_VECTOR_LEVELS(isa) for (st = 0; st < 2; st++) {
-					fep_k_fp8_args_t a = {
-						.in = in, .in_dt = FEP_K_F32, .ld_in = N,
-						.out = qs, .ld_out = N, .scales = ss,
-						.ld_scales = N / 128, .cols = N, .block = 128,
-						.scale_ub = ubs[u], .pow2 = pow2,
-					};
-
-					fep_k_ops_isa(FABEP_ISA_SCALAR)->fp8_quant(&a, 0, 1);
-					a.out = qv;
-					a.scales = sv;
-					a.nt = st ? 1 : -1;  /* streaming stores, and plain */
-					memset(qv, 0xcc, N);
-					fep_k_ops_isa(isa)->fp8_quant(&a, 0, 1);
-					EXPECT1(!memcmp(ss, sv, sizeof(ss)));
-					for (i = 0; i < N; i++)
-						EXPECT(qs[i] == qv[i], "%s pass %d ub %g pow2 %d nt %d: "
-						       "fp32 %a -> %02x, scalar %02x",
-						       isa_name(isa), pass, ubs[u], pow2, st,
-						       in[i], qv[i], qs[i]);
-				}
+		quant_all_levels(in, FEP_K_F32, pass);
 	}
-	free(in); free(qs); free(qv);
+	free(in);
 }
 END_TEST
 
 /* An all-zero row and block get the documented finite scale. */
-static float ld_row(const void *p, fep_k_dtype_t dt, size_t i);
 
 /* Every code times scales at the edges (subnormal, the smallest normal,
  * near the largest float, where 2^8 * scale stops being finite, inf,
