@@ -97,6 +97,15 @@ void fep_k_fp8_dequant_scalar(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
 	}
 }
 
+/* Whether a block takes the short encoding: no NaN or inf (nf, from the
+ * block maxima) and no value to clamp, since |v| * inv <= amax * inv
+ * (rounding is monotone) and every value below 464 rounds to at most
+ * 448. */
+static inline int fp8_short_block(uint8_t nf, float amax, float inv)
+{
+	return !nf && amax * inv < 464.0f;
+}
+
 /* ---- AVX2 ---- */
 
 /* Row segments read twice (the amax pass, then the encoding pass from
@@ -261,8 +270,7 @@ static FEP_INLINE FEP_T_AVX2 void quant256(const fep_k_fp8_args_t *a,
 			for (j = 0; j < g; j++) {
 				size_t c0 = (b0 + j) * bs, c1 = FEP_MIN(c0 + bs, cols);
 				__m256 inv = _mm256_set1_ps(invs[j]);
-				/* |v| * inv <= amax * inv (rounding is monotone) */
-				int fast = !nf[j] && amax[j] * invs[j] < 464.0f;
+				int fast = fp8_short_block(nf[j], amax[j], invs[j]);
 
 				for (i = c0; i + 32 <= c1; i += 32) {
 					store256_nt(out + i, enc32_256(in + i * es, dt, inv, fast), nt);
@@ -769,7 +777,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					int all = 1;
 
 					for (j = 0; j < g && all; j++)
-						all = !nan[j] && amax[j] * invs[j] < 464.0f;
+						all = fp8_short_block(nan[j], amax[j], invs[j]);
 					if (all) {
 						quant512_b128_fast((const uint16_t *)in + b * bs,
 								   out + b * bs, g, invs,
@@ -783,8 +791,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 			i = c0;
 			if (dt == FEP_K_BF16 && !(nan[b % 64] & 1)) {  /* a NaN: below */
 				const uint16_t *p = (const uint16_t *)in;
-				/* |v| * inv <= amax * inv (rounding is monotone) */
-				int fast = !nan[b % 64] && amax[b % 64] * invs[b % 64] < 464.0f;
+				int fast = fp8_short_block(nan[b % 64], amax[b % 64], invs[b % 64]);
 
 				for (; i + 64 <= c1; i += 64) {
 					__m512i x0 = _mm512_loadu_si512(p + i);
@@ -798,8 +805,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					fep_pf_step(&pf, 64 * es);
 				}
 			}
-			if (dt == FEP_K_F32 && !nan[b % 64] &&
-			    amax[b % 64] * invs[b % 64] < 464.0f) {
+			if (dt == FEP_K_F32 &&
+			    fp8_short_block(nan[b % 64], amax[b % 64], invs[b % 64])) {
 				const float *p = (const float *)in;
 
 				/* no NaN or inf, no value to clamp */
