@@ -214,10 +214,13 @@ floor_ok combine bf16 0 || fail "fabep_bench -o combine: floor or live reference
 # 30 ms longer after each call (FABEP_BENCH_SLOW_US on
 # FABEP_BENCH_SLOW_RANK) must be the one named, its median the largest
 # by that much, the others' untouched; a rank out of range is refused
-spread_ok() { # op slow_rank slow_us (0: none)
-	expect 0 env FABEP_BENCH_SLOW_RANK="$2" FABEP_BENCH_SLOW_US="$3" \
-		"$bench" -p shm -o "$1" -n 4 -t 8 -H 256 -e 16 -I 5 -w 1 -m || return 1
-	awk -v want="$2" -v us="$3" '/^op: / {
+spread_ok() { # op slow_rank slow_us (0: none) [more options]
+	sop=$1 srank=$2 sus=$3
+	shift 3
+	expect 0 env FABEP_BENCH_SLOW_RANK="$srank" FABEP_BENCH_SLOW_US="$sus" \
+		"$bench" -p shm -o "$sop" -n 4 -t 8 -H 256 -e 16 -I 5 -w 1 -m "$@" ||
+		return 1
+	awk -v want="$srank" -v us="$sus" '/^op: / {
 		for (i = 1; i < NF; i += 2)
 			v[$i] = $(i + 1)
 		lo = v["rank_min_us:"]; md = v["rank_median_us:"]
@@ -237,6 +240,18 @@ spread_ok() { # op slow_rank slow_us (0: none)
 spread_ok dispatch 0 0 || fail "fabep_bench -o dispatch: per-rank figures wrong"
 spread_ok combine 2 30000 || fail "fabep_bench -o combine: the slow rank not named"
 spread_ok moe 3 30000 || fail "fabep_bench -o moe: the slow rank not named"
+# --no-ref: the part alone, the same per-rank figures, checked, and no
+# reference's field; only for the parts that have references
+spread_ok moe 1 30000 --no-ref --check && grep -q ' check: ok .* refs: none$' "$tmp.out" &&
+	! grep -q 'ref_us\|floor_us' "$tmp.out" ||
+	fail "fabep_bench -o moe --no-ref: wrong line"
+spread_ok combine 0 0 --no-ref || fail "fabep_bench -o combine --no-ref: per-rank figures wrong"
+expect 0 "$bench" -p shm -o dispatch -n 2 -t 4 -H 256 -e 8 -I 3 -w 1 --no-ref &&
+	grep -q '^# .* --no-ref: .* no references measured' "$tmp.out" &&
+	grep -q '^dispatch  *bf16  *4 ' "$tmp.out" ||
+	fail "fabep_bench -o dispatch --no-ref: no table"
+expect 2 "$bench" -o allreduce --no-ref && grep -q -- '--no-ref is for' "$tmp.err" ||
+	fail "fabep_bench -o allreduce --no-ref: no message"
 expect 1 env FABEP_BENCH_SLOW_RANK=4 FABEP_BENCH_SLOW_US=10 "$bench" -p shm \
 	-o dispatch -n 4 -t 8 -H 256 -e 16 -I 2 -m &&
 	grep -q 'FABEP_BENCH_SLOW_RANK="4" is not an integer in \[0, 3\]' "$tmp.err" ||

@@ -30,6 +30,7 @@ struct bench_opts {
 	int check;            /* --check */
 	double soak_s;        /* --soak SECONDS */
 	int rounds;           /* --rounds N (scale; 0 = once) */
+	int no_ref;           /* --no-ref: dispatch, combine, moe without references */
 	/* -o scale: -n, -t, --rows as lists (n_* 0: the part's defaults) */
 	const int *ranks_list, *tokens_list, *rows_list;
 	int n_ranks, n_tokens, n_rows;

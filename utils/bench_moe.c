@@ -883,6 +883,20 @@ static void rank_spread(struct moe_bench *s, fabep_off_t buf, long n)
 	free(med);
 }
 
+/* --no-ref: each iteration's slowest rank, and each rank's median, of
+ * the phase alone.  *failed as for mb_iteration. */
+static int mb_slowest(struct moe_bench *s, int *failed)
+{
+	int ret;
+
+	*failed = 1;
+	s->citers = 0;
+	ret = slowest(s->comm, s->tbuf, s->tctr, 1, s->lat, s->iters);
+	if (!ret && !s->rank)
+		rank_spread(s, s->tbuf, s->iters);
+	return ret;
+}
+
 /* The reference: the same bytes to each peer with fabep_put, with warm
  * caches (the same source and destination every round: both stay in the
  * caches of whoever copies), live ones (the sender rewrites its source
@@ -1102,6 +1116,78 @@ static int mb_pull(struct moe_bench *s, int *failed)
 	return ret;
 }
 
+/* Each rank's median call in us (rank_spread), or -1 where rank 0 could
+ * not gather them. */
+static double rk_us(const struct moe_bench *s, uint64_t ns)
+{
+	return s->rk_at >= 0 ? (double)ns / 1e3 : -1;
+}
+
+/* The table's "# ranks:" line, where rank_spread has the figures. */
+static void mb_rank_line(const struct moe_bench *s, FILE *out)
+{
+	if (s->rk_at >= 0)
+		fprintf(out, "# ranks: each rank's median call took %.1f to %.1f "
+			"us (the median rank's %.1f); rank %d took longest\n",
+			rk_us(s, s->rk_min), rk_us(s, s->rk_max),
+			rk_us(s, s->rk_med), s->rk_at);
+}
+
+/* Rank 0's figures under --no-ref (s->lat sorted): the phase's times,
+ * rate, rank 0's wire and local parts and the ranks' spread, without
+ * the references' columns. */
+static void mb_report_alone(struct moe_bench *s, FILE *out)
+{
+	const struct bench_opts *o = s->o;
+	fabep_comm_t *comm = s->comm;
+	long iters = s->iters;
+	const char *fmt = o->format ? o->format : "bf16";
+	const char *chk = !o->check ? "off" : s->all_ok ? "ok" : "failed";
+	const char *mode = s->cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
+	double med = (double)s->lat[iters / 2] / 1e3, mn = (double)s->lat[0] / 1e3;
+	double gbps = med > 0 ? (double)s->bytes / (med * 1e3) : 0;
+	double wmed, lmed, pmed;
+
+	qsort(s->wire, (size_t)iters, sizeof(*s->wire), cmp_u64);
+	qsort(s->putt, (size_t)iters, sizeof(*s->putt), cmp_u64);
+	qsort(s->loc, (size_t)iters, sizeof(*s->loc), cmp_u64);
+	wmed = (double)s->wire[iters / 2] / 1e3;
+	pmed = (double)s->putt[iters / 2] / 1e3;
+	lmed = (double)s->loc[iters / 2] / 1e3;
+	if (o->machine) {
+		fprintf(out, "op: %s provider: %s ranks: %d tokens: %zu hidden: %zu "
+			"topk: %zu experts: %d format: %s bytes: %zu median_us: %.1f "
+			"min_us: %.1f GBps: %.3f mode: %s wire_us: %.1f local_us: %.1f "
+			"local_bytes: %zu rows: %zu input: %s channels: %d check: %s "
+			"put_us: %.1f signal: %s rank_min_us: %.1f rank_median_us: "
+			"%.1f rank_max_us: %.1f slowest_rank: %d refs: none\n", o->op,
+			fabep_comm_provider(comm), s->size, s->n, s->H, s->k,
+			s->cfg.num_experts, fmt, s->bytes, med, mn, gbps, mode, wmed,
+			lmed, s->lbytes, s->ptl, s->sbuf ? "send_buffer" : "caller",
+			fabep_comm_channels(comm), chk, pmed,
+			fabep_signal_name(fabep_comm_signal(comm)),
+			rk_us(s, s->rk_min), rk_us(s, s->rk_med),
+			rk_us(s, s->rk_max), s->rk_at);
+	} else {
+		fprintf(out, "# %s -o %s --no-ref: provider %s, %d ranks, %d "
+			"threads, %d channels, rank 0's figures; bytes = what "
+			"rank 0 put to other ranks; no references measured\n",
+			tool_name, o->op, fabep_comm_provider(comm), s->size,
+			fabep_comm_threads(comm), fabep_comm_channels(comm));
+		fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %6s\n",
+			"op", "fmt", "tokens", "hidden", "topk", "exp", "bytes",
+			"median_us", "min_us", "GB/s", "check");
+		fprintf(out, "%-9s %-5s %7zu %6zu %4zu %5d %12zu %11.1f %11.1f "
+			"%8.3f %6s\n", o->op, fmt, s->n, s->H, s->k,
+			s->cfg.num_experts, s->bytes, med, mn, gbps, chk);
+		mb_rank_line(s, out);
+		fprintf(out, "# mode %s: wire (puts + waits) median %.1f us, of "
+			"which posting %.1f; local work median %.1f us for %zu "
+			"bytes moved\n", mode, wmed, pmed, lmed, s->lbytes);
+	}
+	fflush(out);
+}
+
 /* Rank 0's figures: medians of each iteration's slowest rank, rates,
  * ratios, the floor and the overlap bound, one line (-m) or a table. */
 static void mb_report(struct moe_bench *s, FILE *out)
@@ -1115,11 +1201,12 @@ static void mb_report(struct moe_bench *s, FILE *out)
 	const char *mode = s->cfg.flags & FABEP_MOE_ZERO_COPY ? "zcopy" : "copy";
 	double med, mn, rmed, gbps, rgbps, wmed, lmed, mmed, cmed, cgbps;
 	double lvmed, lgbps, fmed, ceil_live, omed, ceil_ov, pmed;
-	double rkmin = s->rk_at >= 0 ? (double)s->rk_min / 1e3 : -1;
-	double rkmed = s->rk_at >= 0 ? (double)s->rk_med / 1e3 : -1;
-	double rkmax = s->rk_at >= 0 ? (double)s->rk_max / 1e3 : -1;
 
 	qsort(s->lat, (size_t)iters, sizeof(*s->lat), cmp_u64);
+	if (o->no_ref) {
+		mb_report_alone(s, out);
+		return;
+	}
 	qsort(s->ref, (size_t)iters, sizeof(*s->ref), cmp_u64);
 	qsort(s->cref, (size_t)citers, sizeof(*s->cref), cmp_u64);
 	qsort(s->lref, (size_t)iters, sizeof(*s->lref), cmp_u64);
@@ -1176,8 +1263,9 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			lgbps > 0 ? gbps / lgbps : 0, fbytes, fmed, ceil_live,
 			omed, ceil_ov, fabep_comm_channels(comm), chk,
 			(double)s->putt[iters / 2] / 1e3,
-			fabep_signal_name(fabep_comm_signal(comm)), pmed, rkmin,
-			rkmed, rkmax, s->rk_at);
+			fabep_signal_name(fabep_comm_signal(comm)), pmed,
+			rk_us(s, s->rk_min), rk_us(s, s->rk_med),
+			rk_us(s, s->rk_max), s->rk_at);
 	else {
 		fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
 			"%d channels, rank 0's figures; bytes = what rank 0 "
@@ -1193,10 +1281,7 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, s->n, s->H, s->k,
 			s->cfg.num_experts, bytes, med, mn, gbps, rgbps,
 			rgbps > 0 ? gbps / rgbps : 0, chk);
-		if (s->rk_at >= 0)
-			fprintf(out, "# ranks: each rank's median call took %.1f "
-				"to %.1f us (the median rank's %.1f); rank %d "
-				"took longest\n", rkmin, rkmax, rkmed, s->rk_at);
+		mb_rank_line(s, out);
 		fprintf(out, "# mode %s: wire (puts + waits) median %.1f us, "
 			"ratio to ref %.3f; local work median %.1f us for %zu "
 			"bytes moved, memcpy of half of them %.1f us (%.3f of "
@@ -1284,10 +1369,10 @@ int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out)
 	for (it = -s.warmup; it < s.iters && !ret; it++)
 		ret = mb_iteration(&s, it, &failed);
 	if (!ret)
-		ret = mb_refs(&s, &failed);
-	if (!ret)
+		ret = o->no_ref ? mb_slowest(&s, &failed) : mb_refs(&s, &failed);
+	if (!ret && !o->no_ref)
 		ret = mb_memcpy(&s, &failed);
-	if (!ret && s.do_pull && s.do_c && s.size > 1)
+	if (!ret && !o->no_ref && s.do_pull && s.do_c && s.size > 1)
 		ret = mb_pull(&s, &failed);
 	if (ret)
 		goto out;

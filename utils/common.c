@@ -74,6 +74,7 @@ static const struct tool_optdef tool_optdefs[] = {
 	{ TOOL_OPT_SOAK, "soak", "SECONDS",
 	  "repeat for SECONDS, checking every result, and report errors" },
 	{ TOOL_OPT_ROUNDS, "rounds", "N", "measure every row N times" },
+	{ TOOL_OPT_NO_REF, "no-ref", NULL, "time the part alone, without its references" },
 	{ 'h', "help", NULL, "print this help and exit" },
 };
 
@@ -458,6 +459,7 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		case 'b': o->bandwidth = 1; break;
 		case 's': o->server = 1; break;
 		case TOOL_OPT_CHECK: o->check = 1; break;
+		case TOOL_OPT_NO_REF: o->no_ref = 1; break;
 		case 'S':
 			ret = tool_parse_sizes(val, 1ull << 30, o->sizes, &o->nsizes);
 			if (ret == -ERANGE)
@@ -492,6 +494,11 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 	}
 	if (o->rounds && !(o->op && !strcmp(o->op, "scale")))
 		tool_usage_error(d, "--rounds is for fabep_bench -o scale");
+	if (o->no_ref && !(o->op && (!strcmp(o->op, "dispatch") ||
+				     !strcmp(o->op, "combine") ||
+				     !strcmp(o->op, "moe"))))
+		tool_usage_error(d, "--no-ref is for fabep_bench -o dispatch, combine "
+				 "or moe");
 	if ((o->n_nranks > 1 || o->n_tokens > 1 || o->n_rows > 1) &&
 	    !(o->op && !strcmp(o->op, "scale")))
 		tool_usage_error(d, "%s takes one value here (a list only with fabep_bench -o scale)",

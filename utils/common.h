@@ -31,6 +31,7 @@ enum {
 	TOOL_OPT_CHECK,
 	TOOL_OPT_SOAK,
 	TOOL_OPT_ROUNDS,
+	TOOL_OPT_NO_REF,
 };
 
 #define TOOL_MAX_SIZES 64
@@ -66,6 +67,7 @@ struct tool_opts {
 	int check;             /* --check */
 	double soak_s;         /* --soak */
 	int rounds;            /* --rounds (0 = not given) */
+	int no_ref;            /* --no-ref */
 	fabep_signal_t signal; /* set by a tool (e.g. -o writedata), not a flag */
 	/* -n, -t, --rows as comma-separated lists (fabep_bench -o scale
 	 * only; elsewhere one value, the field above) */

@@ -79,7 +79,7 @@ static const struct bench_part parts[] = {
 static const int bench_accept[] = {
 	'o', 'p', 'd', 'I', 'w', 'm', 'n', 'T', 'S', 'W', 'B', 'K', 't', 'H',
 	'k', 'e', 'f', TOOL_OPT_ROWS, TOOL_OPT_COLS, TOOL_OPT_CHECK,
-	TOOL_OPT_SOAK, TOOL_OPT_ROUNDS, 'h', 0
+	TOOL_OPT_SOAK, TOOL_OPT_ROUNDS, TOOL_OPT_NO_REF, 'h', 0
 };
 
 static const struct tool_help bench_help[] = {
@@ -139,6 +139,10 @@ static const struct tool_help bench_help[] = {
 	  "scale: measure every row N times (at most 100), fabep and the MPI "
 	  "baseline in turn, and show the medians, the median of the rounds' "
 	  "speedups and their range (default 1)" },
+	{ TOOL_OPT_NO_REF, NULL,
+	  "dispatch, combine, moe: time the part alone, without the references "
+	  "(raw puts, memcpy, floor), which take most of a run's time: a quick "
+	  "check, or a run under a profiler" },
 	{ 0, NULL, NULL },
 };
 
@@ -177,6 +181,11 @@ static const struct tool_desc bench_desc = {
 		"put_us (the posting part of wire_us), signal, pull_us, rank_min_us,\n"
 		"rank_median_us, rank_max_us (each rank's median call: the least, the\n"
 		"median rank's, the largest), slowest_rank (the rank with the largest).\n"
+		"With --no-ref none of the references is measured, and -m gives: op,\n"
+		"provider, ranks, tokens, hidden, topk, experts, format, bytes,\n"
+		"median_us, min_us, GBps, mode, wire_us, local_us, local_bytes, rows,\n"
+		"input, channels, check, put_us, signal, rank_min_us, rank_median_us,\n"
+		"rank_max_us, slowest_rank, refs (none).\n"
 		"The references write each peer's bytes as one write on one channel;\n"
 		"phases split theirs over FABEP_CHANNELS (fabep(7)).\n"
 		"allreduce and arnorm compare with a raw write of the same bytes and with\n"
@@ -419,6 +428,7 @@ int main(int argc, char **argv)
 	bo.check = o->check;
 	bo.soak_s = o->soak_s;
 	bo.rounds = o->rounds;
+	bo.no_ref = o->no_ref;
 	bo.ranks_list = o->nranks_list;
 	bo.n_ranks = o->n_nranks;
 	bo.tokens_list = o->tokens_list;
