@@ -97,15 +97,6 @@ void fep_k_fp8_dequant_scalar(const fep_k_fp8dq_args_t *a, size_t r0, size_t r1)
 	}
 }
 
-/* Whether a block takes the short encoding: no NaN or inf (nf, from the
- * block maxima) and no value to clamp, since |v| * inv <= amax * inv
- * (rounding is monotone) and every value below 464 rounds to at most
- * 448. */
-static inline int fp8_short_block(uint8_t nf, float amax, float inv)
-{
-	return !nf && amax * inv < 464.0f;
-}
-
 /* ---- AVX2 ---- */
 
 /* Row segments read twice (the amax pass, then the encoding pass from
@@ -270,7 +261,7 @@ static FEP_INLINE FEP_T_AVX2 void quant256(const fep_k_fp8_args_t *a,
 			for (j = 0; j < g; j++) {
 				size_t c0 = (b0 + j) * bs, c1 = FEP_MIN(c0 + bs, cols);
 				__m256 inv = _mm256_set1_ps(invs[j]);
-				int fast = fp8_short_block(nf[j], amax[j], invs[j]);
+				int fast = fep_e4m3_short(nf[j], amax[j], invs[j]);
 
 				for (i = c0; i + 32 <= c1; i += 32) {
 					store256_nt(out + i, enc32_256(in + i * es, dt, inv, fast), nt);
@@ -680,7 +671,8 @@ static inline FEP_T_AVX512 __m512 scale512(__m512 amax, float ub, int pow2)
 
 /* g whole bf16 blocks of 128 at p (g <= 64) to out, each by its inv,
  * every block free of NaN and inf with its largest |value| * inv below
- * 464 (the short encoding); out streams where nt (out 64-byte aligned). */
+ * 464 (the short encoding); out streams where nt (out then 64-byte
+ * aligned). */
 static FEP_INLINE FEP_T_AVX512 void quant512_b128_fast(const uint16_t *p, uint8_t *out,
 						       size_t g, const float *invs,
 						       int nt, fep_pf_t *pf)
@@ -694,13 +686,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512_b128_fast(const uint16_t *p, uint8_
 		__m512i q1 = fep512_e4m3_bf16x64(_mm512_loadu_si512(p + 64),
 						 _mm512_loadu_si512(p + 96), inv, 1);
 
-		if (nt) {
-			_mm512_stream_si512((void *)out, q0);
-			_mm512_stream_si512((void *)(out + 64), q1);
-		} else {
-			_mm512_storeu_si512(out, q0);
-			_mm512_storeu_si512(out + 64, q1);
-		}
+		fep512_st64(out, q0, nt);
+		fep512_st64(out + 64, q1, nt);
 		fep_pf_step(pf, 256);
 	}
 }
@@ -725,6 +712,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 
 		for (b = 0; b < nb; b++) {
 			size_t c0 = b * bs, c1 = FEP_MIN(c0 + bs, a->cols);
+			int ntb = ntr && !(c0 & 63);  /* out + c0 aligned */
 			__m512 inv;
 
 			/* scales of up to 64 blocks at a time: their divisions
@@ -777,7 +765,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					int all = 1;
 
 					for (j = 0; j < g && all; j++)
-						all = fp8_short_block(nan[j], amax[j], invs[j]);
+						all = fep_e4m3_short(nan[j], amax[j], invs[j]);
 					if (all) {
 						quant512_b128_fast((const uint16_t *)in + b * bs,
 								   out + b * bs, g, invs,
@@ -791,22 +779,19 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 			i = c0;
 			if (dt == FEP_K_BF16 && !(nan[b % 64] & 1)) {  /* a NaN: below */
 				const uint16_t *p = (const uint16_t *)in;
-				int fast = fp8_short_block(nan[b % 64], amax[b % 64], invs[b % 64]);
+				int fast = fep_e4m3_short(nan[b % 64], amax[b % 64], invs[b % 64]);
 
 				for (; i + 64 <= c1; i += 64) {
 					__m512i x0 = _mm512_loadu_si512(p + i);
 					__m512i x1 = _mm512_loadu_si512(p + i + 32);
 					__m512i q = fep512_e4m3_bf16x64(x0, x1, inv, fast);
 
-					if (ntr && (c0 & 63) == 0)
-						_mm512_stream_si512((void *)(out + i), q);
-					else
-						_mm512_storeu_si512(out + i, q);
+					fep512_st64(out + i, q, ntb);
 					fep_pf_step(&pf, 64 * es);
 				}
 			}
 			if (dt == FEP_K_F32 &&
-			    fp8_short_block(nan[b % 64], amax[b % 64], invs[b % 64])) {
+			    fep_e4m3_short(nan[b % 64], amax[b % 64], invs[b % 64])) {
 				const float *p = (const float *)in;
 
 				/* no NaN or inf, no value to clamp */
@@ -817,10 +802,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 						_mm512_mul_ps(_mm512_loadu_ps(p + i + 32), inv),
 						_mm512_mul_ps(_mm512_loadu_ps(p + i + 48), inv));
 
-					if (ntr && (c0 & 63) == 0)
-						_mm512_stream_si512((void *)(out + i), q);
-					else
-						_mm512_storeu_si512(out + i, q);
+					fep512_st64(out + i, q, ntb);
 					fep_pf_step(&pf, 64 * es);
 				}
 			}
@@ -833,11 +815,7 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					fep512_load(in, dt, i + 32, 0xffff), inv));
 				__m512i q3 = fep512_e4m3_codes(_mm512_mul_ps(
 					fep512_load(in, dt, i + 48, 0xffff), inv));
-				if (ntr && (c0 & 63) == 0)
-					_mm512_stream_si512((void *)(out + i),
-							    fep512_pack4(q0, q1, q2, q3));
-				else
-					_mm512_storeu_si512(out + i, fep512_pack4(q0, q1, q2, q3));
+				fep512_st64(out + i, fep512_pack4(q0, q1, q2, q3), ntb);
 				fep_pf_step(&pf, 64 * es);
 			}
 			for (; i < c1; i += 16) {

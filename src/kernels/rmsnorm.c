@@ -689,8 +689,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 				continue;
 			c = inv * (1.0f / s);
 			vc = _mm256_set1_ps(c);
-			/* |h * g| * c <= m * c (rounding is monotone) */
-			if (eo && mb < 0x7f800000u && fep_u2f(mb) * c < 464.0f) {
+			if (eo && fep_e4m3_short(mb >= 0x7f800000u, fep_u2f(mb), c)) {
 				const uint16_t *hw = (const uint16_t *)h;
 
 				eo_enc256(out, hw, n32, gbuf, gsgn, vc, nt, &px, &pr);
@@ -729,15 +728,6 @@ FEP_T_AVX2 void fep_k_rmsnorm_avx2(const fep_k_rmsnorm_args_t *a, size_t r0, siz
 }
 
 /* ---- AVX-512 ---- */
-
-/* 64 bytes to p, streaming when nt (p then 64-byte aligned) */
-static inline FEP_T_AVX512 void st64_512(void *p, __m512i v, int nt)
-{
-	if (nt)
-		_mm512_stream_si512((__m512i *)p, v);
-	else
-		_mm512_storeu_si512(p, v);
-}
 
 /* Values [i, i + 16) of in + residual (mask k): the sum, rounded to
  * dt, is written back to the residual and returned as rounded. */
@@ -962,7 +952,7 @@ static FEP_INLINE FEP_T_AVX512 void eo_enc512(uint8_t *out, const uint16_t *h,
 					_mm512_load_ps(ga + i + 32 * q + 16)), vc)));
 		}
 		k = fep512_bf16_signs64(x[0], x[1]) ^ gs[i / 64];
-		st64_512(out + i, fep512_e4m3_join64(c[0], c[1], k), nt);
+		fep512_st64(out + i, fep512_e4m3_join64(c[0], c[1], k), nt);
 		fep_pf_step(px, 128);
 		fep_pf_step(pr, 128);
 	}
@@ -995,7 +985,7 @@ static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h
 		else
 			b = _mm512_or_si512(fep512_bf16_bits(ye),
 					    _mm512_slli_epi32(fep512_bf16_bits(yo), 16));
-		st64_512(out + i, b, nt);
+		fep512_st64(out + i, b, nt);
 		fep_pf_step(px, 64);
 		fep_pf_step(pr, 64);
 	}
@@ -1019,7 +1009,7 @@ static FEP_INLINE FEP_T_AVX512 void enc_row512(uint8_t *out, const char *h,
 
 		fep_pf_step(px, 64 * es);
 		fep_pf_step(pr, 64 * es);
-		st64_512(out + i, q, nt);
+		fep512_st64(out + i, q, nt);
 	}
 #undef Y16
 	for (; i < n; i += 16) {
@@ -1175,8 +1165,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				continue;
 			c = inv * (1.0f / s);
 			vc = _mm512_set1_ps(c);
-			/* |h * g| * c <= m * c (rounding is monotone) */
-			if (eo && mb < 0x7f800000u && fep_u2f(mb) * c < 464.0f) {
+			if (eo && fep_e4m3_short(mb >= 0x7f800000u, fep_u2f(mb), c)) {
 				eo_enc512(out, (const uint16_t *)h, n64, gbuf, gsgn, vc, ntr,
 					  &px, &pr);
 				enc_row512(out, h, dt, gamma, wo, vc, n64, n, ntr, &px, &pr);
@@ -1185,7 +1174,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 				 * (vrangeps clamps the rest) */
 				int fast = mb < 0x7f800000u && rms_finite(c);
 				/* and no value to clamp either */
-				int fast2 = fast && fep_u2f(mb) * c < 464.0f;
+				int fast2 = fast && fep_e4m3_short(0, fep_u2f(mb), c);
 
 #define YB(f, j) f(_mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), vc))
 #define YV(j) _mm512_mul_ps(_mm512_load_ps(ybuf + i + (j)), vc)
@@ -1202,7 +1191,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 
 					fep_pf_step(&px, 64 * es);
 					fep_pf_step(&pr, 64 * es);
-					st64_512(out + i, q, ntr);
+					fep512_st64(out + i, q, ntr);
 				}
 #undef YB
 #undef YV

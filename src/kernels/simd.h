@@ -287,6 +287,15 @@ static inline uint8_t fep_e4m3_enc(float f)
 	return (uint8_t)(sign | code);
 }
 
+/* Whether scaled values take the short FP8 encoding (the _fast helpers
+ * below): none is a NaN or an inf (nonfinite false) and none needs the
+ * clamp, since |v| * inv <= amax * inv (rounding is monotone) and every
+ * value below 464 rounds to at most 448. */
+static inline int fep_e4m3_short(int nonfinite, float amax, float inv)
+{
+	return !nonfinite && amax * inv < 464.0f;
+}
+
 /* Largest finite |value| as bits (non-finite counted as 0). */
 static inline uint32_t fep_absbits_finite(float f)
 {
@@ -446,6 +455,16 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1,
 static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
 {
 	return _mm512_cvtepi32_epi8(fep512_e4m3_codes(v));
+}
+
+/* 64 bytes to p, streamed where nt (p then 64-byte aligned: a test per
+ * store would cost the FP8 norm's encoding loop 5 %) */
+static inline FEP_T_AVX512 void fep512_st64(void *p, __m512i v, int nt)
+{
+	if (nt)
+		_mm512_stream_si512((__m512i *)p, v);
+	else
+		_mm512_storeu_si512(p, v);
 }
 
 /* 4 x 16 codes (int32 lanes, each <= 0xff) -> 64 bytes in order */
