@@ -134,6 +134,52 @@ expect 0 "$demo" --ranks 3 --tokens 9 --hidden 100 --topk 3 --experts 7 \
 	grep -q '^# up to 9 tokens per rank, hidden 100, top-3 of 9 experts' \
 		"$tmp.out" || fail "fabep_demo with long options: not correct"
 
+# fabep_demo with a rank killed mid-run: the demo names it, says WRONG,
+# exits 1, and removes the shm region the dead rank left
+demo_rank_pid() { # PARENT: a child of PARENT that has its shm region
+	for s in /proc/[0-9]*/status; do
+		p=${s#/proc/}
+		p=${p%/status}
+		grep -q "^PPid:[[:space:]]*$1\$" "$s" 2>/dev/null &&
+			ls /dev/shm 2>/dev/null | grep -q "^$p:" &&
+			{ echo "$p"; return; }
+	done
+}
+FABEP_TIMEOUT_MS=60000 "$demo" -n 3 -t 8 -H 64 -I 100000000 \
+	>"$tmp.out" 2>"$tmp.err" &
+dp=$!
+vp=
+n=0
+while [ -z "$vp" ] && [ $n -lt 300 ] && kill -0 "$dp" 2>/dev/null; do
+	sleep 0.1
+	vp=$(demo_rank_pid "$dp")
+	n=$((n + 1))
+done
+if [ -z "$vp" ]; then
+	fail "fabep_demo: no rank with an shm region within 30 s"
+	kill -KILL "$dp" 2>/dev/null
+	wait "$dp"
+else
+	kill -KILL "$vp"
+	n=0
+	while kill -0 "$dp" 2>/dev/null && [ $n -lt 900 ]; do
+		sleep 0.1
+		n=$((n + 1))
+	done
+	if kill -0 "$dp" 2>/dev/null; then
+		fail "fabep_demo: still running 90 s after a rank was killed"
+		kill -KILL "$dp"
+	fi
+	wait "$dp"
+	rc=$?
+	[ $rc -eq 1 ] && grep -q '^result: WRONG' "$tmp.out" &&
+		grep -q 'fabep_demo: rank [0-9] killed by signal 9' "$tmp.err" ||
+		{ fail "fabep_demo with a rank killed: exit $rc, want 1 and WRONG"
+		  sed 's/^/    /' "$tmp.out" "$tmp.err" | tail -8; }
+	ls /dev/shm | grep -q "^$vp:" &&
+		fail "fabep_demo: the killed rank's shm region is left: $(ls /dev/shm | grep "^$vp:")"
+fi
+
 # fabep_bench -o write, checked
 expect 0 "$bench" -p shm -o write -S 4k,64k -I 5 --check -m &&
 	[ "$(grep -c '^op: write ' "$tmp.out")" -eq 2 ] ||
