@@ -45,7 +45,15 @@ struct input {
 	uint16_t *x;
 };
 
-static void gen(const struct demo *d, int src, int layer, struct input *in)
+static void free_input(struct input *in)
+{
+	free(in->ids);
+	free(in->w);
+	free(in->x);
+}
+
+/* 0, or -ENOMEM with nothing held */
+static int gen(const struct demo *d, int src, int layer, struct input *in)
 {
 	uint64_t s = 0xdeadbeefull ^ ((uint64_t)src << 20) ^ (uint64_t)layer * 7919u;
 	size_t t, j, h, k = (size_t)d->topk, H = (size_t)d->hidden;
@@ -55,6 +63,10 @@ static void gen(const struct demo *d, int src, int layer, struct input *in)
 	in->ids = malloc((in->n + 1) * k * sizeof(int32_t));
 	in->w = malloc((in->n + 1) * k * sizeof(float));
 	in->x = malloc((in->n + 1) * H * 2);
+	if (!in->ids || !in->w || !in->x) {
+		free_input(in);
+		return -ENOMEM;
+	}
 	for (t = 0; t < in->n; t++) {
 		for (j = 0; j < k; j++) {
 			in->ids[t * k + j] = rnd(&s) % 8 == 0 ? -1 :
@@ -64,13 +76,7 @@ static void gen(const struct demo *d, int src, int layer, struct input *in)
 		for (h = 0; h < H; h++)
 			in->x[t * H + h] = f2bf((float)((int)(rnd(&s) % 2001) - 1000) / 500.0f);
 	}
-}
-
-static void free_input(struct input *in)
-{
-	free(in->ids);
-	free(in->w);
-	free(in->x);
+	return 0;
 }
 
 /* The toy expert e: y = x * (1 + e / 8) */
@@ -182,8 +188,16 @@ static int demo_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 		size_t r;
 		int e;
 
-		for (s = 0; s < size; s++)
-			gen(d, s, layer, &all[s]);
+		for (s = 0; s < size && !bad; s++)
+			if (gen(d, s, layer, &all[s])) {
+				fprintf(stderr, "fabep_demo: rank %d: out of memory\n",
+					rank);
+				while (--s >= 0)
+					free_input(&all[s]);
+				bad = 1;
+			}
+		if (bad)
+			break;
 		/* time the phase, not the ranks' skew in making their inputs */
 		ret = fabep_barrier(comm);
 		if (ret) {
@@ -207,6 +221,13 @@ static int demo_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 				bytes_d += (double)H * 2;
 		y = malloc((rv.rows + 1) * H * 2);
 		out = malloc((all[rank].n + 1) * H * 2);
+		if (!y || !out) {
+			fprintf(stderr, "fabep_demo: rank %d: out of memory\n", rank);
+			free(y);
+			free(out);
+			bad = 1;
+			break;
+		}
 		for (e = 0; e < rv.local_experts; e++)
 			for (r = rv.row_offsets[e]; r < rv.row_offsets[e + 1]; r++)
 				for (size_t h = 0; h < H; h++)
