@@ -22,10 +22,11 @@ Run it on N local ranks, or under mpirun or torchrun:
 
     python3 -m fabep.run -n 4 examples/moe_layer.py
     mpirun -n 4 -x FABEP_ROOT=127.0.0.1:29600 python3 examples/moe_layer.py
-    torchrun --nproc-per-node 4 examples/moe_layer.py
+    torchrun --nproc_per_node 4 examples/moe_layer.py
 
-(Debian's torch 1.13 under Python 3.11: torchrun's default -r/-t values
-fail there; give them per local rank, e.g. -r 0:1,1:1 -t 0:1,1:1.)
+(Debian's torch 1.13 under Python 3.11 knows only that spelling of
+--nproc_per_node, and its default -r/-t values fail there: give them per
+local rank, -r 0:1,1:1,2:1,3:1 -t 0:1,1:1,2:1,3:1 for four.)
 
 Sizes: --hidden 7168 --experts 256 --top-k 8 --tokens 128 (a DeepSeek-V3
 layer's routing) with --ffn 16 (a narrow expert: the figure of interest

@@ -3,6 +3,7 @@
 the others and the exit status says so; a timeout stops every rank."""
 import errno
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -183,13 +184,19 @@ def test_command_line(tmp_path):
     assert r.returncode == 2
 
 
+_EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__)))), "examples", "moe_layer.py")
+# the example's layer, small
+_SMALL = ["--hidden", "256", "--experts", "16", "--top-k", "4", "--tokens",
+          "8", "--ffn", "8", "--iters", "2", "--warmup", "1"]
+
+
 def test_example_layer(tmp_path):
     """examples/moe_layer.py on 2 ranks, small, its output checked against
     one process; gloo's store must find its own port even where the one
     after FABEP_ROOT's is taken."""
     pytest.importorskip("torch.distributed")
-    example = os.path.join(os.path.dirname(os.path.dirname(
-        os.path.dirname(os.path.abspath(__file__)))), "examples", "moe_layer.py")
+    example = _EXAMPLE
     busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     busy.bind(("127.0.0.1", 0))
     port = busy.getsockname()[1] - 1
@@ -205,3 +212,38 @@ def test_example_layer(tmp_path):
         busy.close()
     assert p.returncode == 0, p.stdout + p.stderr
     assert "result: correct" in p.stdout, p.stdout
+
+
+def test_example_under_torchrun():
+    """The README's torchrun command (torch.distributed.run is torchrun),
+    with the per-rank output options Debian's torch 1.13 needs: the ranks
+    take torchrun's variables and one rendezvous serves gloo and fabep."""
+    pytest.importorskip("torch.distributed.run")
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+         "2", "-r", "0:1,1:1", "-t", "0:1,1:1", "--master_addr", "127.0.0.1",
+         "--master_port", str(frun._free_port()), _EXAMPLE] + _SMALL,
+        env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "result: correct" in p.stdout, p.stdout + p.stderr
+
+
+def test_example_under_mpirun():
+    """The README's mpirun command: the ranks take Open MPI's variables."""
+    pytest.importorskip("torch.distributed")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("no mpirun")
+    env = _env()
+    cmd = [mpirun, "-n", "2", "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    for v in ("PYTHONPATH", "FABEP_LIBRARY"):
+        if v in env:
+            cmd += ["-x", v]
+    cmd += ["-x", "FABEP_ROOT=127.0.0.1:%d" % frun._free_port(),
+            sys.executable, _EXAMPLE] + _SMALL
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "result: correct" in p.stdout, p.stdout + p.stderr
