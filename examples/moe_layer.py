@@ -24,7 +24,8 @@ Run it on N local ranks, or under mpirun or torchrun:
     mpirun -n 4 -x FABEP_ROOT=127.0.0.1:29600 python3 examples/moe_layer.py
     torchrun --nproc_per_node 4 examples/moe_layer.py
 
-(Debian's torch 1.13 under Python 3.11 knows only that spelling of
+(mpirun: --oversubscribe where the machine has fewer cores than ranks.
+Debian's torch 1.13 under Python 3.11 knows only that spelling of
 --nproc_per_node, and its default -r/-t values fail there: give them per
 local rank, -r 0:1,1:1,2:1,3:1 -t 0:1,1:1,2:1,3:1 for four.)
 
