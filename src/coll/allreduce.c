@@ -1568,8 +1568,14 @@ static void fep_ar_rd_add_fn(void *ctx, size_t i0, size_t i1)
 	fep_k_ops()->sum(&sa, 0, i1 - i0);
 }
 
-/* Elements per range of a pool run over the sums. */
+/* Elements per range of a pool run over the sums; a run that moves
+ * less than FEP_POOL_SOLO_BYTES in all goes on the caller alone. */
 #define FEP_AR_RD_GRAIN 4096
+
+static size_t fep_ar_rd_grain(size_t n, size_t elem_bytes)
+{
+	return fep_pool_grain(n, elem_bytes) >= n ? n : FEP_AR_RD_GRAIN;
+}
 
 /* The staged sums [lo, lo + n) plus those of round k's message. */
 static int fep_ar_rd_sum(struct fep_ar_state *c, int k, bool peer_first,
@@ -1584,11 +1590,14 @@ static int fep_ar_rd_sum(struct fep_ar_state *c, int k, bool peer_first,
 		.peer_first = peer_first,
 	};
 
-	if (n <= FEP_AR_RD_GRAIN) {
+	/* two fp32 inputs, one output */
+	size_t grain = fep_ar_rd_grain(n, 12);
+
+	if (n <= grain) {
 		fep_ar_rd_add_fn(&a, 0, n);
 		return 0;
 	}
-	return fep_pool_for(h->comm->pool, n, FEP_AR_RD_GRAIN, fep_ar_rd_add_fn,
+	return fep_pool_for(h->comm->pool, n, grain, fep_ar_rd_add_fn,
 			    &a);
 }
 
@@ -1618,9 +1627,12 @@ static int fep_ar_rd(struct fep_ar_state *c)
 	view.diff = -1;
 	data = !c->hdr.status && c->rows;
 	if (data) {
-		if (n <= FEP_AR_RD_GRAIN)
+		/* the input's element, widened to an fp32 sum */
+		size_t grain = fep_ar_rd_grain(n, (h->dt == FEP_K_F32 ? 4 : 2) + 4);
+
+		if (n <= grain)
 			fep_ar_rd_widen(c, 0, n);
-		else if ((ret = fep_pool_for(comm->pool, n, FEP_AR_RD_GRAIN,
+		else if ((ret = fep_pool_for(comm->pool, n, grain,
 					     fep_ar_rd_widen, c)))
 			return fep_ar_fail(h, ret);
 	}
