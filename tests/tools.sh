@@ -119,6 +119,13 @@ for op in write signal; do
 	fi
 done
 
+# a launcher's rank that cannot start (no FABEP_ROOT): the message names
+# the rank as the launcher numbered it
+expect 1 env -u FABEP_ROOT -u FABEP_RANK -u FABEP_WORLD_SIZE \
+	OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 "$pp" -p shm -S 64 -I 1 &&
+	grep -q '^fabep_pingpong: rank 1: fabep_comm_create: ' "$tmp.err" ||
+	fail "pingpong under a launcher: the failing rank not named"
+
 # the table form
 if expect 0 "$pp" -p shm -S 64 -I 20 -b; then
 	grep -q '^bytes *iters *total *time *MB/sec *usec/xfer *Mxfers/sec$' \

@@ -736,10 +736,16 @@ static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 
 	ret = fabep_comm_create(attr, &comm);
 	if (ret) {
-		const char *r = getenv("FABEP_RANK");
+		/* the rank as the launcher numbered it, as the library reads it */
+		static const char *const vars[] = { "FABEP_RANK",
+			"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID" };
+		const char *r = NULL;
+		size_t i;
 
+		for (i = 0; i < sizeof(vars) / sizeof(vars[0]) && !(r && *r); i++)
+			r = getenv(vars[i]);
 		fprintf(stderr, "%s: rank %s: fabep_comm_create: %s\n", tool_name,
-			r ? r : "?", fabep_strerror(ret));
+			r && *r ? r : "?", fabep_strerror(ret));
 		return ret;
 	}
 	ret = fn(comm, o, arg);
