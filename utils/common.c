@@ -588,18 +588,41 @@ int tool_fail(const char *what, int err)
 	return err;
 }
 
-static int env_size_gt1(const char *name)
-{
-	const char *s = getenv(name);
-
-	return s && atoi(s) > 1;
-}
+/* The launchers' rank and size variables, in the order the library
+ * reads them (fabep_comm_create(3)). */
+static const char *const job_env[][2] = {
+	{ "FABEP_RANK", "FABEP_WORLD_SIZE" },
+	{ "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE" },
+	{ "PMI_RANK", "PMI_SIZE" },
+	{ "SLURM_PROCID", "SLURM_NTASKS" },
+};
+#define JOB_ENVS (sizeof(job_env) / sizeof(job_env[0]))
 
 int tool_in_job(void)
 {
-	return env_size_gt1("FABEP_WORLD_SIZE") ||
-	       env_size_gt1("OMPI_COMM_WORLD_SIZE") ||
-	       env_size_gt1("PMI_SIZE") || env_size_gt1("SLURM_NTASKS");
+	size_t i;
+
+	for (i = 0; i < JOB_ENVS; i++) {
+		const char *s = getenv(job_env[i][1]);
+
+		if (s && atoi(s) > 1)
+			return 1;
+	}
+	return 0;
+}
+
+/* This process's rank as its launcher set it, or "?". */
+static const char *job_rank(void)
+{
+	size_t i;
+
+	for (i = 0; i < JOB_ENVS; i++) {
+		const char *r = getenv(job_env[i][0]);
+
+		if (r && *r)
+			return r;
+	}
+	return "?";
 }
 
 void tool_tune_provider(const char *provider)
@@ -736,16 +759,8 @@ static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 
 	ret = fabep_comm_create(attr, &comm);
 	if (ret) {
-		/* the rank as the launcher numbered it, as the library reads it */
-		static const char *const vars[] = { "FABEP_RANK",
-			"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID" };
-		const char *r = NULL;
-		size_t i;
-
-		for (i = 0; i < sizeof(vars) / sizeof(vars[0]) && !(r && *r); i++)
-			r = getenv(vars[i]);
 		fprintf(stderr, "%s: rank %s: fabep_comm_create: %s\n", tool_name,
-			r && *r ? r : "?", fabep_strerror(ret));
+			job_rank(), fabep_strerror(ret));
 		return ret;
 	}
 	ret = fn(comm, o, arg);
