@@ -1628,7 +1628,7 @@ static int fep_ar_rd(struct fep_ar_state *c)
 	data = !c->hdr.status && c->rows;
 	if (data) {
 		/* the input's element, widened to an fp32 sum */
-		size_t grain = fep_ar_rd_grain(n, (h->dt == FEP_K_F32 ? 4 : 2) + 4);
+		size_t grain = fep_ar_rd_grain(n, h->lay.esize + 4);
 
 		if (n <= grain)
 			fep_ar_rd_widen(c, 0, n);
