@@ -222,7 +222,7 @@ static const char *fault_said(char *path)
 	while (n && buf[n - 1] == '\n')
 		buf[--n] = '\0';
 	p = strrchr(buf, '\n');
-	snprintf(line, sizeof(line), "%s", p ? p + 1 : buf);
+	snprintf(line, sizeof(line), "%.*s", (int)sizeof(line) - 1, p ? p + 1 : buf);
 	unlink(path);
 	path[0] = '\0';
 	return line;
