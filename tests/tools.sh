@@ -44,6 +44,9 @@ expect() {
 for t in "$info" "$pp" "$bench" "$demo"; do
 	expect 0 "$t" --help && grep -q '^Usage: ' "$tmp.out" ||
 		fail "$t --help prints no usage"
+	expect 0 "$t" -V && grep -q "^${t##*/}: [0-9]" "$tmp.out" &&
+		grep -q '^libfabric: [0-9]' "$tmp.out" ||
+		fail "$t -V prints no versions"
 	expect 2 "$t" -Z && grep -q 'unknown option' "$tmp.err" ||
 		fail "$t -Z: no 'unknown option' message"
 done

@@ -21,6 +21,8 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 
+#include <rdma/fabric.h>
+
 #include "utils/common.h"
 
 const char *tool_name = "fabep";
@@ -75,6 +77,9 @@ static const struct tool_optdef tool_optdefs[] = {
 	  "repeat for SECONDS, checking every result, and report errors" },
 	{ TOOL_OPT_ROUNDS, "rounds", "N", "measure every row N times" },
 	{ TOOL_OPT_NO_REF, "no-ref", NULL, "time the part alone, without its references" },
+	{ 'V', "version", NULL,
+	  "print the versions of this tool, of the libfabep it runs with and of "
+	  "libfabric, and exit" },
 	{ 'h', "help", NULL, "print this help and exit" },
 };
 
@@ -167,6 +172,19 @@ void tool_usage(const struct tool_desc *d, FILE *f)
 		fputc('\n', f);
 		fputs(d->epilog, f);
 	}
+}
+
+/* As fi_info --version prints it: the tool's version as built, the shared
+ * library's and libfabric's as loaded (either may have been replaced since
+ * the tool was built), and the libfabric API the tool was built against. */
+static void tool_version(const struct tool_desc *d, FILE *f)
+{
+	uint32_t v = fi_version();
+
+	fprintf(f, "%s: %s\n", d->name, PACKAGE_VERSION);
+	fprintf(f, "libfabep: %s\n", fabep_version());
+	fprintf(f, "libfabric: %s\n", fi_tostr(&v, FI_TYPE_VERSION));
+	fprintf(f, "libfabric api: %d.%d\n", FI_MAJOR_VERSION, FI_MINOR_VERSION);
 }
 
 void tool_usage_error(const struct tool_desc *d, const char *fmt, ...)
@@ -487,6 +505,9 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		}
 		case 'h':
 			tool_usage(d, stdout);
+			exit(TOOL_EXIT_OK);
+		case 'V':
+			tool_version(d, stdout);
 			exit(TOOL_EXIT_OK);
 		default:
 			tool_usage_error(d, "unhandled option %s", argv[optind - 1]);

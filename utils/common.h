@@ -5,8 +5,8 @@
  * table, or one "key: value" line per row with -m), and running ranks
  * (forked locally, or one rank under mpirun/srun or server/client).
  *
- * Tools use only the public header fabep.h; this file adds nothing to the
- * library.
+ * Tools use only the public header fabep.h (and libfabric's, for the
+ * versions of --version); this file adds nothing to the library.
  */
 #ifndef FEP_UTILS_COMMON_H
 #define FEP_UTILS_COMMON_H

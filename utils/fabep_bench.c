@@ -79,7 +79,7 @@ static const struct bench_part parts[] = {
 static const int bench_accept[] = {
 	'o', 'p', 'd', 'I', 'w', 'm', 'n', 'T', 'S', 'W', 'B', 'K', 't', 'H',
 	'k', 'e', 'f', TOOL_OPT_ROWS, TOOL_OPT_COLS, TOOL_OPT_CHECK,
-	TOOL_OPT_SOAK, TOOL_OPT_ROUNDS, TOOL_OPT_NO_REF, 'h', 0
+	TOOL_OPT_SOAK, TOOL_OPT_ROUNDS, TOOL_OPT_NO_REF, 'V', 'h', 0
 };
 
 static const struct tool_help bench_help[] = {

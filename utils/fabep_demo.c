@@ -289,7 +289,7 @@ static int demo_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 	return bad ? -EIO : 0;
 }
 
-static const int demo_accept[] = { 'n', 't', 'H', 'k', 'e', 'I', 'p', 'h', 0 };
+static const int demo_accept[] = { 'n', 't', 'H', 'k', 'e', 'I', 'p', 'V', 'h', 0 };
 
 static const struct tool_help demo_help[] = {
 	{ 'n', NULL, "fork N local ranks, 1 to 64 (default 4, or the cores this "

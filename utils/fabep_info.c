@@ -99,7 +99,7 @@ static const char *signals_str(char *buf, size_t len, unsigned sigs,
 	return buf;
 }
 
-static const int info_accept[] = { 'p', 'd', 'm', 'h', 0 };
+static const int info_accept[] = { 'p', 'd', 'm', 'V', 'h', 0 };
 
 static const struct tool_help info_help[] = {
 	{ 'p', NULL, "show only this provider (e.g. shm, tcp, sockets, verbs, efa)" },

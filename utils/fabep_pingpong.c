@@ -39,7 +39,7 @@ enum pp_op { PP_WRITE, PP_SIGNAL, PP_WRITEDATA };
 static const char *const pp_op_names[] = { "write", "signal", "writedata" };
 
 static const int pp_accept[] = {
-	'p', 'd', 'I', 'w', 'S', 'o', 'b', 'W', 'm', 'n', 's', 'P', 'h', 0
+	'p', 'd', 'I', 'w', 'S', 'o', 'b', 'W', 'm', 'n', 's', 'P', 'V', 'h', 0
 };
 
 static const struct tool_help pp_help[] = {
