@@ -1210,6 +1210,7 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_counter_read(NULL, ctr), 0);
 	EXPECT(fabep_counter_read(comm, UINT64_MAX - 7), 0);
 	EXPECT(fabep_barrier(NULL), -EINVAL);
+	EXPECT(fabep_progress(comm), 0);
 	/* still usable: a put + signal round trip and a barrier */
 	EXPECT(fabep_put_signal(comm, (rank + 1) % size, off, off, 8, ctr, 1), 0);
 	EXPECT(fabep_wait(comm, ctr, 1), 0);
@@ -1326,6 +1327,20 @@ static int args_rank(int rank, int size, void *arg)
 	}
 	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), 0);
 	EXPECT(fabep_moe_combine_recv(moe, o, E_HIDDEN, NULL, NULL), 0);
+	/* a send half while the last one awaits its receive half: refused
+	 * locally with nothing sent, and the pending call still completes */
+	EXPECT(fabep_moe_dispatch_send(moe, x, NULL, 2, ids, NULL), 0);
+	EXPECT(fabep_moe_dispatch_send(moe, x, NULL, 2, ids, NULL), -EINVAL);
+	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), -EINVAL);
+	EXPECT(fabep_moe_dispatch_recv(moe, &rv), 0);
+	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), 0);
+	EXPECT(fabep_moe_combine_send(moe, y, E_HIDDEN, 0), -EINVAL);
+	EXPECT(fabep_moe_dispatch_send(moe, x, NULL, 2, ids, NULL), -EINVAL);
+	memset(o, 0, sizeof(o));
+	EXPECT(fabep_moe_combine_recv(moe, o, E_HIDDEN, NULL, NULL), 0);
+	for (i = 0; i < 2 * E_HIDDEN; i++)
+		EXPECT(o[i], 0x4000);
+	EXPECT(fabep_moe_send_buffer(NULL, NULL, NULL, NULL, NULL), -EINVAL);
 	/* a refused dispatch_send, logged under the name of the function
 	 * called (the refusing rank's check, the peers' receive half) */
 	{
@@ -1406,6 +1421,31 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_barrier(comm), 0);
 	EXPECT(fabep_moe_destroy(moe), 0);
 	EXPECT(fabep_allreduce_destroy(ar), 0);
+
+	/* FP8_PREQUANT tokens come with their scales: without them on any
+	 * rank, every rank gets -EINVAL; then a dispatch with them works */
+	bad = cfg;
+	bad.token_type = FABEP_MOE_FP8_PREQUANT;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), 0);
+	memset(x, 0x38, sizeof(x)); /* e4m3 1.0 */
+	for (i = 0; i < A_ROWS; i++)
+		sc[i] = 1.0f;
+	EXPECT(fabep_moe_dispatch(moe, x, NULL, 2, ids, NULL, &rv), -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, rank == 1 ? NULL : sc, 2, ids, NULL, &rv),
+	       -EINVAL);
+	EXPECT(fabep_moe_dispatch(moe, x, sc, 2, ids, NULL, &rv), 0);
+	/* a row per (token, k) whose expert lives here, from every rank */
+	for (i = 0, n = 0; i < 2 * E_TOPK; i++)
+		n += ids[i] / (E_EXPERTS / size) == rank;
+	EXPECT(rv.rows, (size_t)(n * size));
+	for (n = 0; n < (int)rv.rows; n++) {
+		const uint8_t *row = (const uint8_t *)rv.x +
+				     rv.row_index[n] * rv.row_stride;
+
+		EXPECT(row[0] == 0x38 && row[E_HIDDEN - 1] == 0x38, 1);
+		EXPECT(rv.scales[rv.row_index[n] * rv.scale_stride] == 1.0f, 1);
+	}
+	EXPECT(fabep_moe_destroy(moe), 0);
 	EXPECT(fabep_comm_destroy(comm), 0);
 	(void)m2;
 	(void)a2;
