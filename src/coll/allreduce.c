@@ -967,7 +967,7 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 	c->res = !status && c->p && c->p->residual && rows;
 	c->rb = cols * h->lay.esize;
 	{
-		size_t rb, bytes;
+		size_t rb = 0, bytes = 0; /* set where fits */
 		/* the same on every rank that passes the same rows, cols
 		 * and operation, whatever else it got wrong; ranks whose
 		 * operations differ may differ here, but on one path or the
