@@ -1114,6 +1114,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 {
 	struct input *all = calloc((size_t)size, sizeof(*all));
 	size_t H = (size_t)p->hidden, elt = p->ct == FABEP_MOE_FP32 ? 4 : 2;
+	size_t ld_y = H + (size_t)p->ld_pad;  /* as experts() lays y out */
 	fabep_moe_recv_t rv = { .size = sizeof(rv) };
 	void *y = NULL, *y2 = NULL, *out = NULL, *out2 = NULL;
 	struct rows_seen rs;
@@ -1141,7 +1142,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 	rows_init(&rs, p, me->n, out);
 	if (!rank)
 		usleep(late_ms * 1000u);
-	ret = fabep_moe_combine(moe, y, H, 0, out, H, count_row, &rs);
+	ret = fabep_moe_combine(moe, y, ld_y, 0, out, H, count_row, &rs);
 	if (ret) {
 		fprintf(stderr, "rank %d round %d: combine: %s\n", rank, round,
 			fabep_strerror(ret));
@@ -1154,7 +1155,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 	ret = fabep_moe_dispatch(moe, me->x, me->xs, me->n, NULL, NULL, &rv);
 	if (!ret) {
 		y2 = experts(p, &rv);
-		ret = fabep_moe_combine_send(moe, y2, H, 0);
+		ret = fabep_moe_combine_send(moe, y2, ld_y, 0);
 	}
 	if (!ret)
 		ret = fabep_moe_combine_recv(moe, out2, H, NULL, NULL);
@@ -1434,6 +1435,9 @@ EP_TEST(rows_shm3_split, "shm", 3, .rounds = 40, .topk = 4, .experts = 12,
 	.routing = R_NEG, .split = 1, .backward = 1, .crows = "fit")
 EP_TEST(rows_shm4_ld, "shm", 4, .rounds = 20, .topk = 8, .experts = 16,
 	.hidden = 300, .max_tokens = 40, .ld_pad = 5, .backward = 1,
+	.crows = "fit")
+EP_TEST(rows_shm4_ld_fused, "shm", 4, .rounds = 10, .topk = 8, .experts = 16,
+	.hidden = 300, .max_tokens = 40, .ld_pad = 5, .threads = 2, .fused = 1,
 	.crows = "fit")
 EP_TEST(rows_shm3_fused, "shm", 3, .rounds = 8, .hidden = 2880, .topk = 4,
 	.experts = 12, .max_tokens = 40, .threads = 2, .fused = 1,
@@ -2705,6 +2709,7 @@ static Suite *ep_suite(void)
 	ADD(tc, fused_tcp2);
 	ADD(tc, rows_shm3_split);
 	ADD(tc, rows_shm4_ld);
+	ADD(tc, rows_shm4_ld_fused);
 	ADD(tc, rows_shm3_fused);
 	ADD(tc, rows_shm3_chunks_fp8);
 	ADD(tc, rows_cma_chan_shm4_zc);
