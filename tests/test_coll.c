@@ -64,6 +64,8 @@ struct ar_run {
 				 written from the input and read (coll.h) */
 	bool slices;          /* large puts must have gone in slices over the
 				 channels (cma_slices) */
+	bool mr_local;        /* as if the provider needed registered local
+				 buffers (FI_MR_LOCAL, as verbs and efa do) */
 };
 
 /* One hash per rank, in memory shared with the parent. */
@@ -178,7 +180,11 @@ static int open_comm(const struct ar_run *t, int rank, size_t heap,
 		     fabep_comm_t **comm)
 {
 	int th = rank == 0 && t->threads0 ? t->threads0 : t->threads;
-	int ret = make_comm(t->prov, heap, th ? th : 1, comm);
+	int ret;
+
+	if (t->mr_local)
+		fep_fab_test_mr_mode = FI_MR_LOCAL;
+	ret = make_comm(t->prov, heap, th ? th : 1, comm);
 
 	if (ret == -ETIMEDOUT && !strcmp(t->prov, "sockets")) {
 		fprintf(stderr, "SKIP: rank %d: fabep_comm_create on sockets timed "
@@ -493,6 +499,9 @@ static int run_rank(int rank, int size, void *arg)
 		FAILF("fabep_allreduce_create: %s", fabep_strerror(ret));
 	if (t->copies)
 		ar->direct = ar->rd = false;
+	if (t->mr_local && (ar->direct || ar->rd))
+		FAILF("FI_MR_LOCAL, but the handle writes from the input (%d) "
+		      "or reads into the output (%d)", ar->direct, ar->rd);
 	/* the plain sum's own threshold: 1 MiB on 2 ranks, unless set */
 	os_sum = t->os_max || size != 2 ? fabep_allreduce_onestage_max(ar) :
 		 (size_t)1 << 20;
@@ -663,6 +672,34 @@ START_TEST(shm_b2b) { run_cases("shm", 3, FABEP_AR_BF16, "4k", mixed, N(mixed), 
 /* The staged phase 1 and the copied results, which this machine's shm
  * (fewer than three threads a rank) would not take. */
 START_TEST(shm_copies) { run_cases_as("shm", 3, FABEP_AR_F32, "4k", mixed, N(mixed), 2, true); } END_TEST
+/* As if the provider needed registered local buffers (FI_MR_LOCAL):
+ * phase 1 staged and the results copied, on every path (one-stage,
+ * two-stage, log-step, halving), over channels too; every write from
+ * outside the heap would fail (-EFAULT) */
+START_TEST(mrl_shm)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2, .threads = 2,
+			    .max_rows = 100, .max_cols = 100, .mr_local = true };
+
+	fep_test_use_signal("shm", FABEP_SIGNAL_CMA);
+	setenv("FABEP_CHANNELS", "2", 1);
+	run("shm", 3, &t);
+	t.dt = FABEP_AR_BF16;
+	t.hv_max = "16k";
+	run("shm", 5, &t);
+}
+END_TEST
+START_TEST(mrl_tcp)
+{
+	struct ar_run t = { .dt = FABEP_AR_BF16, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2,
+			    .threads = fep_test_threads(1), .max_rows = 100,
+			    .max_cols = 100, .mr_local = true };
+
+	run("tcp", 4, &t);
+}
+END_TEST
 /* cma over channels (each rank's writes from its input, and its
  * signals, on its own channel), the reads on the first */
 START_TEST(shm_cma_channels)
@@ -1090,6 +1127,8 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_logstep7);
 	tcase_add_test(tc, tcp_logstep);
 	tcase_add_test(tc, shm_copies);
+	tcase_add_test(tc, mrl_shm);
+	tcase_add_test(tc, mrl_tcp);
 	tcase_add_test(tc, shm_uneven_threads);
 	tcase_add_test(tc, shm_cma_slices);
 	tcase_add_test(tc, shm_cma_channels);

@@ -78,6 +78,8 @@ struct params {
 	const char *lanes_env; /* FABEP_MOE_LANES */
 	int slices;       /* some put must have gone in slices over the
 			   * channels (cma_slices) */
+	int mr_local;     /* act as if the provider needed registered local
+			   * buffers (FI_MR_LOCAL, as verbs and efa do) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -669,6 +671,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
 	if (p->heap_small)
 		a.heap_size = 1u << 20;
+	if (p->mr_local)
+		fep_fab_test_mr_mode = FI_MR_LOCAL;
 	ret = fabep_comm_create(&a, comm);
 	if (ret) {
 		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank, fabep_strerror(ret));
@@ -677,6 +681,11 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		       (p->signal && ret == -FABEP_ERR_NO_SIGNAL) ? 77 : 1;
 	}
 	/* the configuration the case is about, not another one */
+	if (p->mr_local && fep_fab_ptr_ok((*comm)->fab)) {
+		fprintf(stderr, "rank %d: writes may leave from unregistered "
+			"memory, though the case asks for FI_MR_LOCAL\n", rank);
+		return 1;
+	}
 	if ((p->channels && fabep_comm_channels(*comm) != atoi(p->channels)) ||
 	    (p->signal && fabep_comm_signal(*comm) != p->signal) ||
 	    (p->sender_copy && !(*comm)->fab->sender_copy)) {
@@ -1458,6 +1467,29 @@ EP_TEST(rows_never_shm3, "shm", 3, .rounds = 10, .topk = 2, .experts = 24,
  * write with its signal) */
 EP_TEST(rows_auto_shm3_one_token, "shm", 3, .rounds = 16, .topk = 2,
 	.experts = 12, .max_tokens = 1, .crows = "auto")
+/* As if the provider needed registered local buffers (FI_MR_LOCAL, as
+ * verbs and efa do): nothing may be written from the caller's memory, so
+ * combine's rows go through the stage and nothing reads y in the post;
+ * every write from outside the heap fails (-EFAULT) */
+EP_TEST(mrl_rows_shm3_split, "shm", 3, .rounds = 20, .topk = 4, .experts = 12,
+	.routing = R_NEG, .split = 1, .backward = 1, .crows = "fit",
+	.mr_local = 1)
+EP_TEST(mrl_rows_tcp3, "tcp", 3, .rounds = 8, .topk = 4, .experts = 12,
+	.hidden = 128, .max_tokens = 30, .routing = R_NEG, .split = 1,
+	.backward = 1, .crows = "fit", .mr_local = 1)
+EP_TEST(mrl_rows_shm4_ld_fused, "shm", 4, .rounds = 10, .topk = 8,
+	.experts = 16, .hidden = 300, .max_tokens = 40, .ld_pad = 5,
+	.threads = 2, .fused = 1, .crows = "fit", .mr_local = 1)
+EP_TEST(mrl_lanes_shm3_place_rows, "shm", 3, .rounds = 4, .hidden = 7168,
+	.topk = 4, .experts = 12, .max_tokens = 48, .threads = 3,
+	.channels = "3", .signal = FABEP_SIGNAL_CMA, .place = "always",
+	.place_expect = 1, .crows = "fit", .lanes = 1, .mr_local = 1)
+EP_TEST(mrl_sb_shm3_fp8_zc, "shm", 3, .rounds = 20, .tt = FABEP_MOE_FP8,
+	.block = 128, .hidden = 300, .topk = 4, .experts = 12, .sendbuf = 1,
+	.zcopy = 1, .mr_local = 1)
+EP_TEST(mrl_place_tcp3_delivery, "tcp", 3, .rounds = 6, .topk = 4,
+	.experts = 12, .max_tokens = 16, .signal = FABEP_SIGNAL_DELIVERY,
+	.place = "always", .place_expect = 1, .mr_local = 1)
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -2727,6 +2759,12 @@ static Suite *ep_suite(void)
 	ADD(tc, place_auto_shm3_spread);
 	ADD(tc, place_auto_shm3_few);
 	ADD(tc, place_auto_shm3_idle);
+	ADD(tc, mrl_rows_shm3_split);
+	ADD(tc, mrl_rows_tcp3);
+	ADD(tc, mrl_rows_shm4_ld_fused);
+	ADD(tc, mrl_lanes_shm3_place_rows);
+	ADD(tc, mrl_sb_shm3_fp8_zc);
+	ADD(tc, mrl_place_tcp3_delivery);
 	ADD(tc, zc_one_rank);
 	ADD(tc, zc_shm2_bf16);
 	ADD(tc, zc_shm3_fp32_neg_split);

@@ -227,6 +227,11 @@ static inline bool fep_fab_lost_grace(const fep_fabric_t *fab)
 }
 
 /* ---- fabric.c ---- */
+/* mr_mode bits added to what every later fep_fabric_open's provider
+ * grants, as if it had asked for them: the tests set FI_MR_LOCAL to run
+ * the paths of the providers that need registered local buffers (verbs,
+ * efa) on shm and tcp, which do not.  0 outside the tests. */
+extern uint64_t fep_fab_test_mr_mode;
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
 void fep_fabric_close(fep_fabric_t *fab);
 /* Fill this rank's blob (after the heap exists). */

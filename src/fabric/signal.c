@@ -361,11 +361,16 @@ static inline uint8_t *put_buf(fep_fabric_t *fab, const struct fep_put *p)
 
 /* A local buffer's descriptor: the heap's inside it; none outside (a
  * caller's buffer, where the provider needs no local registration). */
-static inline void *buf_desc(const fep_fabric_t *fab, const void *b)
+static inline bool in_heap(const fep_fabric_t *fab, const void *b)
 {
 	uintptr_t h = (uintptr_t)fab->heap, a = (uintptr_t)b;
 
-	return a >= h && a - h < fab->heap_size ? fab->heap_desc : NULL;
+	return a >= h && a - h < fab->heap_size;
+}
+
+static inline void *buf_desc(const fep_fabric_t *fab, const void *b)
+{
+	return in_heap(fab, b) ? fab->heap_desc : NULL;
 }
 
 /* One write of cnt local pieces (buf[i], len[i] bytes) to one contiguous
@@ -393,6 +398,15 @@ static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 		iov[i].iov_len = len[i];
 		desc[i] = buf_desc(fab, buf[i]);
 		rma.len += len[i];
+		/* where the provider needs registered local buffers, a write
+		 * from outside the heap would fail in it or, worse, read
+		 * through a stale translation: refuse it here */
+		if (len[i] && !fep_fab_ptr_ok(fab) && !in_heap(fab, buf[i])) {
+			fep_err("write of %zu bytes from %p, outside the heap: "
+				"the provider needs registered local buffers",
+				len[i], (void *)buf[i]);
+			return -EFAULT;
+		}
 	}
 	ret = fep_op_get(fab, peer, data ? OP_WRITEDATA : OP_WRITE, &op);
 	if (ret)
@@ -496,7 +510,7 @@ int fep_fab_read(fep_fabric_t *fab, int peer, void *buf, uint64_t src,
 			fab->heap_size);
 		ret = -ERANGE;
 	}
-	if (!ret && !desc && !fep_fab_ptr_ok(fab)) {
+	if (!ret && !in_heap(fab, buf) && !fep_fab_ptr_ok(fab)) {
 		fep_err("read into %p, outside the heap: the provider needs "
 			"registered local buffers", buf);
 		ret = -EINVAL;
