@@ -1116,6 +1116,23 @@ static int good_ar(fabep_allreduce_t *ar, int size)
 	return 0;
 }
 
+/* A world of one's allgather, and one that fails. */
+static int copy_allgather(const void *in, void *out, size_t len, void *ctx)
+{
+	(void)ctx;
+	memcpy(out, in, len);
+	return 0;
+}
+
+static int failing_allgather(const void *in, void *out, size_t len, void *ctx)
+{
+	(void)in;
+	(void)out;
+	(void)len;
+	(void)ctx;
+	return -EIO;
+}
+
 static int args_rank(int rank, int size, void *arg)
 {
 	fabep_comm_attr_t a;
@@ -1158,6 +1175,28 @@ static int args_rank(int rank, int size, void *arg)
 	fabep_comm_attr_init(&a);
 	a.signal = (fabep_signal_t)99;
 	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	/* an allgather callback with a rank outside [0, nranks) */
+	fabep_comm_attr_init(&a);
+	a.allgather = copy_allgather;
+	a.rank = 1;
+	a.nranks = 1;
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	a.rank = -1;
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	a.rank = 0;
+	a.nranks = 0;
+	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	/* the callback's error comes back; then a world of one works */
+	a.nranks = 1;
+	a.allgather = failing_allgather;
+	EXPECT(fabep_comm_create(&a, &comm), -EIO);
+	a.allgather = copy_allgather;
+	a.threads = 1;
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_comm_size(comm), 1);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	comm = NULL;
 	fabep_moe_config_init(NULL);
 	fabep_moe_config_init(&cfg);
 	cfg.num_experts = E_EXPERTS;
