@@ -924,6 +924,83 @@ START_TEST(cma_conditions)
 }
 END_TEST
 
+/* The strategy chosen for what the providers of the users' clusters
+ * grant (verbs;ofi_rxm as tcp;ofi_rxm, efa, efa-direct
+ * without atomics, cxi), none of which runs here: descriptors as
+ * fep_fabric_describe fills them, through fep_signal_supported and
+ * fep_signal_choose. */
+static fabep_signal_t choose_for(const char *prov, uint64_t msg_order,
+				 int fence, int delivery, int atomics,
+				 size_t cq_data_size, uint32_t *signals)
+{
+	fabep_provider_desc_t d;
+	char why[256];
+	fabep_signal_t s;
+	int i;
+
+	memset(&d, 0, sizeof(d));
+	d.size = sizeof(d);
+	snprintf(d.provider, sizeof(d.provider), "%s", prov);
+	d.mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+		    FI_MR_PROV_KEY;
+	d.msg_order = msg_order;
+	d.fence = fence;
+	d.delivery_complete = delivery;
+	d.atomic_sum_u64 = atomics;
+	d.atomic_count = atomics ? 1 : 0;
+	d.cq_data_size = cq_data_size;
+	for (i = FABEP_SIGNAL_ORDERED; i <= FABEP_SIGNAL_CMA; i++)
+		if (fep_signal_supported(&d, (fabep_signal_t)i))
+			d.signals |= 1u << i;
+	why[0] = '\0';
+	s = fep_signal_choose(&d, why, sizeof(why));
+	ck_assert_msg(why[0], "%s: no reason given for %s", prov,
+		      fabep_signal_name(s));
+	*signals = d.signals;
+	return s;
+}
+
+#define SIG(s) (1u << FABEP_SIGNAL_##s)
+
+START_TEST(choose_cluster_providers)
+{
+	uint32_t sigs;
+
+	/* verbs;ofi_rxm: RMA_WAW and ATOMIC_WAW apart (not FI_ORDER_WAW), no
+	 * fence, delivery complete, emulated atomics, 4 bytes of CQ data */
+	ck_assert_int_eq(choose_for("verbs;ofi_rxm", FI_ORDER_RMA_WAW |
+				    FI_ORDER_ATOMIC_WAW, 0, 1, 1, 4, &sigs),
+			 FABEP_SIGNAL_CQDATA);
+	ck_assert_uint_eq(sigs, SIG(DELIVERY) | SIG(CQDATA));
+	/* efa: no ordering, no fence, delivery, atomics, CQ data */
+	ck_assert_int_eq(choose_for("efa", 0, 0, 1, 1, 4, &sigs),
+			 FABEP_SIGNAL_CQDATA);
+	ck_assert_uint_eq(sigs, SIG(DELIVERY) | SIG(CQDATA));
+	/* efa-direct: no atomics at all, CQ data only */
+	ck_assert_int_eq(choose_for("efa-direct", 0, 0, 0, 0, 4, &sigs),
+			 FABEP_SIGNAL_CQDATA);
+	ck_assert_uint_eq(sigs, SIG(CQDATA));
+	/* cxi: FI_ORDER_WAW, fence, native atomics, 8 bytes of CQ data */
+	ck_assert_int_eq(choose_for("cxi", FI_ORDER_WAW, 1, 1, 1, 8, &sigs),
+			 FABEP_SIGNAL_CQDATA);
+	ck_assert_uint_eq(sigs, SIG(ORDERED) | SIG(FENCE) | SIG(DELIVERY) |
+			  SIG(CQDATA));
+	/* without CQ data: ordering, then a fence, then delivery complete */
+	ck_assert_int_eq(choose_for("cxi", FI_ORDER_WAW, 1, 1, 1, 0, &sigs),
+			 FABEP_SIGNAL_ORDERED);
+	ck_assert_int_eq(choose_for("x", 0, 1, 1, 1, 0, &sigs), FABEP_SIGNAL_FENCE);
+	ck_assert_int_eq(choose_for("x", 0, 0, 1, 1, 2, &sigs),
+			 FABEP_SIGNAL_DELIVERY);
+	/* sockets' fence is not used (its fenced atomics fail under load) */
+	ck_assert_int_eq(choose_for("sockets", 0, 1, 1, 1, 0, &sigs),
+			 FABEP_SIGNAL_DELIVERY);
+	/* nothing that can signal: no strategy */
+	ck_assert_int_eq(choose_for("x", FI_ORDER_WAW, 1, 1, 0, 2, &sigs),
+			 FABEP_SIGNAL_AUTO);
+	ck_assert_uint_eq(sigs, 0);
+}
+END_TEST
+
 /* A channel that its pool thread never progresses: rank 1 calls only
  * thread 0's share of fep_fabric_progress_mine (of 2 threads), so the
  * slice of rank 0's put that travels on channel 1 (on shm the target
@@ -2076,6 +2153,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cpus_own_cores);
 	tcase_add_test(tc, unsupported_signal);
 	tcase_add_test(tc, cma_conditions);
+	tcase_add_test(tc, choose_cluster_providers);
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);
 	tcase_add_test(tc, blob_exchange);
