@@ -30,6 +30,7 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
 
+#include "core/comm.h"
 #include "fabric/fabric.h"
 #include "harness.h"
 
@@ -446,6 +447,24 @@ static int probe_one(const char *name, char *why, size_t whylen)
 		fi_freeinfo(info);
 	fi_freeinfo(hints);
 	return ret ? -1 : 0;
+}
+
+void fep_test_cq4(void)
+{
+	fep_fab_test_cq_data_max = 4;
+}
+
+int fep_test_cq4_filler(fabep_comm_t *comm, int rank)
+{
+	fabep_off_t filler;
+	int ret = fabep_heap_alloc(comm, FEP_TEST_CQ4_FILLER, 64, &filler);
+
+	if (ret || comm->fab->cq_data_size != 4) {
+		fprintf(stderr, "rank %d: filler: %s; %zu bytes of CQ data\n",
+			rank, fabep_strerror(ret), comm->fab->cq_data_size);
+		return 1;
+	}
+	return 0;
 }
 
 int fep_test_threads(int dflt)

@@ -119,6 +119,15 @@ void fep_test_use_provider(const char *prov);
  * multi-rank case runs its kernels on a pool), else dflt. */
 int fep_test_threads(int dflt);
 
+/* verbs' and efa's remote CQ data, 4 bytes (24 bits of counter index,
+ * the heap's first 128 MiB), for the communicators this process creates
+ * from now on; a heap FEP_TEST_CQ4_FILLER bytes larger lets
+ * fep_test_cq4_filler take a block that puts every later handle's block
+ * past what they name.  The filler: 0, or 1 with a message. */
+#define FEP_TEST_CQ4_FILLER ((size_t)160 << 20)
+void fep_test_cq4(void);
+int fep_test_cq4_filler(fabep_comm_t *comm, int rank);
+
 /* Deterministic per-rank random numbers. */
 #define fep_test_rand fep_xorshift
 

@@ -66,7 +66,10 @@ struct ar_run {
 				 channels (cma_slices) */
 	bool mr_local;        /* as if the provider needed registered local
 				 buffers (FI_MR_LOCAL, as verbs and efa do) */
+	bool cq4;             /* 4 bytes of CQ data (verbs, efa), the handle
+				 behind a block past the 128 MiB they name */
 };
+
 
 /* One hash per rank, in memory shared with the parent. */
 static uint64_t *g_hash;
@@ -184,7 +187,13 @@ static int open_comm(const struct ar_run *t, int rank, size_t heap,
 
 	if (t->mr_local)
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
+	if (t->cq4) {
+		fep_test_cq4();
+		heap += FEP_TEST_CQ4_FILLER;
+	}
 	ret = make_comm(t->prov, heap, th ? th : 1, comm);
+	if (!ret && t->cq4 && fep_test_cq4_filler(*comm, rank))
+		return 1;
 
 	if (ret == -ETIMEDOUT && !strcmp(t->prov, "sockets")) {
 		fprintf(stderr, "SKIP: rank %d: fabep_comm_create on sockets timed "
@@ -690,6 +699,28 @@ START_TEST(mrl_shm)
 	run("shm", 5, &t);
 }
 END_TEST
+/* 4 bytes of remote CQ data (verbs, efa) and the handle's block past the
+ * 128 MiB they name: its counters, in a slot near the heap's start, are
+ * still named (one-, two-stage and log-step paths) */
+START_TEST(cq4_shm)
+{
+	struct ar_run t = { .dt = FABEP_AR_BF16, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2, .threads = 1,
+			    .max_rows = 100, .max_cols = 100, .cq4 = true };
+
+	fep_test_use_signal("shm", FABEP_SIGNAL_CQDATA);
+	run("shm", 5, &t);
+}
+END_TEST
+START_TEST(cq4_tcp)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2, .threads = 1,
+			    .max_rows = 100, .max_cols = 100, .cq4 = true };
+
+	run("tcp", 3, &t);
+}
+END_TEST
 START_TEST(mrl_tcp)
 {
 	struct ar_run t = { .dt = FABEP_AR_BF16, .os_max = "4k", .cases = mixed,
@@ -1129,6 +1160,8 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_copies);
 	tcase_add_test(tc, mrl_shm);
 	tcase_add_test(tc, mrl_tcp);
+	tcase_add_test(tc, cq4_shm);
+	tcase_add_test(tc, cq4_tcp);
 	tcase_add_test(tc, shm_uneven_threads);
 	tcase_add_test(tc, shm_cma_slices);
 	tcase_add_test(tc, shm_cma_channels);

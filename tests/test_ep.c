@@ -80,6 +80,8 @@ struct params {
 			   * channels (cma_slices) */
 	int mr_local;     /* act as if the provider needed registered local
 			   * buffers (FI_MR_LOCAL, as verbs and efa do) */
+	int cq4;          /* 4 bytes of CQ data (verbs, efa), the handle
+			   * behind a 160 MiB block: beyond what they name */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -673,6 +675,10 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		a.heap_size = 1u << 20;
 	if (p->mr_local)
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
+	if (p->cq4) {
+		fep_test_cq4();
+		a.heap_size += FEP_TEST_CQ4_FILLER;
+	}
 	ret = fabep_comm_create(&a, comm);
 	if (ret) {
 		fprintf(stderr, "rank %d: fabep_comm_create: %s\n", rank, fabep_strerror(ret));
@@ -711,6 +717,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		setenv("FABEP_MOE_PLACE", "never", 1);
 	if (p->mismatch == 1 && rank == 1)
 		cfg->hidden++;
+	if (p->cq4 && fep_test_cq4_filler(*comm, rank))
+		return 1;
 	ret = fabep_moe_create(*comm, cfg, moe);
 	if (p->mismatch || p->heap_small) {
 		int want = p->mismatch ? -FABEP_ERR_MISMATCH : -FABEP_ERR_HEAP_FULL;
@@ -1490,6 +1498,16 @@ EP_TEST(mrl_sb_shm3_fp8_zc, "shm", 3, .rounds = 20, .tt = FABEP_MOE_FP8,
 EP_TEST(mrl_place_tcp3_delivery, "tcp", 3, .rounds = 6, .topk = 4,
 	.experts = 12, .max_tokens = 16, .signal = FABEP_SIGNAL_DELIVERY,
 	.place = "always", .place_expect = 1, .mr_local = 1)
+/* 4 bytes of remote CQ data (verbs, efa) and the handle's block past the
+ * 128 MiB they name: its counters, in a slot near the heap's start, are
+ * still named, with every strategy that signals through CQ data */
+EP_TEST(cq4_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
+	.routing = R_NEG, .split = 1, .backward = 1, .cq4 = 1)
+EP_TEST(cq4_shm3_cqdata, "shm", 3, .rounds = 10, .topk = 4, .experts = 12,
+	.signal = FABEP_SIGNAL_CQDATA, .chunk = "1000", .cq4 = 1)
+EP_TEST(cq4_shm4_cma, "shm", 4, .rounds = 10, .topk = 8, .experts = 16,
+	.hidden = 300, .max_tokens = 40, .threads = 2, .channels = "2",
+	.signal = FABEP_SIGNAL_CMA, .crows = "fit", .cq4 = 1)
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -2223,6 +2241,100 @@ out:
 	return rc ? rc : ret && rank == 0 ? 1 : 0;
 }
 
+/*
+ * Counter slots running out, with 4 bytes of remote CQ data (cqdata) and
+ * the handles' blocks past the 128 MiB they name: every slot taken by a
+ * live handle, the next creation fails with -ERANGE on every rank
+ * (nothing taken); a handle destroyed gives its slot back, zeroed for
+ * the next one, which then works.
+ */
+static int slots_rank(int rank, int size, void *arg)
+{
+	enum { MAXH = FEP_CS_MAX + 1 };
+	fabep_moe_t **h = calloc(MAXH, sizeof(*h));
+	fabep_moe_config_t cfg;
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
+	uint16_t x[2 * 16], out[2 * 16];
+	int32_t ids[2 * 2] = { 0, 1, 2, 3 };
+	int i, n = 0, ret, rc = 1;
+
+	(void)arg;
+	fep_test_cq4();
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = 2 * size;
+	cfg.top_k = 2;
+	cfg.hidden = 16;
+	cfg.max_tokens = 2;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.signal = FABEP_SIGNAL_CQDATA;
+	a.heap_size = FEP_TEST_CQ4_FILLER +
+		      (size_t)MAXH * fabep_moe_heap_bytes(&cfg, size) + (2u << 20);
+	for (i = 0; i < 2 * 16; i++)
+		x[i] = 0x3f80; /* 1.0 */
+	if ((ret = fabep_comm_create(&a, &comm))) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		goto out;
+	}
+	if (fep_test_cq4_filler(comm, rank))
+		goto out;
+	if (comm->fab->cs_n != FEP_CS_MAX) {
+		fprintf(stderr, "rank %d: %d counter slots\n", rank, comm->fab->cs_n);
+		goto out;
+	}
+	for (n = 0; n < MAXH; n++) {
+		ret = fabep_moe_create(comm, &cfg, &h[n]);
+		if (ret)
+			break;
+	}
+	if (n != FEP_CS_MAX || ret != -ERANGE) {
+		fprintf(stderr, "rank %d: %d handles, then %s\n", rank, n,
+			fabep_strerror(ret));
+		goto out;
+	}
+	/* the first, the last and one between still work; that one, given
+	 * back with its counters moved on, and a new one in its slot works */
+	for (i = 0; i < 3; i++) {
+		int k = i == 0 ? 0 : i == 1 ? 3 : n - 1;
+
+		if ((ret = fabep_moe_dispatch(h[k], x, NULL, 2, ids, NULL, &rv)) ||
+		    (ret = fabep_moe_combine(h[k], rv.x, 16, 0, out, 16, NULL,
+					     NULL)) ||
+		    out[0] != 0x4000) {
+			fprintf(stderr, "rank %d: handle %d: %s, %#x\n", rank, k,
+				fabep_strerror(ret), out[0]);
+			goto out;
+		}
+	}
+	fabep_moe_destroy(h[3]);
+	if ((ret = fabep_moe_create(comm, &cfg, &h[3])) ||
+	    (ret = fabep_moe_dispatch(h[3], x, NULL, 2, ids, NULL, &rv)) ||
+	    (ret = fabep_moe_combine(h[3], rv.x, 16, 0, out, 16, NULL, NULL)) ||
+	    out[0] != 0x4000) {
+		fprintf(stderr, "rank %d: a slot given back: %s, %#x\n", rank,
+			fabep_strerror(ret), out[0]);
+		goto out;
+	}
+	rc = 0;
+out:
+	for (i = 0; i < n; i++)
+		fabep_moe_destroy(h[i]);
+	free(h);
+	if (fabep_comm_destroy(comm))
+		rc = 1;
+	return rc;
+}
+
+START_TEST(cq4_shm2_slots)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	fep_test_ranks_ok(2, 120, slots_rank, NULL);
+}
+END_TEST
+
 START_TEST(shm2_heap_reuse)
 {
 	struct marks d;
@@ -2759,6 +2871,10 @@ static Suite *ep_suite(void)
 	ADD(tc, place_auto_shm3_spread);
 	ADD(tc, place_auto_shm3_few);
 	ADD(tc, place_auto_shm3_idle);
+	ADD(tc, cq4_tcp3);
+	ADD(tc, cq4_shm3_cqdata);
+	ADD(tc, cq4_shm4_cma);
+	ADD(tc, cq4_shm2_slots);
 	ADD(tc, mrl_rows_shm3_split);
 	ADD(tc, mrl_rows_tcp3);
 	ADD(tc, mrl_rows_shm4_ld_fused);

@@ -494,7 +494,8 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		goto err;
 
 	/* Every heap is in the same state: the same verdict everywhere. */
-	ret = fep_comm_block(comm, &hb, h->lay.total, h->lay.o_slots, &h->base);
+	ret = fep_comm_block(comm, &hb, h->lay.total, h->lay.o_slots, &h->base,
+			     &h->ctrs);
 	if (ret == -FABEP_ERR_HEAP_FULL)
 		fep_err("fabep_allreduce_create: a %zu x %zu %s handle on %d ranks "
 			"needs %zu heap bytes, %zu of %zu are in use and no block "
@@ -513,7 +514,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->os_sum = os_sum;
 	h->hv_max = FEP_MIN(hv_max, h->lay.hv_cap);
 	h->hv_sum = FEP_MIN(hv_sum, h->lay.hv_cap);
-	h->ctr1[0] = h->base + h->lay.o_ctr;
+	h->ctr1[0] = h->ctrs + h->lay.o_ctr;
 	h->ctr1[1] = h->ctr1[0] + 8;
 	h->ctr_ag = h->ctr1[0] + 16;
 	h->slots1[0] = h->base + h->lay.o_slots;
@@ -521,7 +522,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	h->stage = h->base + h->lay.o_stage;
 	h->ag = h->base + h->lay.o_ag;
 	if (h->lay.rd_m) {
-		h->rdctr = h->base + h->lay.o_rdctr;
+		h->rdctr = h->ctrs + h->lay.o_rdctr;
 		h->rdslots = h->base + h->lay.o_rdslots;
 		h->rdstage = h->base + h->lay.o_rdstage;
 	}
@@ -561,7 +562,7 @@ FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 		return 0;
 	/* the block is free for a later handle unless a call failed (a peer's
 	 * write may still land in it) */
-	fep_hb_free(h->comm->fab, h->base, !h->broken);
+	fep_comm_block_free(h->comm, h->base, h->ctrs, !h->broken);
 	free(h->gamma32);
 	free(h->ins);
 	free(h->puts);

@@ -133,6 +133,8 @@ struct fabep_allreduce {
 	size_t hv_sum;          /* and the plain sum's (both at most hv_cap) */
 	struct fep_ar_layout lay;
 	uint64_t base;          /* heap offset of the block */
+	uint64_t ctrs;          /* its counters: a counter slot (fep_comm_block)
+				   or base; o_ctr and o_rdctr are from here */
 	uint64_t ctr1[2];       /* phase-1 counters, by call parity */
 	uint64_t ctr_ag;        /* allgather counter */
 	uint64_t slots1[2];     /* phase-1 slots, by call parity */

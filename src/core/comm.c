@@ -573,24 +573,52 @@ int fep_comm_agree(fabep_comm_t *comm, int status)
 }
 
 int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
-		   size_t size, size_t ctr_bytes, uint64_t *off)
+		   size_t size, size_t ctr_bytes, uint64_t *off, uint64_t *ctrs)
 {
-	bool reused;
-	int ret = fep_hb_alloc(comm->fab, all_free, size, off, &reused);
+	fep_fabric_t *fab = comm->fab;
+	bool reused, used = false;
+	int slot = -1, ret = fep_hb_alloc(fab, all_free, size, off, &reused);
 
 	if (ret)
 		return ret;
-	fep_dbg("heap block at %llu, %zu bytes%s", (unsigned long long)*off,
-		size, reused ? ", reused" : "");
-	if (!reused)
+	*ctrs = *off;
+	if (ctr_bytes <= FEP_CS_BYTES)
+		slot = fep_cs_take(fab, all_free, &used);
+	if (slot >= 0)
+		*ctrs = fab->cs_base + (uint64_t)slot * FEP_CS_BYTES;
+	if (!fep_fab_ctrs_named(fab, *ctrs, ctr_bytes)) {
+		/* the same verdict on every rank, before anything is written */
+		fep_err("the handle's counters at heap offset %llu lie beyond "
+			"what %zu bytes of remote CQ data name, and no counter "
+			"slot is free (%d, one per live handle): destroy handles "
+			"first", (unsigned long long)*ctrs, fab->cq_data_size,
+			fab->cs_n);
+		fep_comm_block_free(comm, *off, *ctrs, true);
+		return -ERANGE;
+	}
+	fep_dbg("heap block at %llu, %zu bytes%s, counters at %llu%s",
+		(unsigned long long)*off, size, reused ? ", reused" : "",
+		(unsigned long long)*ctrs, used ? ", reused" : "");
+	if (!reused && !used)
 		return 0;
-	memset(fep_heap_at(comm->fab, *off), 0, ctr_bytes);
+	if (reused)
+		memset(fep_heap_at(fab, *off), 0, ctr_bytes);
+	if (used)
+		memset(fep_heap_at(fab, *ctrs), 0, FEP_CS_BYTES);
 	ret = fep_comm_agree(comm, 0);
 	if (ret) {
 		fep_err("taking a heap block back: %s", fabep_strerror(ret));
-		fep_hb_free(comm->fab, *off, false);
+		fep_comm_block_free(comm, *off, *ctrs, false);
 	}
 	return ret;
+}
+
+void fep_comm_block_free(fabep_comm_t *comm, uint64_t off, uint64_t ctrs,
+			 bool clean)
+{
+	fep_hb_free(comm->fab, off, clean);
+	if (ctrs != off)
+		fep_cs_give(comm->fab, ctrs, clean);
 }
 
 /*
@@ -1140,7 +1168,9 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
 				   &comm->bar_src)) ||
 	    (ret = fep_heap_alloc_(comm->fab, 8 * FEP_DIS_ROUNDS, 64,
 				   &comm->dis_ctr)) ||
-	    (ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->warm_ctr)))
+	    (ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->warm_ctr)) ||
+	    (ret = fep_cs_reserve(comm->fab, (int)FEP_MIN((size_t)FEP_CS_MAX,
+			comm->fab->heap_size / (16 * FEP_CS_BYTES)))))
 		return ret;
 	/* First contact one direction at a time, higher to lower ranks and
 	 * then back, so no pair connects from both ends at once (the sockets

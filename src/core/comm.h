@@ -116,14 +116,22 @@ int fep_comm_agree(fabep_comm_t *comm, int status);
 
 /*
  * Take a collective handle's heap block (fep_hb_alloc: the same on every
- * rank, given the AND of the ranks' masks from the creation's exchange).
- * The handle's counters are its first ctr_bytes: a block that held data
- * before gets them zeroed on every rank, then a barrier, before any peer
- * can add to them.  0 with *off; -FABEP_ERR_HEAP_FULL (nothing taken, for
- * the caller to explain); or the barrier's error (logged; the block is
+ * rank, given the AND of the ranks' masks from the creation's exchange)
+ * and the place of its ctr_bytes of counters: a counter slot (fep_cs_*,
+ * where remote CQ data can name them) where one fits and is free, else
+ * the block's first ctr_bytes.  Counters that held data before are
+ * zeroed on every rank, then a barrier, before any peer can add to them.
+ * 0 with *off and *ctrs; -FABEP_ERR_HEAP_FULL (nothing taken, for the
+ * caller to explain); -ERANGE where the strategy signals with CQ data
+ * that cannot name the block's counters and no slot is free (logged,
+ * nothing taken); or the barrier's error (logged; block and slot are
  * kept, never reused).
  */
 int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
-		   size_t size, size_t ctr_bytes, uint64_t *off);
+		   size_t size, size_t ctr_bytes, uint64_t *off, uint64_t *ctrs);
+/* Give back a handle's block at off and its counters at ctrs (clean: no
+ * peer's write can still land in them; else both are kept). */
+void fep_comm_block_free(fabep_comm_t *comm, uint64_t off, uint64_t ctrs,
+			 bool clean);
 
 #endif

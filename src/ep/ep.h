@@ -237,8 +237,9 @@ struct fabep_moe {
 	uint8_t *chunk_direct; /* [size][dchunks]: chunk leaves from the input slot */
 
 	/* heap offsets */
-	uint64_t ctrs;       /* dctr[sets], cctr[sets], hctr[sets]: the start
-				of the handle's heap block (fep_hb_*) */
+	uint64_t blk;        /* the handle's heap block (fep_comm_block) */
+	uint64_t ctrs;       /* dctr[sets], cctr[sets], hctr[sets]: a counter
+				slot, or the block's start */
 	uint64_t drecv, crecv, cstage;  /* drecv: [sets][2 * size] slots */
 	uint64_t dplace;     /* [sets][place_rows] rows: placed dispatch */
 

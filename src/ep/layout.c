@@ -516,7 +516,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	 * opens with the counters (ep_heap_need's order) */
 	need = ep_heap_need(m);
 	S = (size_t)m->sets;
-	ret = fep_comm_block(comm, &hb, need, 24 * S, &m->ctrs);
+	ret = fep_comm_block(comm, &hb, need, 24 * S, &m->blk, &m->ctrs);
 	if (ret == -FABEP_ERR_HEAP_FULL)
 		fep_err("fabep_moe_create: the handle needs %zu heap bytes, %zu of "
 			"%zu are in use and no block given back on every rank "
@@ -524,7 +524,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 			"FABEP_HEAP_SIZE)", need, fab->heap_used, fab->heap_size);
 	if (ret)
 		goto err;
-	m->drecv = m->ctrs + FEP_ALIGN_UP(24 * S, 64);
+	m->drecv = m->blk + FEP_ALIGN_UP(24 * S, 64);
 	m->crecv = m->drecv + FEP_ALIGN_UP(S * 2 * (size_t)m->size * m->dslot_bytes, 64);
 	m->cstage = m->crecv + FEP_ALIGN_UP(S * (size_t)m->size * m->cslot_bytes, 64);
 	m->dplace = m->cstage + FEP_ALIGN_UP(((size_t)m->size - 1) * m->cslot_bytes + 1, 64);
@@ -543,8 +543,8 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 		return 0;
 	/* the block is free for a later handle once no peer can write to it
 	 * any more: every call of this handle completed, none failed */
-	fep_hb_free(m->comm->fab, m->ctrs, !m->unclean && !m->pending_recv &&
-		    !m->pending_crecv);
+	fep_comm_block_free(m->comm, m->blk, m->ctrs, !m->unclean &&
+			    !m->pending_recv && !m->pending_crecv);
 	ep_free(m);
 	return 0;
 }

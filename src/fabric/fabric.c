@@ -538,6 +538,7 @@ static int fep_signal_probe(fep_fabric_t *fab, const struct fi_info *base,
 }
 
 uint64_t fep_fab_test_mr_mode;
+size_t fep_fab_test_cq_data_max;
 
 /* Keep the granted info and the limits the data path reads from it. */
 static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
@@ -550,6 +551,8 @@ static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
 	fab->iov_max = FEP_MAX((size_t)1, FEP_MIN(info->tx_attr->iov_limit,
 						  (size_t)FEP_IOV_MAX));
 	fab->cq_data_size = info->domain_attr->cq_data_size;
+	if (fep_fab_test_cq_data_max && fab->cq_data_size > fep_fab_test_cq_data_max)
+		fab->cq_data_size = fep_fab_test_cq_data_max;
 	fab->atomic_count = fab->desc.atomic_count;
 	fab->cq_idx_bits = fab->cq_data_size >= 8 ? 40 : 24;
 	/* tcp;ofi_rxm pushes a write into its socket only inside this rank's

@@ -129,6 +129,9 @@ typedef struct fep_fabric {
 	size_t heap_used;
 	struct fep_hblock *hb;  /* the handles' blocks (chan[0]'s), by offset */
 	int nhb;
+	uint64_t cs_base;       /* the handles' counter slots (FEP_CS_*) */
+	int cs_n;
+	uint8_t cs_state[128];  /* FEP_CS_MAX, enum fep_cs_state */
 	bool heap_numa;
 	struct fid_mr *heap_mr;
 	void *heap_desc;
@@ -232,6 +235,10 @@ static inline bool fep_fab_lost_grace(const fep_fabric_t *fab)
  * the paths of the providers that need registered local buffers (verbs,
  * efa) on shm and tcp, which do not.  0 outside the tests. */
 extern uint64_t fep_fab_test_mr_mode;
+/* And the most bytes of remote CQ data used, where not 0: the tests set 4
+ * to run verbs' and efa's encoding (24 bits of counter index, 8 of add)
+ * on shm and tcp, which give 8. */
+extern size_t fep_fab_test_cq_data_max;
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
 void fep_fabric_close(fep_fabric_t *fab);
 /* Fill this rank's blob (after the heap exists). */
@@ -360,15 +367,33 @@ struct fep_hblock {
 	uint64_t off, size;
 	int state;              /* this rank's */
 };
+/*
+ * Counter slots.  A handle's counters sit in a slot of a region the
+ * communicator reserves near the heap's start, not in its block, so that
+ * remote CQ data names them wherever the block lies: 4 bytes of it (verbs,
+ * efa) hold 24 bits of counter index, which reach the first 128 MiB of
+ * the heap.  Slots are taken and given back as blocks are (the lowest
+ * free on every rank; a slot that held counters is zeroed first); where
+ * none is free, or the counters do not fit one, they stay in the block.
+ */
+#define FEP_CS_MAX 128
+#define FEP_CS_BYTES 512
+#define FEP_CS_WORDS (FEP_CS_MAX / 64)
+enum fep_cs_state { FEP_CS_FRESH = 0, FEP_CS_LIVE, FEP_CS_FREE, FEP_CS_KEPT };
+_Static_assert(sizeof(((fep_fabric_t *)0)->cs_state) == FEP_CS_MAX,
+	       "one state per counter slot");
 struct fep_hb_hello {           /* part of a creation's exchange */
 	uint64_t free[FEP_HB_WORDS];
 	uint64_t heap_used;
 	uint32_t nhb;
 	uint32_t pad;
+	uint64_t cs_free[FEP_CS_WORDS];  /* slots FRESH or FREE here */
+	uint64_t cs_used[FEP_CS_WORDS];  /* slots not FRESH here */
 };
 void fep_hb_hello(const fep_fabric_t *fab, struct fep_hb_hello *h);
 /* The heaps' state agrees (else -FABEP_ERR_MISMATCH, logged with what);
- * all: every rank's hello (stride bytes apart); and = the AND of the masks. */
+ * all: every rank's hello (stride bytes apart); and = the AND of the masks
+ * (cs_used: their OR). */
 int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
 		 struct fep_hb_hello *and_);
 /* A block of size bytes, the same on every rank given the same and_:
@@ -379,6 +404,20 @@ int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *and_, size_t size
 		 uint64_t *off, bool *reused);
 /* Give the block at off back: clean, or kept (never reused). */
 void fep_hb_free(fep_fabric_t *fab, uint64_t off, bool clean);
+/* Reserve the counter slots (n of them, at most FEP_CS_MAX) at the
+ * heap's next offset; creation calls it before any handle exists. */
+int fep_cs_reserve(fep_fabric_t *fab, int n);
+/* The lowest slot free on every rank (and_ from fep_hb_agree), taken:
+ * its index, with *used where some rank had counters in it before; -1
+ * where none is free. */
+int fep_cs_take(fep_fabric_t *fab, const struct fep_hb_hello *and_, bool *used);
+/* Give back the slot whose counters start at ctrs (clean: no write of a
+ * peer can still land in it; else it is kept). */
+void fep_cs_give(fep_fabric_t *fab, uint64_t ctrs, bool clean);
+/* Whether signals can reach counters at [off, off + bytes) under the
+ * strategy: where it signals with remote CQ data, the data must name
+ * them. */
+bool fep_fab_ctrs_named(const fep_fabric_t *fab, uint64_t off, size_t bytes);
 static inline void *fep_heap_at(fep_fabric_t *fab, uint64_t off)
 {
 	return (char *)fab->heap + off;

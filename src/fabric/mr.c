@@ -210,6 +210,13 @@ void fep_hb_hello(const fep_fabric_t *fab, struct fep_hb_hello *h)
 			h->free[i / 64] |= 1ull << (i % 64);
 	h->heap_used = fab->heap_used;
 	h->nhb = (uint32_t)fab->nhb;
+	for (i = 0; i < fab->cs_n; i++) {
+		if (fab->cs_state[i] == FEP_CS_FRESH ||
+		    fab->cs_state[i] == FEP_CS_FREE)
+			h->cs_free[i / 64] |= 1ull << (i % 64);
+		if (fab->cs_state[i] != FEP_CS_FRESH)
+			h->cs_used[i / 64] |= 1ull << (i % 64);
+	}
 }
 
 int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
@@ -233,8 +240,49 @@ int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
 		}
 		for (w = 0; w < FEP_HB_WORDS; w++)
 			and_->free[w] &= h->free[w];
+		for (w = 0; w < FEP_CS_WORDS; w++) {
+			and_->cs_free[w] &= h->cs_free[w];
+			and_->cs_used[w] |= h->cs_used[w];
+		}
 	}
 	return 0;
+}
+
+int fep_cs_reserve(fep_fabric_t *fab, int n)
+{
+	int ret;
+
+	n = FEP_MIN(n, FEP_CS_MAX);
+	if (n < 1)
+		return 0;
+	ret = fep_heap_alloc_(fab, (size_t)n * FEP_CS_BYTES, 64, &fab->cs_base);
+	if (!ret)
+		fab->cs_n = n;
+	return ret;
+}
+
+int fep_cs_take(fep_fabric_t *fab, const struct fep_hb_hello *and_, bool *used)
+{
+	int i;
+
+	for (i = 0; i < fab->cs_n; i++)
+		if (hb_bit(and_->cs_free, i)) {
+			fab->cs_state[i] = FEP_CS_LIVE;
+			*used = hb_bit(and_->cs_used, i);
+			return i;
+		}
+	return -1;
+}
+
+void fep_cs_give(fep_fabric_t *fab, uint64_t ctrs, bool clean)
+{
+	uint64_t i;
+
+	if (!fab->cs_n || ctrs < fab->cs_base)
+		return;
+	i = (ctrs - fab->cs_base) / FEP_CS_BYTES;
+	if (i < (uint64_t)fab->cs_n && fab->cs_state[i] == FEP_CS_LIVE)
+		fab->cs_state[i] = clean ? FEP_CS_FREE : FEP_CS_KEPT;
 }
 
 /* Merge runs of adjacent blocks given back everywhere (and_ follows). */

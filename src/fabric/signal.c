@@ -547,6 +547,15 @@ static bool cq_names(const fep_fabric_t *fab, uint64_t sig)
 	return fab->cq_data_size && !((sig / 8) >> fab->cq_idx_bits);
 }
 
+bool fep_fab_ctrs_named(const fep_fabric_t *fab, uint64_t off, size_t bytes)
+{
+	bool cq = fab->cq_data_size && (fab->signal == FABEP_SIGNAL_CQDATA ||
+					fab->signal == FABEP_SIGNAL_CMA ||
+					fab->sender_copy);
+
+	return !cq || !bytes || cq_names(fab, off + FEP_ALIGN_UP(bytes, 8) - 8);
+}
+
 static int fep_check_sig_as(fep_fabric_t *fab, uint64_t sig, bool cqdata)
 {
 	if ((sig & 7) || !fep_heap_range_ok(fab, sig, 8)) {
