@@ -599,6 +599,7 @@ int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
 	fep_dbg("heap block at %llu, %zu bytes%s, counters at %llu%s",
 		(unsigned long long)*off, size, reused ? ", reused" : "",
 		(unsigned long long)*ctrs, used ? ", reused" : "");
+	reused = reused && *ctrs == *off;  /* its counters in the block */
 	if (!reused && !used)
 		return 0;
 	if (reused)
@@ -1169,8 +1170,8 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
 	    (ret = fep_heap_alloc_(comm->fab, 8 * FEP_DIS_ROUNDS, 64,
 				   &comm->dis_ctr)) ||
 	    (ret = fep_heap_alloc_(comm->fab, 8, 64, &comm->warm_ctr)) ||
-	    (ret = fep_cs_reserve(comm->fab, (int)FEP_MIN((size_t)FEP_CS_MAX,
-			comm->fab->heap_size / (16 * FEP_CS_BYTES)))))
+	    (ret = fep_cs_reserve(comm->fab, comm->fab->heap_size /
+				  (16 * FEP_CS_BYTES))))
 		return ret;
 	/* First contact one direction at a time, higher to lower ranks and
 	 * then back, so no pair connects from both ends at once (the sockets

@@ -406,7 +406,7 @@ int fep_hb_alloc(fep_fabric_t *fab, const struct fep_hb_hello *and_, size_t size
 void fep_hb_free(fep_fabric_t *fab, uint64_t off, bool clean);
 /* Reserve the counter slots (n of them, at most FEP_CS_MAX) at the
  * heap's next offset; creation calls it before any handle exists. */
-int fep_cs_reserve(fep_fabric_t *fab, int n);
+int fep_cs_reserve(fep_fabric_t *fab, size_t n);
 /* The lowest slot free on every rank (and_ from fep_hb_agree), taken:
  * its index, with *used where some rank had counters in it before; -1
  * where none is free. */

@@ -248,16 +248,16 @@ int fep_hb_agree(const char *what, int nranks, const void *all, size_t stride,
 	return 0;
 }
 
-int fep_cs_reserve(fep_fabric_t *fab, int n)
+int fep_cs_reserve(fep_fabric_t *fab, size_t n)
 {
 	int ret;
 
-	n = FEP_MIN(n, FEP_CS_MAX);
-	if (n < 1)
+	n = FEP_MIN(n, (size_t)FEP_CS_MAX);
+	if (!n)
 		return 0;
-	ret = fep_heap_alloc_(fab, (size_t)n * FEP_CS_BYTES, 64, &fab->cs_base);
+	ret = fep_heap_alloc_(fab, n * FEP_CS_BYTES, 64, &fab->cs_base);
 	if (!ret)
-		fab->cs_n = n;
+		fab->cs_n = (int)n;
 	return ret;
 }
 
