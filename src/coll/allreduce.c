@@ -947,14 +947,15 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 		fep_err("%s: NULL handle", c->name);
 		return -EINVAL;
 	}
+	/* the communicator's failure first: its own error says more */
+	ret = fep_comm_usable(h->comm, c->name);
+	if (ret)
+		return ret;
 	if (h->broken) {
 		fep_err("%s: the handle is unusable after an earlier failure (%s)",
 			c->name, fabep_strerror(h->broken));
 		return -FABEP_ERR_PEER_LOST;
 	}
-	ret = fep_comm_usable(h->comm, c->name);
-	if (ret)
-		return ret;
 	c->h = h;
 	c->op = op;
 	c->in = in;

@@ -549,10 +549,14 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 	return 0;
 }
 
+/* The communicator's failure first: its own error says more than the
+ * handle's. */
 int fep_ep_usable(struct fabep_moe *m, const char *what)
 {
-	if (!m->unclean)
-		return fep_comm_usable(m->comm, what);
+	int ret = fep_comm_usable(m->comm, what);
+
+	if (ret || !m->unclean)
+		return ret;
 	fep_err("%s: the handle is unusable after an earlier failed wait or "
 		"transfer (destroy it)", what);
 	return -FABEP_ERR_PEER_LOST;

@@ -90,7 +90,8 @@ static int fep_getinfo(const char *prov, const char *fabric, const char *dom,
 
 	if (!h)
 		return -ENOMEM;
-	ret = fi_getinfo(FEP_FI_VERSION, NULL, NULL, 0, h, out);
+	ret = FEP_FAULT("fi_getinfo",
+			fi_getinfo(FEP_FI_VERSION, NULL, NULL, 0, h, out));
 	fi_freeinfo(h);
 	return ret;
 }
@@ -328,6 +329,12 @@ static int fep_choose_info(const struct fep_fab_params *p,
 	int best_rank = INT_MAX, ret;
 
 	ret = fep_getinfo(p->provider, NULL, p->domain, 0, &list);
+	if (ret && ret != -FI_ENODATA) {
+		/* not "nothing matches" (out of memory, a provider that
+		 * failed to start): the call's own error */
+		fep_err("fi_getinfo: %s", fi_strerror(-ret));
+		return ret;
+	}
 	if (ret) {
 		if (p->provider)
 			fep_err("provider \"%s\"%s%s%s offers no RMA endpoint here "
@@ -381,9 +388,10 @@ static int fep_ops_create(fep_fabric_t *fab)
 	}
 	fab->free_ops = fab->ops;
 	if (fab->mr_mode & FI_MR_LOCAL) {
-		ret = fi_mr_reg(fab->domain, fab->ops, n * sizeof(*fab->ops),
-				FI_READ | FI_WRITE, 0, 0xfab0f00dull, 0,
-				&fab->ops_mr, NULL);
+		ret = FEP_FAULT("fi_mr_reg",
+				fi_mr_reg(fab->domain, fab->ops,
+					  n * sizeof(*fab->ops), FI_READ | FI_WRITE,
+					  0, 0xfab0f00dull, 0, &fab->ops_mr, NULL));
 		if (ret) {
 			fep_err("fi_mr_reg(operation pool): %s", fi_strerror(-ret));
 			return ret;
@@ -578,12 +586,12 @@ static int fep_fabric_open_domain(const struct fep_fab_params *p,
 
 	if (prov_is(info->fabric_attr->prov_name, "shm") && !p->heap_of)
 		fep_shm_remove_regions(getpid());
-	ret = fi_fabric(info->fabric_attr, &fab->fabric, NULL);
+	ret = FEP_FAULT("fi_fabric", fi_fabric(info->fabric_attr, &fab->fabric, NULL));
 	if (ret) {
 		fep_err("fi_fabric(%s): %s", info->fabric_attr->prov_name, fi_strerror(-ret));
 		return ret;
 	}
-	ret = fi_domain(fab->fabric, info, &fab->domain, NULL);
+	ret = FEP_FAULT("fi_domain", fi_domain(fab->fabric, info, &fab->domain, NULL));
 	if (ret) {
 		fep_err("fi_domain(%s): %s", info->domain_attr->name, fi_strerror(-ret));
 		goto err_fabric;
@@ -609,7 +617,8 @@ static int fep_fabric_open_ep(const struct fep_fab_params *p, fep_fabric_t *fab)
 	cq_attr.format = FI_CQ_FORMAT_DATA;
 	cq_attr.wait_obj = FI_WAIT_NONE;
 	cq_attr.size = FEP_MAX(info->tx_attr->size, 1024);
-	ret = fi_cq_open(fab->domain, &cq_attr, &fab->txcq, NULL);
+	ret = FEP_FAULT("fi_cq_open",
+			fi_cq_open(fab->domain, &cq_attr, &fab->txcq, NULL));
 	if (ret) {
 		fep_err("fi_cq_open(tx): %s", fi_strerror(-ret));
 		return ret;
@@ -617,24 +626,26 @@ static int fep_fabric_open_ep(const struct fep_fab_params *p, fep_fabric_t *fab)
 	/* remote CQ data: one entry per signal from every sender */
 	cq_attr.size = FEP_MAX(FEP_MAX(info->rx_attr->size, 1024),
 			       (size_t)p->size * 256);
-	ret = fi_cq_open(fab->domain, &cq_attr, &fab->rxcq, NULL);
+	ret = FEP_FAULT("fi_cq_open",
+			fi_cq_open(fab->domain, &cq_attr, &fab->rxcq, NULL));
 	if (ret) {
 		fep_err("fi_cq_open(rx): %s", fi_strerror(-ret));
 		goto err_txcq;
 	}
 	av_attr.type = FI_AV_TABLE;
 	av_attr.count = (size_t)p->size;
-	ret = fi_av_open(fab->domain, &av_attr, &fab->av, NULL);
+	ret = FEP_FAULT("fi_av_open",
+			fi_av_open(fab->domain, &av_attr, &fab->av, NULL));
 	if (ret) {
 		fep_err("fi_av_open: %s", fi_strerror(-ret));
 		goto err_rxcq;
 	}
-	ret = fi_endpoint(fab->domain, info, &fab->ep, NULL);
+	ret = FEP_FAULT("fi_endpoint", fi_endpoint(fab->domain, info, &fab->ep, NULL));
 	if (ret) {
 		fep_err("fi_endpoint: %s", fi_strerror(-ret));
 		goto err_av;
 	}
-	if ((ret = fi_ep_bind(fab->ep, &fab->av->fid, 0)) ||
+	if ((ret = FEP_FAULT("fi_ep_bind", fi_ep_bind(fab->ep, &fab->av->fid, 0))) ||
 	    (ret = fi_ep_bind(fab->ep, &fab->txcq->fid, FI_TRANSMIT)) ||
 	    (ret = fi_ep_bind(fab->ep, &fab->rxcq->fid, FI_RECV))) {
 		fep_err("fi_ep_bind: %s", fi_strerror(-ret));
@@ -670,7 +681,7 @@ static int fep_fabric_open_memory(const struct fep_fab_params *p,
 		fep_heap_create(fab, p->heap_size, p->numa_node);
 	if (ret)
 		goto err_ops;
-	ret = fi_enable(fab->ep);
+	ret = FEP_FAULT("fi_enable", fi_enable(fab->ep));
 	if (ret) {
 		fep_err("fi_enable: %s", fi_strerror(-ret));
 		goto err_heap;
@@ -796,7 +807,7 @@ int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *b)
 
 	memset(b, 0, sizeof(*b));
 	b->magic = FEP_BLOB_MAGIC;
-	ret = fi_getname(&fab->ep->fid, b->name, &len);
+	ret = FEP_FAULT("fi_getname", fi_getname(&fab->ep->fid, b->name, &len));
 	if (ret) {
 		fep_err("fi_getname: %s (address needs %zu bytes, room for %zu)",
 			fi_strerror(-ret), len, sizeof(b->name));
@@ -848,7 +859,8 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs)
 				fep_signal_name(fab->signal));
 			return -FABEP_ERR_MISMATCH;
 		}
-		ret = fi_av_insert(fab->av, b->name, 1, &addr, 0, NULL);
+		ret = FEP_FAULT("fi_av_insert",
+				fi_av_insert(fab->av, b->name, 1, &addr, 0, NULL));
 		if (ret != 1) {
 			fep_err("fi_av_insert(rank %d): %s", r,
 				fi_strerror(ret < 0 ? -ret : FI_EOTHER));
@@ -906,7 +918,7 @@ static int fep_cq_tx(fep_fabric_t *fab)
 	ssize_t n, i;
 
 	for (;;) {
-		n = fi_cq_read(fab->txcq, e, FEP_CQ_BATCH);
+		n = FEP_FAULT("fi_cq_read", fi_cq_read(fab->txcq, e, FEP_CQ_BATCH));
 		if (n == -FI_EAGAIN)
 			return 0;
 		if (n == -FI_EAVAIL) {
@@ -937,7 +949,11 @@ static int fep_cq_tx(fep_fabric_t *fab)
 			continue;
 		}
 		if (n < 0) {
+			/* completions lost: no wait can tell when a write
+			 * is done, so nothing more is sent (tx_error) */
 			fep_err("fi_cq_read(tx): %s", fi_strerror((int)-n));
+			if (!fab->tx_error)
+				fab->tx_error = (int)n;
 			return (int)n;
 		}
 		for (i = 0; i < n; i++)

@@ -24,9 +24,10 @@
 
 static int fep_heap_register(fep_fabric_t *fab, void *p, size_t size)
 {
-	int ret = fi_mr_reg(fab->domain, p, size, FI_READ | FI_WRITE |
-			    FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
-			    FEP_HEAP_KEY, 0, &fab->heap_mr, NULL);
+	int ret = FEP_FAULT("fi_mr_reg",
+			    fi_mr_reg(fab->domain, p, size, FI_READ | FI_WRITE |
+				      FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
+				      FEP_HEAP_KEY, 0, &fab->heap_mr, NULL));
 
 	if (ret) {
 		fep_err("fi_mr_reg(heap, %zu bytes): %s", size, fi_strerror(-ret));
@@ -57,9 +58,14 @@ int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of)
 static void *heap_map(size_t size)
 {
 	size_t len = size >= HEAP_HUGE ? size + HEAP_HUGE : size;
-	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), *a;
+	uint8_t *p, *a;
 
+	if (FEP_FAULT("heap_map", 0)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		 -1, 0);
 	if (p == MAP_FAILED)
 		return NULL;
 	if (len == size)

@@ -282,7 +282,10 @@ static void fep_op_unget(fep_fabric_t *fab, struct fep_op *op)
 		fab->writes--;
 }
 
-/* A post that failed at once.  One that finds no connection to its peer
+/* A post that failed at once.  Whatever it was to carry is lost and its
+ * peer, waiting for it, cannot be told: the fabric is failed (tx_error,
+ * the post's error), so every later call fails at once instead of
+ * waiting on what never comes.  One that finds no connection to its peer
  * (sockets: -FI_ENOENT from its connection map once a rank's process is
  * gone, even for posts to the ranks still there; a reset or refused
  * socket elsewhere) means a lost rank, as a failed completion does: the
@@ -305,6 +308,8 @@ static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
 		break;
 	default:
 		fep_err("%s to rank %d: %s", what, peer, fi_strerror(-r));
+		if (!fab->tx_error)
+			fab->tx_error = r;
 		return r;
 	}
 	fep_err("%s to rank %d: %s (no connection to it)", what, peer,
@@ -324,7 +329,7 @@ static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
 		struct fep_stall st_ = { { 0, 0 }, 0 };                          \
 		ssize_t r_;                                                      \
 		for (;;) {                                                       \
-			r_ = (call);                                             \
+			r_ = FEP_FAULT(what, (call));                            \
 			if (r_ != -FI_EAGAIN)                                    \
 				break;                                           \
 			r_ = fep_fabric_stall(fab, &st_);                        \

@@ -358,8 +358,9 @@ int fep_pool_create(int nthreads, int numa_node, int local_ranks,
 	for (i = 1; i < nthreads; i++) {
 		p->workers[i].pool = p;
 		p->workers[i].tid = i;
-		ret = pthread_create(&p->workers[i].thread, NULL, worker_main,
-				     &p->workers[i]);
+		ret = FEP_FAULT("pthread_create",
+				pthread_create(&p->workers[i].thread, NULL,
+					       worker_main, &p->workers[i]));
 		if (ret) {
 			fep_err("pool: pthread_create: %s", strerror(ret));
 			ret = -ret;

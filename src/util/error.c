@@ -42,3 +42,20 @@ FEP_EXPORT const char *fabep_version(void)
 {
 	return PACKAGE_VERSION;
 }
+
+struct fep_fault fep_test_fault;
+
+int fep_fault_hit(const char *step)
+{
+	unsigned n;
+
+	if (strcmp(step, fep_test_fault.step))
+		return 0;
+	n = __atomic_add_fetch(&fep_test_fault.seen, 1, __ATOMIC_RELAXED);
+	if (fep_test_fault.nth && n != fep_test_fault.nth)
+		return 0;
+	__atomic_add_fetch(&fep_test_fault.hits, 1, __ATOMIC_RELAXED);
+	fep_dbg("injected fault: %s call %u fails with %d", step, n,
+		fep_test_fault.code);
+	return 1;
+}

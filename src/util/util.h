@@ -123,4 +123,25 @@ struct fep_backoff {
 };
 void fep_backoff_step(struct fep_backoff *b);
 
+/* ---- test-only fault injection ---- */
+/* Where fep_test_fault.step names a step (a libfabric call such as
+ * "fi_domain" or "fi_write", or "heap_map", "pthread_create"), the nth
+ * call of that step in this process from then on fails with code, as the
+ * provider or the system would fail it; the error paths that only real
+ * providers and exhausted machines reach run so in the tests.  step is
+ * NULL outside them.  Set it before the threads that take the step start. */
+struct fep_fault {
+	const char *step;
+	unsigned nth;        /* the call that fails, from 1; 0: every call */
+	int code;            /* what it returns: -errno or -FI_* */
+	unsigned seen;       /* calls of the step so far (atomic) */
+	unsigned hits;       /* faults injected (atomic) */
+};
+extern struct fep_fault fep_test_fault;
+int fep_fault_hit(const char *step);
+/* call, or the injected code where the fault is armed for step what;
+ * call is then not made */
+#define FEP_FAULT(what, call)                                                \
+	(fep_test_fault.step && fep_fault_hit(what) ? fep_test_fault.code : (call))
+
 #endif
