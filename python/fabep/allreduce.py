@@ -17,10 +17,13 @@ class AllReduce(Handle):
 
     Sums are taken in fp32 and rounded once, so every rank gets bitwise
     the same result: in rank order, or for small calls from 4 ranks in
-    the fixed tree order of the log-step path (fabep_allreduce(3)).  Inputs are checked for dtype, shape, contiguity and
-    device; a refusal is passed to the C call (as a missing buffer) so
-    every rank raises InvalidArgumentError and none waits.  Outputs are
-    the caller's (`out`) or new tensors of the kind of the input.
+    the fixed tree order of the log-step path (fabep_allreduce(3)).
+    Inputs are checked for dtype, shape, contiguity and device; a
+    refusal is passed to the C call (as a missing buffer, with the rows
+    and cols of the refused input, or else of the last call) so every
+    rank raises InvalidArgumentError, none waits and the handle stays
+    usable.  Outputs are the caller's (`out`) or new tensors of the kind
+    of the input.
     """
 
     _what = "AllReduce handle"
@@ -32,6 +35,7 @@ class AllReduce(Handle):
                           % (dtype,))
         self.comm, self.dtype = comm, dtype
         self.max_rows, self.max_cols = max_rows, max_cols
+        self._last = (1, max_cols)   # the last call's rows and cols
         h = ctypes.c_void_p()
         ret = lib.fabep_allreduce_create(comm._handle(), max_rows, max_cols,
                                          _DT[dtype], ctypes.byref(h))
@@ -69,10 +73,27 @@ class AllReduce(Handle):
             lib.fabep_allreduce_destroy(h)
             logged()  # not raised: its messages must not reach a later error
 
-    def _refuse(self, err, call):
-        """Make the C call with no input buffer: every rank fails with
-        -EINVAL, none waits; this rank raises its own reason."""
-        rows, cols = 1, self.max_cols
+    def _shape(self, x):
+        """The rows and cols of this rank's call as the other ranks
+        likely pass them: x's, where x is a 2-D tensor whatever its
+        faults, clamped to the handle's; else the last call's.  A
+        refusal takes the path these choose, as the other ranks do from
+        theirs: from 4 ranks, ranks whose sizes fall on the two sides of
+        the log-step threshold leave the handle unusable
+        (fabep_allreduce(3))."""
+        shape = getattr(x, "shape", None)
+        try:
+            rows, cols = (int(v) for v in shape)
+        except (TypeError, ValueError):
+            return self._last
+        return (min(max(rows, 1), self.max_rows),
+                min(max(cols, 1), self.max_cols))
+
+    def _refuse(self, err, call, x):
+        """Make the C call with no input buffer, with x's rows and cols
+        (_shape): every rank fails with -EINVAL, none waits, the handle
+        stays usable; this rank raises its own reason."""
+        rows, cols = self._shape(x)
         if call == "plain":
             ret = lib.fabep_allreduce(self._h, None, None, rows, cols)
         else:
@@ -103,7 +124,8 @@ class AllReduce(Handle):
                 out = _tensor.empty(a.kind, a.shape, self.dtype)
             o = _tensor.check(out, "out", (self.dtype,), a.shape)
         except InvalidArgumentError as e:
-            self._refuse(e, "plain")
+            self._refuse(e, "plain", x)
+        self._last = a.shape
         ret = lib.fabep_allreduce(h, a.ptr, o.ptr, a.shape[0], a.shape[1])
         if ret:
             raise_for(ret, "fabep_allreduce")
@@ -137,7 +159,8 @@ class AllReduce(Handle):
                 out = _tensor.empty(a.kind, a.shape, self.dtype)
             o = _tensor.check(out, "out", (self.dtype,), a.shape)
         except InvalidArgumentError as e:
-            self._refuse(e, "rmsnorm")
+            self._refuse(e, "rmsnorm", x)
+        self._last = a.shape
         ret = lib.fabep_allreduce_rmsnorm(h, a.ptr, a.shape[0], a.shape[1],
                                           ctypes.byref(p), o.ptr)
         if ret:
@@ -162,7 +185,8 @@ class AllReduce(Handle):
             o = _tensor.check(out, "out", ("u8",), a.shape)
             s = _tensor.check(scales, "scales", ("fp32",), (a.shape[0],))
         except InvalidArgumentError as e:
-            self._refuse(e, "fp8")
+            self._refuse(e, "fp8", x)
+        self._last = a.shape
         ret = lib.fabep_allreduce_rmsnorm_fp8(h, a.ptr, a.shape[0], a.shape[1],
                                               ctypes.byref(p), o.ptr, s.ptr)
         if ret:

@@ -198,6 +198,50 @@ def _closed_body(me, n):
     return True
 
 
+def _attr_body(me, n):
+    """Comm's keyword arguments reach the library, its queries answer,
+    the one-sided calls' errors arrive as their classes, and a wait that
+    timed out leaves the communicator usable."""
+    import time
+    import fabep
+    heap = 48 << 20
+    with fabep.Comm.from_env(timeout_ms=700, heap_size=heap, threads=2,
+                             signal="cqdata") as comm:
+        assert comm.threads == 2
+        assert comm.heap_size == heap
+        assert comm.signal == "cqdata"
+        assert comm.provider == "shm" and comm.domain
+        assert comm.channels >= 1 and comm.numa_node >= -1
+        assert repr(comm) == "<fabep.Comm rank %d of %d on shm>" % (me, n)
+        blk = comm.heap_alloc(64)
+        sig = comm.heap_alloc(8, 8)
+        assert int(blk) == blk.offset and "nbytes=64" in repr(blk)
+        with pytest.raises(fabep.InvalidArgumentError):
+            comm.put(n, blk, blk, 8)          # no such rank
+        with pytest.raises(fabep.RangeError):
+            comm.put((me + 1) % n, comm.heap_size - 4, blk, 8)
+        with pytest.raises(fabep.InvalidArgumentError, match="counter"):
+            comm.put_signal((me + 1) % n, blk, blk, 8, comm.heap_size)
+        with pytest.raises(fabep.InvalidArgumentError):
+            comm.wait(comm.heap_size, 1)      # no counter there
+        # nobody signals: the communicator's timeout, 0.7 s
+        t0 = time.monotonic()
+        with pytest.raises(fabep.TimeoutError):
+            comm.wait(sig, 1)
+        assert 0.5 < time.monotonic() - t0 < 5
+        comm.flush()
+        comm.barrier()
+        comm.put_signal((me + 1) % n, blk, blk, 64, sig)
+        comm.wait(sig, 1)
+        comm.progress()
+        comm.barrier()
+    return True
+
+
+def test_comm_attributes_and_one_sided_errors():
+    assert all(ranks.run(2, _attr_body))
+
+
 def test_closed_handles():
     """A closed handle refuses calls with InvalidArgumentError naming
     it; close() twice is harmless; a with-block closes the communicator

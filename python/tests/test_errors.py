@@ -186,6 +186,50 @@ def test_lost_rank_is_named(mode, cls, tmp_path):
                 in msg, msg
 
 
+def _ar_refuse_body(me, nranks):
+    """Each allreduce call refused on rank 1 (x's dtype, x not a
+    tensor, gamma's shape, out's dtype), with inputs above the log-step
+    threshold, where every other rank takes the two-stage path: the
+    refusal must take it too, else the handle is unusable."""
+    import fabep
+    comm = fabep.Comm.from_env()
+    rows, cols = 8, 4096  # 128 KiB of fp32 a rank
+    ar = fabep.AllReduce(comm, rows, cols, "fp32")
+    a, g = torch.ones(rows, cols), torch.ones(cols)
+    assert float(ar.allreduce(a)[0, 0]) == nranks
+    calls = {
+        "plain": lambda x, g_, o: ar.allreduce(x, out=o),
+        "rmsnorm": lambda x, g_, o: ar.allreduce_rmsnorm(x, g_, out=o),
+        "fp8": lambda x, g_, o: ar.allreduce_rmsnorm_fp8(x, g_, out=o),
+    }
+    bads = [("dtype_x", lambda: (a.bfloat16(), g, None)),
+            ("list_x", lambda: (a.tolist(), g, None)),
+            ("gamma", lambda: (a, torch.ones(cols + 1), None)),
+            ("out", lambda: (a, g, torch.empty(rows, cols,
+                                               dtype=torch.float64)))]
+    seen = 0
+    for cname, call in calls.items():
+        for bname, make in bads:
+            if cname == "plain" and bname == "gamma":
+                continue
+            args = make() if me == 1 else (a, g, None)
+            with pytest.raises(fabep.InvalidArgumentError) as ei:
+                call(*args)
+            if me == 1:
+                assert ("x" if bname.endswith("_x") else bname) in \
+                    str(ei.value), (cname, bname, str(ei.value))
+            # the handle works again on every rank
+            assert float(ar.allreduce(a)[0, 0]) == nranks, (cname, bname)
+            seen += 1
+    comm.close()
+    return seen
+
+
+def test_allreduce_refusal_keeps_the_handle():
+    """From 4 ranks: a refusal above the log-step threshold."""
+    assert ranks.run(4, _ar_refuse_body) == [11] * 4
+
+
 def _text_body(me, nranks):
     import ctypes
     import tempfile
