@@ -68,6 +68,8 @@ struct ar_run {
 				 buffers (FI_MR_LOCAL, as verbs and efa do) */
 	bool cq4;             /* 4 bytes of CQ data (verbs, efa), the handle
 				 behind a block past the 128 MiB they name */
+	bool keys;            /* each rank's heap under a key of its own, as
+				 verbs' and efa's provider keys are */
 };
 
 
@@ -187,6 +189,8 @@ static int open_comm(const struct ar_run *t, int rank, size_t heap,
 
 	if (t->mr_local)
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
+	if (t->keys)
+		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
 	if (t->cq4) {
 		fep_test_cq4();
 		heap += FEP_TEST_CQ4_FILLER;
@@ -731,6 +735,22 @@ START_TEST(mrl_tcp)
 	run("tcp", 4, &t);
 }
 END_TEST
+/* Each rank's heap under its own key (verbs' and efa's provider keys
+ * differ between ranks): tcp drops a write whose key is not its
+ * target's; every path, with 2 channels on 3 ranks */
+START_TEST(keys_tcp)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2, .threads = 1,
+			    .max_rows = 100, .max_cols = 100, .keys = true };
+
+	run("tcp", 5, &t);
+	t.dt = FABEP_AR_BF16;
+	t.threads = 2;
+	setenv("FABEP_CHANNELS", "2", 1);
+	run("tcp", 3, &t);
+}
+END_TEST
 /* cma over channels (each rank's writes from its input, and its
  * signals, on its own channel), the reads on the first */
 START_TEST(shm_cma_channels)
@@ -1160,6 +1180,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, shm_copies);
 	tcase_add_test(tc, mrl_shm);
 	tcase_add_test(tc, mrl_tcp);
+	tcase_add_test(tc, keys_tcp);
 	tcase_add_test(tc, cq4_shm);
 	tcase_add_test(tc, cq4_tcp);
 	tcase_add_test(tc, shm_uneven_threads);

@@ -80,6 +80,8 @@ struct params {
 			   * channels (cma_slices) */
 	int mr_local;     /* act as if the provider needed registered local
 			   * buffers (FI_MR_LOCAL, as verbs and efa do) */
+	int keys;         /* each rank's heap under a key of its own, as
+			   * verbs' and efa's provider keys are */
 	int cq4;          /* 4 bytes of CQ data (verbs, efa), the handle
 			   * behind a 160 MiB block: beyond what they name */
 };
@@ -675,6 +677,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		a.heap_size = 1u << 20;
 	if (p->mr_local)
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
+	if (p->keys)
+		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
 	if (p->cq4) {
 		fep_test_cq4();
 		a.heap_size += FEP_TEST_CQ4_FILLER;
@@ -1501,6 +1505,22 @@ EP_TEST(mrl_place_tcp3_delivery, "tcp", 3, .rounds = 6, .topk = 4,
 /* 4 bytes of remote CQ data (verbs, efa) and the handle's block past the
  * 128 MiB they name: its counters, in a slot near the heap's start, are
  * still named, with every strategy that signals through CQ data */
+/* Each rank's heap under its own key (verbs' and efa's provider keys
+ * differ between ranks): tcp drops a write whose key is not its
+ * target's, sockets refuses it; channels, placed rows and the halves
+ * over tcp */
+EP_TEST(keys_tcp3, "tcp", 3, .rounds = 8, .topk = 4, .experts = 12,
+	.hidden = 128, .max_tokens = 30, .routing = R_NEG, .split = 1,
+	.backward = 1, .crows = "fit", .keys = 1)
+EP_TEST(keys_tcp3_chan, "tcp", 3, .rounds = 6, .topk = 4, .experts = 12,
+	.max_tokens = 16, .threads = 2, .channels = "2", .keys = 1)
+EP_TEST(keys_tcp3_place_delivery, "tcp", 3, .rounds = 6, .topk = 4,
+	.experts = 12, .max_tokens = 16, .signal = FABEP_SIGNAL_DELIVERY,
+	.place = "always", .place_expect = 1, .keys = 1)
+EP_TEST(keys_tcp2_delivery, "tcp", 2, .rounds = 6, .topk = 2,
+	.experts = 8, .signal = FABEP_SIGNAL_DELIVERY, .split = 1, .keys = 1)
+EP_TEST(keys_sockets2, "sockets", 2, .rounds = 4, .topk = 2, .experts = 8,
+	.keys = 1)
 EP_TEST(cq4_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
 	.routing = R_NEG, .split = 1, .backward = 1, .cq4 = 1)
 EP_TEST(cq4_shm3_cqdata, "shm", 3, .rounds = 10, .topk = 4, .experts = 12,
@@ -2871,6 +2891,11 @@ static Suite *ep_suite(void)
 	ADD(tc, place_auto_shm3_spread);
 	ADD(tc, place_auto_shm3_few);
 	ADD(tc, place_auto_shm3_idle);
+	ADD(tc, keys_tcp3);
+	ADD(tc, keys_tcp3_chan);
+	ADD(tc, keys_tcp3_place_delivery);
+	ADD(tc, keys_tcp2_delivery);
+	ADD(tc, keys_sockets2);
 	ADD(tc, cq4_tcp3);
 	ADD(tc, cq4_shm3_cqdata);
 	ADD(tc, cq4_shm4_cma);

@@ -239,6 +239,11 @@ extern uint64_t fep_fab_test_mr_mode;
  * to run verbs' and efa's encoding (24 bits of counter index, 8 of add)
  * on shm and tcp, which give 8. */
 extern size_t fep_fab_test_cq_data_max;
+/* Added to the key the heap asks for, where not 0: the tests give each
+ * rank its own key on tcp and sockets, which check keys, as verbs' and
+ * efa's provider keys differ between ranks, so that a write made with
+ * any key but its target's is lost or refused. */
+extern uint64_t fep_fab_test_key_salt;
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
 void fep_fabric_close(fep_fabric_t *fab);
 /* Fill this rank's blob (after the heap exists). */

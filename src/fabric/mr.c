@@ -22,12 +22,15 @@
 
 #define FEP_HEAP_KEY 0xfeb0c0deull
 
+uint64_t fep_fab_test_key_salt;
+
 static int fep_heap_register(fep_fabric_t *fab, void *p, size_t size)
 {
 	int ret = FEP_FAULT("fi_mr_reg",
 			    fi_mr_reg(fab->domain, p, size, FI_READ | FI_WRITE |
 				      FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
-				      FEP_HEAP_KEY, 0, &fab->heap_mr, NULL));
+				      FEP_HEAP_KEY + fep_fab_test_key_salt, 0,
+				      &fab->heap_mr, NULL));
 
 	if (ret) {
 		fep_err("fi_mr_reg(heap, %zu bytes): %s", size, fi_strerror(-ret));
