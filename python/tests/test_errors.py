@@ -230,6 +230,90 @@ def test_allreduce_refusal_keeps_the_handle():
     assert ranks.run(4, _ar_refuse_body) == [11] * 4
 
 
+def _moe_args_body(me, nranks):
+    """The MoE handle's own argument checks, on rank 1: refusals that
+    reach every rank (x None with tokens, scales for bf16 tokens,
+    weights without ids, fp8_prequant without scales), those that stay
+    on the rank (a second send half), a row callback that raises; the
+    handle works after each."""
+    import fabep
+    comm = fabep.Comm.from_env()
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    x, ids, w = tokens(me, 4, H, E, K, 5)
+    xb = x.bfloat16()
+
+    def works():
+        # the rows back unchanged: each token's weighted sum of itself
+        v = moe.dispatch(xb, ids, w)
+        out = moe.combine(v.x.clone()).float()
+        ref = ((ids >= 0).float() * w).sum(1, keepdim=True) * xb.float()
+        assert ((out - ref).abs() <= 2.0 ** -6 * ref.abs() + 1e-3).all()
+
+    cases = [("x None", lambda: (None, ids, w, None), "None with 4 tokens"),
+             ("scales", lambda: (xb, ids, w, torch.ones(4, 1)),
+              "only fp8_prequant"),
+             ("weights", lambda: (xb, None, w, None),
+              "topk_weights without topk_ids")]
+    for name, make, text in cases:
+        args = make() if me == 1 else (xb, ids, w, None)
+        with pytest.raises(fabep.InvalidArgumentError) as ei:
+            moe.dispatch(*args)
+        if me == 1:
+            assert text in str(ei.value), (name, str(ei.value))
+        works()
+    # a second send half while the first awaits its receive half: this
+    # rank alone, nothing sent; the pending dispatch then completes
+    moe.dispatch_send(xb, ids, w)
+    if me == 1:
+        with pytest.raises(fabep.InvalidArgumentError, match="awaits"):
+            moe.dispatch_send(xb, ids, w)
+    y = moe.dispatch_recv().x.clone()
+    moe.combine_send(y)
+    if me == 1:
+        with pytest.raises(fabep.InvalidArgumentError, match="awaits"):
+            moe.combine_send(y)
+    moe.combine_recv()
+    # a row callback that raises: the call completes everywhere, and
+    # this rank raises the callback's exception after it
+    v = moe.dispatch(xb, ids, w)
+    seen = []
+
+    def boom(token, row):
+        seen.append(token)
+        if me == 1:
+            raise ZeroDivisionError("row %d" % token)
+    if me == 1:
+        with pytest.raises(ZeroDivisionError):
+            moe.combine(v.x.clone(), row_callback=boom)
+    else:
+        moe.combine(v.x.clone(), row_callback=boom)
+        assert sorted(seen) == list(range(4))
+    works()
+    moe.close()
+    # fp8_prequant without its scales on one rank
+    q = fabep.MoE(comm, E, K, H, MAXT, token_type="fp8_prequant")
+    codes = torch.zeros(4, H, dtype=torch.uint8)
+    sc = torch.ones(4, 1)
+    with pytest.raises(fabep.InvalidArgumentError) as ei:
+        q.dispatch(codes, ids, w, None if me == 1 else sc)
+    if me == 1:
+        assert "fp8_prequant needs" in str(ei.value)
+    v = q.dispatch(codes, ids, w, sc)
+    q.combine(torch.zeros(v.rows, H).bfloat16())
+    q.close()
+    # the heap a configuration takes grows with the ranks and its rows
+    b = fabep.MoE.heap_bytes(nranks, E, K, H, MAXT)
+    assert 0 < b < fabep.MoE.heap_bytes(nranks + 1, E, K, H, MAXT)
+    assert b < fabep.MoE.heap_bytes(nranks, E, K, 2 * H, MAXT)
+    assert fabep.MoE.heap_bytes(nranks, E, K, H, MAXT, output="numpy") == b
+    comm.close()
+    return True
+
+
+def test_moe_argument_checks():
+    assert all(ranks.run(2, _moe_args_body))
+
+
 def _text_body(me, nranks):
     import ctypes
     import tempfile
