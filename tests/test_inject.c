@@ -18,12 +18,14 @@
  *
  * Transfers: a post (fi_writemsg, fi_atomic) or a completion queue read
  * that fails on rank 1 during a dispatch and combine, an allreduce or a
- * put with a signal, under each strategy that posts it.  Rank 1's call
- * returns that error at once, and so do its next calls, saying that the
- * communicator is unusable (what the post was to carry is lost); the
- * ranks that wait for it fail within the timeout (plus slack), naming
- * rank 1 where the call knows who is late, and so does their barrier;
- * every rank's handles and communicator are freed within a bound,
+ * put with a signal, under each strategy that posts it, and on the
+ * allreduce's log-step path (4 ranks).  Rank 1's call returns that error
+ * at once, and so do its next calls, saying that the communicator is
+ * unusable (what the post was to carry is lost).  Every other rank ends
+ * its call within the timeout (plus slack): with an error naming rank 1
+ * where the call knows who is late, or, where it needed nothing of what
+ * was lost, with the right result (checked); its barrier then fails.
+ * Every rank's handles and communicator are freed within a bound,
  * without leaks.
  */
 #include "config.h"
@@ -225,14 +227,16 @@ struct xfer_fault {
 	int code;
 	int op;
 	const char *signal;   /* FABEP_SIGNAL */
+	int nranks;           /* 0: NRANKS */
 };
 
-#define X_EXPERTS 6
+#define X_EXPERTS 12
 #define X_TOPK 2
 #define X_HIDDEN 256
 #define X_TOKENS 8
 #define X_ROWS 8
 #define X_COLS 256
+#define X_MAX_RANKS 4
 
 struct xworld {
 	fabep_comm_t *comm;
@@ -241,7 +245,7 @@ struct xworld {
 	int32_t ids[X_TOKENS * X_TOPK];
 	float w[X_TOKENS * X_TOPK];
 	uint16_t x[X_TOKENS * X_HIDDEN], out[X_TOKENS * X_HIDDEN];
-	uint16_t y[X_TOKENS * X_TOPK * NRANKS * X_HIDDEN];
+	uint16_t y[X_TOKENS * X_TOPK * X_MAX_RANKS * X_HIDDEN];
 	float arin[X_ROWS * X_COLS], arout[X_ROWS * X_COLS];
 	fabep_off_t off, src, ctr;
 	uint64_t waited;
@@ -274,6 +278,46 @@ static int xfer_op(struct xworld *w, int op, int rank, int size)
 		if (ret)
 			return ret;
 		return fabep_wait(w->comm, w->ctr, ++w->waited);
+	}
+}
+
+/* 0 where the last call's result is right, else 1 + the first wrong
+ * element: each token back as its weighted sum of itself (the rows come
+ * back unchanged), the sum of every rank's ones, the left neighbour's
+ * row. */
+static int xfer_verify(struct xworld *w, int op, int rank, int size)
+{
+	int t, k, i;
+
+	switch (op) {
+	case OP_MOE:
+		for (t = 0; t < X_TOKENS; t++) {
+			float want = 0;
+
+			for (k = 0; k < X_TOPK; k++)
+				want += w->ids[t * X_TOPK + k] >= 0 ?
+					w->w[t * X_TOPK + k] : 0.0f;
+			for (i = 0; i < X_HIDDEN; i++) {
+				uint32_t b = (uint32_t)w->out[t * X_HIDDEN + i] << 16;
+				float got;
+
+				memcpy(&got, &b, 4);
+				if (got != want)
+					return 1 + t * X_HIDDEN + i;
+			}
+		}
+		return 0;
+	case OP_AR:
+		for (i = 0; i < X_ROWS * X_COLS; i++)
+			if (w->arout[i] != (float)size)
+				return 1 + i;
+		return 0;
+	default:
+		for (i = 0; i < 8; i++)
+			if (((uint64_t *)fabep_heap_ptr(w->comm, w->off))[i] !=
+			    (uint64_t)((rank + size - 1) % size))
+				return 1 + i;
+		return 0;
 	}
 }
 
@@ -317,6 +361,14 @@ static int xfer_rank(int rank, int size, void *arg)
 	ret = xfer_op(w, f->op, rank, size);
 	if (ret)
 		FAIL("the round before the fault: %s", fabep_strerror(ret));
+	if ((ret = xfer_verify(w, f->op, rank, size)))
+		FAIL("the round before the fault: wrong at %d", ret - 1);
+	memset(w->out, 0, sizeof(w->out));
+	memset(w->arout, 0, sizeof(w->arout));
+	memset(fabep_heap_ptr(w->comm, w->off), 0xff, 64);
+	/* no peer's next put before this rank cleared its row */
+	if ((ret = fabep_barrier(w->comm)))
+		FAIL("barrier: %s", fabep_strerror(ret));
 	if (rank == VICTIM) {
 		fep_test_fault.step = f->step;
 		fep_test_fault.nth = f->nth;
@@ -348,15 +400,20 @@ static int xfer_rank(int rank, int size, void *arg)
 		/* what rank 1 was to send never comes: an error within the
 		 * timeout, naming rank 1 where the call knows who is late (a
 		 * put goes to rank 2 alone; rank 0 may finish its wait) */
-		int waits = f->op != OP_PUT || rank == (VICTIM + 1) % size;
-
-		if ((waits && !ret) || dt > BOUND_MS)
+		/* rank 1's put goes to rank 2 alone, and each round of the
+		 * log-step path to one peer: a rank that needed nothing of
+		 * what was lost may finish, with the right result */
+		if (dt > BOUND_MS)
 			FAIL("the call gave %d (%s) after %lld ms", ret,
 			     fabep_strerror(ret), (long long)dt);
+		if (!ret && (r2 = xfer_verify(w, f->op, rank, size)))
+			FAIL("the call succeeded with a wrong result at %d", r2 - 1);
+		if (!ret && f->op == OP_PUT && rank == (VICTIM + 1) % size)
+			FAIL("rank 1's put arrived");
 		if (ret && ret != -ETIMEDOUT && ret != -FABEP_ERR_PEER_LOST &&
 		    ret != -FABEP_ERR_PEER)
 			FAIL("the call gave %d (%s)", ret, fabep_strerror(ret));
-		if (f->op != OP_PUT && !strstr(fabep_last_error(), "rank 1"))
+		if (ret && f->op != OP_PUT && !strstr(fabep_last_error(), "rank 1"))
 			FAIL("the message names no rank: %s", fabep_last_error());
 		t0 = now_ms();
 		if (!(r2 = fabep_barrier(w->comm)) || now_ms() - t0 > BOUND_MS)
@@ -383,14 +440,15 @@ static void run_xfer(const char *prov, struct xfer_fault *f)
 	setenv("FABEP_LOG", "error", 1);
 	if (f->signal)
 		setenv("FABEP_SIGNAL", f->signal, 1);
-	fep_test_ranks_ok(NRANKS, 60, xfer_rank, f);
+	fep_test_ranks_ok(f->nranks ? f->nranks : NRANKS, 60, xfer_rank, f);
 }
 
-#define XFER_CASE(name, prov, st, n, c, o, sig)                              \
+#define XFER_CASE(name, prov, st, n, c, o, sig, ...)                         \
 	START_TEST(name)                                                     \
 	{                                                                    \
 		struct xfer_fault f_ = { .step = st, .nth = n, .code = c,    \
-					 .op = o, .signal = sig };           \
+					 .op = o, .signal = sig,             \
+					 __VA_ARGS__ };                      \
 		run_xfer(prov, &f_);                                         \
 	}                                                                    \
 	END_TEST
@@ -401,6 +459,12 @@ XFER_CASE(xfer_moe_shm, "shm", "fi_writemsg", 3, -FI_EIO, OP_MOE, "cqdata")
 XFER_CASE(xfer_moe_cma, "shm", "fi_writemsg", 5, -FI_EIO, OP_MOE, "cma")
 XFER_CASE(xfer_moe_tcp, "tcp", "fi_atomic", 2, -FI_ENOMEM, OP_MOE, "delivery")
 XFER_CASE(xfer_ar_tcp, "tcp", "fi_writemsg", 1, -FI_EIO, OP_AR, "cqdata")
+/* 4 ranks, 8 KiB a rank: the log-step path, whose rounds wait for
+ * one peer each */
+XFER_CASE(xfer_ar_logstep, "shm", "fi_writemsg", 2, -FI_EIO, OP_AR, "cqdata",
+	  .nranks = 4)
+XFER_CASE(xfer_ar_logstep_tcp, "tcp", "fi_writemsg", 1, -FI_EIO, OP_AR, NULL,
+	  .nranks = 4)
 /* completions lost: a completion queue that fails */
 XFER_CASE(xfer_ar_cq, "shm", "fi_cq_read", 1, -FI_EOTHER, OP_AR, NULL)
 XFER_CASE(xfer_put_cma, "shm", "fi_writemsg", 1, -FI_EACCES, OP_PUT, "cma")
@@ -437,6 +501,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, xfer_moe_cma);
 	tcase_add_test(tc, xfer_moe_tcp);
 	tcase_add_test(tc, xfer_ar_tcp);
+	tcase_add_test(tc, xfer_ar_logstep);
+	tcase_add_test(tc, xfer_ar_logstep_tcp);
 	tcase_add_test(tc, xfer_ar_cq);
 	tcase_add_test(tc, xfer_put_cma);
 	tcase_add_test(tc, xfer_put_tcp);
