@@ -2,7 +2,7 @@
 /*
  * fuzz_comm_hello.c - what every rank sends at communicator creation
  * (struct fep_hello: host, provider, domain, signal, heap size, pid and
- * PID namespace, CPU set and cgroup CPU limit), as
+ * PID namespace, CPU set and cgroup CPU limit, a refusal's status), as
  * fep_comm_check_hellos (src/core/comm.c) compares and reports it.  The
  * bytes come from the bootstrap, so from a peer: nothing in them (strings
  * included) may be trusted.
@@ -42,7 +42,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	p = fuzz_bytes(&in, (size_t)comm.size * sizeof(*h), &got);
 	memcpy(h, p, got);
 	ret = fep_comm_check_hellos(&comm, h);
-	FUZZ_CHECK(ret == 0 || ret == -FABEP_ERR_MISMATCH);
+	FUZZ_CHECK(ret == 0 || ret == -FABEP_ERR_MISMATCH ||
+		   ret == -FABEP_ERR_PEER);
+	/* a rank that refused its configuration fails the others, and
+	 * nothing else does so */
+	{
+		int refused = 0;
+
+		for (int r = 0; r < comm.size; r++)
+			refused |= h[r].status != 0;
+		FUZZ_CHECK(refused == (ret == -FABEP_ERR_PEER));
+	}
 	if (!ret) {
 		FUZZ_CHECK(comm.local_size >= 1 && comm.local_size <= comm.size);
 		FUZZ_CHECK(comm.local_rank >= 0 &&

@@ -1543,6 +1543,85 @@ static void run_args(const char *prov)
 START_TEST(args_shm) { run_args("shm"); } END_TEST
 START_TEST(args_tcp) { run_args("tcp"); } END_TEST
 
+/* ---- a configuration refused on one rank ---- */
+
+/* Rank 1's FABEP_* variable (or attribute) is refused: rank 1 fails
+ * with -EINVAL, and tells the others through the rendezvous, whose
+ * creation fails with -FABEP_ERR_PEER naming it long before their
+ * timeout (20 s here); then all create a communicator again. */
+#define REFUSE_TIMEOUT_MS 20000
+#define REFUSE_BOUND_MS 5000
+
+struct refusal {
+	const char *var, *value;   /* NULL var: attr.signal out of range */
+};
+
+static int refuse_rank(int rank, int size, void *arg)
+{
+	const struct refusal *rf = arg;
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	int64_t t0, ms;
+	int ret;
+
+	(void)size;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = REFUSE_TIMEOUT_MS;
+	if (rank == 1) {
+		if (rf->var)
+			setenv(rf->var, rf->value, 1);
+		else
+			a.signal = (fabep_signal_t)99;
+	}
+	t0 = now_ns();
+	ret = fabep_comm_create(&a, &comm);
+	ms = (now_ns() - t0) / 1000000;
+	if (ret != (rank == 1 ? -EINVAL : -FABEP_ERR_PEER) || ms > REFUSE_BOUND_MS) {
+		fprintf(stderr, "rank %d: %s=%s on rank 1: %d (%s) after %lld ms\n",
+			rank, rf->var ? rf->var : "attr.signal",
+			rf->value ? rf->value : "99", ret, fabep_strerror(ret),
+			(long long)ms);
+		return 1;
+	}
+	if (rank != 1 && !strstr(fabep_last_error(),
+				 "rank 1 refused its configuration")) {
+		fprintf(stderr, "rank %d: the message names no rank: %s\n", rank,
+			fabep_last_error());
+		return 2;
+	}
+	if (rank == 1) {
+		if (rf->var)
+			unsetenv(rf->var);
+		a.signal = FABEP_SIGNAL_AUTO;
+	}
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return LEAK_CHECK() ? 3 : 0;
+}
+
+START_TEST(refused_config)
+{
+	static const struct refusal cases[] = {
+		{ "FABEP_SIGNAL", "bogus" },
+		{ "FABEP_NUMA_NODE", "near" },
+		{ "FABEP_CHANNELS", "0" },
+		{ "FABEP_QUEUE_WARMUP", "sometimes" },
+		{ "FABEP_HEAP_SIZE", "12q" },
+		{ NULL, NULL },
+	};
+	size_t i;
+
+	if (!fep_test_have_provider("shm"))
+		return;
+	fep_test_use_provider("shm");
+	setenv("FABEP_LOG", "error", 1);
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		fep_test_ranks_ok(3, 60, refuse_rank, (void *)&cases[i]);
+}
+END_TEST
+
 /* ---- fabep_last_error: the calling thread's error messages ---- */
 
 static void *last_error_thread(void *arg)
@@ -1983,6 +2062,7 @@ static Suite *suite(void)
 	ADD(tc, args_tcp);
 	ADD(tc, abi_shm);
 	ADD(tc, destroy_late);
+	ADD(tc, refused_config);
 	ADD(tc, last_error);
 	suite_add_tcase(s, tc);
 	return s;

@@ -75,7 +75,7 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 	if (a->signal == FABEP_SIGNAL_AUTO && fep_env_str("FABEP_SIGNAL", &s) > 0) {
 		if (fabep_signal_parse(s, &a->signal)) {
 			fep_err("FABEP_SIGNAL=\"%s\" is not one of "
-				"auto|ordered|fence|delivery|cqdata", s);
+				"auto|ordered|fence|delivery|cqdata|cma", s);
 			return -EINVAL;
 		}
 	}
@@ -763,6 +763,14 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 		h[r].provider[sizeof(h[r].provider) - 1] = '\0';
 		h[r].domain[sizeof(h[r].domain) - 1] = '\0';
 	}
+	/* a rank whose configuration was refused joined only to say so
+	 * (fep_comm_refuse) */
+	for (r = 0; r < comm->size; r++)
+		if (h[r].status) {
+			fep_err("rank %d refused its configuration: %s (its log "
+				"says why)", r, fabep_strerror(h[r].status));
+			return -FABEP_ERR_PEER;
+		}
 	comm->all_local = true;
 	comm->local_rank = 0;
 	comm->local_size = 0;
@@ -920,20 +928,16 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
  * defaults, completed from the environment; *channels gets
  * FABEP_CHANNELS (0 when unset), *queue_warm FABEP_QUEUE_WARMUP (-1 never,
  * 0 auto, 1 always). */
-static int fep_comm_config(const fabep_comm_attr_t *attr, fabep_comm_attr_t *a,
-			   int *channels, int *queue_warm)
+/* The caller's attributes (already read into *a) completed from the
+ * environment, and checked. */
+static int fep_comm_config(fabep_comm_attr_t *a, int *channels,
+			   int *queue_warm)
 {
 	const char *s = NULL;
-	int ret = 0;
+	int ret;
 	long v;
 
-	if (attr)
-		ret = fep_struct_in("fabep_comm_create", "fabep_comm_attr_t", a,
-				    sizeof(*a), FEP_COMM_ATTR_SIZE0, attr);
-	else
-		fabep_comm_attr_init(a);
-	if (!ret)
-		ret = fep_attr_from_env(a);
+	ret = fep_attr_from_env(a);
 	if (ret)
 		return ret;
 	*channels = 0;
@@ -1195,6 +1199,36 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
 	return fep_boot_agree(comm, ret, "the warm-up exchange");
 }
 
+/*
+ * A configuration refused on this rank (a bad FABEP_* variable, a bad
+ * signal) is told to the others: the rank still meets them, as far as
+ * its rendezvous settings allow, and its hello carries the error, so
+ * their creation fails at once with -FABEP_ERR_PEER naming this rank
+ * instead of at their timeout.  Nothing is kept.
+ */
+static void fep_comm_refuse(const fabep_comm_attr_t *a, int status)
+{
+	fabep_comm_attr_t b = *a;
+	fabep_comm_t *comm = calloc(1, sizeof(*comm));
+	struct fep_hello hello, *hellos = NULL;
+
+	if (!comm)
+		return;
+	if (b.timeout_ms <= 0)
+		b.timeout_ms = FEP_DEFAULT_TIMEOUT_MS;
+	if (fep_comm_boot(&b, comm) == 0) {
+		memset(&hello, 0, sizeof(hello));
+		hello.status = status;
+		hellos = calloc((size_t)comm->boot->size, sizeof(*hellos));
+		if (hellos)
+			(void)fep_boot_allgather(comm->boot, &hello, hellos,
+						 sizeof(hello));
+		free(hellos);
+		fep_boot_destroy(comm->boot);
+	}
+	free(comm);
+}
+
 FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 				 fabep_comm_t **out)
 {
@@ -1208,9 +1242,20 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		fep_err("fabep_comm_create: NULL output pointer");
 		return -EINVAL;
 	}
-	ret = fep_comm_config(attr, &a, &channels, &queue_warm);
-	if (ret)
+	if (attr) {
+		/* a struct refused here is not read: no rendezvous to tell */
+		ret = fep_struct_in("fabep_comm_create", "fabep_comm_attr_t", &a,
+				    sizeof(a), FEP_COMM_ATTR_SIZE0, attr);
+		if (ret)
+			return ret;
+	} else {
+		fabep_comm_attr_init(&a);
+	}
+	ret = fep_comm_config(&a, &channels, &queue_warm);
+	if (ret) {
+		fep_comm_refuse(&a, ret);
 		return ret;
+	}
 	comm = calloc(1, sizeof(*comm));
 	if (!comm)
 		return -ENOMEM;
