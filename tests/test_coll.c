@@ -70,6 +70,7 @@ struct ar_run {
 				 behind a block past the 128 MiB they name */
 	bool keys;            /* each rank's heap under a key of its own, as
 				 verbs' and efa's provider keys are */
+	size_t msg_max;       /* the largest message, below the provider's */
 };
 
 
@@ -191,6 +192,8 @@ static int open_comm(const struct ar_run *t, int rank, size_t heap,
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
 	if (t->keys)
 		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
+	if (t->msg_max)
+		fep_fab_test_msg_max = t->msg_max;
 	if (t->cq4) {
 		fep_test_cq4();
 		heap += FEP_TEST_CQ4_FILLER;
@@ -751,6 +754,28 @@ START_TEST(keys_tcp)
 	run("tcp", 3, &t);
 }
 END_TEST
+/* Messages of at most 4 KiB (a provider's max_msg_size): rows of 1 to
+ * 100 fp32 columns and their headers go as several writes, and the
+ * results' reads (cma, one endpoint) as several reads, on every path;
+ * then over 2 channels, and on tcp */
+START_TEST(msg4k)
+{
+	struct ar_run t = { .dt = FABEP_AR_F32, .os_max = "4k", .cases = mixed,
+			    .ncases = N(mixed), .repeat = 2, .threads = 2,
+			    .max_rows = 100, .max_cols = 100, .msg_max = 4096 };
+
+	fep_test_use_signal("shm", FABEP_SIGNAL_CMA);
+	setenv("FABEP_CHANNELS", "1", 1);
+	run("shm", 5, &t);
+	setenv("FABEP_CHANNELS", "2", 1);
+	run("shm", 3, &t);
+	unsetenv("FABEP_CHANNELS");
+	unsetenv("FABEP_SIGNAL");
+	t.dt = FABEP_AR_BF16;
+	t.threads = 1;
+	run("tcp", 3, &t);
+}
+END_TEST
 /* cma over channels (each rank's writes from its input, and its
  * signals, on its own channel), the reads on the first */
 START_TEST(shm_cma_channels)
@@ -1181,6 +1206,7 @@ static Suite *coll_suite(void)
 	tcase_add_test(tc, mrl_shm);
 	tcase_add_test(tc, mrl_tcp);
 	tcase_add_test(tc, keys_tcp);
+	tcase_add_test(tc, msg4k);
 	tcase_add_test(tc, cq4_shm);
 	tcase_add_test(tc, cq4_tcp);
 	tcase_add_test(tc, shm_uneven_threads);

@@ -82,6 +82,7 @@ struct params {
 			   * buffers (FI_MR_LOCAL, as verbs and efa do) */
 	int keys;         /* each rank's heap under a key of its own, as
 			   * verbs' and efa's provider keys are */
+	size_t msg_max;   /* the largest message, below the provider's */
 	int cq4;          /* 4 bytes of CQ data (verbs, efa), the handle
 			   * behind a 160 MiB block: beyond what they name */
 };
@@ -679,6 +680,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
 	if (p->keys)
 		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
+	if (p->msg_max)
+		fep_fab_test_msg_max = p->msg_max;
 	if (p->cq4) {
 		fep_test_cq4();
 		a.heap_size += FEP_TEST_CQ4_FILLER;
@@ -1521,6 +1524,24 @@ EP_TEST(keys_tcp2_delivery, "tcp", 2, .rounds = 6, .topk = 2,
 	.experts = 8, .signal = FABEP_SIGNAL_DELIVERY, .split = 1, .keys = 1)
 EP_TEST(keys_sockets2, "sockets", 2, .rounds = 4, .topk = 2, .experts = 8,
 	.keys = 1)
+/* Messages of at most 4 KiB (a provider's max_msg_size): every put of
+ * rows goes as several writes, a signalled one's head before its tail,
+ * under each strategy; rows of 7168 bf16 are 14 KiB.  delivery on tcp:
+ * on shm its atomic, applied in libfabric, orders the copies where
+ * ThreadSanitizer cannot see it (fep_test_use_signal) */
+EP_TEST(msg4k_shm3_cqdata, "shm", 3, .rounds = 6, .hidden = 7168,
+	.topk = 4, .experts = 12, .max_tokens = 24, .split = 1,
+	.signal = FABEP_SIGNAL_CQDATA, .msg_max = 4096)
+EP_TEST(msg4k_shm3_cma_place, "shm", 3, .rounds = 6, .hidden = 7168,
+	.topk = 4, .experts = 12, .max_tokens = 24, .threads = 2,
+	.signal = FABEP_SIGNAL_CMA, .place = "always", .place_expect = 1,
+	.crows = "fit", .msg_max = 4096)
+EP_TEST(msg4k_tcp3, "tcp", 3, .rounds = 4, .hidden = 7168, .topk = 4,
+	.experts = 12, .max_tokens = 16, .routing = R_NEG, .backward = 1,
+	.msg_max = 4096)
+EP_TEST(msg4k_tcp2_delivery_fp8, "tcp", 2, .rounds = 6, .hidden = 7168,
+	.topk = 2, .experts = 8, .max_tokens = 16, .tt = FABEP_MOE_FP8,
+	.block = 128, .signal = FABEP_SIGNAL_DELIVERY, .msg_max = 4096)
 EP_TEST(cq4_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
 	.routing = R_NEG, .split = 1, .backward = 1, .cq4 = 1)
 EP_TEST(cq4_shm3_cqdata, "shm", 3, .rounds = 10, .topk = 4, .experts = 12,
@@ -2896,6 +2917,10 @@ static Suite *ep_suite(void)
 	ADD(tc, keys_tcp3_place_delivery);
 	ADD(tc, keys_tcp2_delivery);
 	ADD(tc, keys_sockets2);
+	ADD(tc, msg4k_shm3_cqdata);
+	ADD(tc, msg4k_shm3_cma_place);
+	ADD(tc, msg4k_tcp3);
+	ADD(tc, msg4k_tcp2_delivery_fp8);
 	ADD(tc, cq4_tcp3);
 	ADD(tc, cq4_shm3_cqdata);
 	ADD(tc, cq4_shm4_cma);

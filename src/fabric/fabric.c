@@ -547,6 +547,7 @@ static int fep_signal_probe(fep_fabric_t *fab, const struct fi_info *base,
 
 uint64_t fep_fab_test_mr_mode;
 size_t fep_fab_test_cq_data_max;
+size_t fep_fab_test_msg_max;
 
 /* Keep the granted info and the limits the data path reads from it. */
 static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
@@ -555,6 +556,8 @@ static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
 	fab->info = info;
 	fab->inject_size = info->tx_attr->inject_size;
 	fab->max_msg_size = info->ep_attr->max_msg_size ? info->ep_attr->max_msg_size : SIZE_MAX;
+	if (fep_fab_test_msg_max && fab->max_msg_size > fep_fab_test_msg_max)
+		fab->max_msg_size = fep_fab_test_msg_max;
 	fab->mr_mode = info->domain_attr->mr_mode | fep_fab_test_mr_mode;
 	fab->iov_max = FEP_MAX((size_t)1, FEP_MIN(info->tx_attr->iov_limit,
 						  (size_t)FEP_IOV_MAX));

@@ -244,6 +244,10 @@ extern size_t fep_fab_test_cq_data_max;
  * efa's provider keys differ between ranks, so that a write made with
  * any key but its target's is lost or refused. */
 extern uint64_t fep_fab_test_key_salt;
+/* And the largest message, where not 0 and below the provider's: the
+ * tests set a few KiB so that puts go as several writes, as they do
+ * past max_msg_size on any provider. */
+extern size_t fep_fab_test_msg_max;
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
 void fep_fabric_close(fep_fabric_t *fab);
 /* Fill this rank's blob (after the heap exists). */
