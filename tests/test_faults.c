@@ -54,21 +54,7 @@
 #include "util/util.h"
 
 /* With --enable-sanitizers, survivors check for leaks after they freed
- * everything (the ranks leave with _exit, which skips LeakSanitizer's own
- * check at exit). */
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#define LEAK_CHECK() __lsan_do_recoverable_leak_check()
-/* the harness's own bookkeeping, inherited from the parent at fork */
-const char *__lsan_default_suppressions(void);
-__attribute__((visibility("default"), used))
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:harness_run\n";
-}
-#else
-#define LEAK_CHECK() 0
-#endif
+ * everything (fep_test_leak_check), to report them with the case's row. */
 
 #define TIMEOUT_MS 1000
 /* slack over the timeout when ranks outnumber the cores */
@@ -625,7 +611,7 @@ static int fault_rank(int rank, int size, void *arg)
 		res->bar_stopped = strstr(p, "is stopped") != NULL;
 	}
 	res->destroy_ret = world_close(&wd, &res->destroy_ms);
-	res->leaked = LEAK_CHECK();
+	res->leaked = fep_test_leak_check();
 	log = capture_end(&cap);
 	res->named = log_names(log, VICTIM);
 	{
@@ -1598,7 +1584,7 @@ static int refuse_rank(int rank, int size, void *arg)
 	EXPECT(fabep_comm_create(&a, &comm), 0);
 	EXPECT(fabep_barrier(comm), 0);
 	EXPECT(fabep_comm_destroy(comm), 0);
-	return LEAK_CHECK() ? 3 : 0;
+	return fep_test_leak_check() ? 3 : 0;
 }
 
 START_TEST(refused_config)

@@ -46,19 +46,6 @@
 #include "fabric/fabric.h"
 #include "util/util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-#define LEAK_CHECK() __lsan_do_recoverable_leak_check()
-const char *__lsan_default_suppressions(void);
-__attribute__((visibility("default"), used))
-const char *__lsan_default_suppressions(void)
-{
-	return "leak:harness_run\n";
-}
-#else
-#define LEAK_CHECK() 0
-#endif
-
 #define NRANKS 3
 #define VICTIM 1
 #define TIMEOUT_MS 1000
@@ -154,7 +141,7 @@ static int create_rank(int rank, int size, void *arg)
 	}
 	if (comm)
 		FAIL("a failed creation handed out a communicator");
-	if (LEAK_CHECK())
+	if (fep_test_leak_check())
 		FAIL("leaks after the failed creation");
 	/* the same processes create one again */
 	ret = fabep_comm_create(&a, &comm);
@@ -166,7 +153,7 @@ static int create_rank(int rank, int size, void *arg)
 	ret = fabep_comm_destroy(comm);
 	if (ret)
 		FAIL("destroy: %s", fabep_strerror(ret));
-	if (LEAK_CHECK())
+	if (fep_test_leak_check())
 		FAIL("leaks after destroy");
 	return 0;
 }
@@ -428,7 +415,7 @@ static int xfer_rank(int rank, int size, void *arg)
 		FAIL("destroy took %lld ms (%s)", (long long)(now_ms() - t0),
 		     fabep_strerror(r2));
 	free(w);
-	if (LEAK_CHECK())
+	if (fep_test_leak_check())
 		FAIL("leaks after destroy");
 	return 0;
 }
