@@ -124,6 +124,13 @@ int fep_test_threads(int dflt);
  * from now on; a heap FEP_TEST_CQ4_FILLER bytes larger lets
  * fep_test_cq4_filler take a block that puts every later handle's block
  * past what they name.  The filler: 0, or 1 with a message. */
+/* Before fabep_comm_create: this rank's fabric as a cluster provider
+ * would give it, on shm, tcp and sockets: registered local buffers
+ * required (mr_local: FI_MR_LOCAL, as verbs and efa), a heap key of its
+ * own (own_key: as provider keys differ between ranks), messages of at
+ * most msg_max bytes (0: the provider's max_msg_size). */
+void fep_test_emulate(int rank, int mr_local, int own_key, size_t msg_max);
+
 #define FEP_TEST_CQ4_FILLER ((size_t)160 << 20)
 void fep_test_cq4(void);
 int fep_test_cq4_filler(fabep_comm_t *comm, int rank);

@@ -188,12 +188,7 @@ static int open_comm(const struct ar_run *t, int rank, size_t heap,
 	int th = rank == 0 && t->threads0 ? t->threads0 : t->threads;
 	int ret;
 
-	if (t->mr_local)
-		fep_fab_test_mr_mode = FI_MR_LOCAL;
-	if (t->keys)
-		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
-	if (t->msg_max)
-		fep_fab_test_msg_max = t->msg_max;
+	fep_test_emulate(rank, t->mr_local, t->keys, t->msg_max);
 	if (t->cq4) {
 		fep_test_cq4();
 		heap += FEP_TEST_CQ4_FILLER;

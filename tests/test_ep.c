@@ -676,12 +676,7 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
 	if (p->heap_small)
 		a.heap_size = 1u << 20;
-	if (p->mr_local)
-		fep_fab_test_mr_mode = FI_MR_LOCAL;
-	if (p->keys)
-		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
-	if (p->msg_max)
-		fep_fab_test_msg_max = p->msg_max;
+	fep_test_emulate(rank, p->mr_local, p->keys, p->msg_max);
 	if (p->cq4) {
 		fep_test_cq4();
 		a.heap_size += FEP_TEST_CQ4_FILLER;

@@ -39,7 +39,6 @@
 #include <unistd.h>
 
 #include <rdma/fi_errno.h>
-#include <rdma/fi_domain.h>
 
 #include "fabep.h"
 #include "harness.h"
@@ -112,8 +111,7 @@ static int create_rank(int rank, int size, void *arg)
 	fabep_comm_attr_init(&a);
 	a.threads = f->threads ? f->threads : 1;
 	a.timeout_ms = TIMEOUT_MS;
-	if (f->mr_local)
-		fep_fab_test_mr_mode = FI_MR_LOCAL;
+	fep_test_emulate(rank, f->mr_local, 0, 0);
 	if (rank == VICTIM) {
 		fep_test_fault.step = f->step;
 		fep_test_fault.nth = f->nth;
