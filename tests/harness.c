@@ -617,7 +617,7 @@ void fep_test_need_provider(const char *prov)
 /* ---- signal strategies ---- */
 
 const char *const fep_test_providers[FEP_TEST_NPROVIDERS] = {
-	"shm", "tcp", "sockets",
+	"shm", "tcp", "sockets", "udp",
 };
 
 int fep_test_signal_list(fabep_signal_t *out, int max)

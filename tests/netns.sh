@@ -4,12 +4,15 @@
 # with its own hostname, through unshare --uts) joined by veth pairs to a
 # bridge that lives in a fourth namespace, with private addresses
 # 10.231.0.1-3/24 that exist only inside these namespaces.  4 ranks over
-# the tcp provider (two in the first namespace, one in each other):
+# the tcp provider (two in the first namespace, one in each other), then
+# over udp (udp;ofi_rxd: RMA, atomics and reliability emulated over
+# datagrams, as efa's protocol is over SRD), where it is here:
 #   1. fabep_bench -o moe --check (dispatch + combine, checked),
 #   2. fabep_bench --soak (dispatch + combine + allreduce, fresh random
 #      routing every round, every result checked, memory watched);
-#   3. the same soak with rank 3 (alone on its "host") killed, then rank 0:
-#      every other rank must fail naming it, well before the timeout.
+#   3. (tcp) the same soak with rank 3 (alone on its "host") killed, then
+#      rank 0: every other rank must fail naming it, well before the
+#      timeout.
 # Everything it makes (namespaces, links, processes) is removed on every
 # exit path.  Needs root, ip(8) and unshare(1); exit 77 with the reason
 # where namespaces cannot be made.  Runs from the build directory.
@@ -120,7 +123,7 @@ start_ranks() {
 		$to "$lim" ip netns exec "${tag}h$i" unshare --uts sh -c \
 			'hostname "$0"; exec "$@"' "fabep-host$i" \
 			env FABEP_RANK=$r FABEP_WORLD_SIZE=$ranks \
-			FABEP_ROOT="$net.1:$port" FABEP_PROVIDER=tcp \
+			FABEP_ROOT="$net.1:$port" FABEP_PROVIDER=$prov \
 			FABEP_TIMEOUT_MS=20000 FABEP_HEAP_SIZE=256M FABEP_THREADS=1 \
 			"$bench" "$@" >"$tmp.$name.$r.out" 2>"$tmp.$name.$r.err" &
 		pids="$pids $!"
@@ -149,24 +152,40 @@ run_ranks() {
 	return $bad
 }
 
-# 1. dispatch + combine, checked (rank 0 prints "check: ok")
-if run_ranks moe 120 -o moe --check -m -t 32 -H 512 -k 4 -e 8 -I 5 -w 1; then
-	grep -q 'check: ok' "$tmp.moe.0.out" ||
-		{ echo "FAIL: moe: no 'check: ok'"; fails=$((fails + 1)); }
-	grep -q 'provider: tcp' "$tmp.moe.0.out" ||
-		{ echo "FAIL: moe: not on tcp"; fails=$((fails + 1)); }
-fi
+# 1, 2 on provider $1 (its name as fabep_bench reports it: $2)
+data_cases() { # PROVIDER NAME
+	prov=$1
+	# 1. dispatch + combine, checked (rank 0 prints "check: ok")
+	if run_ranks "moe_$prov" 120 -o moe --check -m -t 32 -H 512 -k 4 -e 8 -I 5 -w 1; then
+		grep -q 'check: ok' "$tmp.moe_$prov.0.out" ||
+			{ echo "FAIL: moe: no 'check: ok'"; fails=$((fails + 1)); }
+		grep -q "provider: $2" "$tmp.moe_$prov.0.out" ||
+			{ echo "FAIL: moe: not on $2"; fails=$((fails + 1)); }
+	fi
 
-# 2. dispatch + combine + allreduce soak, every result checked
-if run_ranks soak $((soak_s + 120)) --soak "$soak_s" -m; then
-	line=$(grep '^op: soak ' "$tmp.soak.0.out" | tail -1)
-	echo "$line" | grep -q ' errors: 0 ' ||
-		{ echo "FAIL: soak: errors"; fails=$((fails + 1)); }
-	echo "$line" | grep -q ' result: ok' ||
-		{ echo "FAIL: soak: result"; fails=$((fails + 1)); }
-	echo "$line" | grep -q ' ranks: 4 ' ||
-		{ echo "FAIL: soak: not 4 ranks"; fails=$((fails + 1)); }
+	# 2. dispatch + combine + allreduce soak, every result checked
+	if run_ranks "soak_$prov" $((soak_s + 120)) --soak "$soak_s" -m; then
+		line=$(grep '^op: soak ' "$tmp.soak_$prov.0.out" | tail -1)
+		echo "$line" | grep -q ' errors: 0 ' ||
+			{ echo "FAIL: soak: errors"; fails=$((fails + 1)); }
+		echo "$line" | grep -q ' result: ok' ||
+			{ echo "FAIL: soak: result"; fails=$((fails + 1)); }
+		echo "$line" | grep -q ' ranks: 4 ' ||
+			{ echo "FAIL: soak: not 4 ranks"; fails=$((fails + 1)); }
+		echo "$line" | grep -q " provider: $2 " ||
+			{ echo "FAIL: soak: not on $2"; fails=$((fails + 1)); }
+	fi
+}
+data_cases tcp 'tcp;ofi_rxm'
+done_on=tcp
+info=$(cd "$top_builddir" && pwd)/utils/fabep_info
+if "$info" -p udp >/dev/null 2>&1; then
+	data_cases udp 'udp;ofi_rxd'
+	done_on="tcp and udp"
+else
+	echo "SKIP (within netns): libfabric offers no udp;ofi_rxd RMA here"
 fi
+prov=tcp
 
 # 3, 4. a rank's process dies mid-soak (SIGKILL): every other rank fails
 # with the loss named, seen through the bootstrap's connections (ranks on
@@ -225,5 +244,5 @@ if [ $fails -ne 0 ]; then
 	echo "netns: $fails failures"
 	exit 1
 fi
-echo "netns: $ranks ranks in $nns namespaces over tcp: moe checked, soak clean, lost ranks named"
+echo "netns: $ranks ranks in $nns namespaces over $done_on: moe checked, soak clean, lost ranks named (tcp)"
 exit 0

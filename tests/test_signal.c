@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_signal.c - the communicator and put + signal, with forked ranks on
- * shm, tcp and sockets, for every signal strategy each provider supports.
+ * shm, tcp, sockets and udp (udp;ofi_rxd), for every signal strategy each
+ * provider supports.
  *
  * The stress test: senders write a fresh random payload into their slot of
  * the target's heap and signal; the target waits for the counter, then
@@ -281,6 +282,10 @@ STRESS_TEST(sockets_fence, "sockets", FABEP_SIGNAL_FENCE, 2, 200, 4)
 STRESS_TEST(sockets_ordered, "sockets", FABEP_SIGNAL_ORDERED, 3, 1000, 8)
 STRESS_TEST(sockets_cqdata, "sockets", FABEP_SIGNAL_CQDATA, 2, 1000, 8)
 STRESS_TEST(sockets_delivery, "sockets", FABEP_SIGNAL_DELIVERY, 2, 500, 8)
+STRESS_TEST(udp_cqdata, "udp", FABEP_SIGNAL_CQDATA, 3, 1000, 8)
+STRESS_TEST(udp_ordered, "udp", FABEP_SIGNAL_ORDERED, 3, 1000, 8)
+STRESS_TEST(udp_delivery, "udp", FABEP_SIGNAL_DELIVERY, 3, 1000, 8)
+STRESS_TEST(udp_fence, "udp", FABEP_SIGNAL_FENCE, 2, 500, 4)
 CHAN_TEST(shm_chan4, "shm", FABEP_SIGNAL_AUTO, 3, 1000, 40, "4", 2)
 CHAN_TEST(shm_chan3_one_thread, "shm", FABEP_SIGNAL_CQDATA, 2, 500, 30, "3", 1)
 CHAN_TEST(shm_chan_ordered, "shm", FABEP_SIGNAL_ORDERED, 2, 200, 10, "4", 2)
@@ -398,6 +403,7 @@ static void run_get_killed(const char *prov)
 
 START_TEST(get_killed_shm) { run_get_killed("shm"); } END_TEST
 START_TEST(get_killed_tcp) { run_get_killed("tcp"); } END_TEST
+START_TEST(get_killed_udp) { run_get_killed("udp"); } END_TEST
 
 /* The /dev/shm regions named after process pid. */
 static int shm_regions(pid_t pid)
@@ -482,6 +488,7 @@ START_TEST(shm_cleanup)
 }
 END_TEST
 START_TEST(killed_tcp) { run_killed("tcp"); } END_TEST
+START_TEST(killed_udp) { run_killed("udp"); } END_TEST
 
 static int bad_env_rank(int rank, int size, void *arg)
 {
@@ -2106,6 +2113,14 @@ static Suite *suite(void)
 	tcase_add_test(tc, sockets_delivery);
 	suite_add_tcase(s, tc);
 
+	tc = tcase_create("udp");
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, udp_cqdata);
+	tcase_add_test(tc, udp_ordered);
+	tcase_add_test(tc, udp_delivery);
+	tcase_add_test(tc, udp_fence);
+	suite_add_tcase(s, tc);
+
 	tc = tcase_create("channels");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, shm_chan4);
@@ -2142,8 +2157,10 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, killed_shm);
 	tcase_add_test(tc, killed_tcp);
+	tcase_add_test(tc, killed_udp);
 	tcase_add_test(tc, get_killed_shm);
 	tcase_add_test(tc, get_killed_tcp);
+	tcase_add_test(tc, get_killed_udp);
 	tcase_add_test(tc, shm_cleanup);
 	tcase_add_test(tc, bad_provider);
 	tcase_add_test(tc, bad_signal);
