@@ -10,7 +10,9 @@
 #   1. fabep_bench -o moe --check (dispatch + combine, checked),
 #   2. fabep_bench --soak (dispatch + combine + allreduce, fresh random
 #      routing every round, every result checked, memory watched);
-#   3. (tcp) the same soak with rank 3 (alone on its "host") killed, then
+#   3. fabep_pingpong as operators run it across hosts: "-s" on the
+#      first host, the client on the third, naming the first's address;
+#   4. (tcp) the same soak with rank 3 (alone on its "host") killed, then
 #      rank 0: every other rank must fail naming it, well before the
 #      timeout.
 # Everything it makes (namespaces, links, processes) is removed on every
@@ -18,6 +20,7 @@
 # where namespaces cannot be made.  Runs from the build directory.
 top_builddir=${top_builddir:-.}
 bench=$(cd "$top_builddir" && pwd)/utils/fabep_bench
+pp=$(cd "$top_builddir" && pwd)/utils/fabep_pingpong
 tag=fep$$
 hub=${tag}hub
 nns=3
@@ -53,7 +56,7 @@ cleanup() {
 	rm -f "$tmp".*
 }
 
-[ -x "$bench" ] || { echo "FAIL: $bench not built"; exit 1; }
+[ -x "$bench" ] && [ -x "$pp" ] || { echo "FAIL: the tools are not built"; exit 1; }
 [ "$(id -u)" = 0 ] || skip "needs root to make network namespaces (uid $(id -u))"
 command -v ip >/dev/null 2>&1 || skip "no ip(8) command"
 command -v unshare >/dev/null 2>&1 || skip "no unshare(1) command"
@@ -176,18 +179,53 @@ data_cases() { # PROVIDER NAME
 			{ echo "FAIL: soak: not on $2"; fails=$((fails + 1)); }
 	fi
 }
+# 3. fabep_pingpong -s on the first "host", its client on the third: a
+# row per op and size, on the provider asked for, from both sides
+pingpong_case() { # PROVIDER NAME
+	port=$((port + 1))
+	in_host() { # I CMD...: CMD in namespace I, under its own host name
+		hi=$1
+		shift
+		$to 60 ip netns exec "${tag}h$hi" unshare --uts sh -c \
+			'hostname "$0"; exec "$@"' "fabep-host$hi" \
+			env -u FABEP_ROOT -u FABEP_RANK -u FABEP_WORLD_SIZE \
+			FABEP_TIMEOUT_MS=20000 "$@"
+	}
+	args="-p $1 -o write,signal -S 64,64k -I 100 -m -P $port"
+	in_host 1 "$pp" -s $args >"$tmp.pp_$1.0.out" 2>"$tmp.pp_$1.0.err" &
+	pids=$!
+	in_host $nns "$pp" $args "$net.1" >"$tmp.pp_$1.1.out" 2>"$tmp.pp_$1.1.err"
+	rc1=$?
+	wait $pids
+	rc0=$?
+	pids=
+	for r in 0 1; do
+		eval rc=\$rc$r
+		f=$tmp.pp_$1.$r.out
+		rows=$(grep -c "^op: \(write\|signal\) .* provider: $2 " "$f")
+		if [ "$rc" -ne 0 ] || [ "$rows" -ne 4 ]; then
+			echo "FAIL: pingpong on $1: side $r exited $rc with $rows rows of 4"
+			sed 's/^/    /' "$f" "$tmp.pp_$1.$r.err" | tail -8
+			fails=$((fails + 1))
+		fi
+	done
+	grep '^op: ' "$tmp.pp_$1.1.out"
+}
+
 data_cases tcp 'tcp;ofi_rxm'
+pingpong_case tcp 'tcp;ofi_rxm'
 done_on=tcp
 info=$(cd "$top_builddir" && pwd)/utils/fabep_info
 if "$info" -p udp >/dev/null 2>&1; then
 	data_cases udp 'udp;ofi_rxd'
+	pingpong_case udp 'udp;ofi_rxd'
 	done_on="tcp and udp"
 else
 	echo "SKIP (within netns): libfabric offers no udp;ofi_rxd RMA here"
 fi
 prov=tcp
 
-# 3, 4. a rank's process dies mid-soak (SIGKILL): every other rank fails
+# 4, 5. a rank's process dies mid-soak (SIGKILL): every other rank fails
 # with the loss named, seen through the bootstrap's connections (ranks on
 # other "hosts") or the process check (the same one), well before
 # FABEP_TIMEOUT_MS (20 s).  First rank 3, alone in the third namespace;
@@ -244,5 +282,5 @@ if [ $fails -ne 0 ]; then
 	echo "netns: $fails failures"
 	exit 1
 fi
-echo "netns: $ranks ranks in $nns namespaces over $done_on: moe checked, soak clean, lost ranks named (tcp)"
+echo "netns: $ranks ranks in $nns namespaces over $done_on: moe checked, soak clean, pingpong across hosts, lost ranks named (tcp)"
 exit 0

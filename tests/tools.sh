@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # tools.sh - the command-line tools: fabep_info, fabep_pingpong on shm with
-# -m output, fabep_bench, fabep_demo, and bad command lines (exit 2).  Runs from the build
+# -m output and as server and client, fabep_bench, fabep_demo, and bad command lines (exit 2).  Runs from the build
 # directory; exit 77 = skip (no shm provider).
 top_builddir=${top_builddir:-.}
 info=$top_builddir/utils/fabep_info
@@ -121,6 +121,31 @@ for op in write signal; do
 		done
 	fi
 done
+
+# -s and HOST, as operators run it across hosts (here on loopback): the
+# provider fabep picks (shm: both on one host), then tcp; a client whose
+# server is not there fails within the timeout, naming the address
+port=$((30000 + $$ % 20000))
+for prov in "" tcp; do
+	port=$((port + 1))
+	popt=${prov:+-p $prov}
+	$to env FABEP_TIMEOUT_MS=20000 "$pp" -s -P $port $popt -S 64,4k -I 50 -m \
+		>"$tmp.srv" 2>"$tmp.srv.err" &
+	srv=$!
+	expect 0 env FABEP_TIMEOUT_MS=20000 "$pp" -P $port $popt -S 64,4k -I 50 -m \
+		127.0.0.1
+	wait $srv || fail "pingpong -s ${prov:-(fabep's choice)}: server exited $?"
+	for f in "$tmp.out" "$tmp.srv"; do
+		n=$(grep -c "^op: signal .* provider: ${prov:-shm}[; ]" "$f")
+		[ "$n" -eq 2 ] || {
+			fail "pingpong -s / HOST ${prov:-(fabep's choice)}: $n rows of 2 in ${f##*.}"
+			sed 's/^/    /' "$f" "$tmp.srv.err" | head -10
+		}
+	done
+done
+expect 1 env FABEP_TIMEOUT_MS=1000 "$pp" -P $((port + 1)) -S 64 -I 5 127.0.0.1 &&
+	grep -q "rendezvous root 127.0.0.1:$((port + 1)) never answered" "$tmp.err" ||
+	fail "pingpong HOST without a server: no message naming the address"
 
 # a launcher's rank that cannot start (no FABEP_ROOT): the message names
 # the rank as the launcher numbered it
