@@ -1521,9 +1521,7 @@ EP_TEST(keys_sockets2, "sockets", 2, .rounds = 4, .topk = 2, .experts = 8,
 	.keys = 1)
 /* Messages of at most 4 KiB (a provider's max_msg_size): every put of
  * rows goes as several writes, a signalled one's head before its tail,
- * under each strategy; rows of 7168 bf16 are 14 KiB.  delivery on tcp:
- * on shm its atomic, applied in libfabric, orders the copies where
- * ThreadSanitizer cannot see it (fep_test_use_signal) */
+ * under each strategy; rows of 7168 bf16 are 14 KiB. */
 EP_TEST(msg4k_shm3_cqdata, "shm", 3, .rounds = 6, .hidden = 7168,
 	.topk = 4, .experts = 12, .max_tokens = 24, .split = 1,
 	.signal = FABEP_SIGNAL_CQDATA, .msg_max = 4096)
@@ -1535,6 +1533,9 @@ EP_TEST(msg4k_tcp3, "tcp", 3, .rounds = 4, .hidden = 7168, .topk = 4,
 	.experts = 12, .max_tokens = 16, .routing = R_NEG, .backward = 1,
 	.msg_max = 4096)
 EP_TEST(msg4k_tcp2_delivery_fp8, "tcp", 2, .rounds = 6, .hidden = 7168,
+	.topk = 2, .experts = 8, .max_tokens = 16, .tt = FABEP_MOE_FP8,
+	.block = 128, .signal = FABEP_SIGNAL_DELIVERY, .msg_max = 4096)
+EP_TEST(msg4k_shm2_delivery_fp8, "shm", 2, .rounds = 6, .hidden = 7168,
 	.topk = 2, .experts = 8, .max_tokens = 16, .tt = FABEP_MOE_FP8,
 	.block = 128, .signal = FABEP_SIGNAL_DELIVERY, .msg_max = 4096)
 EP_TEST(cq4_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
@@ -2916,6 +2917,7 @@ static Suite *ep_suite(void)
 	ADD(tc, msg4k_shm3_cma_place);
 	ADD(tc, msg4k_tcp3);
 	ADD(tc, msg4k_tcp2_delivery_fp8);
+	ADD(tc, msg4k_shm2_delivery_fp8);
 	ADD(tc, cq4_tcp3);
 	ADD(tc, cq4_shm3_cqdata);
 	ADD(tc, cq4_shm4_cma);

@@ -518,6 +518,7 @@ int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
 				continue;
 			s = __atomic_load_n((uint64_t *)fep_heap_at(fab, slots + (uint64_t)r * stride),
 					    __ATOMIC_ACQUIRE);
+			FEP_TSAN_OBSERVE(s);
 			if (s < seq) {
 				missing++;
 				if (len < sizeof(names) - 16)

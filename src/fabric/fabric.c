@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "util/util.h"
@@ -1011,12 +1012,38 @@ static int fep_cq_rx(fep_fabric_t *fab)
 	}
 }
 
+#ifdef FEP_TSAN
+/* Writer-preferring: a waiting load is not held off by a stream of
+ * progress calls on other threads. */
+static pthread_rwlock_t fep_tsan_lock =
+	PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+
+void fep_tsan_progress_begin(void)
+{
+	pthread_rwlock_rdlock(&fep_tsan_lock);
+}
+
+void fep_tsan_progress_end(void)
+{
+	pthread_rwlock_unlock(&fep_tsan_lock);
+}
+
+void fep_tsan_observe(void)
+{
+	pthread_rwlock_wrlock(&fep_tsan_lock);
+	pthread_rwlock_unlock(&fep_tsan_lock);
+}
+#endif
+
 int fep_fabric_progress(fep_fabric_t *fab)
 {
-	int ret = fep_cq_tx(fab);
+	int ret;
 
+	FEP_TSAN_PROGRESS_BEGIN();
+	ret = fep_cq_tx(fab);
 	if (!ret)
 		ret = fep_cq_rx(fab);
+	FEP_TSAN_PROGRESS_END();
 	if (ret)
 		return ret;
 	return fab->tx_error;

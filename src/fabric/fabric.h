@@ -551,12 +551,47 @@ static inline bool fep_fab_signals_after_writes(const fep_fabric_t *fab)
  * nchan), else every other rank.  0 where writes are not of that kind. */
 size_t fep_fab_queue_share(const fep_fabric_t *fab);
 
+/*
+ * ThreadSanitizer: libfabric is not instrumented, so when a rank's
+ * progress (inside fi_cq_read, or inside a post) copies a peer's data
+ * into the heap and then applies the peer's atomic add to a counter, the
+ * tool sees the copy (an intercepted memcpy or recv) but not the add,
+ * and a thread that reads the data after it saw the counter move looks
+ * unordered to it.  In a ThreadSanitizer build every libfabric call that
+ * can progress holds a lock shared, and a counter load that finds a
+ * count takes it exclusively once: it waits for the calls in flight
+ * (one of which may have applied the add it saw) and is ordered after
+ * them, which is the order the strategies provide.  Progress calls are
+ * not ordered with each other.  A provider that copies on threads of
+ * its own (sockets) stays out of reach.  Nothing in other builds.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define FEP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FEP_TSAN 1
+#endif
+#endif
+#ifdef FEP_TSAN
+void fep_tsan_progress_begin(void);
+void fep_tsan_progress_end(void);
+void fep_tsan_observe(void);
+#define FEP_TSAN_PROGRESS_BEGIN() fep_tsan_progress_begin()
+#define FEP_TSAN_PROGRESS_END() fep_tsan_progress_end()
+#define FEP_TSAN_OBSERVE(v) ((v) ? fep_tsan_observe() : (void)0)
+#else
+#define FEP_TSAN_PROGRESS_BEGIN() ((void)0)
+#define FEP_TSAN_PROGRESS_END() ((void)0)
+#define FEP_TSAN_OBSERVE(v) ((void)0)
+#endif
+
 /* Local counter access: acquire load, in the units of the adds. */
 static inline uint64_t fep_counter_load(fep_fabric_t *fab, uint64_t off)
 {
 	uint64_t v = __atomic_load_n((uint64_t *)fep_heap_at(fab, off),
 				     __ATOMIC_ACQUIRE);
 
+	FEP_TSAN_OBSERVE(v);
 	return fab->nchan > 1 ? v / (uint64_t)fab->nchan : v;
 }
 /* Wait for the counter at off to reach target, progressing.  timeout_ms

@@ -329,7 +329,9 @@ static int post_failed(fep_fabric_t *fab, int peer, const char *what, int r)
 		struct fep_stall st_ = { { 0, 0 }, 0 };                          \
 		ssize_t r_;                                                      \
 		for (;;) {                                                       \
+			FEP_TSAN_PROGRESS_BEGIN();                               \
 			r_ = FEP_FAULT(what, (call));                            \
+			FEP_TSAN_PROGRESS_END();                                 \
 			if (r_ != -FI_EAGAIN)                                    \
 				break;                                           \
 			r_ = fep_fabric_stall(fab, &st_);                        \
