@@ -454,6 +454,12 @@ XFER_CASE(xfer_ar_logstep_tcp, "tcp", "fi_writemsg", 1, -FI_EIO, OP_AR, NULL,
 XFER_CASE(xfer_ar_cq, "shm", "fi_cq_read", 1, -FI_EOTHER, OP_AR, NULL)
 XFER_CASE(xfer_put_cma, "shm", "fi_writemsg", 1, -FI_EACCES, OP_PUT, "cma")
 XFER_CASE(xfer_put_tcp, "tcp", "fi_atomic", 1, -FI_EIO, OP_PUT, "delivery")
+/* udp;ofi_rxd: ordered's atomic after its writes, a cqdata write */
+XFER_CASE(xfer_moe_udp, "udp", "fi_atomic", 3, -FI_EIO, OP_MOE, "ordered")
+XFER_CASE(xfer_ar_udp, "udp", "fi_writemsg", 2, -FI_EIO, OP_AR, "cqdata")
+/* net: no atomics, every signal is a write's CQ data */
+XFER_CASE(xfer_put_net, "net", "fi_writemsg", 1, -FI_EIO, OP_PUT, "cqdata")
+XFER_CASE(xfer_moe_net, "net", "fi_writemsg", 3, -FI_EIO, OP_MOE, "cqdata")
 
 static Suite *suite(void)
 {
@@ -491,6 +497,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, xfer_ar_cq);
 	tcase_add_test(tc, xfer_put_cma);
 	tcase_add_test(tc, xfer_put_tcp);
+	tcase_add_test(tc, xfer_moe_udp);
+	tcase_add_test(tc, xfer_ar_udp);
+	tcase_add_test(tc, xfer_put_net);
+	tcase_add_test(tc, xfer_moe_net);
 	suite_add_tcase(s, tc);
 	return s;
 }
