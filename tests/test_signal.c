@@ -24,6 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
 #include "fabep.h"
 #include "harness.h"
@@ -1665,6 +1667,117 @@ START_TEST(reap_channels)
 }
 END_TEST
 
+/*
+ * One thread of rank 0 drives progress (and posts the acknowledgements),
+ * another only reads the counter and then the data: rank 1's put of
+ * each round, which lands inside the first thread's progress, must be
+ * there in full when the second sees the count.  Under ThreadSanitizer
+ * the tool must see that order too (FEP_TSAN in fabric.h): without it,
+ * every strategy whose add libfabric applies reports a race here.
+ */
+#define XT_ROUNDS 200
+#define XT_LEN 2048     /* within shm's inject size: copied by progress */
+
+struct xthread {
+	fabep_comm_t *comm;
+	fabep_off_t ack, src;
+	atomic_int stop, acks, sent, err;
+};
+
+static void *xthread_progress(void *arg)
+{
+	struct xthread *x = arg;
+	int ret;
+
+	while (!atomic_load(&x->stop)) {
+		ret = fabep_progress(x->comm);
+		while (!ret && atomic_load(&x->sent) < atomic_load(&x->acks)) {
+			ret = fabep_put_signal(x->comm, 1, x->ack, x->src, 0,
+					       x->ack, 1);
+			atomic_fetch_add(&x->sent, 1);
+		}
+		if (ret) {
+			atomic_store(&x->err, ret);
+			break;
+		}
+	}
+	return NULL;
+}
+
+static int xthread_rank(int rank, int size, void *arg)
+{
+	static struct xthread x;
+	fabep_off_t data, ctr;
+	uint8_t *d;
+	int i, j, ret;
+	pthread_t t;
+
+	(void)size;
+	(void)arg;
+	if ((ret = make_comm(FABEP_SIGNAL_AUTO, 1u << 20, &x.comm)) ||
+	    (ret = fabep_heap_alloc(x.comm, XT_LEN, 64, &data)) ||
+	    (ret = fabep_heap_alloc(x.comm, XT_LEN, 64, &x.src)) ||
+	    (ret = fabep_heap_alloc(x.comm, 8, 8, &ctr)) ||
+	    (ret = fabep_heap_alloc(x.comm, 8, 8, &x.ack)) ||
+	    (ret = fabep_barrier(x.comm))) {
+		fprintf(stderr, "rank %d: setup: %s\n", rank, fabep_strerror(ret));
+		return 2;
+	}
+	d = fabep_heap_ptr(x.comm, rank ? x.src : data);
+	if (rank == 1) {
+		for (i = 1; i <= XT_ROUNDS; i++) {
+			memset(d, i & 0xff, XT_LEN);
+			if ((ret = fabep_put_signal(x.comm, 0, data, x.src, XT_LEN,
+						    ctr, 1)) ||
+			    (ret = fabep_flush(x.comm)) ||
+			    (ret = fabep_wait(x.comm, x.ack, (uint64_t)i))) {
+				fprintf(stderr, "rank 1 round %d: %s\n", i,
+					fabep_strerror(ret));
+				return 3;
+			}
+		}
+	} else {
+		if (pthread_create(&t, NULL, xthread_progress, &x))
+			return 4;
+		for (i = 1; i <= XT_ROUNDS && !atomic_load(&x.err); i++) {
+			while (fabep_counter_read(x.comm, ctr) < (uint64_t)i &&
+			       !atomic_load(&x.err))
+				sched_yield();
+			for (j = 0; j < XT_LEN; j++)
+				if (d[j] != (i & 0xff)) {
+					fprintf(stderr, "round %d: byte %d is %d\n",
+						i, j, d[j]);
+					atomic_store(&x.err, -EIO);
+					break;
+				}
+			atomic_fetch_add(&x.acks, 1);
+		}
+		while (atomic_load(&x.sent) < XT_ROUNDS && !atomic_load(&x.err))
+			sched_yield();
+		atomic_store(&x.stop, 1);
+		pthread_join(t, NULL);
+		if ((ret = atomic_load(&x.err))) {
+			fprintf(stderr, "rank 0: %s\n", fabep_strerror(ret));
+			return 5;
+		}
+	}
+	if ((ret = fabep_barrier(x.comm))) {
+		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
+		return 6;
+	}
+	return fabep_comm_destroy(x.comm) ? 7 : 0;
+}
+
+START_TEST(progress_thread)
+{
+	fabep_signal_t sig;
+	const char *prov = fep_test_signal_case(_i, &sig);
+
+	(void)prov;
+	fep_test_ranks_ok(2, 60, xthread_rank, NULL);
+}
+END_TEST
+
 /* rank 1 asks for 3 channels, the others for 2: refused on every rank */
 static int chan_mismatch_rank(int rank, int size, void *arg)
 {
@@ -2135,6 +2248,12 @@ static Suite *suite(void)
 	tcase_add_test(tc, channels_default);
 	tcase_add_test(tc, reap_channels);
 	tcase_add_test(tc, destroy_chan_error);
+	suite_add_tcase(s, tc);
+
+	/* every strategy of every provider */
+	tc = tcase_create("threads");
+	tcase_set_timeout(tc, 120);
+	fep_test_add_signal_cases(tc, progress_thread);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("heap");
