@@ -105,7 +105,7 @@ const char *fep_test_signal_case(int i, fabep_signal_t *sig);
 
 /* The providers the strategy loops run on, and how many. */
 extern const char *const fep_test_providers[];
-#define FEP_TEST_NPROVIDERS 4
+#define FEP_TEST_NPROVIDERS 5
 
 /* The largest number of strategies fep_test_signal_list returns. */
 #define FEP_TEST_MAX_SIGNALS 16

@@ -216,13 +216,15 @@ data_cases tcp 'tcp;ofi_rxm'
 pingpong_case tcp 'tcp;ofi_rxm'
 done_on=tcp
 info=$(cd "$top_builddir" && pwd)/utils/fabep_info
-if "$info" -p udp >/dev/null 2>&1; then
-	data_cases udp 'udp;ofi_rxd'
-	pingpong_case udp 'udp;ofi_rxd'
-	done_on="tcp and udp"
-else
-	echo "SKIP (within netns): libfabric offers no udp;ofi_rxd RMA here"
-fi
+for pn in 'udp udp;ofi_rxd'; do
+	if "$info" -p "${pn%% *}" >/dev/null 2>&1; then
+		data_cases "${pn%% *}" "${pn#* }"
+		pingpong_case "${pn%% *}" "${pn#* }"
+		done_on="$done_on, ${pn%% *}"
+	else
+		echo "SKIP (within netns): libfabric offers no ${pn%% *} RMA here"
+	fi
+done
 prov=tcp
 
 # 4, 5. a rank's process dies mid-soak (SIGKILL): every other rank fails

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_coll.c - allreduce, allreduce + RMSNorm and allreduce + RMSNorm +
- * FP8 with forked ranks on shm, tcp, sockets and udp.
+ * FP8 with forked ranks on shm, tcp, sockets, udp and net.
  *
  * Every rank generates every rank's input (deterministic per call), so it
  * computes the result in double precision by itself and compares:

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * test_signal.c - the communicator and put + signal, with forked ranks on
- * shm, tcp, sockets and udp (udp;ofi_rxd), for every signal strategy each
- * provider supports.
+ * shm, tcp, sockets, udp (udp;ofi_rxd) and net (no atomics: cqdata
+ * alone), for every signal strategy each provider supports.
  *
  * The stress test: senders write a fresh random payload into their slot of
  * the target's heap and signal; the target waits for the counter, then
@@ -288,6 +288,8 @@ STRESS_TEST(udp_cqdata, "udp", FABEP_SIGNAL_CQDATA, 3, 1000, 8)
 STRESS_TEST(udp_ordered, "udp", FABEP_SIGNAL_ORDERED, 3, 1000, 8)
 STRESS_TEST(udp_delivery, "udp", FABEP_SIGNAL_DELIVERY, 3, 1000, 8)
 STRESS_TEST(udp_fence, "udp", FABEP_SIGNAL_FENCE, 2, 500, 4)
+/* net (1.17): no atomics at all, as efa-direct; cqdata alone */
+STRESS_TEST(net_cqdata, "net", FABEP_SIGNAL_CQDATA, 3, 1000, 8)
 CHAN_TEST(shm_chan4, "shm", FABEP_SIGNAL_AUTO, 3, 1000, 40, "4", 2)
 CHAN_TEST(shm_chan3_one_thread, "shm", FABEP_SIGNAL_CQDATA, 2, 500, 30, "3", 1)
 CHAN_TEST(shm_chan_ordered, "shm", FABEP_SIGNAL_ORDERED, 2, 200, 10, "4", 2)
@@ -491,6 +493,7 @@ START_TEST(shm_cleanup)
 END_TEST
 START_TEST(killed_tcp) { run_killed("tcp"); } END_TEST
 START_TEST(killed_udp) { run_killed("udp"); } END_TEST
+START_TEST(killed_net) { run_killed("net"); } END_TEST
 
 static int bad_env_rank(int rank, int size, void *arg)
 {
@@ -1455,6 +1458,8 @@ START_TEST(gets_shm_delivery) { run_gets("shm", FABEP_SIGNAL_DELIVERY, 2, 10); }
 START_TEST(gets_shm_cma) { run_gets("shm", FABEP_SIGNAL_CMA, 4, 20); } END_TEST
 START_TEST(gets_tcp) { run_gets("tcp", FABEP_SIGNAL_AUTO, 3, 10); } END_TEST
 START_TEST(gets_sockets) { run_gets("sockets", FABEP_SIGNAL_AUTO, 2, 5); } END_TEST
+START_TEST(gets_udp) { run_gets("udp", FABEP_SIGNAL_AUTO, 3, 10); } END_TEST
+START_TEST(gets_net) { run_gets("net", FABEP_SIGNAL_AUTO, 3, 10); } END_TEST
 
 /* FABEP_CHANNELS unset: with cqdata, one channel per thread, at most 8 on
  * shm and 4 on tcp; with cma (shm), one per thread where ranks have
@@ -2226,12 +2231,13 @@ static Suite *suite(void)
 	tcase_add_test(tc, sockets_delivery);
 	suite_add_tcase(s, tc);
 
-	tc = tcase_create("udp");
+	tc = tcase_create("udp_net");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, udp_cqdata);
 	tcase_add_test(tc, udp_ordered);
 	tcase_add_test(tc, udp_delivery);
 	tcase_add_test(tc, udp_fence);
+	tcase_add_test(tc, net_cqdata);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("channels");
@@ -2266,6 +2272,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, gets_shm_cma);
 	tcase_add_test(tc, gets_tcp);
 	tcase_add_test(tc, gets_sockets);
+	tcase_add_test(tc, gets_udp);
+	tcase_add_test(tc, gets_net);
 	tcase_add_test(tc, heap_blocks_model);
 	tcase_add_test(tc, heap_blocks_table_full);
 	tcase_add_test(tc, shm_agree_rounds);
@@ -2277,6 +2285,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, killed_shm);
 	tcase_add_test(tc, killed_tcp);
 	tcase_add_test(tc, killed_udp);
+	tcase_add_test(tc, killed_net);
 	tcase_add_test(tc, get_killed_shm);
 	tcase_add_test(tc, get_killed_tcp);
 	tcase_add_test(tc, get_killed_udp);

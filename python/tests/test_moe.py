@@ -150,11 +150,11 @@ def _provider_body(me, nranks, prov):
     return _moe_body(me, nranks, "torch")
 
 
-@pytest.mark.parametrize("prov", ["tcp", "udp", "sockets"])
+@pytest.mark.parametrize("prov", ["tcp", "udp", "net", "sockets"])
 def test_dispatch_combine_providers(prov):
     """The same round trips over the network providers (tcp;ofi_rxm,
-    udp;ofi_rxd, sockets), whose transfers move only while a rank
-    progresses, so every wait must drive them with the GIL released."""
+    udp;ofi_rxd, net without atomics, sockets), whose transfers move
+    only while a rank progresses, so every wait must drive them."""
     n = 2 if prov == "sockets" else 3
     got = ranks.run(n, _provider_body, prov, timeout=180,
                     env={"FABEP_PROVIDER": prov})
