@@ -14,6 +14,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1351,6 +1352,154 @@ START_TEST(shm_reads)
 }
 END_TEST
 
+/* A chain of puts (fep_fab_joins: pieces from the heap and from outside
+ * it, to one peer at consecutive destinations, the last alone with a
+ * signal) under remote CQ data leaves as one write carrying the signal:
+ * no plain fi_write is posted (counted by an armed fault that never
+ * fires), the peer's counter moves by the signal, every byte is there.
+ * The same pieces with a gap after the first are no chain from there:
+ * the first goes as a plain write, the rest still join.  Each rank sends
+ * to the other; with channels (arg: FABEP_CHANNELS, threads as many), the
+ * chain stays on one, and one long enough for slices does not join. */
+#define JOIN_PIECE 3000u
+
+static uint8_t join_pat(int rank, int round, size_t i)
+{
+	return (uint8_t)(i * 29u + (size_t)rank * 11u + (size_t)round * 5u);
+}
+
+static int joined_rank(int rank, int size, void *arg)
+{
+	fabep_comm_t *comm;
+	fep_fabric_t *fab;
+	fabep_off_t src, into, ctr;
+	uint8_t ext[JOIN_PIECE], *p;
+	struct fep_put pu[3];
+	int peer = 1 - rank, ret, round;
+	size_t i, np, len;
+
+	(void)size;
+	ret = make_comm_chan(FABEP_SIGNAL_CQDATA, 4u << 20, arg,
+			     arg ? atoi(arg) : 1, &comm);
+	if (ret == -FABEP_ERR_NO_SIGNAL)
+		return 77;
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 4 * JOIN_PIECE, 64, &src);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 4 * JOIN_PIECE, 64, &into);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
+	if (ret) {
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	fab = comm->fab;
+	np = FEP_MIN((size_t)3, fab->iov_max);
+	len = np * JOIN_PIECE;
+	if (np < 2) {
+		fabep_comm_destroy(comm);
+		return 78;  /* one local buffer a write: nothing to join */
+	}
+	if (!fep_fab_joins(fab, np, len)) {
+		fprintf(stderr, "rank %d: %zu pieces of %u bytes do not join "
+			"(iov_max %zu, max_msg_size %zu)\n", rank, np, JOIN_PIECE,
+			fab->iov_max, fab->max_msg_size);
+		return 1;
+	}
+	if (arg && (fab->nchan != atoi(arg) ||
+		    fep_fab_joins(fab, 2, 2 * (size_t)FEP_SLICE_MIN))) {
+		fprintf(stderr, "rank %d: %d channels, FABEP_CHANNELS=%s; a "
+			"chain of two slices' bytes joins: %d\n", rank, fab->nchan,
+			(const char *)arg, fep_fab_joins(fab, 2, 2 * (size_t)FEP_SLICE_MIN));
+		return 1;
+	}
+	fep_test_fault.step = "fi_write";  /* counts, never fires */
+	fep_test_fault.nth = UINT_MAX;
+	fep_test_fault.code = -FI_EIO;
+	for (round = 0; round < 2; round++) {
+		unsigned before;
+		size_t gap = round ? 64 : 0;
+
+		/* pieces: the heap's second block, the outside buffer, the
+		 * heap's first block (sources out of order on purpose) */
+		p = fep_heap_at(fab, src);
+		for (i = 0; i < 2 * JOIN_PIECE; i++)
+			p[JOIN_PIECE + i - (i >= JOIN_PIECE ? 2 * JOIN_PIECE : 0)] =
+				join_pat(rank, round, i < JOIN_PIECE ? i : i + JOIN_PIECE);
+		for (i = 0; i < JOIN_PIECE; i++)
+			ext[i] = join_pat(rank, round, JOIN_PIECE + i);
+		memset(fep_heap_at(fab, into), 0, 4 * JOIN_PIECE);
+		ret = fabep_barrier(comm);
+		memset(pu, 0, sizeof(pu));
+		for (i = 0; i < np; i++) {
+			pu[i].peer = peer;
+			pu[i].dst = into + i * JOIN_PIECE + (i ? gap : 0);
+			pu[i].len = JOIN_PIECE;
+			pu[i].sig = ctr;
+		}
+		pu[0].src = src + JOIN_PIECE;
+		pu[1].src = FEP_PUT_PTR;
+		pu[1].ptr = ext;
+		if (np > 2)
+			pu[2].src = src;
+		pu[np - 1].add = 1;
+		before = fep_test_fault.seen;
+		if (!ret)
+			ret = fep_fab_put_signal_many(fab, pu, np);
+		if (!ret && fep_test_fault.seen - before != (gap ? 1u : 0u)) {
+			fprintf(stderr, "rank %d round %d: %u plain writes for %zu "
+				"pieces%s\n", rank, round, fep_test_fault.seen - before,
+				np, gap ? " with a gap" : " in a chain");
+			ret = -EIO;
+		}
+		if (!ret)
+			ret = fep_fab_wait(fab, ctr, (uint64_t)round + 1, -1);
+		if (!ret)
+			ret = fep_fabric_reap_writes(fab);
+		p = fep_heap_at(fab, into);
+		/* the plain write is not signalled: not checked */
+		for (i = gap ? JOIN_PIECE : 0; !ret && i < np * JOIN_PIECE; i++) {
+			size_t at = i + (i >= JOIN_PIECE ? gap : 0);
+
+			if (p[at] != join_pat(peer, round, i)) {
+				fprintf(stderr, "rank %d round %d: byte %zu is %u, "
+					"want %u\n", rank, round, i, p[at],
+					join_pat(peer, round, i));
+				ret = -EIO;
+			}
+		}
+		if (!ret)
+			ret = fabep_barrier(comm);
+	}
+	fep_test_fault.step = NULL;
+	if (ret)
+		fprintf(stderr, "rank %d: %s\n", rank, fabep_strerror(ret));
+	return fabep_comm_destroy(comm) || ret ? 1 : 0;
+}
+
+static void run_joined(const char *prov, const char *channels)
+{
+	int status[2], r;
+
+	fep_test_need_provider(prov);
+	fep_test_use_provider(prov);
+	fep_test_run_ranks_status(2, 60, joined_rank, (void *)channels, status);
+	if (status[0] == 77)
+		fep_test_skip("%s: signal cqdata not supported", prov);
+	if (status[0] == 78)
+		fep_test_skip("%s: one local buffer a write", prov);
+	for (r = 0; r < 2; r++)
+		ck_assert_msg(status[r] == 0, "%s: rank %d exited %d: %s", prov, r,
+			      status[r], fep_test_rank_said(r));
+}
+
+START_TEST(joined_shm) { run_joined("shm", NULL); } END_TEST
+START_TEST(joined_shm_chan) { run_joined("shm", "3"); } END_TEST
+START_TEST(joined_tcp) { run_joined("tcp", NULL); } END_TEST
+START_TEST(joined_tcp_chan) { run_joined("tcp", "3"); } END_TEST
+START_TEST(joined_udp) { run_joined("udp", NULL); } END_TEST
+START_TEST(joined_net) { run_joined("net", NULL); } END_TEST
+
 /* fabep_get: every rank writes a fresh block each round and signals the
  * others; each then reads random pieces of every rank's block (its own
  * too; empty, one byte, unaligned, across the block) into random places
@@ -2274,6 +2423,12 @@ static Suite *suite(void)
 	tcase_add_test(tc, gets_sockets);
 	tcase_add_test(tc, gets_udp);
 	tcase_add_test(tc, gets_net);
+	tcase_add_test(tc, joined_shm);
+	tcase_add_test(tc, joined_shm_chan);
+	tcase_add_test(tc, joined_tcp);
+	tcase_add_test(tc, joined_tcp_chan);
+	tcase_add_test(tc, joined_udp);
+	tcase_add_test(tc, joined_net);
 	tcase_add_test(tc, heap_blocks_model);
 	tcase_add_test(tc, heap_blocks_table_full);
 	tcase_add_test(tc, shm_agree_rounds);

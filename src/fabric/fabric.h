@@ -539,6 +539,19 @@ static inline bool fep_fab_signals_after_writes(const fep_fabric_t *fab)
 {
 	return fab->signal != FABEP_SIGNAL_CQDATA || fab->sender_copy;
 }
+/* Whether fep_fab_put_signal_many posts a chain of at most pieces puts
+ * of len bytes in all, consecutive in the batch, to one peer at
+ * consecutive destinations, none but the last with a signal, as one
+ * write carrying that signal (remote CQ data, where a signal stands
+ * only for its own write): so where the write fits one message and the
+ * provider's local buffers per write, and no channel takes a slice. */
+static inline bool fep_fab_joins(const fep_fabric_t *fab, size_t pieces,
+				 size_t len)
+{
+	return !fep_fab_signals_after_writes(fab) && pieces <= fab->iov_max &&
+	       len <= fab->max_msg_size &&
+	       (fab->nchan <= 1 || len < 2 * (size_t)FEP_SLICE_MIN);
+}
 
 /* How many writes one rank may post to one target in a batch without
  * filling the target's queue, where every write is shm's fast path

@@ -970,6 +970,49 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 
 /* Every put's signal, times mult, in the CQ data of its own write (of
  * its last write, past max_msg_size), counted by the target's progress. */
+/* The length of the chain at puts[0] that leaves as one write with its
+ * signal (fep_fab_joins): puts without a signal, then one with, to one
+ * peer at consecutive destinations, at most iov_max pieces and one
+ * message; 0 where puts[0] starts none. */
+static size_t put_chain(const fep_fabric_t *fab, const struct fep_put *puts,
+			size_t n)
+{
+	size_t k, tot = 0;
+
+	for (k = 0; k < n && k < fab->iov_max; k++) {
+		if (!puts[k].len || puts[k].peer != puts[0].peer ||
+		    puts[k].dst != puts[0].dst + tot ||
+		    puts[k].len > fab->max_msg_size - tot)
+			return 0;
+		tot += puts[k].len;
+		if (puts[k].add)
+			return k + 1;
+	}
+	return 0;
+}
+
+/* A chain of put_chain as one write with the last put's signal. */
+static int post_chain(fep_fabric_t *fab, const struct fep_put *puts,
+		      size_t cnt, uint64_t mult)
+{
+	const struct fep_put *last = &puts[cnt - 1];
+	uint8_t *buf[FEP_IOV_MAX];
+	size_t len[FEP_IOV_MAX], i;
+	uint64_t data, rest;
+	int ret;
+
+	for (i = 0; i < cnt; i++) {
+		buf[i] = put_buf(fab, &puts[i]);
+		len[i] = puts[i].len;
+	}
+	fep_cqdata_pack(fab, last->sig, last->add * mult, &data, &rest);
+	ret = fep_post_writev(fab, puts[0].peer, puts[0].dst, buf, len, cnt, 0,
+			      true, data);
+	if (!ret)  /* past what one CQ data holds */
+		ret = cqdata_signal(fab, last->peer, last->sig, rest);
+	return ret;
+}
+
 static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		      uint64_t mult)
 {
@@ -979,8 +1022,15 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 	for (i = 0; i < n; i++) {
 		const struct fep_put *p = &puts[i];
 		uint64_t data, rest;
-		size_t len = p->len, head;
+		size_t len = p->len, head, cnt;
 
+		if (!p->add && (cnt = put_chain(fab, puts + i, n - i))) {
+			ret = post_chain(fab, puts + i, cnt, mult);
+			if (ret)
+				return ret;
+			i += cnt - 1;
+			continue;
+		}
 		if (!p->add) {
 			ret = write_buf(fab, p->peer, p->dst, put_buf(fab, p), len, 0);
 			if (ret)
