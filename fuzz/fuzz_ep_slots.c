@@ -84,7 +84,7 @@ static uint64_t ref_signals(struct fabep_moe *m, int b, uint64_t seq)
 
 		if (r == m->rank)
 			continue;
-		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, r)), sizeof(h));
+		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_dhdr(m, b, r)), sizeof(h));
 		if (h.seq == seq && h.magic == FEP_EP_MAGIC &&
 		    (h.chunks == 0 || h.chunks == m->dchunks - 1))
 			sum += h.chunks;
@@ -114,7 +114,7 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 	for (r = 0; r < m->size; r++) {
 		struct fep_ep_hdr h;
 
-		memcpy(&h, fep_heap_at(fab, fep_ep_dslot(m, b, r)), sizeof(h));
+		memcpy(&h, fep_heap_at(fab, fep_ep_dhdr(m, b, r)), sizeof(h));
 		if (h.seq != seq || h.magic != FEP_EP_MAGIC)
 			return REF_PROTOCOL;
 		if (r != m->rank && h.chunks != 0 && h.chunks != m->dchunks - 1)
@@ -138,7 +138,7 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 	for (r = 0; r < m->size; r++) {
 		uint64_t sum = 0;
 
-		memcpy(ann, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
+		memcpy(ann, (uint8_t *)fep_heap_at(fab, fep_ep_dhdr(m, b, r)) +
 		       FEP_EP_HDR, 4 * (size_t)m->L);
 		for (e = 0; e < m->L; e++)
 			sum += ann[e];
@@ -154,8 +154,8 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		 * (and the handle has room for them), this rank's are those
 		 * above */
 		if (m->place_rows && (fl[r] & FEP_EP_HDR_COUNTS)) {
-			memcpy(all, (uint8_t *)fep_heap_at(fab, fep_ep_dslot(m, b, r)) +
-			       FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + m->rank),
+			memcpy(all, (uint8_t *)fep_heap_at(fab, fep_ep_dhdr(m, b, r)) -
+			       m->dcnt_bytes + 4 * (size_t)m->L * (size_t)m->rank,
 			       4 * (size_t)m->L);
 			if (memcmp(all, ann, 4 * (size_t)m->L))
 				return REF_PROTOCOL;
@@ -168,7 +168,7 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 		struct fep_ep_hdr h;
 		int32_t mk[2];
 
-		memcpy(&h, slot, sizeof(h));
+		memcpy(&h, slot + m->dhoff, sizeof(h));
 		memcpy(mk, slot + m->hdr_recs * m->rec_bytes, sizeof(mk));
 		placed[r] = r != m->rank && (h.flags & FEP_EP_HDR_PLACE) &&
 			    rows <= m->place_rows && mk[0] == FEP_EP_PLACED_MARK &&
@@ -177,7 +177,7 @@ static int ref_dispatch(struct fabep_moe *m, int b, uint64_t seq)
 	for (r = 0; r < m->size; r++) {
 		const uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
 
-		memcpy(ann, slot + FEP_EP_HDR, 4 * (size_t)m->L);
+		memcpy(ann, slot + m->dhoff + FEP_EP_HDR, 4 * (size_t)m->L);
 		memset(got, 0, sizeof(got));
 		for (i = 0; i < cnt[r]; i++) {
 			const uint8_t *rec = placed[r] ?
@@ -298,7 +298,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	s = &m->set[b];
 	s->seq = seq;
 	for (r = 0; r < size; r++) {
-		uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
+		uint8_t *slot = fep_heap_at(fab, fep_ep_dhdr(m, b, r));  /* header */
 		const uint8_t *p;
 
 		modes[r] = fuzz_u8(&in);
@@ -339,7 +339,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 		if (!(modes[r] & 8))
 			continue;
 		memset(cnt, 0, sizeof(cnt));
-		memcpy(&hc, slot + offsetof(struct fep_ep_hdr, count), 4);
+		memcpy(&hc, slot + m->dhoff + offsetof(struct fep_ep_hdr, count), 4);
 		for (i = 0; i < (size_t)cfg.max_tokens && i < hc; i++)
 			for (j = 0; j < m->k; j++) {
 				memcpy(&e, slot + (m->hdr_recs + i) * m->rec_bytes + 8 +
@@ -347,23 +347,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 				if (e >= rank * m->L && e < (rank + 1) * m->L)
 					cnt[e - rank * m->L]++;
 			}
-		memcpy(slot + FEP_EP_HDR, cnt, 4 * (size_t)m->L);
+		memcpy(slot + m->dhoff + FEP_EP_HDR, cnt, 4 * (size_t)m->L);
 	}
 	for (r = 0; m->place_rows && r < size; r++) {  /* every rank's rows */
-		uint8_t *slot = fep_heap_at(fab, fep_ep_dslot(m, b, r));
-		uint8_t *all = slot + FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + rank);
+		uint8_t *hd = fep_heap_at(fab, fep_ep_dhdr(m, b, r));
+		uint8_t *all = hd - m->dcnt_bytes + 4 * (size_t)m->L * (size_t)rank;
 
 		if (modes[r] & 64) {  /* fuzzed */
 			const uint8_t *p = fuzz_bytes(&in, 4 * (size_t)m->L, &got);
 
 			memcpy(all, p, got);
 		} else {
-			memcpy(all, slot + FEP_EP_HDR, 4 * (size_t)m->L);
+			memcpy(all, hd + FEP_EP_HDR, 4 * (size_t)m->L);
 		}
 	}
 
 	ref = ref_dispatch(m, b, seq);
-	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dslot(m, b, 0),
+	ret = fep_ep_check_hdrs(m, "fuzz dispatch", fep_ep_dhdr(m, b, 0),
 				m->dslot_bytes, seq, NULL, 0, s->rcount, &sigs, NULL);
 	FUZZ_CHECK(ret <= 0);
 	/* the records' target, whatever the verdict */

@@ -2591,7 +2591,8 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 	uint32_t rows[8];
 	int32_t meta[2 + 2 * LIE_TOPK];
 	float one = 1.0f;
-	size_t len = m->dhdr_bytes;
+	uint8_t *hd = st + m->dhoff;
+	size_t len = m->hdr_recs * m->rec_bytes;  /* the header's records */
 	int ret;
 
 	memset(st, 0, m->dslot_bytes);
@@ -2623,11 +2624,11 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 	if (m->place_rows) {  /* every rank's counts: r's the same, or not */
 		h.flags = FEP_EP_HDR_COUNTS;
 		if (lie != LIE_ALLROWS)
-			memcpy(st + FEP_EP_HDR + 4 * (size_t)m->L * (size_t)(1 + r), rows,
-			       4 * (size_t)m->L);
+			memcpy(hd - m->dcnt_bytes + 4 * (size_t)m->L * (size_t)r,
+			       rows, 4 * (size_t)m->L);
 	}
-	memcpy(st, &h, sizeof(h));
-	memcpy(st + FEP_EP_HDR, rows, 4 * (size_t)m->L);
+	memcpy(hd, &h, sizeof(h));
+	memcpy(hd + FEP_EP_HDR, rows, 4 * (size_t)m->L);
 	memcpy(st + m->hdr_recs * m->rec_bytes, meta, sizeof(meta));
 	if (lie >= LIE_TOKEN)
 		len = (m->hdr_recs + 1) * m->rec_bytes;
@@ -2718,7 +2719,7 @@ static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
 			for (r = 0; r < size; r++) {
 				if (r == rank)
 					continue;
-				memcpy(&h, fabep_heap_ptr(comm, fep_ep_dslot(m, 0, r)),
+				memcpy(&h, fabep_heap_ptr(comm, fep_ep_dhdr(m, 0, r)),
 				       sizeof(h));
 				want += h.chunks;
 			}

@@ -19,7 +19,9 @@
  *
  * The headers (count, and rows per expert of the receiver) go on a
  * counter of their own, before any record is packed when the records
- * come to FEP_EP_EARLY_BYTES or more (else in one batch with them).
+ * come to FEP_EP_EARLY_BYTES or more (else in one batch with them; a
+ * small call's runs each as one write of header and records under
+ * remote CQ data, whose header signal then stands for the records).
  *
  * Receive: wait for the headers, check them (sequence, status, count
  * bounds), agree on the error of the lowest failing rank, lay out the
@@ -433,9 +435,11 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	r.chunks = m->placing && !m->posted[peer] ? 1 : m->dchunks;
 	r.sig = fep_ep_dctr(m, c->b);
 	r.hlen = m->dcounts ? m->dhdr_bytes : m->dhdr_short;
+	r.hoff = m->dcounts ? m->dhoff - m->dcnt_bytes : m->dhoff;
 	r.hsig = fep_ep_hctr(m, c->b);
 	/* r.hlast 0: headers go first, on their own counter, often early */
 	r.merge = m->dmerge;
+	r.join = m->djoin;
 	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
 	r.tok = m->pack_tok + m->pack_base[peer];
 	r.input = fep_ep_dinput(m, c->b);
@@ -581,6 +585,8 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 		if (m->placing && (!p || 2 * p < runs)) {
 			m->placing = 0;
 			m->dmerge = fep_ep_merge(m, n);
+			m->djoin = m->dmerge &&
+				   !fep_fab_signals_after_writes(m->comm->fab);
 		}
 	} else {
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
@@ -592,7 +598,7 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 			m->run_first[d] = -1;
 	}
 	for (d = 0; d < m->size; d++) {
-		uint8_t *h = run_base(m, b, d);
+		uint8_t *h = run_base(m, b, d) + m->dhoff;
 		uint32_t chunks = m->dmerge ? 0 : (uint32_t)(m->dchunks - 1);
 		uint32_t fl = (s->xrun[d] ? FEP_EP_HDR_ROWS : 0) |
 			      (m->placing ? FEP_EP_HDR_PLACE : 0) |
@@ -604,7 +610,7 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 		memcpy(h + FEP_EP_HDR, m->ecnt + (size_t)d * (size_t)m->L,
 		       4 * (size_t)m->L);
 		if (m->dcounts)  /* every rank's: each receiver's layout */
-			memcpy(h + FEP_EP_HDR + 4 * (size_t)m->L, m->ecnt,
+			memcpy(h - m->dcnt_bytes, m->ecnt,
 			       4 * (size_t)m->cfg.num_experts);
 	}
 }
@@ -617,15 +623,20 @@ static int early(const struct fabep_moe *m, size_t n)
 
 /* Whether a send of n tokens leaves in one batch with one signal per peer:
  * headers not early, one block (every chunk of every run complete when
- * the batch is posted), and a strategy whose signal is an operation
- * posted after the batch's writes (ordered after them, or after their
- * completion): the header's signal then stands for the records too, and
- * the header says so (chunks 0).  With remote CQ data every write is its
- * own signal, so each chunk keeps its own. */
+ * the batch is posted), and either a strategy whose signal is an
+ * operation posted after the batch's writes (ordered after them, or
+ * after their completion), or each run in one write (remote CQ data,
+ * where every write is its own signal: the header and the records, from
+ * the staging or from one range of the input slot, m->djoin): the
+ * header's signal then stands for the records too, and the header says
+ * so (chunks 0). */
 static int fep_ep_merge(const struct fabep_moe *m, size_t n)
 {
-	return fep_fab_signals_after_writes(m->comm->fab) && !early(m, n) &&
-	       n <= m->dchunk_recs;
+	fep_fabric_t *fab = m->comm->fab;
+
+	return !early(m, n) && n <= m->dchunk_recs &&
+	       (fep_fab_signals_after_writes(fab) ||
+		fep_fab_joins(fab, 2, (m->hdr_recs + n) * m->rec_bytes));
 }
 
 /* Pack the n tokens a block at a time on the workers (the caller drives
@@ -700,9 +711,9 @@ static void take_hdrs(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	s->hchk = s->hrefused = 0;
 	s->hret = fep_ep_wait(m, m->dfn, fep_ep_hctr(m, b),
 			      (uint64_t)(m->size - 1) * s->uses,
-			      fep_ep_dslot(m, b, 0), m->dslot_bytes, s->seq);
+			      fep_ep_dhdr(m, b, 0), m->dslot_bytes, s->seq);
 	if (!s->hret)
-		s->hchk = fep_ep_check_hdrs(m, m->dfn, fep_ep_dslot(m, b, 0),
+		s->hchk = fep_ep_check_hdrs(m, m->dfn, fep_ep_dhdr(m, b, 0),
 					    m->dslot_bytes, s->seq, NULL, s->status,
 					    s->rcount, &s->dexp, &s->hrefused);
 }
@@ -723,7 +734,7 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		      struct fep_ep_set *s)
 {
 	fep_fabric_t *fab = m->comm->fab;
-	const uint8_t *hb = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
+	const uint8_t *hb = fep_heap_at(fab, fep_ep_dhdr(m, b, 0));
 	size_t L = (size_t)m->L, E = (size_t)m->cfg.num_experts, k = (size_t)m->k;
 	size_t np = 0, i, e, iov = FEP_MAX(fab->iov_max, (size_t)1);
 	uint64_t in = fep_ep_dinput(m, b) + m->hdr_recs * m->rec_bytes;
@@ -741,12 +752,13 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	memset(m->pnext, 0, E * sizeof(uint64_t));
 	ok = !s->hchk;
 	for (src = 0; ok && src < m->size; src++) {
-		const uint8_t *h = hb + (size_t)src * m->dslot_bytes + FEP_EP_HDR + 4 * L;
+		const uint8_t *hd = hb + (size_t)src * m->dslot_bytes;
+		const uint8_t *h = hd - m->dcnt_bytes;  /* every rank's counts */
 		uint32_t fl;
 
 		/* a rank whose call could not place sent no counts: without
 		 * every receiver's layout every run goes as records */
-		memcpy(&fl, h - FEP_EP_HDR - 4 * L + offsetof(struct fep_ep_hdr, flags), 4);
+		memcpy(&fl, hd + offsetof(struct fep_ep_hdr, flags), 4);
 		ok = !!(fl & FEP_EP_HDR_COUNTS);
 		for (e = 0; ok && e < E; e++) {
 			uint32_t v;
@@ -893,6 +905,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	 * placing); not in a small call's, which then fit inline */
 	m->dcounts = m->placing || (!status && !n && m->place_rows);
 	m->dmerge = !m->placing && fep_ep_merge(m, n);
+	m->djoin = m->dmerge && !fep_fab_signals_after_writes(m->comm->fab);
 	write_headers(m, b, s, n, status);  /* placing: only if worth it */
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;
@@ -1103,6 +1116,7 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 {
 	fep_fabric_t *fab = m->comm->fab;
 	const uint8_t *base = fep_heap_at(fab, fep_ep_dslot(m, b, 0));
+	const uint8_t *hb = base + m->dhoff;
 	size_t L = (size_t)m->L, rows = 0, nb = 0;
 	struct fep_ep_idle idle = { fab, 0 };
 	int src, e, ret;
@@ -1113,7 +1127,7 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	s->rtokens = s->tbase[m->size];
 	memset(s->counts, 0, L * sizeof(uint32_t));
 	for (src = 0; src < m->size; src++) {
-		const uint8_t *h = base + (size_t)src * m->dslot_bytes + FEP_EP_HDR;
+		const uint8_t *h = hb + (size_t)src * m->dslot_bytes + FEP_EP_HDR;
 		uint32_t *cnt = m->rend + (size_t)src * L;
 		uint64_t sum = 0;
 		uint32_t fl;
@@ -1131,7 +1145,8 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		/* every rank's rows per expert (placed dispatch): its
 		 * counts for this rank's experts must be those above */
 		if ((fl & FEP_EP_HDR_COUNTS) && m->place_rows &&
-		    memcmp(h + 4 * L + 4 * L * (size_t)m->rank, h, 4 * L)) {
+		    memcmp(h - FEP_EP_HDR - m->dcnt_bytes + 4 * L * (size_t)m->rank,
+			   h, 4 * L)) {
 			fep_err("%s: rank %d announced other rows for this rank's "
 				"experts in its counts for every rank", m->dfn, src);
 			return -FABEP_ERR_PROTOCOL;

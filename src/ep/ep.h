@@ -12,10 +12,13 @@
  *             as many as each header announces (its chunks), so dctr's
  *             target is the sum of those (set->dexp).
  *   drecv     [set][2 * size] dispatch slots: [source] slots, the set's
- *             staged runs to the other ranks, the input slot.  A slot: a
- *             header (hdr_recs records: struct fep_ep_hdr, then uint32
- *             rows per local expert of the receiver) then max_tokens
- *             records of rec_bytes:
+ *             staged runs to the other ranks, the input slot.  A slot:
+ *             hdr_recs records holding the header (struct fep_ep_hdr,
+ *             then uint32 rows per local expert of the receiver) at
+ *             their end, at dhoff, so that it and the records can leave
+ *             in one write, and every rank's uint32 rows per expert
+ *             (dcnt_bytes, a call that may place) right before it; then
+ *             max_tokens records of rec_bytes:
  *               int32 token, int32 pad, int32 expert[k] (global, -1 = none),
  *               float weight[k], float scales[nscale], payload (row_bytes)
  *             The own slot's records carry no payload: self_pay points at
@@ -203,6 +206,8 @@ struct fabep_moe {
 			      * FEP_EP_LANE_BYTES), 1 always (fep_ep_copy) */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
+	int djoin;           /* and each run as one write: the header with
+			      * the records (remote CQ data, fep_fab_joins) */
 	int place_mode;      /* FABEP_MOE_PLACE: -1 never, 0 auto (calls
 			      * whose headers leave early), 1 always */
 	size_t place_rows;   /* rows of a set's placed region; 0: none */
@@ -215,10 +220,15 @@ struct fabep_moe {
 	size_t meta_bytes, scale_off, pay_off, rec_bytes, hdr_recs;
 	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
-	size_t dhdr_bytes;   /* FEP_EP_HDR + 4 * L, and 4 * num_experts with
-			      * a placed region, to 64: the header's room */
+	size_t dhdr_bytes;   /* dhdr_short + dcnt_bytes: the header's room */
 	size_t dhdr_short;   /* FEP_EP_HDR + 4 * L, to 64: a header without
 			      * every rank's counts, what chunk 0 then writes */
+	size_t dcnt_bytes;   /* 4 * num_experts, to 64, with a placed region:
+			      * every rank's counts, right before the header */
+	size_t dhoff;        /* a dispatch slot's header: 64-byte aligned at
+			      * the end of its header records (fewer than 64
+			      * bytes before the first), so that it and the
+			      * records can leave in one write */
 	size_t chdr_rows, cslot_rows, cslot_bytes;
 	size_t choff;        /* a combine slot's header: at the end of its
 			      * header rows, 8-byte aligned, so that it and
@@ -337,6 +347,11 @@ static inline uint64_t fep_ep_dslot(const struct fabep_moe *m, int b, int s)
 	return m->drecv + ((uint64_t)b * fep_ep_dset_slots(m) + (uint64_t)s) *
 			  m->dslot_bytes;
 }
+/* The header in dispatch slot of source s in set b. */
+static inline uint64_t fep_ep_dhdr(const struct fabep_moe *m, int b, int s)
+{
+	return fep_ep_dslot(m, b, s) + m->dhoff;
+}
 /* Staging of the run to rank d (d != rank) in set b. */
 static inline uint64_t fep_ep_dstage(const struct fabep_moe *m, int b, int d)
 {
@@ -438,10 +453,9 @@ int fep_ep_wait_with(struct fabep_moe *m, const char *what, uint64_t ctr,
 		     int (*work)(void *), void *work_ctx);
 void fep_ep_hdr_write(void *p, uint64_t seq, int status, uint32_t count);
 /* A run to one peer, as fep_ep_ready_chunks posts it: chunk 0 is the
- * header (hlen bytes, signalled on hsig), chunk j >= 1 the units
+ * header (hlen bytes at hoff, signalled on hsig), chunk j >= 1 the units
  * [(j - 1) * per, j * per) of the run (empty past its end: a signal
- * only) on sig; with join and 2 chunks, chunk 0 carries the whole run
- * and chunk 1 is a signal only. */
+ * only) on sig. */
 struct fep_ep_run {
 	int peer;
 	uint64_t dst;          /* the receiver's slot for this rank */
@@ -452,8 +466,8 @@ struct fep_ep_run {
 	uint64_t sig;
 	size_t hlen;           /* header bytes (hlast 0; with hlast the
 				* header is hdr units) */
-	size_t hoff;           /* hlast: where in its hdr units the header
-				* starts; the write begins there */
+	size_t hoff;           /* where in its hdr units the header starts;
+				* its write begins there */
 	uint64_t hsig;
 	/* 0: the header leaves first (chunk 0), then the chunks in order,
 	 * empty ones included; done counts the units complete from the
@@ -471,6 +485,12 @@ struct fep_ep_run {
 	 * (dispatch's merged batch, chunks 0 in its header), whose puts add
 	 * nothing */
 	int merge;
+	/* merge only: the header and the units (at most per, in chunk 1)
+	 * leave together once all are done, the header's signal on the
+	 * last piece, so that the fabric posts them as one write
+	 * (fep_fab_joins: remote CQ data, where a signal stands only for its
+	 * own write); the header reaches to the units (hlen ignored) */
+	int join;
 	const uint8_t *direct; /* [chunks]: chunk leaves from input; or NULL */
 	const int32_t *tok;    /* run position -> input record (direct chunks) */
 	uint64_t input;        /* the input slot */

@@ -156,10 +156,14 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 		m->place_rows = FEP_MIN((size_t)nranks * (size_t)c->max_tokens *
 					(size_t)FEP_MIN(m->k, m->L),
 					2 * (size_t)c->max_tokens * (size_t)m->k);
-	m->dhdr_bytes = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L +
-				     (m->place_rows ? 4 * (size_t)c->num_experts : 0), 64);
 	m->dhdr_short = FEP_ALIGN_UP(FEP_EP_HDR + 4 * (size_t)m->L, 64);
+	m->dcnt_bytes = m->place_rows ?
+		FEP_ALIGN_UP(4 * (size_t)c->num_experts, 64) : 0;
+	m->dhdr_bytes = m->dhdr_short + m->dcnt_bytes;
 	m->hdr_recs = (m->dhdr_bytes + m->rec_bytes - 1) / m->rec_bytes;
+	/* at least dcnt_bytes before it: dhdr_bytes fit, dcnt_bytes is
+	 * a multiple of 64 */
+	m->dhoff = (m->hdr_recs * m->rec_bytes - m->dhdr_short) & ~(size_t)63;
 	/* the slot stride must be whole records (one gather index space) */
 	m->dslot_recs = m->hdr_recs + (size_t)c->max_tokens;
 	while ((m->dslot_recs * m->rec_bytes) % 64)
@@ -855,7 +859,32 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 
 	if (r->hlast)
 		return ready_hlast(out, r, posted);
-
+	if (r->join && *posted < r->chunks) {
+		if (r->done < r->count)
+			return 0;
+		/* the header reaches to the units; they follow it in stage,
+		 * or are one range of the input slot (a direct chunk where
+		 * the fabric does not gather is one range) */
+		out[0].peer = r->peer;
+		out[0].sig = r->hsig;
+		out[0].add = 1;
+		out[0].dst = r->dst + r->hoff;
+		out[0].src = r->stage + r->hoff;
+		out[0].len = r->hdr * r->unit - r->hoff;
+		n = 1;
+		if (r->count && r->direct && r->direct[1]) {
+			out[1] = out[0];
+			out[0].add = 0;
+			out[1].dst = r->dst + r->hdr * r->unit;
+			out[1].src = r->input + (r->hdr + (size_t)r->tok[0]) * r->unit;
+			out[1].len = r->count * r->unit;
+			n = 2;
+		} else {
+			out[0].len += r->count * r->unit;
+		}
+		*posted = r->chunks;
+		return n;
+	}
 	while (*posted < r->chunks) {
 		size_t j = *posted, r0 = 0, r1 = 0;
 
@@ -863,8 +892,8 @@ size_t fep_ep_ready_chunks(struct fep_put *out, const struct fep_ep_run *r,
 		out[n].sig = j ? r->sig : r->hsig;
 		out[n].add = j && r->merge ? 0 : 1;
 		if (j == 0) {  /* the header */
-			out[n].dst = r->dst;
-			out[n].src = r->stage;
+			out[n].dst = r->dst + r->hoff;
+			out[n].src = r->stage + r->hoff;
 			out[n].len = r->hlen;
 		} else {
 			r0 = (j - 1) * r->per;
