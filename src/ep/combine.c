@@ -331,10 +331,18 @@ static int row_blocks(struct fabep_moe *m, const struct fep_ep_set *s,
 	return 0;
 }
 
+/* Whether combine's rows leave straight from y (rows_puts). */
+static bool rows_from_y(const fep_fabric_t *fab)
+{
+	return fep_fab_ptr_ok(fab) && fep_fab_signals_after_writes(fab);
+}
+
 /* The puts of the rows of y to source p (row_blocks) into out, behind
  * the run's header, with the run's signals: straight from y where the
- * provider reads unregistered memory, else through p's stage.  Returns
- * how many: at most one a row and the header. */
+ * provider reads unregistered memory and the header's signal follows
+ * the writes before it, else through p's stage, the run one write (under
+ * remote CQ data a write without a signal has no order with the
+ * header's).  Returns how many: at most one a row and the header. */
 static size_t rows_puts(struct fabep_moe *m, int b, int p, const uint8_t *y,
 			size_t ld_y, struct fep_put *out)
 {
@@ -344,7 +352,7 @@ static size_t rows_puts(struct fabep_moe *m, int b, int p, const uint8_t *y,
 	uint64_t dst = fep_ep_cslot(m, b, m->rank), stage = fep_ep_cstage(m, p);
 	uint8_t *st = fep_heap_at(fab, stage);
 	size_t np = 0, pos = m->chdr_rows, i, j;
-	int ptr = fep_fab_ptr_ok(fab);
+	int ptr = rows_from_y(fab);
 
 	for (i = 0; i < m->xnblk[p]; i++) {
 		const uint8_t *r0 = y + (size_t)blk[2 * i] * ld;
@@ -364,9 +372,8 @@ static size_t rows_puts(struct fabep_moe *m, int b, int p, const uint8_t *y,
 		}
 		pos += n;
 	}
-	/* the header last, with the run's signals: where each write's CQ
-	 * data is its signal (cqdata) it follows the rows, as a run's last
-	 * chunk does; from the stage, it is one write with the rows */
+	/* the header last, with the run's signals; from the stage, it is
+	 * one write with the rows */
 	out[np++] = (struct fep_put){
 		.peer = p, .dst = dst + m->choff, .src = stage + m->choff,
 		.len = (ptr ? m->chdr_rows : pos) * unit - m->choff,
@@ -611,7 +618,7 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	}
 	/* rows written from y: y is the caller's again once they have left,
 	 * at once where the sender copies in the post */
-	if (!status && nrows && fep_fab_ptr_ok(fab) && !fep_fab_sender_copies(fab)) {
+	if (!status && nrows && rows_from_y(fab) && !fep_fab_sender_copies(fab)) {
 		ret = fep_ep_fab(m, fep_fabric_reap_writes(fab));
 		if (ret)
 			goto fail;
