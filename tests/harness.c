@@ -43,6 +43,14 @@
 #define HARNESS_LSAN 1
 #endif
 #endif
+/* ThreadSanitizer builds, with GCC or Clang (as FEP_TSAN in fabric.h) */
+#if defined(__SANITIZE_THREAD__)
+#define HARNESS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HARNESS_TSAN 1
+#endif
+#endif
 #ifdef HARNESS_LSAN
 #include <sanitizer/lsan_interface.h>
 
@@ -755,7 +763,7 @@ void fep_test_use_signal(const char *prov, fabep_signal_t sig)
 	if (!(mask & (1u << sig)))
 		fep_test_skip("fabep offers no signal strategy %s with provider %s "
 			      "here", fabep_signal_name(sig), prov);
-#if defined(__SANITIZE_THREAD__)
+#ifdef HARNESS_TSAN
 	/* The library tells ThreadSanitizer that a counter read orders what
 	 * libfabric's progress wrote before it (FEP_TSAN_OBSERVE); that
 	 * progress runs in the ranks' own calls, except on sockets, whose
