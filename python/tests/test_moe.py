@@ -87,10 +87,11 @@ def _expert_out(vals, eids, combine_type, kind):
     return _conv(y.contiguous(), kind), y.float()
 
 
-def _moe_body(me, nranks, kind):
+def _moe_body(me, nranks, kind, prov=None):
     import fabep
     comm = fabep.Comm.from_env()
     assert (comm.rank, comm.size) == (me, nranks)
+    assert prov is None or comm.provider.split(";")[0] == prov, comm.provider
     checked = 0
     for token_type, combine_type, zc in (("bf16", "bf16", False),
                                          ("fp32", "fp32", False),
@@ -145,9 +146,7 @@ def _provider_body(me, nranks, prov):
     # (its forked ranks must not inherit it)
     if not fabep.providers(prov):
         return "absent"
-    with fabep.Comm.from_env() as comm:
-        assert comm.provider.split(";")[0] == prov, comm.provider
-    return _moe_body(me, nranks, "torch")
+    return _moe_body(me, nranks, "torch", prov)
 
 
 @pytest.mark.parametrize("prov", ["tcp", "udp", "net", "sockets"])
