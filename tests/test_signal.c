@@ -1245,6 +1245,22 @@ SHM2_TEST(peer_leaves_after_signal, leave_rank)
  * the peer wrote, and the bad ranges refused. */
 #define RD_BYTES (96u << 10)
 
+/* Two blocks of bytes and a counter in the heap (after a create that
+ * returned ret), or 1 with what failed said. */
+static int blocks_ctr(int ret, int rank, fabep_comm_t *comm, size_t bytes,
+		      fabep_off_t *a, fabep_off_t *b, fabep_off_t *ctr)
+{
+	if (!ret)
+		ret = fabep_heap_alloc(comm, bytes, 64, a);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, bytes, 64, b);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 8, ctr);
+	if (ret)
+		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+	return ret ? 1 : 0;
+}
+
 static uint8_t rd_pat(int rank, size_t i)
 {
 	return (uint8_t)(i * 131u + (size_t)rank * 7u + (i >> 12));
@@ -1253,7 +1269,7 @@ static uint8_t rd_pat(int rank, size_t i)
 static int reads_rank(int rank, int size, void *arg)
 {
 	fabep_signal_t sig = *(const fabep_signal_t *)arg;
-	fabep_comm_t *comm;
+	fabep_comm_t *comm = NULL;
 	fep_fabric_t *fab;
 	fabep_off_t mine, into, ctr;
 	uint8_t *got = malloc(RD_BYTES), *src = malloc(RD_BYTES), *p;
@@ -1263,16 +1279,8 @@ static int reads_rank(int rank, int size, void *arg)
 
 	(void)size;
 	ret = got && src ? make_comm(sig, 4u << 20, &comm) : -ENOMEM;
-	if (!ret)
-		ret = fabep_heap_alloc(comm, RD_BYTES, 64, &mine);
-	if (!ret)
-		ret = fabep_heap_alloc(comm, RD_BYTES, 64, &into);
-	if (!ret)
-		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
-	if (ret) {
-		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+	if (blocks_ctr(ret, rank, comm, RD_BYTES, &mine, &into, &ctr))
 		return 1;
-	}
 	fab = comm->fab;
 	p = fep_heap_at(fab, mine);
 	for (i = 0; i < RD_BYTES; i++) {
@@ -1383,16 +1391,8 @@ static int joined_rank(int rank, int size, void *arg)
 			     arg ? atoi(arg) : 1, &comm);
 	if (ret == -FABEP_ERR_NO_SIGNAL)
 		return 77;
-	if (!ret)
-		ret = fabep_heap_alloc(comm, 4 * JOIN_PIECE, 64, &src);
-	if (!ret)
-		ret = fabep_heap_alloc(comm, 4 * JOIN_PIECE, 64, &into);
-	if (!ret)
-		ret = fabep_heap_alloc(comm, 8, 8, &ctr);
-	if (ret) {
-		fprintf(stderr, "rank %d: set-up: %s\n", rank, fabep_strerror(ret));
+	if (blocks_ctr(ret, rank, comm, 4 * JOIN_PIECE, &src, &into, &ctr))
 		return 1;
-	}
 	fab = comm->fab;
 	np = FEP_MIN((size_t)3, fab->iov_max);
 	len = np * JOIN_PIECE;
