@@ -21,7 +21,8 @@
  * counter of their own, before any record is packed when the records
  * come to FEP_EP_EARLY_BYTES or more (else in one batch with them; a
  * small call's runs each as one write of header and records under
- * remote CQ data, whose header signal then stands for the records).
+ * remote CQ data, whose header signal then stands for the records, up to
+ * FEP_EP_EARLY_JOIN_BYTES).
  *
  * Receive: wait for the headers, check them (sequence, status, count
  * bounds), agree on the error of the lowest failing rank, lay out the
@@ -615,10 +616,21 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 	}
 }
 
-/* Whether the headers of n tokens leave before the records. */
+/* Whether the headers of n tokens leave before the records: from
+ * FEP_EP_EARLY_BYTES of records, or FEP_EP_EARLY_JOIN_BYTES where the runs
+ * would otherwise each be one write with their header (remote CQ data,
+ * fep_ep_merge): there an early header costs every peer a write of its
+ * own, more than the layout it lets the receivers start. */
 static int early(const struct fabep_moe *m, size_t n)
 {
-	return n * m->rec_bytes >= FEP_EP_EARLY_BYTES;
+	fep_fabric_t *fab = m->comm->fab;
+	size_t bytes = n * m->rec_bytes;
+
+	if (bytes < FEP_EP_EARLY_BYTES)
+		return 0;
+	return bytes >= FEP_EP_EARLY_JOIN_BYTES ||
+	       fep_fab_signals_after_writes(fab) ||
+	       !fep_fab_joins(fab, 2, (m->hdr_recs + n) * m->rec_bytes);
 }
 
 /* Whether a send of n tokens leaves in one batch with one signal per peer:
