@@ -440,7 +440,8 @@ static size_t ready_chunks(struct fabep_moe *m, const struct pack_ctx *c,
 	r.hsig = fep_ep_hctr(m, c->b);
 	/* r.hlast 0: headers go first, on their own counter, often early */
 	r.merge = m->dmerge;
-	r.join = m->djoin;
+	/* each merged run one write, where every write is its own signal */
+	r.join = m->dmerge && !fep_fab_signals_after_writes(m->comm->fab);
 	r.direct = m->chunk_direct + (size_t)peer * m->dchunks;
 	r.tok = m->pack_tok + m->pack_base[peer];
 	r.input = fep_ep_dinput(m, c->b);
@@ -586,8 +587,6 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 		if (m->placing && (!p || 2 * p < runs)) {
 			m->placing = 0;
 			m->dmerge = fep_ep_merge(m, n);
-			m->djoin = m->dmerge &&
-				   !fep_fab_signals_after_writes(m->comm->fab);
 		}
 	} else {
 		memset(s->sent, 0, (size_t)m->size * sizeof(uint32_t));
@@ -616,21 +615,25 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 	}
 }
 
+/* Whether each run of n tokens would be one write with its header
+ * (remote CQ data, fep_fab_joins; never where signals follow writes). */
+static bool runs_join(const struct fabep_moe *m, size_t n)
+{
+	return fep_fab_joins(m->comm->fab, 2,
+			     (m->hdr_recs + n) * m->rec_bytes);
+}
+
 /* Whether the headers of n tokens leave before the records: from
  * FEP_EP_EARLY_BYTES of records, or FEP_EP_EARLY_JOIN_BYTES where the runs
- * would otherwise each be one write with their header (remote CQ data,
- * fep_ep_merge): there an early header costs every peer a write of its
- * own, more than the layout it lets the receivers start. */
-static int early(const struct fabep_moe *m, size_t n)
+ * would otherwise each be one write with their header (join, runs_join):
+ * there an early header costs every peer a write of its own, more than
+ * the layout it lets the receivers start. */
+static int early(const struct fabep_moe *m, size_t n, bool join)
 {
-	fep_fabric_t *fab = m->comm->fab;
 	size_t bytes = n * m->rec_bytes;
 
-	if (bytes < FEP_EP_EARLY_BYTES)
-		return 0;
-	return bytes >= FEP_EP_EARLY_JOIN_BYTES ||
-	       fep_fab_signals_after_writes(fab) ||
-	       !fep_fab_joins(fab, 2, (m->hdr_recs + n) * m->rec_bytes);
+	return bytes >= FEP_EP_EARLY_BYTES &&
+	       (bytes >= FEP_EP_EARLY_JOIN_BYTES || !join);
 }
 
 /* Whether a send of n tokens leaves in one batch with one signal per peer:
@@ -639,16 +642,15 @@ static int early(const struct fabep_moe *m, size_t n)
  * operation posted after the batch's writes (ordered after them, or
  * after their completion), or each run in one write (remote CQ data,
  * where every write is its own signal: the header and the records, from
- * the staging or from one range of the input slot, m->djoin): the
+ * the staging or from one range of the input slot, runs_join): the
  * header's signal then stands for the records too, and the header says
  * so (chunks 0). */
 static int fep_ep_merge(const struct fabep_moe *m, size_t n)
 {
-	fep_fabric_t *fab = m->comm->fab;
+	bool join = runs_join(m, n);
 
-	return !early(m, n) && n <= m->dchunk_recs &&
-	       (fep_fab_signals_after_writes(fab) ||
-		fep_fab_joins(fab, 2, (m->hdr_recs + n) * m->rec_bytes));
+	return !early(m, n, join) && n <= m->dchunk_recs &&
+	       (join || fep_fab_signals_after_writes(m->comm->fab));
 }
 
 /* Pack the n tokens a block at a time on the workers (the caller drives
@@ -668,7 +670,7 @@ static int pack_and_post(struct fabep_moe *m, struct pack_ctx *c,
 	memset(m->cursor, 0, (size_t)m->size * sizeof(uint32_t)); /* records done */
 	for (d = 0; d < m->size; d++)
 		m->posted[d] = 0;
-	if ((!m->dmerge && early(m, n)) || m->placing) {
+	if ((!m->dmerge && early(m, n, runs_join(m, n))) || m->placing) {
 		c->te = 0;
 		ret = post_ready(m, c, s);
 		if (ret)
@@ -907,17 +909,16 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	pack_ctx_init(m, &c, b, x, scales);
 	s->self_n = 0;
 	s->hdone = 0;
-	/* rows placed where every header is awaited anyway (early), or
-	 * always where asked */
+	/* rows placed where every header is awaited anyway (early; no run
+	 * joins where signals follow the writes), or always where asked */
 	m->placing = !status && n && m->place_rows &&
 		     fep_fab_signals_after_writes(m->comm->fab) &&
-		     (m->place_mode > 0 || early(m, n));
+		     (m->place_mode > 0 || early(m, n, false));
 	/* every rank's counts in the headers of a call that may place, and
 	 * of an empty one (an idle rank must not keep the others from
 	 * placing); not in a small call's, which then fit inline */
 	m->dcounts = m->placing || (!status && !n && m->place_rows);
 	m->dmerge = !m->placing && fep_ep_merge(m, n);
-	m->djoin = m->dmerge && !fep_fab_signals_after_writes(m->comm->fab);
 	write_headers(m, b, s, n, status);  /* placing: only if worth it */
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;

@@ -210,8 +210,6 @@ struct fabep_moe {
 			      * FEP_EP_LANE_BYTES), 1 always (fep_ep_copy) */
 	int dmerge;          /* this dispatch's runs leave in one batch under
 			      * one signal per peer (fep_ep_merge) */
-	int djoin;           /* and each run as one write: the header with
-			      * the records (remote CQ data, fep_fab_joins) */
 	int place_mode;      /* FABEP_MOE_PLACE: -1 never, 0 auto (calls
 			      * whose headers leave early), 1 always */
 	size_t place_rows;   /* rows of a set's placed region; 0: none */

@@ -970,25 +970,39 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 
 /* Every put's signal, times mult, in the CQ data of its own write (of
  * its last write, past max_msg_size), counted by the target's progress. */
-/* The length of the chain at puts[0] that leaves as one write with its
- * signal (fep_fab_joins): puts without a signal, then one with, to one
- * peer at consecutive destinations, at most iov_max pieces and one
- * message; 0 where puts[0] starts none. */
-static size_t put_chain(const fep_fabric_t *fab, const struct fep_put *puts,
-			size_t n)
+/* How many puts from puts[i], taken cyclically and at most avail,
+ * continue one write: to one peer at consecutive destinations, none
+ * empty, at most iov_max pieces and one message; with to_signal, up to
+ * the first put with a signal.  0 where puts[i] is empty or alone past
+ * one message. */
+static size_t put_run(const fep_fabric_t *fab, const struct fep_put *puts,
+		      size_t n, size_t i, size_t avail, bool to_signal)
 {
+	const struct fep_put *a = &puts[i];
 	size_t k, tot = 0;
 
-	for (k = 0; k < n && k < fab->iov_max; k++) {
-		if (!puts[k].len || puts[k].peer != puts[0].peer ||
-		    puts[k].dst != puts[0].dst + tot ||
-		    puts[k].len > fab->max_msg_size - tot)
-			return 0;
-		tot += puts[k].len;
-		if (puts[k].add)
+	for (k = 0; k < avail && k < fab->iov_max; k++) {
+		const struct fep_put *p = &puts[(i + k) % n];
+
+		if (!p->len || p->peer != a->peer || p->dst != a->dst + tot ||
+		    p->len > fab->max_msg_size - tot)
+			break;
+		tot += p->len;
+		if (to_signal && p->add)
 			return k + 1;
 	}
-	return 0;
+	return k;
+}
+
+/* The length of the chain at puts[i] that leaves as one write with its
+ * signal (fep_fab_joins): puts without a signal, then one with (put_run
+ * to the signal); 0 where puts[i] starts none. */
+static size_t put_chain(const fep_fabric_t *fab, const struct fep_put *puts,
+			size_t n, size_t i)
+{
+	size_t cnt = put_run(fab, puts, n, i, n - i, true);
+
+	return cnt && puts[i + cnt - 1].add ? cnt : 0;
 }
 
 /* A chain of put_chain as one write with the last put's signal. */
@@ -1024,7 +1038,7 @@ static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		uint64_t data, rest;
 		size_t len = p->len, head, cnt;
 
-		if (!p->add && (cnt = put_chain(fab, puts + i, n - i))) {
+		if (!p->add && (cnt = put_chain(fab, puts, n, i))) {
 			ret = post_chain(fab, puts + i, cnt, mult);
 			if (ret)
 				return ret;
@@ -1171,23 +1185,19 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 
 	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n;) {
 		uint8_t *buf[FEP_IOV_MAX];
-		size_t len[FEP_IOV_MAX], cnt = 1, tot = puts[i].len, k = (i + 1) % n;
+		size_t len[FEP_IOV_MAX], cnt, k;
 
 		if (!puts[i].len) {
 			j++;
-			i = k;
+			i = (i + 1) % n;
 			continue;
 		}
-		buf[0] = put_buf(fab, &puts[i]);
-		len[0] = puts[i].len;
-		while (j + cnt < n && cnt < fab->iov_max && puts[k].len &&
-		       puts[k].peer == puts[i].peer &&
-		       puts[k].dst == puts[i].dst + tot &&
-		       tot + puts[k].len <= fab->max_msg_size) {
-			buf[cnt] = put_buf(fab, &puts[k]);
-			len[cnt++] = puts[k].len;
-			tot += puts[k].len;
-			k = (k + 1) % n;
+		cnt = put_run(fab, puts, n, i, n - j, false);
+		if (!cnt)  /* one put past a message: write_buf slices it */
+			cnt = 1;
+		for (k = 0; k < cnt; k++) {
+			buf[k] = put_buf(fab, &puts[(i + k) % n]);
+			len[k] = puts[(i + k) % n].len;
 		}
 		ret = cnt == 1 ? write_buf(fab, puts[i].peer, puts[i].dst, buf[0],
 					   puts[i].len, wflags) :
@@ -1196,7 +1206,7 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		if (ret)
 			return ret;
 		j += cnt;
-		i = k;
+		i = (i + cnt) % n;
 	}
 	return 0;
 }
