@@ -85,6 +85,8 @@ struct params {
 	size_t msg_max;   /* the largest message, below the provider's */
 	int cq4;          /* 4 bytes of CQ data (verbs, efa), the handle
 			   * behind a 160 MiB block: beyond what they name */
+	size_t iov;       /* the most local pieces of a write, below the
+			   * provider's (fep_fab_test_iov_max) */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -677,6 +679,7 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	if (p->heap_small)
 		a.heap_size = 1u << 20;
 	fep_test_emulate(rank, p->mr_local, p->keys, p->msg_max);
+	fep_fab_test_iov_max = p->iov;
 	if (p->cq4) {
 		fep_test_cq4();
 		a.heap_size += FEP_TEST_CQ4_FILLER;
@@ -692,6 +695,11 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	if (p->mr_local && fep_fab_ptr_ok((*comm)->fab)) {
 		fprintf(stderr, "rank %d: writes may leave from unregistered "
 			"memory, though the case asks for FI_MR_LOCAL\n", rank);
+		return 1;
+	}
+	if (p->iov && (*comm)->fab->iov_max != p->iov) {
+		fprintf(stderr, "rank %d: writes of up to %zu pieces, though the "
+			"case asks for %zu\n", rank, (*comm)->fab->iov_max, p->iov);
 		return 1;
 	}
 	if ((p->channels && fabep_comm_channels(*comm) != atoi(p->channels)) ||
@@ -1545,6 +1553,24 @@ EP_TEST(cq4_shm3_cqdata, "shm", 3, .rounds = 10, .topk = 4, .experts = 12,
 EP_TEST(cq4_shm4_cma, "shm", 4, .rounds = 10, .topk = 8, .experts = 16,
 	.hidden = 300, .max_tokens = 40, .threads = 2, .channels = "2",
 	.signal = FABEP_SIGNAL_CMA, .crows = "fit", .cq4 = 1)
+/* Writes of one or two local pieces (a provider's iov_limit below shm's
+ * and tcp's 4): under remote CQ data a small call's runs no longer join
+ * their headers (1) or just do (2), and where the signals follow the
+ * writes no run is gathered from the input slot (1); a write of more
+ * pieces is refused (-EINVAL), so a path that ignores the limit fails */
+EP_TEST(iov1_tcp3, "tcp", 3, .rounds = 10, .topk = 4, .experts = 12,
+	.hidden = 128, .max_tokens = 30, .routing = R_NEG, .split = 1,
+	.backward = 1, .crows = "fit", .iov = 1)
+EP_TEST(iov2_tcp3_chunks, "tcp", 3, .rounds = 10, .experts = 9,
+	.routing = R_NEG, .topk = 4, .hidden = 128, .max_tokens = 30,
+	.chunk = "1000", .iov = 2)
+EP_TEST(iov1_shm4_cma_place, "shm", 4, .rounds = 10, .topk = 4,
+	.experts = 8, .max_tokens = 32, .threads = 2, .channels = "2",
+	.signal = FABEP_SIGNAL_CMA, .place = "always", .place_expect = 1,
+	.crows = "fit", .iov = 1)
+EP_TEST(iov1_shm3_delivery_gather, "shm", 3, .rounds = 8, .hidden = 8,
+	.topk = 2, .experts = 12, .max_tokens = 300, .split = 1,
+	.signal = FABEP_SIGNAL_DELIVERY, .backward = 1, .iov = 1)
 /* zero-copy receive: the same reference, rows read in place */
 EP_TEST(zc_one_rank, "shm", 1, .rounds = 10, .topk = 3, .experts = 5, .zcopy = 1)
 EP_TEST(zc_shm2_bf16, "shm", 2, .rounds = 100, .hidden = 33, .topk = 4,
@@ -2923,6 +2949,10 @@ static Suite *ep_suite(void)
 	ADD(tc, cq4_shm3_cqdata);
 	ADD(tc, cq4_shm4_cma);
 	ADD(tc, cq4_shm2_slots);
+	ADD(tc, iov1_tcp3);
+	ADD(tc, iov2_tcp3_chunks);
+	ADD(tc, iov1_shm4_cma_place);
+	ADD(tc, iov1_shm3_delivery_gather);
 	ADD(tc, mrl_rows_shm3_split);
 	ADD(tc, mrl_rows_tcp3);
 	ADD(tc, mrl_rows_shm4_ld_fused);

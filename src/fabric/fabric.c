@@ -549,6 +549,7 @@ static int fep_signal_probe(fep_fabric_t *fab, const struct fi_info *base,
 uint64_t fep_fab_test_mr_mode;
 size_t fep_fab_test_cq_data_max;
 size_t fep_fab_test_msg_max;
+size_t fep_fab_test_iov_max;
 
 /* Keep the granted info and the limits the data path reads from it. */
 static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
@@ -562,6 +563,8 @@ static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
 	fab->mr_mode = info->domain_attr->mr_mode | fep_fab_test_mr_mode;
 	fab->iov_max = FEP_MAX((size_t)1, FEP_MIN(info->tx_attr->iov_limit,
 						  (size_t)FEP_IOV_MAX));
+	if (fep_fab_test_iov_max && fab->iov_max > fep_fab_test_iov_max)
+		fab->iov_max = fep_fab_test_iov_max;
 	fab->cq_data_size = info->domain_attr->cq_data_size;
 	if (fep_fab_test_cq_data_max && fab->cq_data_size > fep_fab_test_cq_data_max)
 		fab->cq_data_size = fep_fab_test_cq_data_max;

@@ -248,6 +248,10 @@ extern uint64_t fep_fab_test_key_salt;
  * tests set a few KiB so that puts go as several writes, as they do
  * past max_msg_size on any provider. */
 extern size_t fep_fab_test_msg_max;
+/* And the most local pieces of one write, where not 0 and below the
+ * provider's iov_limit: the tests set 1 or 2 so that shm and tcp (4)
+ * take the paths of a provider that gathers less or not at all. */
+extern size_t fep_fab_test_iov_max;
 int fep_fabric_open(const struct fep_fab_params *p, fep_fabric_t **out);
 void fep_fabric_close(fep_fabric_t *fab);
 /* Fill this rank's blob (after the heap exists). */

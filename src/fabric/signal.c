@@ -382,7 +382,7 @@ static inline void *buf_desc(const fep_fabric_t *fab, const void *b)
 
 /* One write of cnt local pieces (buf[i], len[i] bytes) to one contiguous
  * remote range at dst, with CQ data if data; their total is at most
- * max_msg_size and cnt at most iov_max. */
+ * max_msg_size and cnt at most iov_max (-EINVAL, logged, otherwise). */
 static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 			   uint8_t *const *buf, const size_t *len, size_t cnt,
 			   uint64_t flags, bool data, uint64_t cqdata)
@@ -400,6 +400,13 @@ static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 	size_t i;
 	int ret;
 
+	/* past what the provider takes it would refuse the write or, with
+	 * more pieces than iov[] holds, this would overrun it */
+	if (!cnt || cnt > fab->iov_max) {
+		fep_err("write of %zu pieces to rank %d: the provider takes 1 to %zu",
+			cnt, peer, fab->iov_max);
+		return -EINVAL;
+	}
 	for (i = 0; i < cnt; i++) {
 		iov[i].iov_base = buf[i];
 		iov[i].iov_len = len[i];
@@ -414,6 +421,11 @@ static int fep_post_writev(fep_fabric_t *fab, int peer, uint64_t dst,
 				len[i], (void *)buf[i]);
 			return -EFAULT;
 		}
+	}
+	if (rma.len > fab->max_msg_size) {
+		fep_err("write of %zu bytes to rank %d: the provider's messages "
+			"end at %zu", rma.len, peer, fab->max_msg_size);
+		return -EINVAL;
 	}
 	ret = fep_op_get(fab, peer, data ? OP_WRITEDATA : OP_WRITE, &op);
 	if (ret)
