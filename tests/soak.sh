@@ -47,7 +47,7 @@ else
 	[ -n "$growth" ] && [ -n "$bound" ] && [ "$growth" -le "$bound" ] ||
 		fail "memory grew by $growth kB (bound $bound kB)"
 	[ "$result" = ok ] || fail "result: $result"
-	echo "soak: $rounds rounds in $secs s, $errors errors, largest VmRSS growth $growth kB (bound $bound kB)"
+	echo "soak: $rounds rounds in $secs s, $errors errors, largest memory growth $growth kB (bound $bound kB)"
 fi
 if [ "$fails" -ne 0 ]; then
 	sed 's/^/    /' "$tmp.err" | tail -30
