@@ -487,7 +487,8 @@ static int probe_one(const char *name, char *why, size_t whylen)
 	return ret ? -1 : 0;
 }
 
-void fep_test_emulate(int rank, int mr_local, int own_key, size_t msg_max)
+void fep_test_emulate(int rank, int mr_local, int own_key, size_t msg_max,
+		      size_t iov_max)
 {
 	if (mr_local)
 		fep_fab_test_mr_mode = FI_MR_LOCAL;
@@ -495,6 +496,8 @@ void fep_test_emulate(int rank, int mr_local, int own_key, size_t msg_max)
 		fep_fab_test_key_salt = ((uint64_t)rank + 1) << 20;
 	if (msg_max)
 		fep_fab_test_msg_max = msg_max;
+	if (iov_max)
+		fep_fab_test_iov_max = iov_max;
 }
 
 void fep_test_cq4(void)

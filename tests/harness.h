@@ -128,8 +128,10 @@ int fep_test_threads(int dflt);
  * would give it, on shm, tcp and sockets: registered local buffers
  * required (mr_local: FI_MR_LOCAL, as verbs and efa), a heap key of its
  * own (own_key: as provider keys differ between ranks), messages of at
- * most msg_max bytes (0: the provider's max_msg_size). */
-void fep_test_emulate(int rank, int mr_local, int own_key, size_t msg_max);
+ * most msg_max bytes (0: the provider's max_msg_size), writes of at most
+ * iov_max local pieces (0: the provider's iov_limit). */
+void fep_test_emulate(int rank, int mr_local, int own_key, size_t msg_max,
+		      size_t iov_max);
 
 #define FEP_TEST_CQ4_FILLER ((size_t)160 << 20)
 void fep_test_cq4(void);

@@ -188,7 +188,7 @@ static int open_comm(const struct ar_run *t, int rank, size_t heap,
 	int th = rank == 0 && t->threads0 ? t->threads0 : t->threads;
 	int ret;
 
-	fep_test_emulate(rank, t->mr_local, t->keys, t->msg_max);
+	fep_test_emulate(rank, t->mr_local, t->keys, t->msg_max, 0);
 	if (t->cq4) {
 		fep_test_cq4();
 		heap += FEP_TEST_CQ4_FILLER;

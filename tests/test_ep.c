@@ -86,7 +86,7 @@ struct params {
 	int cq4;          /* 4 bytes of CQ data (verbs, efa), the handle
 			   * behind a 160 MiB block: beyond what they name */
 	size_t iov;       /* the most local pieces of a write, below the
-			   * provider's (fep_fab_test_iov_max) */
+			   * provider's iov_limit */
 };
 
 /* ---- an independent reference of the formats ---- */
@@ -678,8 +678,7 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	a.heap_size = fabep_moe_heap_bytes(cfg, size) + (1u << 20);
 	if (p->heap_small)
 		a.heap_size = 1u << 20;
-	fep_test_emulate(rank, p->mr_local, p->keys, p->msg_max);
-	fep_fab_test_iov_max = p->iov;
+	fep_test_emulate(rank, p->mr_local, p->keys, p->msg_max, p->iov);
 	if (p->cq4) {
 		fep_test_cq4();
 		a.heap_size += FEP_TEST_CQ4_FILLER;

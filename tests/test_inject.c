@@ -111,7 +111,7 @@ static int create_rank(int rank, int size, void *arg)
 	fabep_comm_attr_init(&a);
 	a.threads = f->threads ? f->threads : 1;
 	a.timeout_ms = TIMEOUT_MS;
-	fep_test_emulate(rank, f->mr_local, 0, 0);
+	fep_test_emulate(rank, f->mr_local, 0, 0, 0);
 	if (rank == VICTIM) {
 		fep_test_fault.step = f->step;
 		fep_test_fault.nth = f->nth;

@@ -909,11 +909,11 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	pack_ctx_init(m, &c, b, x, scales);
 	s->self_n = 0;
 	s->hdone = 0;
-	/* rows placed where every header is awaited anyway (early; no run
-	 * joins where signals follow the writes), or always where asked */
+	/* rows placed where every header is awaited anyway (early), or
+	 * always where asked */
 	m->placing = !status && n && m->place_rows &&
 		     fep_fab_signals_after_writes(m->comm->fab) &&
-		     (m->place_mode > 0 || early(m, n, false));
+		     (m->place_mode > 0 || early(m, n, runs_join(m, n)));
 	/* every rank's counts in the headers of a call that may place, and
 	 * of an empty one (an idle rank must not keep the others from
 	 * placing); not in a small call's, which then fit inline */

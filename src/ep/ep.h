@@ -103,8 +103,8 @@ struct fep_ep_hdr {
 /* Dispatch posts its headers before packing when it packs at least this
  * many bytes of records (below, an extra post only adds latency); where
  * the runs would otherwise each leave as one write with their header
- * (remote CQ data), from the second: at 16 ranks on tcp, 8 and 16 tokens
- * of 14 KiB took 13-14 % less time so. */
+ * (remote CQ data), from the second, since an early header then costs
+ * every peer a write of its own (docs/performance.md, tcp at 16 ranks). */
 #define FEP_EP_EARLY_BYTES ((size_t)64 << 10)
 #define FEP_EP_EARLY_JOIN_BYTES ((size_t)256 << 10)
 

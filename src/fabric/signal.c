@@ -980,8 +980,6 @@ static size_t put_start(const fep_fabric_t *fab, const struct fep_put *puts,
 	return 0;
 }
 
-/* Every put's signal, times mult, in the CQ data of its own write (of
- * its last write, past max_msg_size), counted by the target's progress. */
 /* How many puts from puts[i], taken cyclically and at most avail,
  * continue one write: to one peer at consecutive destinations, none
  * empty, at most iov_max pieces and one message; with to_signal, up to
@@ -1006,6 +1004,19 @@ static size_t put_run(const fep_fabric_t *fab, const struct fep_put *puts,
 	return k;
 }
 
+/* The local pieces of the cnt puts from puts[i] (taken cyclically), one
+ * write's iovec (cnt at most iov_max, put_run). */
+static void run_iov(fep_fabric_t *fab, const struct fep_put *puts,
+		    size_t n, size_t i, size_t cnt, uint8_t **buf, size_t *len)
+{
+	size_t k;
+
+	for (k = 0; k < cnt; k++) {
+		buf[k] = put_buf(fab, &puts[(i + k) % n]);
+		len[k] = puts[(i + k) % n].len;
+	}
+}
+
 /* The length of the chain at puts[i] that leaves as one write with its
  * signal (fep_fab_joins): puts without a signal, then one with (put_run
  * to the signal); 0 where puts[i] starts none. */
@@ -1023,14 +1034,11 @@ static int post_chain(fep_fabric_t *fab, const struct fep_put *puts,
 {
 	const struct fep_put *last = &puts[cnt - 1];
 	uint8_t *buf[FEP_IOV_MAX];
-	size_t len[FEP_IOV_MAX], i;
+	size_t len[FEP_IOV_MAX];
 	uint64_t data, rest;
 	int ret;
 
-	for (i = 0; i < cnt; i++) {
-		buf[i] = put_buf(fab, &puts[i]);
-		len[i] = puts[i].len;
-	}
+	run_iov(fab, puts, cnt, 0, cnt, buf, len);
 	fep_cqdata_pack(fab, last->sig, last->add * mult, &data, &rest);
 	ret = fep_post_writev(fab, puts[0].peer, puts[0].dst, buf, len, cnt, 0,
 			      true, data);
@@ -1039,6 +1047,9 @@ static int post_chain(fep_fabric_t *fab, const struct fep_put *puts,
 	return ret;
 }
 
+/* Every put's signal, times mult, in the CQ data of its own write (of
+ * its last write, past max_msg_size), counted by the target's progress;
+ * a chain of puts and its signal as one write (put_chain). */
 static int put_cqdata(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		      uint64_t mult)
 {
@@ -1197,7 +1208,7 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 
 	for (j = 0, i = n ? put_start(fab, puts, n) : 0; j < n;) {
 		uint8_t *buf[FEP_IOV_MAX];
-		size_t len[FEP_IOV_MAX], cnt, k;
+		size_t len[FEP_IOV_MAX], cnt;
 
 		if (!puts[i].len) {
 			j++;
@@ -1207,10 +1218,7 @@ static int put_writes(fep_fabric_t *fab, const struct fep_put *puts, size_t n,
 		cnt = put_run(fab, puts, n, i, n - j, false);
 		if (!cnt)  /* one put past a message: write_buf slices it */
 			cnt = 1;
-		for (k = 0; k < cnt; k++) {
-			buf[k] = put_buf(fab, &puts[(i + k) % n]);
-			len[k] = puts[(i + k) % n].len;
-		}
+		run_iov(fab, puts, n, i, cnt, buf, len);
 		ret = cnt == 1 ? write_buf(fab, puts[i].peer, puts[i].dst, buf[0],
 					   puts[i].len, wflags) :
 				 fep_post_writev(fab, puts[i].peer, puts[i].dst, buf,
