@@ -68,13 +68,15 @@ def _bad(msg):
     return invalid(msg)
 
 
-def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False):
+def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
+          written=False):
     """Check input `a` and return an Arg.
 
     dtypes: the names it may have; shape: the expected shape, None in a
     position accepting any size; rows_strided: a 2-D input may have rows
     farther apart than their length (Arg.ld, in elements), its values
-    within a row must be contiguous.  Raises InvalidArgumentError.
+    within a row must be contiguous; written: the library writes it (a
+    read-only numpy array is refused).  Raises InvalidArgumentError.
     """
     if _TENSOR is not None and isinstance(a, _TENSOR):
         kind = "torch"
@@ -87,14 +89,14 @@ def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False):
     else:
         kind = kind_of(a)
         if kind == "torch":
-            return check(a, name, dtypes, shape, ndim, rows_strided)
+            return check(a, name, dtypes, shape, ndim, rows_strided, written)
         if kind is None:
             raise _bad("%s: expected a torch tensor or a numpy array, got %s"
                        % (name, type(a).__name__))
         dt = _NP_NAME.get(a.dtype)
         contiguous = a.flags.c_contiguous
         ptr = a.__array_interface__["data"][0]
-        if not a.flags.writeable and name.startswith("out"):
+        if not a.flags.writeable and written:
             raise _bad("%s: read-only array" % name)
     if dt not in dtypes:
         raise _bad("%s: dtype %s, expected %s" % (

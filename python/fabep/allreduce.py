@@ -10,6 +10,16 @@ lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
 
 
+def _real(name, v):
+    """v as a float for a C float field, or InvalidArgumentError (so the
+    refusal reaches every rank, not a TypeError on this one)."""
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise invalid("%s: expected a real number, got %r" % (name, v)) \
+            from None
+
+
 class AllReduce(Handle):
     """An allreduce handle for [rows, cols] tensors of up to max_rows x
     max_cols elements of dtype "bf16" (torch.bfloat16 / numpy uint16) or
@@ -42,7 +52,7 @@ class AllReduce(Handle):
         if ret:
             raise_for(ret, "fabep_allreduce_create")
         self._h = h.value
-        comm._handles.add(self)
+        self._key = comm._adopt(self, "fabep_allreduce_destroy", h.value)
 
     @staticmethod
     def heap_bytes(nranks, max_rows, max_cols, dtype="bf16"):
@@ -69,8 +79,8 @@ class AllReduce(Handle):
     def close(self):
         """Free the handle (not collective)."""
         if self._h is not None:
-            h, self._h = self._h, None
-            lib.fabep_allreduce_destroy(h)
+            self._h = None
+            self.comm._release(self._key)
             logged()  # not raised: its messages must not reach a later error
 
     def _shape(self, x):
@@ -122,7 +132,8 @@ class AllReduce(Handle):
             a = self._input(x)
             if out is None:
                 out = _tensor.empty(a.kind, a.shape, self.dtype)
-            o = _tensor.check(out, "out", (self.dtype,), a.shape)
+            o = _tensor.check(out, "out", (self.dtype,), a.shape,
+                              written=True)
         except InvalidArgumentError as e:
             self._refuse(e, "plain", x)
         self._last = a.shape
@@ -135,12 +146,12 @@ class AllReduce(Handle):
         g = _tensor.check(gamma, "gamma", (self.dtype,), (a.shape[1],))
         p = _lib.rmsnorm_params()
         p.gamma = g.ptr
-        p.eps = eps
-        p.weight_offset = weight_offset
-        p.scale_ub = scale_ub
+        p.eps = _real("eps", eps)
+        p.weight_offset = _real("weight_offset", weight_offset)
+        p.scale_ub = _real("scale_ub", scale_ub)
         if residual is not None:
             p.residual = _tensor.check(residual, "residual", (self.dtype,),
-                                       a.shape).ptr
+                                       a.shape, written=True).ptr
         return p
 
     def allreduce_rmsnorm(self, x, gamma, eps=1e-6, weight_offset=0.0,
@@ -157,7 +168,8 @@ class AllReduce(Handle):
             p = self._params(a, gamma, eps, weight_offset, 1.0, residual)
             if out is None:
                 out = _tensor.empty(a.kind, a.shape, self.dtype)
-            o = _tensor.check(out, "out", (self.dtype,), a.shape)
+            o = _tensor.check(out, "out", (self.dtype,), a.shape,
+                              written=True)
         except InvalidArgumentError as e:
             self._refuse(e, "rmsnorm", x)
         self._last = a.shape
@@ -182,8 +194,9 @@ class AllReduce(Handle):
                 out = _tensor.empty(a.kind, a.shape, "u8")
             if scales is None:
                 scales = _tensor.empty(a.kind, (a.shape[0],), "fp32")
-            o = _tensor.check(out, "out", ("u8",), a.shape)
-            s = _tensor.check(scales, "scales", ("fp32",), (a.shape[0],))
+            o = _tensor.check(out, "out", ("u8",), a.shape, written=True)
+            s = _tensor.check(scales, "scales", ("fp32",), (a.shape[0],),
+                              written=True)
         except InvalidArgumentError as e:
             self._refuse(e, "fp8", x)
         self._last = a.shape

@@ -111,7 +111,7 @@ class HeapBlock:
 
     def _view(self, kind, dtype):
         n = self.nbytes // _tensor.ITEMSIZE[dtype]
-        addr = lib.fabep_heap_ptr(self.comm._h, self.offset)
+        addr = lib.fabep_heap_ptr(self.comm._handle(), self.offset)
         return _tensor.view(kind, addr, (n,), dtype, self.comm)
 
 
@@ -150,6 +150,7 @@ class Comm(Handle):
                  threads=0, numa_node=-1):
         self._h = None
         self._handles = weakref.WeakSet()
+        self._live = {}   # key: (destroy function's name, C handle)
         a = _lib.CommAttr()
         lib.fabep_comm_attr_init(ctypes.byref(a))
         self._cb = None
@@ -262,8 +263,30 @@ class Comm(Handle):
             return
         for hnd in list(self._handles):
             hnd.close()
+        # the C handles of objects the garbage collector takes with this
+        # one (a reference cycle): their weak references are gone before
+        # any finalizer runs, and theirs may run after this one
+        for destroy, h in reversed(list(self._live.values())):
+            getattr(lib, destroy)(h)
+        self._live.clear()
         h, self._h = self._h, None
         _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy")
+
+    def _adopt(self, hnd, destroy, h):
+        """Register hnd, a handle made on this communicator whose C
+        handle h the library's function named `destroy` frees.  Returns
+        the key for _release."""
+        key = object()
+        self._handles.add(hnd)
+        self._live[key] = (destroy, h)
+        return key
+
+    def _release(self, key):
+        """Free the C handle registered under key, unless close() has
+        (each is freed once, before the communicator)."""
+        item = self._live.pop(key, None)
+        if item is not None:
+            getattr(lib, item[0])(item[1])
 
     # -- queries --------------------------------------------------------------
     @property

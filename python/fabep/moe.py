@@ -222,8 +222,8 @@ class MoE(Handle):
         if ret:
             raise_for(ret, "fabep_moe_create")
         self._h = h.value
+        self._key = comm._adopt(self, "fabep_moe_destroy", h.value)
         self._recv = _lib.new_output(_lib.MoeRecv)
-        comm._handles.add(self)
 
     @staticmethod
     def _config(num_experts, top_k, hidden, max_tokens, token_type="bf16",
@@ -258,9 +258,9 @@ class MoE(Handle):
         used afterwards."""
         if self._h is None:
             return
-        h, self._h = self._h, None
+        self._h = None
         self._gen += 1
-        lib.fabep_moe_destroy(h)
+        self.comm._release(self._key)
         logged()  # not raised: its messages must not reach a later error
 
     # -- input checks ---------------------------------------------------------
@@ -444,7 +444,7 @@ class MoE(Handle):
                 like = _tensor.kind_of(like) or self._kind
             out = _tensor.empty(like, (n, self.hidden), self.combine_type)
         a = _tensor.check(out, "out", (self.combine_type,), (n, self.hidden),
-                          rows_strided=True)
+                          rows_strided=True, written=True)
         return out, a.ptr, a.ld
 
     def _refuse_combine(self, err):

@@ -198,6 +198,63 @@ def _closed_body(me, n):
     return True
 
 
+def _cycle_body(me, n):
+    """A communicator and its handles that only a reference cycle
+    holds: the garbage collector clears the handles' weak references
+    before any finalizer runs, and finalizes the communicator first;
+    still each C handle is freed once, before the communicator.  A heap
+    view asked of a closed communicator raises."""
+    import gc
+    import fabep
+    lib = fabep._lib.lib
+    freed = []
+
+    def spy(name):
+        real = getattr(lib, name)
+
+        def call(h):
+            freed.append((name, h))
+            return real(h)
+        setattr(lib, name, call)
+        return real
+
+    reals = {name: spy(name) for name in ("fabep_moe_destroy",
+                                          "fabep_allreduce_destroy",
+                                          "fabep_comm_destroy")}
+
+    class Layer:
+        pass
+
+    gc.disable()
+    try:
+        layer = Layer()
+        layer.comm = fabep.Comm.from_env()
+        layer.moe = fabep.MoE(layer.comm, 4, 2, 32, 4)
+        layer.ar = fabep.AllReduce(layer.comm, 4, 32, "fp32")
+        layer.me = layer
+        made = {"fabep_moe_destroy": layer.moe._h,
+                "fabep_allreduce_destroy": layer.ar._h,
+                "fabep_comm_destroy": layer.comm._h}
+        del layer
+        gc.collect()
+    finally:
+        gc.enable()
+        for name, real in reals.items():
+            setattr(lib, name, real)
+    assert sorted(freed) == sorted(made.items()), freed
+    assert freed[-1][0] == "fabep_comm_destroy", freed
+    with fabep.Comm.from_env() as comm:
+        blk = comm.heap_alloc(64)
+    with pytest.raises(fabep.InvalidArgumentError,
+                       match="the communicator is closed"):
+        blk.numpy()
+    return True
+
+
+def test_handles_in_a_reference_cycle():
+    assert ranks.run(2, _cycle_body) == [True, True]
+
+
 def _attr_body(me, n):
     """Comm's keyword arguments reach the library, its queries answer,
     the one-sided calls' errors arrive as their classes, and a wait that

@@ -5,6 +5,7 @@ stopped rank gives an error that names it."""
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
 
@@ -186,11 +187,18 @@ def test_lost_rank_is_named(mode, cls, tmp_path):
                 in msg, msg
 
 
+def _readonly(shape):
+    v = np.ones(shape, dtype=np.float32)
+    v.flags.writeable = False
+    return v
+
+
 def _ar_refuse_body(me, nranks):
     """Each allreduce call refused on rank 1 (x's dtype, x not a
-    tensor, gamma's shape, out's dtype), with inputs above the log-step
-    threshold, where every other rank takes the two-stage path: the
-    refusal must take it too, else the handle is unusable."""
+    tensor, gamma's shape, out's dtype, eps not a number, a read-only
+    residual or scales, which the library writes), with inputs above the
+    log-step threshold, where every other rank takes the two-stage path:
+    the refusal must take it too, else the handle is unusable."""
     import fabep
     comm = fabep.Comm.from_env()
     rows, cols = 8, 4096  # 128 KiB of fp32 a rank
@@ -198,21 +206,29 @@ def _ar_refuse_body(me, nranks):
     a, g = torch.ones(rows, cols), torch.ones(cols)
     assert float(ar.allreduce(a)[0, 0]) == nranks
     calls = {
-        "plain": lambda x, g_, o: ar.allreduce(x, out=o),
-        "rmsnorm": lambda x, g_, o: ar.allreduce_rmsnorm(x, g_, out=o),
-        "fp8": lambda x, g_, o: ar.allreduce_rmsnorm_fp8(x, g_, out=o),
+        "plain": lambda x, g_, o, kw: ar.allreduce(x, out=o),
+        "rmsnorm": lambda x, g_, o, kw: ar.allreduce_rmsnorm(x, g_, out=o,
+                                                             **kw),
+        "fp8": lambda x, g_, o, kw: ar.allreduce_rmsnorm_fp8(x, g_, out=o,
+                                                             **kw),
     }
-    bads = [("dtype_x", lambda: (a.bfloat16(), g, None)),
-            ("list_x", lambda: (a.tolist(), g, None)),
-            ("gamma", lambda: (a, torch.ones(cols + 1), None)),
+    bads = [("dtype_x", lambda: (a.bfloat16(), g, None, {})),
+            ("list_x", lambda: (a.tolist(), g, None, {})),
+            ("gamma", lambda: (a, torch.ones(cols + 1), None, {})),
             ("out", lambda: (a, g, torch.empty(rows, cols,
-                                               dtype=torch.float64)))]
+                                               dtype=torch.float64), {})),
+            ("eps", lambda: (a, g, None, {"eps": None})),
+            ("residual", lambda: (a, g, None,
+                                  {"residual": _readonly((rows, cols))})),
+            ("scales", lambda: (a, g, None, {"scales": _readonly(rows)}))]
     seen = 0
     for cname, call in calls.items():
         for bname, make in bads:
-            if cname == "plain" and bname == "gamma":
+            if cname == "plain" and bname in ("gamma", "eps", "residual"):
                 continue
-            args = make() if me == 1 else (a, g, None)
+            if cname != "fp8" and bname == "scales":
+                continue
+            args = make() if me == 1 else (a, g, None, {})
             with pytest.raises(fabep.InvalidArgumentError) as ei:
                 call(*args)
             if me == 1:
@@ -227,7 +243,7 @@ def _ar_refuse_body(me, nranks):
 
 def test_allreduce_refusal_keeps_the_handle():
     """From 4 ranks: a refusal above the log-step threshold."""
-    assert ranks.run(4, _ar_refuse_body) == [11] * 4
+    assert ranks.run(4, _ar_refuse_body) == [16] * 4
 
 
 def _moe_args_body(me, nranks):
