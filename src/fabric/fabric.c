@@ -395,6 +395,8 @@ static int fep_ops_create(fep_fabric_t *fab)
 					  0, 0xfab0f00dull, 0, &fab->ops_mr, NULL));
 		if (ret) {
 			fep_err("fi_mr_reg(operation pool): %s", fi_strerror(-ret));
+			free(fab->ops);
+			fab->ops = fab->free_ops = NULL;
 			return ret;
 		}
 		fab->ops_desc = fi_mr_desc(fab->ops_mr);
@@ -788,8 +790,14 @@ void fep_fabric_close(fep_fabric_t *fab)
 		(void)fep_fabric_quiet(fab);
 		fab->timeout_ms = saved;
 	}
-	for (c = 1; c < fab->nchan; c++)
+	/* from the last channel down: a channel's quiet may stall into
+	 * this fabric's progress of channels 0..nchan-1, which must then
+	 * hold no channel already freed (and still the one closing) */
+	for (c = fab->nchan - 1; c >= 1; c--) {
+		fab->nchan = c + 1;
 		fep_fabric_close(fab->chan[c]);
+	}
+	fab->nchan = 1;
 	free(fab->chan);
 	free(fab->slices);
 	fi_close(&fab->ep->fid);
