@@ -1616,7 +1616,9 @@ START_TEST(gets_net) { run_gets("net", FABEP_SIGNAL_AUTO, 3, 10); } END_TEST
  * thread and there are at least 16 ranks; one elsewhere.  want and cma_want are the
  * channels with cqdata and with cma; 0: that strategy must not be the
  * choice. */
-struct chan_default { int threads, want, ranks, cma_want; };
+/* want: channels under cqdata; cma_want: under cma, and cma_crowded
+ * where FEP_CMA_CROWD ranks or more share each CPU (0: as cma_want) */
+struct chan_default { int threads, want, ranks, cma_want, cma_crowded; };
 
 static int default_rank(int rank, int size, void *arg)
 {
@@ -1632,11 +1634,14 @@ static int default_rank(int rank, int size, void *arg)
 		return 1;
 	}
 	want = fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ? d->want :
-	       fabep_comm_signal(comm) == FABEP_SIGNAL_CMA ? d->cma_want : 1;
+	       fabep_comm_signal(comm) != FABEP_SIGNAL_CMA ? 1 :
+	       fep_comm_cma_crowded(comm) && d->cma_crowded ? d->cma_crowded :
+	       d->cma_want;
 	if (!want || fabep_comm_channels(comm) != want) {
-		fprintf(stderr, "rank %d: %s, %d threads, signal %s: %d channels, "
-			"want %d\n", rank, fabep_comm_provider(comm), d->threads,
-			fabep_signal_name(fabep_comm_signal(comm)),
+		fprintf(stderr, "rank %d: %s, %d threads, signal %s%s: %d "
+			"channels, want %d\n", rank, fabep_comm_provider(comm),
+			d->threads, fabep_signal_name(fabep_comm_signal(comm)),
+			fep_comm_cma_crowded(comm) ? ", crowded" : "",
 			fabep_comm_channels(comm), want);
 		return 1;
 	}
@@ -1647,14 +1652,14 @@ static int default_rank(int rank, int size, void *arg)
 START_TEST(channels_default)
 {
 	static const struct { const char *prov; struct chan_default d; } c[] = {
-		{ "shm", { 3, 3, 2, 0 } }, { "shm", { 10, 8, 2, 0 } },
-		{ "shm", { 1, 0, 2, 1 } }, { "shm", { 1, 0, 16, 4 } },
-		{ "shm", { 2, 2, 3, 0 } }, { "shm", { 2, 0, 8, 2 } },
-		{ "shm", { 3, 3, 3, 0 } }, { "shm", { 3, 0, 4, 3 } },
-		{ "shm", { 3, 0, 8, 3 } },
-		{ "shm", { 1, 0, 15, 1 } },
-		{ "tcp", { 2, 2, 2, 1 } }, { "tcp", { 6, 4, 2, 1 } },
-		{ "sockets", { 3, 1, 2, 1 } },
+		{ "shm", { 3, 3, 2, 0, 0 } }, { "shm", { 10, 8, 2, 0, 0 } },
+		{ "shm", { 1, 0, 2, 1, 0 } }, { "shm", { 1, 0, 16, 4, 1 } },
+		{ "shm", { 2, 2, 3, 0, 0 } }, { "shm", { 2, 0, 8, 2, 0 } },
+		{ "shm", { 3, 3, 3, 0, 0 } }, { "shm", { 3, 0, 4, 3, 0 } },
+		{ "shm", { 3, 0, 8, 3, 0 } },
+		{ "shm", { 1, 0, 15, 1, 0 } },
+		{ "tcp", { 2, 2, 2, 1, 0 } }, { "tcp", { 6, 4, 2, 1, 0 } },
+		{ "sockets", { 3, 1, 2, 1, 0 } },
 	};
 	size_t i;
 
@@ -1675,6 +1680,73 @@ START_TEST(channels_default)
 			      "%s with %d ranks of %d threads: %s", c[i].prov, d.ranks,
 			      d.threads, fep_test_ranks_failed());
 	}
+}
+END_TEST
+
+/* Ranks that disagree on whether they are crowded still agree on their
+ * channels: under cma, 16 ranks of one thread, 15 of them bound to one
+ * CPU (FEP_CMA_CROWD or more a CPU) and the last alone on another,
+ * which on its own would open FEP_CMA_CHANNELS; every rank must open
+ * one. */
+#define CROWDED_RANKS 16
+
+struct crowded_plan {
+	int cpu[2];
+};
+
+static int crowded_rank(int rank, int size, void *arg)
+{
+	const struct crowded_plan *pl = arg;
+	int alone = rank == size - 1, bad = 0, ret;
+	fabep_comm_t *comm;
+	cpu_set_t set;
+
+	unsetenv("FABEP_CHANNELS");
+	CPU_ZERO(&set);
+	CPU_SET(pl->cpu[alone], &set);
+	if (sched_setaffinity(0, sizeof(set), &set)) {
+		perror("sched_setaffinity");
+		return 1;
+	}
+	ret = make_comm_chan(FABEP_SIGNAL_CMA, 4u << 20, NULL, 1, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	if (fep_comm_cma_crowded(comm) == alone) {
+		fprintf(stderr, "rank %d: %s, expected %s\n", rank,
+			fep_comm_cma_crowded(comm) ? "crowded" : "not crowded",
+			alone ? "alone" : "crowded");
+		bad = 1;
+	}
+	if (fabep_comm_channels(comm) != 1) {
+		fprintf(stderr, "rank %d (%s): %d channels, want 1\n", rank,
+			alone ? "alone" : "crowded", fabep_comm_channels(comm));
+		bad = 1;
+	}
+	return end_comm(rank, comm, bad);
+}
+
+START_TEST(channels_crowded)
+{
+	struct crowded_plan pl;
+	unsigned mask = 0;
+	cpu_set_t all;
+	int n = 0, i;
+
+	fep_test_need_provider("shm");
+	if (fep_test_signals("shm", &mask) || !(mask & (1u << FABEP_SIGNAL_CMA)))
+		fep_test_skip("shm does not offer signal strategy cma");
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	for (i = 0; i < CPU_SETSIZE && n < 2; i++)
+		if (CPU_ISSET(i, &all))
+			pl.cpu[n++] = i;
+	if (n < 2)
+		fep_test_skip("one CPU here: no rank can be alone");
+	fep_test_use_provider("shm");
+	ck_assert_msg(fep_test_run_ranks(CROWDED_RANKS, 120, crowded_rank, &pl) == 0,
+		      "%d ranks, one alone on a CPU: %s", CROWDED_RANKS,
+		      fep_test_ranks_failed());
 }
 END_TEST
 
@@ -2401,6 +2473,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, channels_bad);
 	tcase_add_test(tc, channels_rescue);
 	tcase_add_test(tc, channels_default);
+	tcase_add_test(tc, channels_crowded);
 	tcase_add_test(tc, reap_channels);
 	tcase_add_test(tc, destroy_chan_error);
 	suite_add_tcase(s, tc);

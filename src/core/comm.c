@@ -804,6 +804,11 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 	return 0;
 }
 
+bool fep_comm_cma_crowded(const fabep_comm_t *comm)
+{
+	return comm->cpu_share >= FEP_CMA_CROWD * comm->cpu_avail;
+}
+
 /* Channels 1..n-1 of the fabric, opened and connected on every rank.
  * asked: FABEP_CHANNELS (the same on every rank, checked with the hellos),
  * or 0: with the cqdata strategy on shm as many as the pool has threads,
@@ -811,7 +816,8 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
  * thread, so a large run is not bound by one socket), the fewest of any
  * rank; with cma, one per thread (at most 8) where ranks have several
  * and number at least FEP_CMA_THREADS_RANKS, FEP_CMA_CHANNELS where they
- * have one thread and number at least FEP_CMA_CHANNEL_RANKS; elsewhere
+ * have one thread, number at least FEP_CMA_CHANNEL_RANKS and no rank is
+ * crowded (fep_comm_cma_crowded); elsewhere
  * one. */
 static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 {
@@ -849,21 +855,31 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	 * tokens and 20 % at one token; at 16 ranks of four threads 37-39 %
 	 * less for a dispatch of 128 tokens and 45-51 % for one; at 8 of
 	 * eight threads 45 % less at one token and the same at 128;
-	 * docs/performance.md). */
+	 * docs/performance.md).  Not where some rank's CPUs are shared by
+	 * FEP_CMA_CROWD times as many ranks or more: there a rank is often
+	 * preempted holding a target's lock (its copy under it) while the
+	 * others spin, and every further endpoint is one more region to
+	 * map and queue to progress on the same CPUs. */
 	if (!n) {
 		const char *prov = comm->fab->desc.provider;
 		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
 			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
-		int32_t want = FEP_MIN(fep_pool_threads(comm->pool), cap), *wants;
+		/* this rank's channels wanted, and whether its CPUs are
+		 * crowded; the fewest and any, over every rank */
+		int32_t mine[2] = { FEP_MIN(fep_pool_threads(comm->pool), cap),
+				    fep_comm_cma_crowded(comm) }, *all;
+		int32_t want = mine[0], crowded = 0;
 		bool many;
 
-		wants = calloc((size_t)comm->size, sizeof(*wants));
-		if (!wants)
+		all = calloc((size_t)comm->size, sizeof(mine));
+		if (!all)
 			return -ENOMEM;
-		ret = fep_boot_allgather(comm->boot, &want, wants, sizeof(want));
-		for (c = 0; !ret && c < comm->size; c++)
-			want = FEP_MIN(want, wants[c]);
-		free(wants);
+		ret = fep_boot_allgather(comm->boot, mine, all, sizeof(mine));
+		for (c = 0; !ret && c < comm->size; c++) {
+			want = FEP_MIN(want, all[2 * c]);
+			crowded |= all[2 * c + 1];
+		}
+		free(all);
 		if (ret)
 			return ret;
 		many = want > 1 && comm->size >= FEP_CMA_THREADS_RANKS;
@@ -876,7 +892,7 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		    (comm->fab->signal == FABEP_SIGNAL_CMA && many))
 			n = want;
 		else if (comm->fab->signal == FABEP_SIGNAL_CMA && want == 1 &&
-			 comm->size >= FEP_CMA_CHANNEL_RANKS)
+			 comm->size >= FEP_CMA_CHANNEL_RANKS && !crowded)
 			n = FEP_CMA_CHANNELS;
 		else
 			n = 1;

@@ -81,6 +81,11 @@ struct fabep_comm {
  * what timed out (a handle) is unusable on its own. */
 void fep_comm_fail(fabep_comm_t *comm, int code);
 
+/* Whether FEP_CMA_CROWD ranks or more share each of this rank's CPUs
+ * (cpu_share over cpu_avail): cma then opens one channel, whatever the
+ * rank count, where any rank is crowded. */
+bool fep_comm_cma_crowded(const fabep_comm_t *comm);
+
 /* 0 if comm can still be used; else its first failure's code, logged
  * with `what` ("...: the communicator is unusable after an earlier
  * failure"), also when its fabric keeps a transfer's error. */

@@ -31,7 +31,8 @@
 #define FEP_IOV_MAX 16        /* local buffers gathered into one write */
 #define FEP_SENDER_COPY_CHANNELS 2  /* fab->sender_copy up to this many */
 /* cma chosen by default stays where ranks have one thread, with
- * FEP_CMA_CHANNELS channels from FEP_CMA_CHANNEL_RANKS ranks, and where
+ * FEP_CMA_CHANNELS channels from FEP_CMA_CHANNEL_RANKS ranks (one where
+ * FEP_CMA_CROWD ranks or more share each CPU of some rank), and where
  * they have more threads and number at least FEP_CMA_THREADS_RANKS,
  * with a channel per thread (comm.c, signal.c put_cma_chan; below it,
  * with 2 or 3 ranks, a sender's copies to its one or two peers would
@@ -43,6 +44,12 @@
 #define FEP_SLICE_MIN (64u << 10)
 #define FEP_CMA_CHANNEL_RANKS 16
 #define FEP_CMA_CHANNELS 4
+/* From this many ranks a CPU (comm.c, fep_comm_cma_crowded) cma keeps
+ * one channel: below, spreading a target's senders over its regions'
+ * locks wins for large calls; from it, senders preempted under those
+ * locks and the extra regions and queues cost more (docs/performance.md,
+ * more ranks than cores) */
+#define FEP_CMA_CROWD 8
 
 /* What a posted operation is (fep_op.kind). */
 enum fep_op_kind { FEP_OP_WRITE = 1, FEP_OP_ATOMIC, FEP_OP_WRITEDATA,
