@@ -771,7 +771,7 @@ static int check_gathered(const struct params *p, fabep_moe_t *m, int rank,
 				fprintf(stderr, "rank %d round %d: chunk %zu of the "
 					"run to rank %d was staged (%u records, at "
 					"most %zu writes)\n", rank, round, j, d,
-					m->set[(m->ndisp - 1) % (uint64_t)m->sets].sent[d],
+					m->set[m->dlast].sent[d],
 					m->gather_writes);
 				return 1;
 			}
@@ -831,7 +831,7 @@ static long placed_seen;
 
 static void count_placed(fabep_moe_t *m)
 {
-	const struct fep_ep_set *s = &m->set[(m->ndisp - 1) % (uint64_t)m->sets];
+	const struct fep_ep_set *s = &m->set[m->dlast];
 	int src;
 
 	for (src = 0; src < m->size; src++)
@@ -889,7 +889,7 @@ static int round_trip(const struct params *p, fabep_moe_t *moe, int rank,
 	    check_recv(p, rank, size, all, &rv))
 		goto out;
 	if (p->crows)
-		rows_taken += moe->set[(moe->ndisp - 1) % (uint64_t)moe->sets].nx;
+		rows_taken += moe->set[moe->dlast].nx;
 	count_placed(moe);
 	y = experts(p, &rv);
 	out = malloc((me->n + 1) * (size_t)p->hidden * 4);
@@ -1062,6 +1062,34 @@ out:
 }
 
 /* buffer_sets dispatches in a row, a refused one, then the combines. */
+/* With one dispatch outstanding, a dispatch refused everywhere (the
+ * last rank passes more than max_tokens): the refused call leaves no set
+ * taken, so the next one must be admitted, not answered BUSY.  0, or 1
+ * (logged). */
+static int refuse_between(const struct params *p, fabep_moe_t *moe, int rank,
+			  int size)
+{
+	size_t n = rank == size - 1 ? (size_t)p->max_tokens + 1 : 0;
+	int32_t *ids = calloc(n + 1, (size_t)p->topk * sizeof(*ids));
+	void *x = calloc(n + 1, (size_t)p->hidden * 4);
+	float *xs = calloc((n + 1) * (size_t)p->hidden, sizeof(*xs));
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
+	int ret = -ENOMEM;
+
+	if (ids && x && xs)
+		ret = fabep_moe_dispatch(moe, x, xs, n, ids, NULL, &rv);
+	free(ids);
+	free(x);
+	free(xs);
+	if (ret == 0 || ret == -FABEP_ERR_BUSY || ret == -ENOMEM) {
+		fprintf(stderr, "rank %d: the dispatch refused between two "
+			"outstanding ones gave %d (%s)\n", rank, ret,
+			ret ? fabep_strerror(ret) : "accepted");
+		return 1;
+	}
+	return 0;
+}
+
 static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 			      int rank, int size, int round)
 {
@@ -1079,6 +1107,8 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 		const void *sx;
 		const float *sxs;
 
+		if (i == 1 && refuse_between(p, moe, rank, size))
+			goto out;
 		if (send_input(p, moe, rank, me, &sx, &sxs))
 			goto out;
 		ret = fabep_moe_dispatch(moe, sx, sxs, me->n, me->ids,
@@ -1160,7 +1190,7 @@ static long fused_round(const struct params *p, fabep_moe_t *moe, int rank,
 		goto out;
 	}
 	if (p->crows)
-		rows_taken += moe->set[(moe->ndisp - 1) % (uint64_t)moe->sets].nx;
+		rows_taken += moe->set[moe->dlast].nx;
 	count_placed(moe);
 	y = experts(p, &rv);
 	out = calloc(me->n + 1, H * elt);

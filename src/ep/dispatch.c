@@ -478,7 +478,7 @@ static int send_admit(struct fabep_moe *m, int *bp)
 			m->pending_recv ? "dispatch" : "combine");
 		return -EINVAL;
 	}
-	b = (int)(m->ndisp % (uint64_t)m->sets);
+	b = m->dnext;
 	if (m->set[b].state != FEP_EP_FREE) {
 		fep_err("%s: all %d buffer sets hold dispatches not yet combined "
 			"(combine the oldest first)", m->dfn, m->sets);
@@ -899,6 +899,8 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		keep_routing(m, n, ids, w);
 	/* from here on the call counts: every rank advances the same way */
 	m->ndisp++;
+	m->dlast = b;
+	m->dnext = (b + 1) % m->sets;
 	s->seq = m->ndisp;
 	s->uses++;
 	s->state = FEP_EP_SENT;
@@ -951,7 +953,7 @@ FEP_EXPORT int fabep_moe_send_buffer(fabep_moe_t *m, void **x, size_t *stride,
 			"caller's rows during dispatch: there is no send buffer");
 		return -ENOTSUP;
 	}
-	b = (int)(m->ndisp % (uint64_t)m->sets);
+	b = m->dnext;
 	if (m->set[b].state != FEP_EP_FREE) {
 		fep_err("fabep_moe_send_buffer: all %d buffer sets hold dispatches "
 			"not yet combined", m->sets);
@@ -1343,7 +1345,7 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		fep_err("%s: no dispatch_send to complete", m->dfn);
 		return -EINVAL;
 	}
-	b = (int)((m->ndisp - 1) % (uint64_t)m->sets);
+	b = m->dlast;
 	s = &m->set[b];
 	m->pending_recv = 0;
 	memset(s->crows, 0, (size_t)m->size);
@@ -1391,12 +1393,12 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 			(unsigned long long)m->tm.d_bytes, s->rows,
 			m->zcopy ? " (zero-copy)" : "");
 	if (ret) {
-		/* One buffer set: a peer's next dispatch writes into the slots
-		 * whose headers this rank may still be reading, as soon as
-		 * that peer has agreed too; with two or more, the set comes
-		 * back only after a later call this rank takes part in. */
-		if (refused && m->sets == 1 && !m->unclean)
-			fep_ep_settle(m, m->dfn);
+		/* A refused call's set serves the next dispatch (the retry,
+		 * whatever the other sets hold) once every rank has read its
+		 * headers and drained its records: a peer's next dispatch into
+		 * it may start as soon as that peer has agreed too. */
+		if (refused && !m->unclean && !fep_ep_settle(m, m->dfn))
+			m->dnext = b;
 		s->state = FEP_EP_FREE;
 		return ret;
 	}

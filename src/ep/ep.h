@@ -256,7 +256,10 @@ struct fabep_moe {
 	uint64_t dplace;     /* [sets][place_rows] rows: placed dispatch */
 
 	/* calls */
-	uint64_t ndisp;      /* dispatch calls begun (set = ndisp % sets) */
+	uint64_t ndisp;      /* dispatch calls begun */
+	int dnext;           /* the set the next dispatch takes (in turn, but
+				again after a refused one, settled) */
+	int dlast;           /* the set of the last dispatch sent */
 	uint64_t ncomb;      /* combines begun (oldest outstanding) */
 	uint64_t nlanes;     /* batches of copies made in lanes (fep_ep_copy) */
 	int pending_recv;    /* a dispatch_send awaits its dispatch_recv */
