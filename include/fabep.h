@@ -467,8 +467,8 @@ typedef struct fabep_moe_recv {
  * or the x of fabep_moe_send_buffer() (rows at its stride, no copy);
  * scales: FP8_PREQUANT only, [n, scales_per_row] or the send buffer's;
  * topk_ids: [n, top_k], -1 = not routed; topk_weights: [n, top_k] or NULL
- * (all 1).  topk_ids == NULL reuses the previous dispatch's routing and
- * weights (n must match): the backward of combine.  0 <= n <= max_tokens;
+ * (all 1).  topk_ids == NULL reuses the previous accepted dispatch's
+ * routing and weights (n must match): the backward of combine.  0 <= n <= max_tokens;
  * with n == 0, x, scales and topk_ids may be NULL (nothing to route, and
  * the empty routing becomes the previous one).  x and scales may be
  * reused as soon as this returns.  -FABEP_ERR_BUSY (nothing sent, on

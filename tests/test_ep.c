@@ -1063,9 +1063,9 @@ out:
 
 /* buffer_sets dispatches in a row, a refused one, then the combines. */
 /* With one dispatch outstanding, a dispatch refused everywhere (the
- * last rank passes more than max_tokens): the refused call leaves no set
- * taken, so the next one must be admitted, not answered BUSY.  0, or 1
- * (logged). */
+ * last rank passes more than max_tokens, the others none): the refused
+ * call leaves no set taken, so the next one must be admitted, not
+ * answered BUSY, and no routing kept.  0, or 1 (logged). */
 static int refuse_between(const struct params *p, fabep_moe_t *moe, int rank,
 			  int size)
 {
@@ -1099,9 +1099,11 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 	void *y[2] = { NULL, NULL }, *out = NULL;
 	int s, i, ret, rc = 1;
 
+	/* the second dispatch, after the refused one, repeats the first's
+	 * routing by topk_ids NULL: the refused call's is not kept */
 	for (i = 0; i < 2; i++)
 		for (s = 0; s < size; s++)
-			gen(p, size, s, round + i, &all[i][s]);
+			gen(p, size, s, round, &all[i][s]);
 	for (i = 0; i < 2; i++) {
 		struct input *me = &all[i][rank];
 		const void *sx;
@@ -1111,8 +1113,8 @@ static int outstanding_rounds(const struct params *p, fabep_moe_t *moe,
 			goto out;
 		if (send_input(p, moe, rank, me, &sx, &sxs))
 			goto out;
-		ret = fabep_moe_dispatch(moe, sx, sxs, me->n, me->ids,
-					 p->noweights ? NULL : me->w, &rv[i]);
+		ret = fabep_moe_dispatch(moe, sx, sxs, me->n, i ? NULL : me->ids,
+					 p->noweights || i ? NULL : me->w, &rv[i]);
 		if (ret) {
 			fprintf(stderr, "rank %d: outstanding dispatch %d: %s\n", rank,
 				i, fabep_strerror(ret));

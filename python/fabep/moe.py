@@ -379,7 +379,6 @@ class MoE(Handle):
             # rank (the peers' dispatch_recv raises the same error):
             # nothing is owed
             raise_for(ret, "fabep_moe_dispatch_send")
-        self._last_n = n
         self._sent.append(n)
         return None
 
@@ -392,6 +391,7 @@ class MoE(Handle):
         n = self._sent.popleft() if self._sent else 0
         if ret:
             raise_for(ret, "fabep_moe_dispatch_recv")
+        self._last_n = n  # a refused dispatch's routing is not kept
         self._received.append((n, self._recv.rows))
         return self._view()
 

@@ -305,6 +305,22 @@ def _moe_args_body(me, nranks):
         moe.combine(v.x.clone(), row_callback=boom)
         assert sorted(seen) == list(range(4))
     works()
+    # a dispatch refused in C (more than max_tokens on rank 1), by
+    # halves: topk_ids None then reuses the last accepted dispatch's
+    # routing on every rank, not the refused one's
+    big = torch.zeros(MAXT + 1, H, dtype=torch.bfloat16)
+    bigids = torch.zeros(MAXT + 1, K, dtype=torch.int32)
+    if me == 1:
+        with pytest.raises(fabep.FabepError, match="max_tokens"):
+            moe.dispatch_send(big, bigids)
+    else:
+        moe.dispatch_send(xb[:2], ids[:2], w[:2])
+        with pytest.raises(fabep.FabepError):
+            moe.dispatch_recv()
+    v = moe.dispatch(xb, None)
+    out = moe.combine(v.x.clone()).float()
+    ref = ((ids >= 0).float() * w).sum(1, keepdim=True) * xb.float()
+    assert ((out - ref).abs() <= 2.0 ** -6 * ref.abs() + 1e-3).all()
     moe.close()
     # fp8_prequant without its scales on one rank
     q = fabep.MoE(comm, E, K, H, MAXT, token_type="fp8_prequant")

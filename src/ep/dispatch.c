@@ -488,15 +488,23 @@ static int send_admit(struct fabep_moe *m, int *bp)
 	return 0;
 }
 
-/* Keep an accepted call's routing for topk_ids NULL (ids NULL: the
- * previous one, already there; n == 0: the empty routing). */
+/* Keep a call's routing for topk_ids NULL (ids NULL: the previous one,
+ * already there; n == 0: the empty routing), the one it replaces aside
+ * until the call is accepted (settle_routing). */
 static void keep_routing(struct fabep_moe *m, size_t n, const int32_t *ids,
 			 const float *w)
 {
+	int32_t *ti;
+	float *tw;
 	size_t i;
 
 	if (!ids && n)
 		return;
+	ti = m->old_ids, m->old_ids = m->prev_ids, m->prev_ids = ti;
+	tw = m->old_w, m->old_w = m->prev_w, m->prev_w = tw;
+	m->old_n = m->prev_n;
+	m->old_have = m->have_prev;
+	m->kept_pending = 1;
 	if (n)
 		memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
 	if (n && w)
@@ -506,6 +514,22 @@ static void keep_routing(struct fabep_moe *m, size_t n, const int32_t *ids,
 			m->prev_w[i] = 1.0f;
 	m->prev_n = n;
 	m->have_prev = 1;
+}
+
+/* The call's routing stays the previous one where it was accepted, the
+ * one before it comes back where the ranks refused the call. */
+static void settle_routing(struct fabep_moe *m, bool accepted)
+{
+	int32_t *ti;
+	float *tw;
+
+	if (m->kept_pending && !accepted) {
+		ti = m->old_ids, m->old_ids = m->prev_ids, m->prev_ids = ti;
+		tw = m->old_w, m->old_w = m->prev_w, m->prev_w = tw;
+		m->prev_n = m->old_n;
+		m->have_prev = m->old_have;
+	}
+	m->kept_pending = 0;
 }
 
 /* The packing context of set b: the kept routing, the input slot, and
@@ -1399,9 +1423,11 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		 * it may start as soon as that peer has agreed too. */
 		if (refused && !m->unclean && !fep_ep_settle(m, m->dfn))
 			m->dnext = b;
+		settle_routing(m, !refused);
 		s->state = FEP_EP_FREE;
 		return ret;
 	}
+	settle_routing(m, true);
 	s->state = FEP_EP_RECEIVED;
 	if (out) {
 		const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));

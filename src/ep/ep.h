@@ -270,11 +270,13 @@ struct fabep_moe {
 	const char *cfn;     /* the public combine call under way */
 	struct fep_ep_set *set;
 
-	/* previous routing, for topk_ids == NULL */
-	int32_t *prev_ids;
-	float *prev_w;
-	size_t prev_n;
-	int have_prev;
+	/* previous routing, for topk_ids == NULL; the one it replaced
+	 * (old_*), until the call is accepted (kept_pending): a refused
+	 * call's routing is not kept */
+	int32_t *prev_ids, *old_ids;
+	float *prev_w, *old_w;
+	size_t prev_n, old_n;
+	int have_prev, old_have, kept_pending;
 
 	struct fep_ep_timing tm;
 	int timing;          /* log the phase times (FABEP_LOG=debug) */

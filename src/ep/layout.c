@@ -269,6 +269,8 @@ static void ep_free(struct fabep_moe *m)
 	free(m->set);
 	free(m->prev_ids);
 	free(m->prev_w);
+	free(m->old_ids);
+	free(m->old_w);
 	free(m->pack_pos);
 	free(m->pack_tok);
 	free(m->pack_base);
@@ -307,6 +309,8 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->set = calloc((size_t)m->sets, sizeof(*m->set));
 	m->prev_ids = malloc(T1 * (size_t)m->k * sizeof(int32_t));
 	m->prev_w = malloc(T1 * (size_t)m->k * sizeof(float));
+	m->old_ids = malloc(T1 * (size_t)m->k * sizeof(int32_t));
+	m->old_w = malloc(T1 * (size_t)m->k * sizeof(float));
 	m->pack_tok = malloc(T1 * R * sizeof(int32_t));
 	m->pack_base = calloc(R + 1, sizeof(uint32_t));
 	m->dest = malloc(T1 * (size_t)m->kk * sizeof(int32_t));
@@ -340,7 +344,7 @@ static int ep_alloc_host(struct fabep_moe *m)
 	if (!m->pcol || !m->pnext || !m->pput || !m->pdest || !m->pputs ||
 	    !m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
 	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
-	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->pack_tok ||
+	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->old_ids || !m->old_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
 	m->timing = fep_log_level() >= FEP_LOG_DEBUG;
