@@ -306,18 +306,16 @@ static int xfer_verify(struct xworld *w, int op, int rank, int size)
 	}
 }
 
-static int xfer_rank(int rank, int size, void *arg)
+/* A rank's world: a communicator of one thread that times out after
+ * TIMEOUT_MS and a MoE handle, with all also an allreduce and the put's
+ * blocks, and every operation's input.  0 or the error. */
+static int xworld_open(struct xworld *w, int rank, int all)
 {
-	const struct xfer_fault *f = arg;
-	struct xworld *w = calloc(1, sizeof(*w));
 	fabep_moe_config_t cfg;
 	fabep_comm_attr_t a;
-	int64_t t0, dt;
 	uint64_t s = 5 + (uint64_t)rank;
-	int i, ret, r2;
+	int i, ret;
 
-	if (!w)
-		FAIL("out of memory");
 	fabep_moe_config_init(&cfg);
 	cfg.num_experts = X_EXPERTS;
 	cfg.top_k = X_TOPK;
@@ -327,13 +325,15 @@ static int xfer_rank(int rank, int size, void *arg)
 	a.threads = 1;
 	a.timeout_ms = TIMEOUT_MS;
 	if ((ret = fabep_comm_create(&a, &w->comm)) ||
-	    (ret = fabep_moe_create(w->comm, &cfg, &w->moe)) ||
-	    (ret = fabep_allreduce_create(w->comm, X_ROWS, X_COLS, FABEP_AR_F32,
-					  &w->ar)) ||
-	    (ret = fabep_heap_alloc(w->comm, 64, 64, &w->off)) ||
-	    (ret = fabep_heap_alloc(w->comm, 64, 64, &w->src)) ||
-	    (ret = fabep_heap_alloc(w->comm, 8, 8, &w->ctr)))
-		FAIL("setup: %s", fabep_strerror(ret));
+	    (ret = fabep_moe_create(w->comm, &cfg, &w->moe)))
+		return ret;
+	if (all &&
+	    ((ret = fabep_allreduce_create(w->comm, X_ROWS, X_COLS, FABEP_AR_F32,
+					   &w->ar)) ||
+	     (ret = fabep_heap_alloc(w->comm, 64, 64, &w->off)) ||
+	     (ret = fabep_heap_alloc(w->comm, 64, 64, &w->src)) ||
+	     (ret = fabep_heap_alloc(w->comm, 8, 8, &w->ctr))))
+		return ret;
 	for (i = 0; i < X_TOKENS * X_TOPK; i++) {
 		w->ids[i] = (int32_t)(fep_test_rand(&s) % X_EXPERTS);
 		w->w[i] = 0.5f;
@@ -342,6 +342,20 @@ static int xfer_rank(int rank, int size, void *arg)
 		w->x[i] = 0x3f80;
 	for (i = 0; i < X_ROWS * X_COLS; i++)
 		w->arin[i] = 1.0f;
+	return 0;
+}
+
+static int xfer_rank(int rank, int size, void *arg)
+{
+	const struct xfer_fault *f = arg;
+	struct xworld *w = calloc(1, sizeof(*w));
+	int64_t t0, dt;
+	int ret, r2;
+
+	if (!w)
+		FAIL("out of memory");
+	if ((ret = xworld_open(w, rank, 1)))
+		FAIL("setup: %s", fabep_strerror(ret));
 	/* a good round first: connections made, queues warm */
 	ret = xfer_op(w, f->op, rank, size);
 	if (ret)
@@ -417,6 +431,83 @@ static int xfer_rank(int rank, int size, void *arg)
 		FAIL("leaks after destroy");
 	return 0;
 }
+
+/* A dispatch whose receive fails on rank 1 alone (host memory for its
+ * result, after every header is in): rank 1 gets -ENOMEM at once and
+ * then, for the handle, -FABEP_ERR_PEER_LOST saying it is unusable; the
+ * others received the dispatch, and their combine, which waits for
+ * rank 1's, ends within the timeout naming rank 1.  Every handle and
+ * communicator is freed within a bound, without leaks. */
+static int alone_rank(int rank, int size, void *arg)
+{
+	struct xworld *w = calloc(1, sizeof(*w));
+	fabep_moe_recv_t rv = { .size = sizeof(rv) };
+	int64_t t0;
+	int ret;
+
+	(void)arg;
+	if (!w)
+		FAIL("out of memory");
+	if ((ret = xworld_open(w, rank, 0)))
+		FAIL("setup: %s", fabep_strerror(ret));
+	if ((ret = xfer_op(w, OP_MOE, rank, size)) ||
+	    (ret = xfer_verify(w, OP_MOE, rank, size)))
+		FAIL("the round before the fault: %d", ret);
+	if (rank == VICTIM) {
+		fep_test_fault.step = "ep_reserve";
+		fep_test_fault.nth = 1;
+		fep_test_fault.code = 1;
+	}
+	t0 = now_ms();
+	ret = fabep_moe_dispatch(w->moe, w->x, NULL, X_TOKENS, w->ids, w->w, &rv);
+	if (rank == VICTIM) {
+		if (fep_test_fault.hits != 1)
+			FAIL("the result's memory was never asked for");
+		fep_test_fault.step = NULL;
+		if (ret != -ENOMEM || now_ms() - t0 > QUICK_MS)
+			FAIL("dispatch gave %d (%s) after %lld ms", ret,
+			     fabep_strerror(ret), (long long)(now_ms() - t0));
+		t0 = now_ms();
+		ret = fabep_moe_dispatch(w->moe, w->x, NULL, X_TOKENS, w->ids,
+					 w->w, &rv);
+		if (ret != -FABEP_ERR_PEER_LOST || now_ms() - t0 > QUICK_MS ||
+		    !strstr(fabep_last_error(), "handle is unusable"))
+			FAIL("the next dispatch gave %d (%s) after %lld ms: %s",
+			     ret, fabep_strerror(ret), (long long)(now_ms() - t0),
+			     fabep_last_error());
+	} else {
+		if (ret)
+			FAIL("dispatch gave %d (%s)", ret, fabep_strerror(ret));
+		memcpy(w->y, rv.x, rv.rows * X_HIDDEN * 2);
+		t0 = now_ms();
+		ret = fabep_moe_combine(w->moe, w->y, X_HIDDEN, 0, w->out,
+					X_HIDDEN, NULL, NULL);
+		if (ret != -ETIMEDOUT || now_ms() - t0 > BOUND_MS ||
+		    !strstr(fabep_last_error(), "rank 1"))
+			FAIL("combine gave %d (%s) after %lld ms: %s", ret,
+			     fabep_strerror(ret), (long long)(now_ms() - t0),
+			     fabep_last_error());
+	}
+	fabep_moe_destroy(w->moe);
+	t0 = now_ms();
+	ret = fabep_comm_destroy(w->comm);
+	if (now_ms() - t0 > BOUND_MS)
+		FAIL("destroy took %lld ms (%s)", (long long)(now_ms() - t0),
+		     fabep_strerror(ret));
+	free(w);
+	if (fep_test_leak_check())
+		FAIL("leaks after destroy");
+	return 0;
+}
+
+START_TEST(moe_recv_alone)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	setenv("FABEP_LOG", "error", 1);
+	fep_test_ranks_ok(NRANKS, 60, alone_rank, NULL);
+}
+END_TEST
 
 static void run_xfer(const char *prov, struct xfer_fault *f)
 {
@@ -501,6 +592,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, xfer_ar_udp);
 	tcase_add_test(tc, xfer_put_net);
 	tcase_add_test(tc, xfer_moe_net);
+	tcase_add_test(tc, moe_recv_alone);
 	suite_add_tcase(s, tc);
 	return s;
 }

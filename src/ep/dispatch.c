@@ -1423,6 +1423,17 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		 * it may start as soon as that peer has agreed too. */
 		if (refused && !m->unclean && !fep_ep_settle(m, m->dfn))
 			m->dnext = b;
+		/* a failure of this rank alone (host memory for the result,
+		 * the pool): the peers' calls went on, and they will wait
+		 * for this rank's combine.  A peer's broken records
+		 * (-FABEP_ERR_PROTOCOL) are that peer's failure, reported as
+		 * such (fabep_moe(3)). */
+		if (!refused && ret != -FABEP_ERR_PROTOCOL && !m->unclean) {
+			fep_err("%s: failed on this rank alone: the other ranks "
+				"received this dispatch, so the handle is unusable "
+				"(destroy it)", m->dfn);
+			m->unclean = 1;
+		}
 		settle_routing(m, !refused);
 		s->state = FEP_EP_FREE;
 		return ret;

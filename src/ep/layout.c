@@ -566,7 +566,8 @@ int fep_ep_usable(struct fabep_moe *m, const char *what)
 	if (ret || !m->unclean)
 		return ret;
 	fep_err("%s: the handle is unusable after an earlier failed wait or "
-		"transfer (destroy it)", what);
+		"transfer, or a call that failed on this rank alone (destroy it)",
+		what);
 	return -FABEP_ERR_PEER_LOST;
 }
 
@@ -578,6 +579,8 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	int32_t *g = NULL, *si = NULL, *ri = NULL;
 	int copy = !m->zcopy;  /* zero-copy: the rows stay in the slots */
 
+	if (FEP_FAULT("ep_reserve", 0))
+		return -ENOMEM;
 	if (rows <= s->cap_rows)
 		return 0;
 	cap = FEP_MAX(rows, s->cap_rows + s->cap_rows / 2);
