@@ -488,22 +488,31 @@ static int send_admit(struct fabep_moe *m, int *bp)
 	return 0;
 }
 
+/* The kept routing and the one set aside trade places. */
+static void swap_routing(struct fabep_moe *m)
+{
+	int32_t *ti = m->old_ids;
+	float *tw = m->old_w;
+	size_t tn = m->old_n;
+	int th = m->old_have;
+
+	m->old_ids = m->prev_ids, m->prev_ids = ti;
+	m->old_w = m->prev_w, m->prev_w = tw;
+	m->old_n = m->prev_n, m->prev_n = tn;
+	m->old_have = m->have_prev, m->have_prev = th;
+}
+
 /* Keep a call's routing for topk_ids NULL (ids NULL: the previous one,
  * already there; n == 0: the empty routing), the one it replaces aside
  * until the call is accepted (settle_routing). */
 static void keep_routing(struct fabep_moe *m, size_t n, const int32_t *ids,
 			 const float *w)
 {
-	int32_t *ti;
-	float *tw;
 	size_t i;
 
 	if (!ids && n)
 		return;
-	ti = m->old_ids, m->old_ids = m->prev_ids, m->prev_ids = ti;
-	tw = m->old_w, m->old_w = m->prev_w, m->prev_w = tw;
-	m->old_n = m->prev_n;
-	m->old_have = m->have_prev;
+	swap_routing(m);
 	m->kept_pending = 1;
 	if (n)
 		memcpy(m->prev_ids, ids, n * (size_t)m->k * sizeof(int32_t));
@@ -520,15 +529,8 @@ static void keep_routing(struct fabep_moe *m, size_t n, const int32_t *ids,
  * one before it comes back where the ranks refused the call. */
 static void settle_routing(struct fabep_moe *m, bool accepted)
 {
-	int32_t *ti;
-	float *tw;
-
-	if (m->kept_pending && !accepted) {
-		ti = m->old_ids, m->old_ids = m->prev_ids, m->prev_ids = ti;
-		tw = m->old_w, m->old_w = m->prev_w, m->prev_w = tw;
-		m->prev_n = m->old_n;
-		m->have_prev = m->old_have;
-	}
+	if (m->kept_pending && !accepted)
+		swap_routing(m);
 	m->kept_pending = 0;
 }
 
