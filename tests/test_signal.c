@@ -888,6 +888,65 @@ START_TEST(unsupported_signal)
 }
 END_TEST
 
+/* cqdata sends the head of a put past max_msg_size with
+ * FI_DELIVERY_COMPLETE: where a provider refuses that and a put of the
+ * heap can exceed one message, cqdata is neither picked nor accepted;
+ * with delivery-complete, or with messages as large as the heap, it is. */
+static int cqdata_dc_rank(int rank, int size, void *arg)
+{
+	static const struct {
+		int no_dc;
+		size_t msg_max;
+		fabep_signal_t sig;
+		int expect;
+	} c[] = {
+		{ 1, 64u << 10, FABEP_SIGNAL_CQDATA, -FABEP_ERR_NO_SIGNAL },
+		{ 1, 64u << 10, FABEP_SIGNAL_AUTO, 0 },
+		{ 1, 0, FABEP_SIGNAL_CQDATA, 0 },
+		{ 0, 64u << 10, FABEP_SIGNAL_CQDATA, 0 },
+	};
+	size_t i;
+
+	(void)size;
+	(void)arg;
+	for (i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		fabep_comm_t *comm = NULL;
+		int ret;
+
+		fep_fab_test_no_dc = c[i].no_dc;
+		fep_fab_test_msg_max = c[i].msg_max;
+		ret = make_comm(c[i].sig, 4u << 20, &comm);
+		if (ret != c[i].expect) {
+			fprintf(stderr, "rank %d: case %zu: got %s, expected %s\n",
+				rank, i, fabep_strerror(ret),
+				fabep_strerror(c[i].expect));
+			if (!ret)
+				fabep_comm_destroy(comm);
+			return 1;
+		}
+		if (ret)
+			continue;
+		if (c[i].no_dc && c[i].msg_max &&
+		    fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA) {
+			fprintf(stderr, "rank %d: cqdata chosen without "
+				"FI_DELIVERY_COMPLETE\n", rank);
+			fabep_comm_destroy(comm);
+			return 1;
+		}
+		if (fabep_comm_destroy(comm))
+			return 1;
+	}
+	return 0;
+}
+
+START_TEST(cqdata_delivery)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	fep_test_ranks_ok(2, 30, cqdata_dc_rank, NULL);
+}
+END_TEST
+
 /* cma only where shm's fast path is sure: the strategy a rank with
  * FI_SHM_DISABLE_CMA set (all ranks, or rank 1 alone: the others must
  * follow it) neither picks nor accepts, nor does tcp. */
@@ -2526,6 +2585,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cpus_own_cores);
 	tcase_add_test(tc, unsupported_signal);
 	tcase_add_test(tc, cma_conditions);
+	tcase_add_test(tc, cqdata_delivery);
 	tcase_add_test(tc, choose_cluster_providers);
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);

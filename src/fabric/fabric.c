@@ -211,6 +211,8 @@ out:
 	return count;
 }
 
+int fep_fab_test_no_dc;
+
 int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d)
 {
 	struct fi_info *atom, *p;
@@ -248,7 +250,7 @@ int fep_fabric_describe(struct fi_info *info, fabep_provider_desc_t *d)
 		d->fence = 1;
 		fi_freeinfo(p);
 	}
-	if ((p = fep_probe(info, PROBE_DELIVERY))) {
+	if (!fep_fab_test_no_dc && (p = fep_probe(info, PROBE_DELIVERY))) {
 		d->delivery_complete = 1;
 		fi_freeinfo(p);
 	}
@@ -455,24 +457,52 @@ FEP_EXPORT int fabep_shm_cleanup(long pid)
 	return fep_shm_remove_regions((pid_t)pid);
 }
 
+/* Take strategy s out of what this fabric may use, saying why, and
+ * choose again if it was the provider's default. */
+static void fep_signal_drop(fep_fabric_t *fab, const struct fep_fab_params *p,
+			    fabep_signal_t s, const char *why)
+{
+	if (!(fab->desc.signals & (1u << s)))
+		return;
+	if (p->signal == s)
+		fep_err("signal strategy %s cannot be used here: %s",
+			fep_signal_name(s), why);
+	else
+		fep_dbg("signal strategy %s not usable here: %s",
+			fep_signal_name(s), why);
+	fab->desc.signals &= ~(1u << s);
+	if (fab->desc.signal == s)
+		fab->desc.signal = fep_signal_choose(&fab->desc,
+						     fab->desc.signal_why,
+						     sizeof(fab->desc.signal_why));
+}
+
 /*
  * Choose the signal strategy: the one asked for, or the provider's best.
- * Without cma between every pair of ranks, cma is taken out first.
+ * Strategies this fabric cannot use (cma without cma between every pair
+ * of ranks; cqdata where a put may need FI_DELIVERY_COMPLETE the
+ * provider lacks) are taken out first.
  * Writes why it was chosen into why.
  */
 static int fep_signal_select(const struct fep_fab_params *p, fep_fabric_t *fab,
 			     char *why, size_t whylen)
 {
-	if (!p->cma_peers && (fab->desc.signals & (1u << FABEP_SIGNAL_CMA))) {
-		/* some rank cannot process_vm_writev some other: shm would
-		 * take its receiver-driven path, where a local completion
-		 * does not mean the data is in place */
-		fab->desc.signals &= ~(1u << FABEP_SIGNAL_CMA);
-		if (fab->desc.signal == FABEP_SIGNAL_CMA)
-			fab->desc.signal = fep_signal_choose(&fab->desc,
-							     fab->desc.signal_why,
-							     sizeof(fab->desc.signal_why));
-	}
+	size_t msg_max = fab->desc.max_msg_size ? fab->desc.max_msg_size : SIZE_MAX;
+
+	if (fep_fab_test_msg_max && msg_max > fep_fab_test_msg_max)
+		msg_max = fep_fab_test_msg_max;
+	/* some rank cannot process_vm_writev some other: shm would take its
+	 * receiver-driven path, where a local completion does not mean the
+	 * data is in place */
+	if (!p->cma_peers)
+		fep_signal_drop(fab, p, FABEP_SIGNAL_CMA, "some rank cannot "
+				"process_vm_writev some other");
+	/* a put of the heap past one message sends its head with
+	 * FI_DELIVERY_COMPLETE before the tail that carries the CQ data */
+	if (msg_max < p->heap_size && !fab->desc.delivery_complete)
+		fep_signal_drop(fab, p, FABEP_SIGNAL_CQDATA, "a put can exceed "
+				"max_msg_size and the provider has no "
+				"FI_DELIVERY_COMPLETE");
 
 	if (p->signal == FABEP_SIGNAL_AUTO) {
 		fab->signal = fab->desc.signal;
@@ -801,6 +831,10 @@ void fep_fabric_close(fep_fabric_t *fab)
 	free(fab->chan);
 	free(fab->slices);
 	fi_close(&fab->ep->fid);
+	/* FI_MR_RAW: the keys fi_mr_map_raw made hold domain resources */
+	for (c = 0; fab->peers && c < fab->size; c++)
+		if (fab->peers[c].key_mapped)
+			(void)fi_mr_unmap_key(fab->domain, fab->peers[c].key);
 	fep_heap_destroy(fab);
 	if (fab->ops_mr)
 		fi_close(&fab->ops_mr->fid);
@@ -894,6 +928,7 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs)
 				return ret;
 			}
 			fab->peers[r].key = key;
+			fab->peers[r].key_mapped = true;
 		} else {
 			fab->peers[r].key = b->key;
 		}

@@ -85,6 +85,7 @@ struct fep_peer {
 	fi_addr_t addr;
 	uint64_t base;   /* added to offsets (0 without FI_MR_VIRT_ADDR) */
 	uint64_t key;
+	bool key_mapped; /* key came from fi_mr_map_raw: unmapped at close */
 	int lost;        /* a transfer to it failed */
 	unsigned dc_out; /* its FI_DELIVERY_COMPLETE writes not yet reaped */
 };
@@ -255,6 +256,10 @@ extern uint64_t fep_fab_test_key_salt;
  * tests set a few KiB so that puts go as several writes, as they do
  * past max_msg_size on any provider. */
 extern size_t fep_fab_test_msg_max;
+/* And, where not 0, providers described as refusing
+ * FI_DELIVERY_COMPLETE (some verbs and cxi setups): what the strategies
+ * that need it fall back to. */
+extern int fep_fab_test_no_dc;
 /* And the most local pieces of one write, where not 0 and below the
  * provider's iov_limit: the tests set 1 or 2 so that shm and tcp (4)
  * take the paths of a provider that gathers less or not at all. */
