@@ -213,6 +213,9 @@ struct xfer_fault {
 	int op;
 	const char *signal;   /* FABEP_SIGNAL */
 	int nranks;           /* 0: NRANKS */
+	int want;             /* the victim's error; 0: code */
+	bool rx;              /* the fault is on the receive side: what
+				 the victim sent may have arrived */
 };
 
 #define X_EXPERTS 12
@@ -379,21 +382,25 @@ static int xfer_rank(int rank, int size, void *arg)
 	if (rank == VICTIM) {
 		/* the post's own error, at once; then every call says that
 		 * the communicator cannot be used, at once */
+		int want = f->want ? f->want : f->code;
+
 		if (fep_test_fault.hits != 1)
 			FAIL("%s call %u was never made (%u calls)", f->step,
 			     f->nth, fep_test_fault.seen);
 		fep_test_fault.step = NULL;
-		if (ret != f->code || dt > QUICK_MS)
+		/* a receive-side error first looks for a lost source,
+		 * FEP_LOST_GRACE_MS at most */
+		if (ret != want || dt > QUICK_MS + (f->rx ? FEP_LOST_GRACE_MS : 0))
 			FAIL("%s failing: the call gave %d (%s) after %lld ms",
 			     f->step, ret, fabep_strerror(ret), (long long)dt);
 		t0 = now_ms();
-		if ((r2 = fabep_barrier(w->comm)) != f->code ||
+		if ((r2 = fabep_barrier(w->comm)) != want ||
 		    now_ms() - t0 > QUICK_MS ||
 		    !strstr(fabep_last_error(), "communicator is unusable"))
 			FAIL("barrier after the failed post: %d (%s) in %lld ms: %s",
 			     r2, fabep_strerror(r2), (long long)(now_ms() - t0),
 			     fabep_last_error());
-		if ((r2 = xfer_op(w, f->op, rank, size)) != f->code)
+		if ((r2 = xfer_op(w, f->op, rank, size)) != want)
 			FAIL("the call again: %d (%s)", r2, fabep_strerror(r2));
 	} else {
 		/* what rank 1 was to send never comes: an error within the
@@ -407,7 +414,8 @@ static int xfer_rank(int rank, int size, void *arg)
 			     fabep_strerror(ret), (long long)dt);
 		if (!ret && (r2 = xfer_verify(w, f->op, rank, size)))
 			FAIL("the call succeeded with a wrong result at %d", r2 - 1);
-		if (!ret && f->op == OP_PUT && rank == (VICTIM + 1) % size)
+		if (!ret && f->op == OP_PUT && !f->rx &&
+		    rank == (VICTIM + 1) % size)
 			FAIL("rank 1's put arrived");
 		if (ret && ret != -ETIMEDOUT && ret != -FABEP_ERR_PEER_LOST &&
 		    ret != -FABEP_ERR_PEER)
@@ -551,6 +559,13 @@ XFER_CASE(xfer_ar_udp, "udp", "fi_writemsg", 2, -FI_EIO, OP_AR, "cqdata")
 /* net: no atomics, every signal is a write's CQ data */
 XFER_CASE(xfer_put_net, "net", "fi_writemsg", 1, -FI_EIO, OP_PUT, "cqdata")
 XFER_CASE(xfer_moe_net, "net", "fi_writemsg", 3, -FI_EIO, OP_MOE, "cqdata")
+/* a write into rank 1 fails there (an error completion on its receive
+ * queue): its call fails at once, not at the timeout, and its
+ * communicator is unusable */
+XFER_CASE(xfer_put_rx, "shm", "rx_error", 1, -FI_EAVAIL, OP_PUT, "cqdata",
+	  .want = -FABEP_ERR_PEER_LOST, .rx = true)
+XFER_CASE(xfer_moe_rx, "shm", "rx_error", 1, -FI_EAVAIL, OP_MOE, "cma",
+	  .want = -FABEP_ERR_PEER_LOST, .rx = true)
 
 static Suite *suite(void)
 {
@@ -592,6 +607,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, xfer_ar_udp);
 	tcase_add_test(tc, xfer_put_net);
 	tcase_add_test(tc, xfer_moe_net);
+	tcase_add_test(tc, xfer_put_rx);
+	tcase_add_test(tc, xfer_moe_rx);
 	tcase_add_test(tc, moe_recv_alone);
 	suite_add_tcase(s, tc);
 	return s;

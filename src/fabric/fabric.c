@@ -1035,16 +1035,29 @@ static int fep_cq_rx(fep_fabric_t *fab)
 	ssize_t n, i;
 
 	for (;;) {
-		n = fi_cq_read(fab->rxcq, e, FEP_CQ_BATCH);
+		n = FEP_FAULT("rx_error", fi_cq_read(fab->rxcq, e, FEP_CQ_BATCH));
 		if (n == -FI_EAGAIN)
 			return 0;
 		if (n == -FI_EAVAIL) {
+			/* a write into this rank failed: what some wait here
+			 * counts on may never come or be wrong, so the fabric
+			 * is failed, as after a transfer of its own, and every
+			 * wait ends now instead of at its timeout */
 			struct fi_cq_err_entry err = { 0 };
 
 			if (fi_cq_readerr(fab->rxcq, &err, 0) < 0)
-				return -FI_EOTHER;
-			fep_warn("receive-side error: %s", fi_strerror(err.err));
-			continue;
+				err.err = FI_EIO;  /* entry unreadable */
+			fep_err("a transfer into this rank failed: %s (%s)",
+				fi_strerror(err.err),
+				fi_cq_strerror(fab->rxcq, err.prov_errno,
+					       err.err_data, NULL, 0));
+			/* most often its source died (shm's copy from it
+			 * failed): name it, as a wait would have, once */
+			if (!fab->tx_error) {
+				fep_fabric_name_lost(fab, true);
+				fab->tx_error = -FABEP_ERR_PEER_LOST;
+			}
+			return fab->tx_error;
 		}
 		if (n < 0) {
 			fep_err("fi_cq_read(rx): %s", fi_strerror((int)-n));

@@ -154,7 +154,7 @@ typedef struct fep_fabric {
 	void *ops_desc;
 	size_t outstanding;
 	size_t writes;          /* of them writes (not atomics) */
-	int tx_error;           /* first error seen on the TX CQ */
+	int tx_error;           /* first failed transfer, from or to this rank */
 	bool tx_progress;       /* a posted write moves only while this rank
 				   progresses (software transports) */
 	bool sender_copy;       /* cqdata on shm with its fast path and at
