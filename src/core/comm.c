@@ -357,9 +357,7 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	slots[comm->rank] = *src;
 	if (comm->size == 1)
 		goto done;
-	puts = calloc((size_t)comm->size, sizeof(*puts));
-	if (!puts)
-		return -ENOMEM;
+	puts = comm->xchg_puts;
 	for (r = 1; r < comm->size; r++) {
 		int peer = (comm->rank + r) % comm->size;
 
@@ -375,7 +373,6 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 		n++;
 	}
 	ret = fep_fab_put_signal_many(fab, puts, (size_t)n);
-	free(puts);
 	if (ret)
 		return ret;
 	/* each source's own counter: one sum over the sources could be
@@ -548,12 +545,9 @@ int fep_comm_allgather(fabep_comm_t *comm, const void *in, void *out, size_t len
 
 int fep_comm_agree(fabep_comm_t *comm, int status)
 {
-	int64_t *all;
+	int64_t *all = comm->xchg_vals;
 	int r, ret, first = 0, who = -1;
 
-	all = calloc((size_t)comm->size, sizeof(*all));
-	if (!all)
-		return -ENOMEM;
 	ret = fep_comm_xchg(comm, "error agreement", status, all);
 	if (!ret) {
 		for (r = 0; r < comm->size; r++)
@@ -569,7 +563,6 @@ int fep_comm_agree(fabep_comm_t *comm, int status)
 			ret = -FABEP_ERR_PEER;
 		}
 	}
-	free(all);
 	return ret;
 }
 
@@ -678,11 +671,8 @@ FEP_EXPORT int fabep_barrier(fabep_comm_t *comm)
 /* Every rank reports its status; all return the same verdict. */
 static int fep_boot_agree(fabep_comm_t *comm, int status, const char *what)
 {
-	int32_t *all, r, ret;
+	int32_t *all = comm->boot_vals, r, ret;
 
-	all = calloc((size_t)comm->size, sizeof(*all));
-	if (!all)
-		return -ENOMEM;
 	ret = fep_boot_allgather(comm->boot, &status, all, sizeof(status));
 	if (!ret) {
 		for (r = 0; r < comm->size; r++)
@@ -694,7 +684,6 @@ static int fep_boot_agree(fabep_comm_t *comm, int status, const char *what)
 				break;
 			}
 	}
-	free(all);
 	return ret;
 }
 
@@ -867,19 +856,15 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 		/* this rank's channels wanted, and whether its CPUs are
 		 * crowded; the fewest and any, over every rank */
 		int32_t mine[2] = { FEP_MIN(fep_pool_threads(comm->pool), cap),
-				    fep_comm_cma_crowded(comm) }, *all;
-		int32_t want = mine[0], crowded = 0;
+				    fep_comm_cma_crowded(comm) };
+		int32_t *all = comm->boot_vals, want = mine[0], crowded = 0;
 		bool many;
 
-		all = calloc((size_t)comm->size, sizeof(mine));
-		if (!all)
-			return -ENOMEM;
 		ret = fep_boot_allgather(comm->boot, mine, all, sizeof(mine));
 		for (c = 0; !ret && c < comm->size; c++) {
 			want = FEP_MIN(want, all[2 * c]);
 			crowded |= all[2 * c + 1];
 		}
-		free(all);
 		if (ret)
 			return ret;
 		many = want > 1 && comm->size >= FEP_CMA_THREADS_RANKS;
@@ -989,7 +974,8 @@ static int fep_comm_config(fabep_comm_attr_t *a, int *channels,
 static int fep_comm_cma_peers(fabep_comm_t *comm, const struct fep_hello *h,
 			      bool *ok)
 {
-	int32_t mine = comm->all_local && fep_cma_usable(NULL, 0), *all;
+	int32_t mine = comm->all_local && fep_cma_usable(NULL, 0);
+	int32_t *all = comm->boot_vals;
 	int r, ret;
 
 	for (r = 0; mine && r < comm->size; r++)
@@ -997,23 +983,20 @@ static int fep_comm_cma_peers(fabep_comm_t *comm, const struct fep_hello *h,
 		    (!comm->peer_pid[r] || !fep_cma_reach(comm->peer_pid[r],
 							  h[r].cma_word)))
 			mine = 0;
-	all = calloc((size_t)comm->size, sizeof(*all));
-	if (!all)
-		return -ENOMEM;
 	ret = fep_boot_allgather(comm->boot, &mine, all, sizeof(mine));
 	*ok = !ret;
 	for (r = 0; !ret && r < comm->size; r++)
 		*ok = *ok && all[r];
-	free(all);
 	return ret;
 }
 
 /* Who is where, and what each rank was configured with; *cma_peers:
  * whether every rank reaches every other with CMA. */
 static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
-			      int channels, bool *cma_peers)
+			      int channels, struct fep_hello *hellos,
+			      bool *cma_peers)
 {
-	struct fep_hello hello, *hellos;
+	struct fep_hello hello;
 	int ret;
 
 	memset(&hello, 0, sizeof(hello));
@@ -1027,15 +1010,11 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	hello.pidns = fep_pidns();
 	hello.cma_word = fep_cma_word();
 	fep_hello_cpus(&hello);
-	hellos = calloc((size_t)comm->size, sizeof(*hellos));
-	if (!hellos)
-		return -ENOMEM;
 	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
 	if (!ret)
 		ret = fep_comm_check_hellos(comm, hellos);
 	if (!ret)
 		ret = fep_comm_cma_peers(comm, hellos, cma_peers);
-	free(hellos);
 	return ret;
 }
 
@@ -1179,7 +1158,7 @@ static bool fep_comm_wants_warm(const fabep_comm_t *comm)
  * of warm-up did not make them faster. */
 static int fep_comm_warm_up(fabep_comm_t *comm)
 {
-	int64_t *want = NULL;
+	int64_t *want = comm->xchg_vals;
 	int ret, r, warm = 0;
 
 	if ((ret = fep_heap_alloc_(comm->fab, 8 * (size_t)comm->size, 64,
@@ -1198,9 +1177,7 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
 	 * then back, so no pair connects from both ends at once (the sockets
 	 * provider drops one of two crossing connections, failing what was
 	 * posted on it), then every pair both ways. */
-	want = calloc((size_t)comm->size, sizeof(*want));
-	ret = want ? fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_DOWN) :
-		     -ENOMEM;
+	ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_DOWN);
 	if (!ret)
 		ret = fep_comm_xchg_dir(comm, "warm-up exchange", 0, NULL, XCHG_UP);
 	/* the last one tells every rank whether any asks for the queues'
@@ -1210,7 +1187,6 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
 				    fep_comm_wants_warm(comm), want);
 	for (r = 0; !ret && r < comm->size; r++)
 		warm |= want[r] != 0;
-	free(want);
 	if (!ret && warm && comm->size > 1)
 		ret = fep_comm_warm_queues(comm);
 	return fep_boot_agree(comm, ret, "the warm-up exchange");
@@ -1246,11 +1222,21 @@ static void fep_comm_refuse(const fabep_comm_attr_t *a, int status)
 	free(comm);
 }
 
+static void fep_comm_free_scratch(fabep_comm_t *comm)
+{
+	free(comm->peer_pid);
+	free(comm->bar_exp);
+	free(comm->xchg_puts);
+	free(comm->xchg_vals);
+	free(comm->boot_vals);
+}
+
 FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 				 fabep_comm_t **out)
 {
 	fabep_comm_attr_t a;
 	fabep_comm_t *comm;
+	struct fep_hello *hellos;
 	bool cma_peers = false;
 	/* fep_comm_config sets both; zeroed for compilers that cannot tell */
 	int ret, channels = 0, queue_warm = 0;
@@ -1286,12 +1272,19 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	fep_log_set_rank(comm->rank);
 	comm->peer_pid = calloc((size_t)comm->size, sizeof(*comm->peer_pid));
 	comm->bar_exp = calloc((size_t)comm->size, sizeof(*comm->bar_exp));
-	if (!comm->peer_pid || !comm->bar_exp) {
+	comm->xchg_puts = calloc((size_t)comm->size, sizeof(*comm->xchg_puts));
+	comm->xchg_vals = calloc((size_t)comm->size, sizeof(*comm->xchg_vals));
+	comm->boot_vals = calloc(2 * (size_t)comm->size, sizeof(*comm->boot_vals));
+	hellos = calloc((size_t)comm->size, sizeof(*hellos));
+	if (!comm->peer_pid || !comm->bar_exp || !comm->xchg_puts ||
+	    !comm->xchg_vals || !comm->boot_vals || !hellos) {
+		free(hellos);
 		ret = -ENOMEM;
 		goto err_boot;
 	}
 
-	ret = fep_comm_hello_all(comm, &a, channels, &cma_peers);
+	ret = fep_comm_hello_all(comm, &a, channels, hellos, &cma_peers);
+	free(hellos);
 	if (ret)
 		goto err_boot;
 	ret = fep_comm_fabric(comm, &a, cma_peers);
@@ -1329,8 +1322,7 @@ err_fabric:
 err_boot:
 	fep_boot_destroy(comm->boot);
 err_free:
-	free(comm->peer_pid);
-	free(comm->bar_exp);
+	fep_comm_free_scratch(comm);
 	free(comm);
 	return ret;
 }
@@ -1352,8 +1344,7 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 	comm->boot->idle = NULL;
 	fep_fabric_close(comm->fab);
 	fep_boot_destroy(comm->boot);
-	free(comm->peer_pid);
-	free(comm->bar_exp);
+	fep_comm_free_scratch(comm);
 	free(comm);
 	return ret;
 }

@@ -52,6 +52,14 @@ struct fabep_comm {
 	uint64_t bar_src;
 	uint64_t bar_seq;
 	uint64_t *bar_exp;    /* [size]: what each source's counter must reach */
+	/* the collectives' scratch, taken at creation so that none of them
+	 * can fail for memory on one rank before it joins (its peers would
+	 * wait for it to the timeout): the exchange's puts, the
+	 * agreement's values, the bootstrap agreements' and the channel
+	 * count's values */
+	struct fep_put *xchg_puts;  /* [size] */
+	int64_t *xchg_vals;         /* [size] */
+	int32_t *boot_vals;         /* [2 * size] */
 	/* fabep_barrier: a counter per dissemination round, and how many
 	 * barriers this rank has entered */
 	uint64_t dis_ctr;     /* [FEP_DIS_ROUNDS] */
