@@ -55,6 +55,9 @@ expect 2 "$pp" -I 0
 expect 2 "$pp" -S 0
 expect 2 "$pp" -S 64,,4k
 expect 2 "$pp" -S 12q
+expect 2 "$pp" -o write,
+expect 2 "$pp" -o ,write
+expect 2 "$pp" -o write,,signal
 expect 2 "$pp" -o bogus && grep -q "unknown operation 'bogus'" "$tmp.err" ||
 	fail "-o bogus: no message naming it"
 expect 2 "$pp" -n 3
@@ -180,16 +183,19 @@ demo_rank_pid() { # PARENT: a child of PARENT that has its shm region
 			{ echo "$p"; return; }
 	done
 }
+rank_with_region() { # PARENT: demo_rank_pid, waiting up to 30 s
+	n=0
+	while [ $n -lt 300 ] && kill -0 "$1" 2>/dev/null; do
+		p=$(demo_rank_pid "$1")
+		[ -n "$p" ] && { echo "$p"; return; }
+		sleep 0.1
+		n=$((n + 1))
+	done
+}
 FABEP_TIMEOUT_MS=60000 "$demo" -n 3 -t 8 -H 64 -I 100000000 \
 	>"$tmp.out" 2>"$tmp.err" &
 dp=$!
-vp=
-n=0
-while [ -z "$vp" ] && [ $n -lt 300 ] && kill -0 "$dp" 2>/dev/null; do
-	sleep 0.1
-	vp=$(demo_rank_pid "$dp")
-	n=$((n + 1))
-done
+vp=$(rank_with_region "$dp")
 if [ -z "$vp" ]; then
 	fail "fabep_demo: no rank with an shm region within 30 s"
 	kill -KILL "$dp" 2>/dev/null
@@ -213,6 +219,32 @@ else
 		  sed 's/^/    /' "$tmp.out" "$tmp.err" | tail -8; }
 	ls /dev/shm | grep -q "^$vp:" &&
 		fail "fabep_demo: the killed rank's shm region is left: $(ls /dev/shm | grep "^$vp:")"
+fi
+
+# the launcher stopped by SIGTERM (sent to it alone) stops its ranks,
+# removes their shm regions and ends by the signal
+"$pp" -p shm -S 64 -I 1000000000 >"$tmp.out" 2>"$tmp.err" &
+dp=$!
+vp=$(rank_with_region "$dp")
+if [ -z "$vp" ]; then
+	fail "fabep_pingpong: no rank with an shm region within 30 s"
+	kill -KILL "$dp" 2>/dev/null
+	wait "$dp"
+else
+	kill -TERM "$dp"
+	wait "$dp"
+	rc=$?
+	n=0
+	while kill -0 "$vp" 2>/dev/null && [ $n -lt 50 ]; do
+		sleep 0.1
+		n=$((n + 1))
+	done
+	[ $rc -eq 143 ] || fail "fabep_pingpong stopped by SIGTERM: exit $rc, want 143"
+	kill -0 "$vp" 2>/dev/null &&
+		{ fail "fabep_pingpong stopped by SIGTERM: rank $vp still runs"
+		  kill -KILL "$vp"; }
+	ls /dev/shm | grep -q "^$vp:" &&
+		fail "fabep_pingpong stopped by SIGTERM: the rank's shm region is left"
 fi
 
 # fabep_bench -o write, checked
@@ -410,6 +442,21 @@ expect 2 "$bench" -o dispatch --rounds 2 && grep -q -- '--rounds is for' "$tmp.e
 	fail "fabep_bench -o dispatch --rounds 2: no message"
 expect 2 "$bench" -o scale --rounds 0
 expect 2 "$bench" -o scale --rounds 101
+
+# kernels at a hidden size whose arenas are not whole pages and whose
+# rows need more scales than 16 values a scale
+expect 0 "$bench" -o kernels -H 100 -B 64k -I 1 -w 0 -T 1 -K fp8_quant_bf16_b128
+expect 0 "$bench" -o kernels -H 4 -B 64k -I 1 -w 0 -T 1 -K fp8_dequant_f32_row
+expect 0 "$bench" -o kernels -H 3 -B 20000 -I 1 -w 0 -T 1 -K rmsnorm_bf16_fp8
+# an option the part does not use, a format it does not take, a shape
+# that cannot run: refused before any rank starts
+for args in "-o kernels --soak 1" "-o allreduce --soak 1" "-o dispatch -S 4k" \
+	    "-o moe -B 1M" "-o kernels -n 2" "-o soak -I 5" "-o write -t 4" \
+	    "-o allreduce -f fp8" "--soak 1 -f fp8" "-o dispatch -e 3" \
+	    "-o dispatch -k 9 -e 8" "-o scale -n 2,4 -e 6" "-o kernels -K nosuch"; do
+	# shellcheck disable=SC2086
+	expect 2 "$bench" $args
+done
 
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"

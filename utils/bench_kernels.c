@@ -283,17 +283,20 @@ static int kb_setup(struct kb *b)
 	uint64_t s = 0x1234567;
 	uint16_t *h;
 
-	b->in_sz = b->bytes * 2;
+	/* whole pages (the pool's first touch goes a page a row) */
+	b->in_sz = FEP_ALIGN_UP(b->bytes * 2, 4096);
 	/* the FP8 dequantization reads bytes of codes: to f32 it writes
 	 * four times that */
-	b->out_sz = b->bytes * 4;
-	b->m_sz = b->bytes * 2;
+	b->out_sz = FEP_ALIGN_UP(b->bytes * 4, 4096);
+	b->m_sz = FEP_ALIGN_UP(b->bytes * 2, 4096);
 	b->in = fep_pool_alloc(b->pool, b->in_sz / 4096, 4096);
 	b->out = fep_pool_alloc(b->pool, b->out_sz / 4096, 4096);
 	b->msrc = fep_pool_alloc(b->pool, b->m_sz / 4096, 4096);
 	b->mdst = fep_pool_alloc(b->pool, b->m_sz / 4096, 4096);
 	b->idx_n = rows;
-	b->sc_n = b->bytes / 16 + 16;
+	/* a scale per row of FP8 codes (the most rows: a byte a value),
+	 * per block of 128 of a row at most, and per row of the norm */
+	b->sc_n = (b->bytes / b->hidden + 1) * ((b->hidden + 127) / 128 + 1);
 	b->idx = malloc(b->idx_n * sizeof(*b->idx));
 	b->w = malloc(b->idx_n * sizeof(*b->w));
 	b->scales = malloc(b->sc_n * sizeof(*b->scales));

@@ -878,7 +878,7 @@ static void rank_spread(struct moe_bench *s, fabep_off_t buf, long n)
 	}
 	qsort(med, (size_t)s->size, sizeof(*med), cmp_u64);
 	s->rk_min = med[0];
-	s->rk_med = med[s->size / 2];
+	s->rk_med = med[(s->size - 1) / 2];  /* lower middle: of 2, not the max */
 	free(v);
 	free(med);
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -804,9 +805,78 @@ static void describe_status(int rank, int status)
 			rank, WTERMSIG(status), strsignal(WTERMSIG(status)));
 }
 
+/* A signal that ends the launcher (SIGTERM, SIGHUP, SIGINT sent to it
+ * alone) ends its ranks too: it is passed on to them, they are reaped
+ * and their shm regions removed, and then it ends the launcher. */
+static volatile sig_atomic_t forked_stop;
+
+static void forked_on_signal(int sig)
+{
+	forked_stop = sig;
+}
+
+static const int forked_sigs[] = { SIGTERM, SIGHUP, SIGINT };
+
+static void forked_catch(struct sigaction *old)
+{
+	struct sigaction sa;
+	size_t i;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = forked_on_signal;
+	sigemptyset(&sa.sa_mask);
+	for (i = 0; i < sizeof(forked_sigs) / sizeof(forked_sigs[0]); i++) {
+		sigaction(forked_sigs[i], NULL, &old[i]);
+		/* ignored (nohup, a background job's SIGINT): stays so */
+		if (old[i].sa_handler != SIG_IGN)
+			sigaction(forked_sigs[i], &sa, NULL);
+	}
+}
+
+static void forked_restore(const struct sigaction *old)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(forked_sigs) / sizeof(forked_sigs[0]); i++)
+		sigaction(forked_sigs[i], &old[i], NULL);
+}
+
+/* The ranks still running get sig, then after 2 s SIGKILL; each is
+ * reaped and its shm regions removed. */
+static void forked_end(const pid_t *pids, int *done, int n, int sig)
+{
+	uint64_t end = tool_now_ns() + 2000000000ull;
+	int left = 0;
+
+	fprintf(stderr, "%s: %s: stopping the ranks\n", tool_name, strsignal(sig));
+	for (int r = 0; r < n; r++)
+		if (!done[r] && !kill(pids[r], sig))
+			left++;
+	while (left > 0 && tool_now_ns() < end) {
+		struct timespec ts = { 0, 5000000 };
+
+		for (int r = 0; r < n; r++)
+			if (!done[r] && waitpid(pids[r], NULL, WNOHANG) == pids[r]) {
+				done[r] = 1;
+				left--;
+				fabep_shm_cleanup(pids[r]);
+			}
+		nanosleep(&ts, NULL);
+	}
+	for (int r = 0; r < n; r++)
+		if (!done[r]) {
+			kill(pids[r], SIGKILL);
+			waitpid(pids[r], NULL, 0);
+			fabep_shm_cleanup(pids[r]);
+			done[r] = 1;
+		}
+}
+
 static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 		      int timeout_s, tool_rank_fn fn, void *arg)
 {
+	struct sigaction old_sa[sizeof(forked_sigs) / sizeof(forked_sigs[0])];
+	pid_t parent = getpid();
 	int n = o->nranks, left = n, failed = 0, port;
 	pid_t *pids = calloc(n, sizeof(*pids));
 	int *done = calloc(n, sizeof(*done));
@@ -830,6 +900,8 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 	snprintf(root, sizeof(root), "127.0.0.1:%d", port);
 
 	fflush(NULL);
+	forked_stop = 0;
+	forked_catch(old_sa);
 	for (int r = 0; r < n; r++) {
 		pid_t pid = fork();
 
@@ -841,6 +913,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 				waitpid(pids[q], NULL, 0);
 				fabep_shm_cleanup(pids[q]);
 			}
+			forked_restore(old_sa);
 			free(pids);
 			free(done);
 			return TOOL_EXIT_FAIL;
@@ -848,6 +921,14 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 		if (pid == 0) {
 			char rs[16], ns[16];
 			int ret;
+
+			/* the launcher's signals back to their defaults; a
+			 * launcher killed outright takes its ranks along
+			 * (shm's own handler then removes their regions) */
+			forked_restore(old_sa);
+			prctl(PR_SET_PDEATHSIG, SIGTERM);
+			if (getppid() != parent)
+				_exit(TOOL_EXIT_FAIL);
 
 			snprintf(rs, sizeof(rs), "%d", r);
 			snprintf(ns, sizeof(ns), "%d", n);
@@ -896,6 +977,12 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 		}
 		if (!left)
 			break;
+		if (forked_stop) {
+			forked_end(pids, done, n, (int)forked_stop);
+			left = 0;
+			failed = 1;
+			break;
+		}
 		if (now > deadline || (grace && now > grace)) {
 			for (int r = 0; r < n; r++) {
 				if (done[r])
@@ -921,8 +1008,16 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			nanosleep(&ts, NULL);
 		}
 	}
+	forked_restore(old_sa);
 	free(pids);
 	free(done);
+	if (forked_stop) {
+		/* end with the signal's status: by its default action, not
+		 * libfabric's handler (shm's exits with status 1) */
+		fflush(NULL);
+		signal((int)forked_stop, SIG_DFL);
+		raise((int)forked_stop);
+	}
 	return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
 }
 

@@ -16,6 +16,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -378,6 +379,75 @@ static int bench_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 	return ret;
 }
 
+static bool part_in(const char *name, const char *list)
+{
+	size_t n = strlen(name);
+	const char *p;
+
+	for (p = list; (p = strstr(p, name)); p += n)
+		if ((p == list || p[-1] == ' ') && (p[n] == ' ' || !p[n]))
+			return true;
+	return false;
+}
+
+/* An option the part would not use is refused, as a mistyped one is:
+ * a run that silently ignored it would measure something else than
+ * asked.  So are shapes that cannot run, before any rank starts. */
+static void bench_check_opts(const struct tool_opts *o, const char *p)
+{
+	static const struct {
+		const char *opt, *parts;
+	} *u, use[] = {
+		{ "-S", "write" },
+		{ "-W", "write" },
+		{ "--soak", "write soak" },
+		{ "-B", "kernels" },
+		{ "-K", "kernels" },
+		{ "-n", "write dispatch combine moe allreduce arnorm soak scale" },
+		{ "-t", "dispatch combine moe soak scale" },
+		{ "-k", "dispatch combine moe soak scale" },
+		{ "-e", "dispatch combine moe soak scale" },
+		{ "-H", "kernels dispatch combine moe soak scale" },
+		{ "--rows", "allreduce arnorm soak scale" },
+		{ "--cols", "allreduce arnorm soak scale" },
+		{ "--check", "write dispatch combine moe allreduce arnorm soak scale" },
+		{ "-I", "write kernels dispatch combine moe allreduce arnorm scale" },
+		{ "-w", "write kernels dispatch combine moe allreduce arnorm scale" },
+		{ "-f", "dispatch combine moe allreduce arnorm soak scale" },
+	};
+	bool given[sizeof(use) / sizeof(use[0])] = {
+		o->nsizes > 0, o->window > 0, o->soak_s > 0, o->bytes > 0,
+		o->kernel != NULL, o->nranks > 0, o->tokens > 0, o->topk > 0,
+		o->experts > 0, o->hidden > 0, o->rows > 0, o->cols > 0,
+		o->check != 0, o->iters > 0, o->warmup >= 0, o->format != NULL,
+	};
+	size_t i;
+	int n;
+
+	for (i = 0, u = use; i < sizeof(use) / sizeof(use[0]); i++, u++)
+		if (given[i] && !part_in(p, u->parts))
+			tool_usage_error(&bench_desc, "%s is not for -o %s (it is for: %s)",
+					 u->opt, p, u->parts);
+	if (o->format && (part_in(p, "allreduce arnorm soak")) &&
+	    strcmp(o->format, "bf16") && strcmp(o->format, "fp32"))
+		tool_usage_error(&bench_desc, "-o %s takes -f bf16 or fp32", p);
+	if (o->topk > 0 && o->experts > 0 && o->topk > o->experts)
+		tool_usage_error(&bench_desc, "-k %d is more than the -e %d experts",
+				 o->topk, o->experts);
+	/* the ranks main forks when -n is not given, outside a job */
+	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
+	if (o->experts > 0 && n > 0 && part_in(p, "dispatch combine moe soak") &&
+	    o->experts % n)
+		tool_usage_error(&bench_desc, "-e %d experts are not a multiple of "
+				 "the %d ranks", o->experts, n);
+	for (i = 0; o->experts > 0 && !strcmp(p, "scale") &&
+		    i < (size_t)o->n_nranks; i++)
+		if (o->experts % o->nranks_list[i])
+			tool_usage_error(&bench_desc, "-e %d experts are not a "
+					 "multiple of the -n %d ranks", o->experts,
+					 o->nranks_list[i]);
+}
+
 int main(int argc, char **argv)
 {
 	static const size_t write_sizes[] = { 64 << 10, 1 << 20, 4 << 20 };
@@ -410,6 +480,7 @@ int main(int argc, char **argv)
 	if (!strcmp(part->name, "write") && o->nranks && o->nranks != 2)
 		tool_usage_error(&bench_desc, "-o write runs between 2 ranks, not -n %d",
 				 o->nranks);
+	bench_check_opts(o, part->name);
 
 	memset(&bo, 0, sizeof(bo));
 	bo.op = part->name;
@@ -451,7 +522,9 @@ int main(int argc, char **argv)
 		if (ret) {
 			fprintf(stderr, "%s: -o %s: %s\n", tool_name, part->name,
 				fabep_strerror(ret));
-			return TOOL_EXIT_FAIL;
+			/* -EINVAL: the command line (an unknown -K, a -B
+			 * too small for -H), said above */
+			return ret == -EINVAL ? TOOL_EXIT_USAGE : TOOL_EXIT_FAIL;
 		}
 		return TOOL_EXIT_OK;
 	}

@@ -355,6 +355,12 @@ int main(int argc, char **argv)
 		char list[64], *tok, *save = NULL;
 
 		snprintf(list, sizeof(list), "%s", o.op);
+		/* strtok_r would skip empty items: a list such as "write,"
+		 * is refused as -S refuses "64," */
+		if (!*o.op || o.op[0] == ',' || o.op[strlen(o.op) - 1] == ',' ||
+		    strstr(o.op, ",,"))
+			tool_usage_error(&pp_desc, "-o '%s': an empty item in the "
+					 "list", o.op);
 		ctx.nops = 0;
 		for (tok = strtok_r(list, ",", &save); tok;
 		     tok = strtok_r(NULL, ",", &save)) {
