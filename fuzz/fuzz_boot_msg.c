@@ -34,19 +34,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static struct boot_tcp *fuzz_tcp(int rank, int size)
 {
-	struct boot_tcp *t = calloc(1, sizeof(*t));
-	int r, n = rank == 0 ? size : 1;
+	struct boot_tcp *t = boot_tcp_new(rank, size, 2000);
 
-	if (!t || !(t->fds = malloc((size_t)n * sizeof(int))))
+	if (!t)
 		abort();
-	for (r = 0; r < n; r++)
-		t->fds[r] = -1;
-	t->base.rank = rank;
-	t->base.size = size;
-	t->base.timeout_ms = 2000;
-	t->base.allgather = boot_tcp_allgather;
-	t->base.barrier = boot_tcp_barrier;
-	t->base.destroy = boot_tcp_destroy;
+	t->base.watch = NULL;
 	snprintf(t->host, sizeof(t->host), "fuzz");
 	t->port = 1;
 	return t;

@@ -17,6 +17,8 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 
 #include <check.h>
 
@@ -980,6 +982,187 @@ START_TEST(test_tcp_intruders)
 }
 END_TEST
 
+/* Ranks arrive at the root in a wave larger than its room for strangers
+ * (64): all 80 connect and say hello while the root is stopped, then it
+ * runs and must welcome every one, none dropped as unidentified. */
+#define WAVE 81
+
+START_TEST(test_tcp_wave)
+{
+	int port = fep_test_free_port(), fds[WAVE], r, status = -1;
+	uint8_t h[32];
+	pid_t root;
+
+	ck_assert_int_gt(port, 0);
+	root = fork();
+	ck_assert_int_ge(root, 0);
+	if (root == 0) {
+		fep_boot_t *b = NULL;
+		int ret = fep_boot_tcp_create(0, WAVE, "127.0.0.1", port, 20000,
+					      &b);
+
+		if (!ret)
+			fep_boot_destroy(b);
+		_exit(ret ? 1 : 0);
+	}
+	/* the first connection waits for the root's listener */
+	fds[1] = raw_connect(port);
+	ck_assert_int_ge(fds[1], 0);
+	kill(root, SIGSTOP);
+	for (r = 2; r < WAVE; r++) {
+		fds[r] = raw_connect(port);
+		ck_assert_int_ge(fds[r], 0);
+	}
+	for (r = 1; r < WAVE; r++) {
+		hello_encode(h, r, WAVE);
+		ck_assert_int_eq(send(fds[r], h, 32, MSG_NOSIGNAL), 32);
+	}
+	kill(root, SIGCONT);
+	for (r = 1; r < WAVE; r++) {
+		struct timeval tv = { 20, 0 };
+		ssize_t n;
+
+		setsockopt(fds[r], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		n = recv(fds[r], h, 32, MSG_WAITALL);
+		ck_assert_msg(n == 32 && h[7] == 2, "rank %d: %zd bytes, type %d "
+			      "(want a welcome)", r, n, n == 32 ? h[7] : -1);
+	}
+	for (r = 1; r < WAVE; r++)
+		close(fds[r]);
+	ck_assert_int_eq(waitpid(root, &status, 0), root);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "root: status %d", status);
+}
+END_TEST
+
+/* A header of the bootstrap's wire format: type, rank, size, seq, len,
+ * big-endian (hello_encode's layout). */
+static void hdr_encode_raw(uint8_t *p, int type, int rank, int size,
+			   uint64_t seq, uint64_t len)
+{
+	int i;
+
+	hello_encode(p, rank, size);
+	p[7] = (uint8_t)type;
+	for (i = 0; i < 8; i++) {
+		p[16 + i] = (uint8_t)(seq >> (56 - 8 * i));
+		p[24 + i] = (uint8_t)(len >> (56 - 8 * i));
+	}
+}
+
+static int send_all(int fd, const void *b, size_t n)
+{
+	const uint8_t *p = b;
+
+	while (n) {
+		ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+
+		if (k <= 0)
+			return -1;
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+#define MID_LEN (4u << 20)
+
+static void mid_result_once(void);
+
+/* A fake rank of a world of 3 (raw socket): hello, gather of MID_LEN
+ * bytes; rank 1 then closes, rank 2 reads what the root sends it, slowly,
+ * and exits 0 when no header lies inside the RESULT's payload, 1 when
+ * one does. */
+static int mid_fake(int port, int rank)
+{
+	size_t tot = 32 + 3ull * MID_LEN + 4096, got = 0, i;
+	int fd = raw_connect(port), sz = 1 << 16;
+	uint8_t h[32], *blk = malloc(tot);
+	struct timeval tv = { 5, 0 };
+
+	if (fd < 0 || !blk)
+		return 2;
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	hdr_encode_raw(h, 1, rank, 3, 0, 0);
+	if (send_all(fd, h, 32) || recv(fd, h, 32, MSG_WAITALL) != 32)
+		return 2;
+	memset(blk, rank, MID_LEN);
+	hdr_encode_raw(h, 4, rank, 3, 0, MID_LEN);
+	if (send_all(fd, h, 32) || send_all(fd, blk, MID_LEN))
+		return 2;
+	if (rank == 1) {
+		usleep(20000);
+		close(fd);
+		return 0;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	for (;;) {
+		/* slow reads: the root's buffer to this rank has room
+		 * while its RESULT is still half-sent (about 0.3 s) */
+		ssize_t k = recv(fd, blk + got, FEP_MIN(tot - got, 4096), 0);
+
+		usleep(50);
+
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
+	/* an ERROR in place of the RESULT is right: the root failed
+	 * before the RESULT's first byte */
+	if (got < 32 || blk[7] != 5)
+		return 0;
+	for (i = 1; i + 4 <= got && i < 32 + 3ull * MID_LEN; i++)
+		if (!memcmp(blk + i, "FEPB", 4)) {
+			fprintf(stderr, "a header at byte %zu of a RESULT of %llu\n",
+				i, 32 + 3ull * MID_LEN);
+			return 1;
+		}
+	return 0;
+}
+
+/* The root's allgather fails (rank 1 is lost) while its RESULT to rank 2
+ * is half-sent: rank 2 must not find the root's ERROR message inside
+ * the RESULT's payload (it would take it for data, or wait for the
+ * rest); the end of the stream tells it instead. */
+START_TEST(test_tcp_error_mid_result)
+{
+	/* the root's failure finds its RESULT to rank 2 half-sent, with
+	 * room in the socket's buffer, as the timing allows: thrice */
+	for (int run = 0; run < 3; run++)
+		mid_result_once();
+}
+END_TEST
+
+static void mid_result_once(void)
+{
+	int port = fep_test_free_port(), st1 = -1, st2 = -1, ret;
+	uint8_t *in = malloc(MID_LEN), *out = malloc(3ull * MID_LEN);
+	fep_boot_t *b = NULL;
+	pid_t p1, p2;
+
+	ck_assert_int_gt(port, 0);
+	ck_assert(in && out);
+	setenv("FABEP_LOG", "none", 1);
+	if (!(p1 = fork()))
+		_exit(mid_fake(port, 1));
+	if (!(p2 = fork()))
+		_exit(mid_fake(port, 2));
+	ret = fep_boot_tcp_create(0, 3, "127.0.0.1", port, 10000, &b);
+	ck_assert_int_eq(ret, 0);
+	memset(in, 0xAA, MID_LEN);
+	ret = fep_boot_allgather(b, in, out, MID_LEN);
+	ck_assert_int_eq(ret, -FABEP_ERR_PEER_LOST);
+	/* its connections closed: rank 2 reads to their end */
+	fep_boot_destroy(b);
+	ck_assert_int_eq(waitpid(p1, &st1, 0), p1);
+	ck_assert_int_eq(waitpid(p2, &st2, 0), p2);
+	ck_assert_msg(WIFEXITED(st2) && WEXITSTATUS(st2) == 0,
+		      "rank 2: status %d (1: the ERROR inside the RESULT)", st2);
+	ck_assert_msg(WIFEXITED(st1) && WEXITSTATUS(st1) == 0, "rank 1: %d", st1);
+	free(in);
+	free(out);
+}
+
 /* Two processes claim rank 1 of 3: one is refused (-EINVAL), rank 2 never
  * comes, and everyone fails within the timeout. */
 static int rank_duplicate(int rank, int size, void *arg)
@@ -1171,6 +1354,8 @@ static Suite *bootstrap_suite(void)
 	tcase_add_test(tc, test_tcp_watch_bye);
 	tcase_add_test(tc, test_tcp_intruders);
 	tcase_add_test(tc, test_tcp_duplicate);
+	tcase_add_test(tc, test_tcp_wave);
+	tcase_add_test(tc, test_tcp_error_mid_result);
 	tcase_add_test(tc, test_harness_timeout);
 	tcase_set_timeout(tc, 25);
 	suite_add_tcase(s, tc);

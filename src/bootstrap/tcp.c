@@ -43,7 +43,7 @@
 #define BOOT_VERSION 1u
 #define BOOT_HDR_LEN 32
 #define BOOT_MAX_TEXT 256
-#define BOOT_MAX_PENDING 64 /* unidentified connections the root keeps */
+#define BOOT_MAX_PENDING 64 /* strangers the root keeps beside the ranks */
 
 enum boot_msg_type {
 	BOOT_MSG_HELLO = 1,   /* rank -> root: who I am */
@@ -82,6 +82,7 @@ struct boot_tcp {
 	int broken;       /* sticky error after a failed exchange */
 	int *fds;         /* root: fds[r] for r >= 1; others: fds[0] = root */
 	uint8_t *gone;    /* per fds[] entry: said goodbye, or reported lost */
+	uint8_t *midsend; /* per fds[] entry: a message partly sent on it */
 };
 
 static const char *boot_type_name(unsigned type)
@@ -300,6 +301,7 @@ static int xfer_step(struct boot_tcp *t, struct boot_xfer *x,
 		}
 		if (x->send) {
 			x->soff += (size_t)n;
+			t->midsend[x->peer] = x->soff < x->slen;
 			continue;
 		}
 		if (x->have_hdr) {
@@ -444,14 +446,26 @@ static void boot_tcp_tell_error(struct boot_tcp *t, int code, int culprit,
 			 t->seq, code, culprit, text);
 	fd_count = t->base.rank == 0 ? t->base.size : 1;
 	for (r = 0; r < fd_count; r++) {
+		ssize_t n;
+
 		/* A lost rank's socket is dead; any other culprit is told
 		 * too, so that every rank returns the same code. */
 		if (t->fds[r] < 0 ||
 		    (r == culprit && code == -FABEP_ERR_PEER_LOST))
 			continue;
-		/* Non-blocking, one try: a full socket buffer means the
-		 * peer will find out by its own timeout. */
-		(void)send(t->fds[r], msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		/* Where a message is partly sent, an ERROR would be read as
+		 * the rest of it: the peer is told by the end of the stream
+		 * instead, as it is where the ERROR does not fit whole (the
+		 * bootstrap is broken from now on either way). */
+		if (!t->midsend[r]) {
+			/* Non-blocking, one try: a full socket buffer means
+			 * the peer will find out by its own timeout. */
+			n = send(t->fds[r], msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (n < 0 || (size_t)n == len)
+				continue;
+		}
+		(void)shutdown(t->fds[r], SHUT_WR);
+		t->midsend[r] = 0;
 	}
 }
 
@@ -781,13 +795,14 @@ static void boot_tcp_destroy(fep_boot_t *b)
 	hdr_encode(bye, BOOT_MSG_BYE, b->rank, b->size, t->seq, 0);
 	if (t->fds)
 		for (r = 0; r < n; r++) {
-			if (t->fds[r] >= 0)
+			if (t->fds[r] >= 0 && !t->midsend[r])
 				(void)send(t->fds[r], bye, sizeof(bye),
 					   MSG_NOSIGNAL | MSG_DONTWAIT);
 			sock_close(&t->fds[r]);
 		}
 	free(t->fds);
 	free(t->gone);
+	free(t->midsend);
 	free(t);
 }
 
@@ -965,16 +980,31 @@ static int boot_missing_list(struct boot_tcp *t, char *buf, size_t len)
 
 static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 {
-	struct boot_pending pend[BOOT_MAX_PENDING];
-	struct pollfd pfd[BOOT_MAX_PENDING + 1];
+	/* room for every rank at once, as they arrive in waves, and for
+	 * BOOT_MAX_PENDING strangers besides */
+	int size = t->base.size, cap = size - 1 + BOOT_MAX_PENDING;
+	struct boot_pending *pend = NULL;
+	struct pollfd *pfd = NULL;
 	struct boot_xfer *xs;
 	uint8_t welcome[BOOT_HDR_LEN];
-	int lfd, npend = 0, size = t->base.size, i, ret, failed, missing;
+	int lfd = -1, npend = 0, i, ret, failed, missing;
 	char list[200], detail[640] = "";
 
+	pend = calloc((size_t)cap, sizeof(*pend));
+	pfd = calloc((size_t)cap + 1, sizeof(*pfd));
+	if (!pend || !pfd) {
+		snprintf(detail, sizeof(detail), "rendezvous root: no memory "
+			 "for %d connections", cap);
+		fep_err("bootstrap %s", detail);
+		ret = -ENOMEM;
+		goto err;
+	}
 	ret = boot_listen(t->host, t->port, size, &lfd);
-	if (ret)
+	if (ret) {
+		free(pend);
+		free(pfd);
 		return ret;
+	}
 	detail[0] = '\0';
 
 	for (;;) {
@@ -1027,19 +1057,30 @@ static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 			if (fd < 0) {
 				if (errno == EINTR || errno == ECONNABORTED)
 					continue;
+				if (errno == EMFILE || errno == ENFILE) {
+					/* the listener stays readable: waiting
+					 * would spin to the timeout */
+					ret = -errno;
+					snprintf(detail, sizeof(detail),
+						 "rendezvous root %s:%d: accept: %s "
+						 "(rank 0 needs a descriptor per "
+						 "rank: raise its limit, ulimit -n)",
+						 t->host, t->port, strerror(errno));
+					fep_err("bootstrap %s", detail);
+					goto err;
+				}
 				if (errno != EAGAIN && errno != EWOULDBLOCK)
 					fep_warn("bootstrap root: accept: %s",
 						 strerror(errno));
 				break;
 			}
-			if (npend == BOOT_MAX_PENDING) {
+			if (npend == cap) {
 				/* Unidentified connections are flooding the
 				 * port: drop the oldest. */
 				fep_warn("bootstrap root %s:%d: more than %d "
 					 "connections that never said which "
 					 "rank they are; dropping %s", t->host,
-					 t->port, BOOT_MAX_PENDING,
-					 pend[0].name);
+					 t->port, cap, pend[0].name);
 				sock_close(&pend[0].fd);
 				pend[0] = pend[--npend];
 			}
@@ -1055,6 +1096,10 @@ static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 		sock_close(&pend[i].fd);
 	npend = 0;
 	sock_close(&lfd);
+	free(pend);
+	free(pfd);
+	pend = NULL;
+	pfd = NULL;
 
 	/* Everyone is here: tell them. */
 	xs = calloc((size_t)size - 1, sizeof(*xs));
@@ -1082,7 +1127,10 @@ static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 err:
 	for (i = 0; i < npend; i++)
 		sock_close(&pend[i].fd);
-	sock_close(&lfd);
+	if (lfd >= 0)
+		sock_close(&lfd);
+	free(pend);
+	free(pfd);
 	boot_tcp_fail(t, ret, -1, "rendezvous", detail);
 	return ret;
 }
@@ -1263,12 +1311,45 @@ err:
 	return ret;
 }
 
+/* A bootstrap of rank of size, not yet connected (its fds all -1); NULL
+ * when memory runs out. */
+static struct boot_tcp *boot_tcp_new(int rank, int size, int timeout_ms)
+{
+	struct boot_tcp *t = calloc(1, sizeof(*t));
+	int r, n = rank == 0 ? size : 1;
+
+	if (t) {
+		t->fds = malloc((size_t)n * sizeof(int));
+		t->gone = calloc((size_t)n, 1);
+		t->midsend = calloc((size_t)n, 1);
+	}
+	if (!t || !t->fds || !t->gone || !t->midsend) {
+		if (t) {
+			free(t->fds);
+			free(t->gone);
+			free(t->midsend);
+			free(t);
+		}
+		return NULL;
+	}
+	for (r = 0; r < n; r++)
+		t->fds[r] = -1;
+	t->base.rank = rank;
+	t->base.size = size;
+	t->base.timeout_ms = timeout_ms;
+	t->base.allgather = boot_tcp_allgather;
+	t->base.barrier = boot_tcp_barrier;
+	t->base.destroy = boot_tcp_destroy;
+	t->base.watch = boot_tcp_watch;
+	return t;
+}
+
 int fep_boot_tcp_create(int rank, int size, const char *root_host,
 			int root_port, int timeout_ms, fep_boot_t **out)
 {
 	struct boot_tcp *t;
 	uint64_t deadline;
-	int r, n, ret;
+	int ret;
 
 	if (!out) {
 		fep_err("bootstrap: NULL output handle");
@@ -1295,30 +1376,11 @@ int fep_boot_tcp_create(int rank, int size, const char *root_host,
 		return -EINVAL;
 	}
 
-	t = calloc(1, sizeof(*t));
-	n = rank == 0 ? size : 1;
-	if (t) {
-		t->fds = malloc((size_t)n * sizeof(int));
-		t->gone = calloc((size_t)n, 1);
-	}
-	if (!t || !t->fds || !t->gone) {
+	t = boot_tcp_new(rank, size, timeout_ms);
+	if (!t) {
 		fep_err("bootstrap: out of memory for %d ranks", size);
-		if (t) {
-			free(t->fds);
-			free(t->gone);
-			free(t);
-		}
 		return -ENOMEM;
 	}
-	for (r = 0; r < n; r++)
-		t->fds[r] = -1;
-	t->base.rank = rank;
-	t->base.size = size;
-	t->base.timeout_ms = timeout_ms;
-	t->base.allgather = boot_tcp_allgather;
-	t->base.barrier = boot_tcp_barrier;
-	t->base.destroy = boot_tcp_destroy;
-	t->base.watch = boot_tcp_watch;
 	if (size > 1) {
 		snprintf(t->host, sizeof(t->host), "%s", root_host);
 		t->port = root_port;
