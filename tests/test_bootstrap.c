@@ -830,6 +830,41 @@ START_TEST(test_tcp_watch_bye)
 }
 END_TEST
 
+/* A rank whose communicator failed destroys its bootstrap without a
+ * goodbye (b->failed): the root's watch and, told by the root, rank 1's
+ * see it lost within seconds, where a goodbye would read as a normal
+ * end. */
+static int rank_failed_no_bye(int rank, int size, void *arg)
+{
+	fep_boot_t *b;
+	uint64_t v = (uint64_t)rank, out[8], ms;
+	int ret;
+
+	(void)arg;
+	ret = rank_boot(rank, size, 10000, &b);
+	FAIL_IF(ret, "bootstrap: %s", fabep_strerror(ret));
+	ret = fep_boot_allgather(b, &v, out, sizeof(v));
+	FAIL_IF(ret, "allgather: %s", fabep_strerror(ret));
+	if (rank == 2) {
+		b->failed = 1;
+		fep_boot_destroy(b);
+		return 0;
+	}
+	ret = watch_until(b, 6000, &ms);
+	FAIL_IF(ret != -FABEP_ERR_PEER_LOST, "watch after rank 2 left failed: "
+		"%d (%s) after %llu ms", ret, fabep_strerror(ret),
+		(unsigned long long)ms);
+	fep_boot_destroy(b);
+	return 0;
+}
+
+START_TEST(test_tcp_failed_no_bye)
+{
+	setenv("FABEP_LOG", "none", 1);
+	fep_test_ranks_ok(3, 15, rank_failed_no_bye, NULL);
+}
+END_TEST
+
 /* Ranks that pass different lengths all get -FABEP_ERR_MISMATCH. */
 static int rank_len_mismatch(int rank, int size, void *arg)
 {
@@ -1355,6 +1390,7 @@ static Suite *bootstrap_suite(void)
 	tcase_add_test(tc, test_tcp_intruders);
 	tcase_add_test(tc, test_tcp_duplicate);
 	tcase_add_test(tc, test_tcp_wave);
+	tcase_add_test(tc, test_tcp_failed_no_bye);
 	tcase_add_test(tc, test_tcp_error_mid_result);
 	tcase_add_test(tc, test_harness_timeout);
 	tcase_set_timeout(tc, 25);

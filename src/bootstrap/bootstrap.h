@@ -31,6 +31,10 @@ struct fep_boot {
 	 * before that peer can join the collective.  NULL: none. */
 	void (*idle)(void *ctx);
 	void *idle_ctx;
+	/* Set before destroy where the communicator above failed: destroy
+	 * then says no goodbye, so that the peers still waiting for this
+	 * rank see it lost at once instead of at their timeout. */
+	int failed;
 };
 
 static inline int fep_boot_allgather(fep_boot_t *b, const void *in, void *out,

@@ -420,8 +420,15 @@ static int xfer_run(struct boot_tcp *t, struct boot_xfer *xs, int n,
 			*failed = xs[idx[0]].peer;
 			return -ETIMEDOUT;
 		}
-		if (t->base.idle)
+		if (t->base.idle) {
 			t->base.idle(t->base.idle_ctx);
+			/* the idle work may have run the watch, which takes
+			 * an ERROR meant for this collective off the socket */
+			if (t->broken) {
+				*failed = -1;
+				return t->broken;
+			}
+		}
 		ret = poll(pfd, (nfds_t)np, t->base.idle ?
 			   FEP_MIN(ms_left(deadline), 1) : ms_left(deadline));
 		if (ret < 0 && errno != EINTR) {
@@ -795,7 +802,7 @@ static void boot_tcp_destroy(fep_boot_t *b)
 	hdr_encode(bye, BOOT_MSG_BYE, b->rank, b->size, t->seq, 0);
 	if (t->fds)
 		for (r = 0; r < n; r++) {
-			if (t->fds[r] >= 0 && !t->midsend[r])
+			if (t->fds[r] >= 0 && !t->midsend[r] && !b->failed)
 				(void)send(t->fds[r], bye, sizeof(bye),
 					   MSG_NOSIGNAL | MSG_DONTWAIT);
 			sock_close(&t->fds[r]);

@@ -1339,6 +1339,11 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 	 * transfer, peers may be gone: do not wait for them again. */
 	if (!fep_fabric_tx_error(comm->fab) && !comm->failed)
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
+	else
+		/* failed with every rank still there: no goodbye, so that
+		 * the peers see this rank lost (where one is gone, they see
+		 * that one and name it) */
+		comm->boot->failed = !fep_comm_alive_one(comm, false);
 	if (comm->pool)
 		fep_pool_destroy(comm->pool);
 	comm->boot->idle = NULL;
