@@ -1258,21 +1258,31 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 				return -EINVAL;
 			}
 		}
+		/* every address the name has: one this host cannot reach
+		 * at all (an IPv6 one without IPv6: EAFNOSUPPORT) gives way
+		 * to the next; only where none may answer later, fail now */
+		bool retry = res == NULL;
+		int hard = 0;
+
 		for (ai = res; ai && fd < 0; ai = ai->ai_next) {
 			fd = boot_connect_one(ai, deadline);
-			if (fd < 0) {
+			if (fd >= 0)
+				break;
+			if (errno_is_retry(-fd)) {
 				err = -fd;
-				if (!errno_is_retry(err)) {
-					fep_err("bootstrap: connect to "
-						"rendezvous root %s:%d: %s",
-						t->host, t->port, strerror(err));
-					freeaddrinfo(res);
-					return -err;
-				}
+				retry = true;
+			} else {
+				hard = -fd;
 			}
 		}
 		if (fd >= 0)
 			break;
+		if (!retry) {
+			fep_err("bootstrap: connect to rendezvous root %s:%d: %s",
+				t->host, t->port, strerror(hard));
+			freeaddrinfo(res);
+			return -hard;
+		}
 		if (!ms_left(deadline)) {
 			fep_err("bootstrap: rendezvous root %s:%d never "
 				"answered within %d ms (last error: %s)",
