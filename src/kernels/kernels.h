@@ -82,7 +82,10 @@
  *    gives the FP8 code 0x7F for every value: the sign of a NaN made
  *    from NaNs follows the operand order, which differs between the
  *    levels' paths (and with them between splits of a call's rows over
- *    threads), and no value of such a row is a number.
+ *    threads), and no value of such a row is a number.  For the same
+ *    reason the NaNs of such a row's fp32 and bf16 output, and the NaN
+ *    that x + residual writes back where both are NaN, may carry either
+ *    operand's payload and sign, by level and by column.
  *
  *  Top-k sum: out[t] = sum_j w[t*k+j] * y[idx[t*k+j]] in fp32, j in
  *    order 0..k-1, rows with idx < 0 skipped (w may be NULL = all 1; a
