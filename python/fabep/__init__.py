@@ -86,7 +86,8 @@ def providers(name=None, max_count=32):
                 continue
             v = getattr(d, f)
             r[f] = v.decode(errors="replace") if isinstance(v, bytes) else v
-        r["signal"] = _lib.SIGNALS[d.signal] if 0 <= d.signal < 5 else d.signal
+        r["signal"] = (_lib.SIGNALS[d.signal]
+                       if 0 <= d.signal < len(_lib.SIGNALS) else d.signal)
         out.append(r)
     return out
 

@@ -189,7 +189,7 @@ MOE_MAX_TOPK = 32
 MOE_ZERO_COPY = 1
 MOE_UNWEIGHTED = 1
 AR_F32, AR_BF16 = 0, 1
-SIGNALS = ("auto", "ordered", "fence", "delivery", "cqdata")
+SIGNALS = ("auto", "ordered", "fence", "delivery", "cqdata", "cma")  # fabep_signal_t
 
 
 

@@ -135,7 +135,7 @@ class Comm(Handle):
 
     Keyword arguments set fabep_comm_attr_t (None or 0 = environment or
     default): provider ("shm", "tcp", ...), domain, signal ("ordered",
-    "fence", "delivery", "cqdata"), timeout_ms, heap_size (bytes; size it
+    "fence", "delivery", "cqdata", "cma"), timeout_ms, heap_size (bytes; size it
     with MoE.heap_bytes and AllReduce.heap_bytes), threads, numa_node.
 
     close() (or leaving a ``with`` block) destroys it; it is collective

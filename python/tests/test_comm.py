@@ -17,6 +17,9 @@ def test_library_queries():
     assert fabep.version().count(".") == 2
     assert fabep.isa() in ("scalar", "avx2", "avx512")
     assert "shm" in [p["provider"] for p in fabep.providers("shm")]
+    # every strategy by its name, shm's default (often cma) included
+    for p in fabep.providers():
+        assert p["signal"] in fabep._lib.SIGNALS, p
     assert fabep.strerror(-110)
 
 
@@ -253,6 +256,22 @@ def _cycle_body(me, n):
 
 def test_handles_in_a_reference_cycle():
     assert ranks.run(2, _cycle_body) == [True, True]
+
+
+def _cma_body(me, n):
+    """signal="cma" is a strategy's name: granted, or refused by the
+    provider (NoSignalError), never an invalid argument."""
+    import fabep
+    try:
+        with fabep.Comm.from_env(signal="cma") as comm:
+            return comm.signal
+    except fabep.NoSignalError:
+        return "refused"
+
+
+def test_signal_cma():
+    assert ranks.run(2, _cma_body) in (["cma", "cma"],
+                                       ["refused", "refused"])
 
 
 def _attr_body(me, n):
