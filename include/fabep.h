@@ -166,6 +166,14 @@ FABEP_API int fabep_comm_create(const fabep_comm_attr_t *attr,
 /* Destroy it.  Collective when every rank is alive; returns after a
  * bounded wait when peers are gone.  NULL is accepted and ignored. */
 FABEP_API int fabep_comm_destroy(fabep_comm_t *comm);
+/* Free it without waiting for the peers and without the goodbye, as a
+ * rank that gives up does (an exception, a signal, a failure of its
+ * own): not collective, it returns at once, and the peers waiting for
+ * this rank fail with -FABEP_ERR_PEER_LOST instead of at their timeout
+ * (bootstrapped through the caller's allgather, at their timeout).  Its
+ * handles are destroyed first, as for fabep_comm_destroy.  NULL is
+ * ignored. */
+FABEP_API void fabep_comm_abort(fabep_comm_t *comm);
 /* For launchers: remove the shared-memory regions that process `pid` of
  * this host left behind when it died without destroying its
  * communicators (killed, or crashed): libfabric's shm names them

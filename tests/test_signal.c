@@ -947,6 +947,66 @@ START_TEST(cqdata_delivery)
 }
 END_TEST
 
+/* A rank that aborts its communicator (and lives on): the others, in a
+ * barrier, fail with -FABEP_ERR_PEER_LOST naming it within a few
+ * seconds, not at their timeout of 30 s; the aborting rank returns at
+ * once. */
+static int abort_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	uint64_t t0;
+	int ret;
+
+	(void)size;
+	(void)arg;
+	fabep_comm_attr_init(&a);
+	a.timeout_ms = 30000;
+	ret = fabep_comm_create(&a, &comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: create: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	ret = fabep_barrier(comm);
+	if (ret) {
+		fprintf(stderr, "rank %d: barrier: %s\n", rank, fabep_strerror(ret));
+		return 1;
+	}
+	t0 = fep_now_ns();
+	if (rank == 1) {
+		fabep_comm_abort(comm);
+		if (fep_now_ns() - t0 > 1000000000ull) {
+			fprintf(stderr, "rank 1: abort took %llu ms\n",
+				(unsigned long long)((fep_now_ns() - t0) / 1000000));
+			return 1;
+		}
+		sleep(8);  /* alive: the others learn it from the bootstrap */
+		return 0;
+	}
+	ret = fabep_barrier(comm);
+	if (ret != -FABEP_ERR_PEER_LOST || fep_now_ns() - t0 > 6000000000ull ||
+	    !strstr(fabep_last_error(), "rank 1")) {
+		fprintf(stderr, "rank %d: barrier after rank 1 aborted: %s after "
+			"%llu ms: %s\n", rank, fabep_strerror(ret),
+			(unsigned long long)((fep_now_ns() - t0) / 1000000),
+			fabep_last_error());
+		fabep_comm_destroy(comm);
+		return 1;
+	}
+	fabep_comm_destroy(comm);
+	return 0;
+}
+
+START_TEST(comm_abort)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	setenv("FABEP_LOG", "error", 1);
+	fep_test_ranks_ok(3, 60, abort_rank, NULL);
+	fabep_comm_abort(NULL);
+}
+END_TEST
+
 /* cma only where shm's fast path is sure: the strategy a rank with
  * FI_SHM_DISABLE_CMA set (all ranks, or rank 1 alone: the others must
  * follow it) neither picks nor accepts, nor does tcp. */
@@ -2586,6 +2646,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, unsupported_signal);
 	tcase_add_test(tc, cma_conditions);
 	tcase_add_test(tc, cqdata_delivery);
+	tcase_add_test(tc, comm_abort);
 	tcase_add_test(tc, choose_cluster_providers);
 	tcase_add_test(tc, bad_args);
 	tcase_add_test(tc, strerror_all);

@@ -1327,23 +1327,21 @@ err_free:
 	return ret;
 }
 
-FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
+/* Free the communicator.  Everyone stops writing into everyone's heap
+ * before it goes away, waiting for the others as long as any call does
+ * (the timeout: ranks may reach destroy far apart).  After a failed wait
+ * or transfer, peers may be gone: no wait for them again, and where no
+ * rank is known lost no goodbye either, so that the peers see this rank
+ * lost (where one is gone, they see that one and name it).  abort: no
+ * wait and no goodbye at all. */
+static int fep_comm_end(fabep_comm_t *comm, bool abort)
 {
 	int ret = 0;
 
-	if (!comm)
-		return 0;
-	/* Everyone stops writing into everyone's heap before it goes away,
-	 * waiting for the others as long as any call does (the timeout:
-	 * ranks may reach destroy far apart).  After a failed wait or
-	 * transfer, peers may be gone: do not wait for them again. */
-	if (!fep_fabric_tx_error(comm->fab) && !comm->failed)
+	if (!abort && !fep_fabric_tx_error(comm->fab) && !comm->failed)
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
 	else
-		/* failed with every rank still there: no goodbye, so that
-		 * the peers see this rank lost (where one is gone, they see
-		 * that one and name it) */
-		comm->boot->failed = !fep_comm_alive_one(comm, false);
+		comm->boot->failed = abort || !fep_comm_alive_one(comm, false);
 	if (comm->pool)
 		fep_pool_destroy(comm->pool);
 	comm->boot->idle = NULL;
@@ -1352,6 +1350,19 @@ FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 	fep_comm_free_scratch(comm);
 	free(comm);
 	return ret;
+}
+
+FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
+{
+	if (!comm)
+		return 0;
+	return fep_comm_end(comm, false);
+}
+
+FEP_EXPORT void fabep_comm_abort(fabep_comm_t *comm)
+{
+	if (comm)
+		(void)fep_comm_end(comm, true);
 }
 
 FEP_EXPORT int fabep_comm_rank(const fabep_comm_t *comm)
