@@ -2,6 +2,7 @@
 """The communicator: bootstrap, the symmetric heap, one-sided puts."""
 import ctypes
 import os
+import sys
 import weakref
 
 from . import _lib
@@ -119,6 +120,26 @@ def _off(x):
     return x.offset if isinstance(x, HeapBlock) else int(x)
 
 
+# Set once an exception reached sys.excepthook: the interpreter then ends,
+# and the communicators it frees are aborted, not destroyed collectively
+# (the peers may wait in a call this rank will never make).
+_uncaught = []
+
+
+def _watch_uncaught():
+    """Chain a note of uncaught exceptions into sys.excepthook, once."""
+    prev = sys.excepthook
+    if getattr(prev, "_fabep", False):
+        return
+
+    def hook(tp, val, tb):
+        _uncaught.append(tp)
+        prev(tp, val, tb)
+
+    hook._fabep = True
+    sys.excepthook = hook
+
+
 class Comm(Handle):
     """A fabep communicator (fabep_comm_create).  Collective.
 
@@ -189,6 +210,7 @@ class Comm(Handle):
                     raise e from err
                 raise
         self._h = h.value
+        _watch_uncaught()
 
     def _allgather_cb(self, sendbuf, recvbuf, length, ctx):
         # Runs with the GIL (ctypes takes it back for the callback) while
@@ -210,15 +232,21 @@ class Comm(Handle):
     def from_env(cls, **kw):
         """A communicator from the environment: FABEP_*, mpirun, PMI and
         Slurm (as fabep_comm_create reads them), or torchrun's RANK,
-        WORLD_SIZE, MASTER_ADDR and MASTER_PORT.  Under torchrun the ranks
+        WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which take precedence over
+        mpirun's, PMI's and Slurm's under torchrun's agent
+        (TORCHELASTIC_RUN_ID: torchrun inside srun).  Under torchrun the ranks
         meet through a torch TCPStore at MASTER_ADDR:MASTER_PORT (the
         agent's store when torchrun runs one), or through the default
         process group's store when torch.distributed is initialized."""
-        launcher = any(os.environ.get(v) for v in (
-            "FABEP_RANK", "FABEP_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-            "PMI_RANK", "SLURM_PROCID"))
+        e = os.environ
+        explicit = any(e.get(v) for v in ("FABEP_RANK", "FABEP_WORLD_SIZE"))
+        launcher = any(e.get(v) for v in (
+            "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"))
         tr = _torchrun_env()
-        if launcher or tr is None:
+        # torchrun's agent describes its worker; the job step's variables
+        # it inherits (torchrun under srun or sbatch) describe the agent
+        if explicit or tr is None or (launcher and
+                                      not e.get("TORCHELASTIC_RUN_ID")):
             return cls(**kw)
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
@@ -259,8 +287,44 @@ class Comm(Handle):
     def close(self):
         """Destroy the handles made on it, then the communicator
         (collective while every rank is alive).  Safe to call twice."""
-        if self._h is None:
+        h = self._free_handles()
+        if h is not None:
+            _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy")
+
+    def abort(self):
+        """Free it as a rank that gives up does (fabep_comm_abort): not
+        collective, without waiting for the peers, which see this rank
+        lost at once instead of at their timeout.  Leaving a ``with``
+        block by an exception aborts, and so does the garbage collector
+        after an exception nothing caught, since the peers may wait in a
+        call this rank will never make.  Safe to call twice."""
+        h = self._free_handles()
+        if h is not None:
+            lib.fabep_comm_abort(h)
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self):
+        if getattr(self, "_h", None) is None:
             return
+        try:
+            # the interpreter ends after an exception nothing caught
+            if _uncaught:
+                self.abort()
+            else:
+                self.close()
+        except Exception:
+            pass
+
+    def _free_handles(self):
+        """Destroy the handles made on it; the C communicator, now
+        closed here, or None if it was."""
+        if self._h is None:
+            return None
         for hnd in list(self._handles):
             hnd.close()
         # the C handles of objects the garbage collector takes with this
@@ -270,7 +334,7 @@ class Comm(Handle):
             getattr(lib, destroy)(h)
         self._live.clear()
         h, self._h = self._h, None
-        _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy")
+        return h
 
     def _adopt(self, hnd, destroy, h):
         """Register hnd, a handle made on this communicator whose C

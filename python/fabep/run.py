@@ -21,7 +21,12 @@ every CPU.
 When a rank fails (nonzero exit or a signal) or --timeout passes, the
 others are stopped (SIGTERM, then SIGKILL), and the launcher exits
 nonzero: with the failing rank's status (128 + the signal for a
-signal), 124 on a timeout; 0 when every rank succeeded.
+signal), 124 on a timeout; 0 when every rank succeeded.  A SIGTERM,
+SIGHUP or SIGINT sent to the launcher is passed on to the ranks (SIGKILL
+after 2 s), which are reaped and their shm regions removed, and then
+ends the launcher; a launcher killed outright takes its ranks along
+(each gets SIGTERM).  Everything after the script, or after -m MODULE,
+is the program's.
 """
 import argparse
 import os
@@ -98,10 +103,35 @@ def _shm_cleanup(proc):
     lib.fabep_shm_cleanup(proc.pid)  # 0 or more removed: nothing to raise
 
 
-def _stop(procs, grace=2.0):
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _prctl():
+    """libc's prctl, looked up in the launcher (not between fork and
+    exec, where loading anything may deadlock); None where missing."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _rank_setup(parent, cpus, prctl):
+    """In a rank before it runs the program: SIGTERM when the launcher
+    dies (PR_SET_PDEATHSIG), so that no rank outlives a launcher killed
+    outright, and its CPUs."""
+    if prctl is not None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:  # the launcher died before the prctl
+        os._exit(1)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _stop(procs, grace=2.0, sig=signal.SIGTERM):
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(sig)
     end = time.monotonic() + grace
     for p in procs:
         try:
@@ -122,6 +152,36 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
     base = dict(os.environ if env is None else env)
     root = root or "127.0.0.1:%d" % _free_port()
     procs = []
+    # the library first (it may be loaded by _shm_cleanup later): loading
+    # libfabric installs its providers' signal handlers, which must not
+    # replace the launcher's below
+    try:
+        from fabep import _lib  # noqa: F401
+    except (ImportError, OSError):
+        pass
+    stop = []
+    old = {}
+    for sig in _STOP_SIGNALS:
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # nohup, a background job's SIGINT: stays so
+            old[sig] = signal.signal(sig, lambda num, frame: stop.append(num))
+        except ValueError:  # not the main thread: signals stay as they are
+            break
+    try:
+        return _run(nranks, argv, timeout, root, base, quiet, procs, stop)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        launch.stopped_by = stop[0] if stop else None
+
+
+launch.stopped_by = None  # the signal that stopped the last launch()
+
+
+def _run(nranks, argv, timeout, root, base, quiet, procs, stop):
+    parent = os.getpid()
+    prctl = _prctl()
     cpus = _cpus()
     sets = bind_sets(nranks, base, cpus)
     share = max(1, (len(cpus) if cpus else os.cpu_count() or 1) // nranks)
@@ -131,14 +191,13 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
                  FABEP_ROOT=root)
         if not e.get("OMP_NUM_THREADS"):
             e["OMP_NUM_THREADS"] = str(len(sets[r]) if sets[r] else share)
-        pre = None
         if sets[r]:
             # the block's cores, not cores / local ranks of the block
             if not e.get("FABEP_THREADS"):
                 e["FABEP_THREADS"] = str(len({_core_key(c)
                                                for c in sets[r]}))
-            pre = (lambda cpus: lambda: os.sched_setaffinity(0, cpus))(
-                sets[r])
+        pre = (lambda cpus: lambda: _rank_setup(parent, cpus, prctl))(
+            sets[r])
         procs.append(subprocess.Popen([sys.executable] + list(argv), env=e,
                                       preexec_fn=pre))
     deadline = time.monotonic() + timeout if timeout else None
@@ -159,6 +218,12 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
                             "killed by signal %d" % -rc), file=sys.stderr)
                     _stop(procs)
                     return _status(rc)
+            if stop:
+                if not quiet:
+                    print("fabep.run: signal %d; stopping every rank" %
+                          stop[0], file=sys.stderr)
+                _stop(procs, sig=stop[0])
+                return 128 + stop[0]
             if not running:
                 return status
             if deadline and time.monotonic() > deadline:
@@ -173,6 +238,31 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
         return 130
 
 
+def _split(args):
+    """The launcher's arguments and the program's: the program starts at
+    its script (the first word that is not an option or an option's
+    value) or after -m MODULE, so that its own options stay its own."""
+    longs = ("--ranks", "--timeout", "--root")  # abbreviations too
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-m":
+            return args[:i + 2], args[i + 2:]
+        if a.startswith("-m"):  # -mMODULE
+            return args[:i + 1], args[i + 1:]
+        if a == "--":
+            return args[:i], args[i + 1:]
+        if a in ("-n", "-t") or (a.startswith("--") and "=" not in a and
+                                 len(a) > 2 and
+                                 any(o.startswith(a) for o in longs)):
+            i += 2
+        elif a.startswith("-") and a != "-":
+            i += 1
+        else:
+            return args[:i], args[i:]
+    return args, []
+
+
 def main(args=None):
     ap = argparse.ArgumentParser(
         prog="python3 -m fabep.run",
@@ -184,17 +274,24 @@ def main(args=None):
     ap.add_argument("--root", help="FABEP_ROOT host:port (default: "
                     "127.0.0.1 and a free port)")
     ap.add_argument("-m", dest="module", help="run a module, as python3 -m")
-    ap.add_argument("program", nargs=argparse.REMAINDER,
-                    help="script.py and its arguments")
-    a = ap.parse_args(args)
+    ap.add_argument("program", nargs="*",
+                    help="script.py and its arguments (or, after -m "
+                    "MODULE, the module's)")
+    mine, prog = _split(sys.argv[1:] if args is None else list(args))
+    a = ap.parse_args(mine)
     if a.ranks < 1:
         ap.error("-n must be at least 1")
-    argv = list(a.program)
+    argv = list(a.program) + prog
     if a.module:
         argv = ["-m", a.module] + argv
     if not argv:
         ap.error("no program given")
-    return launch(a.ranks, argv, a.timeout, a.root)
+    rc = launch(a.ranks, argv, a.timeout, a.root)
+    if launch.stopped_by is not None:
+        # end by the signal, with its default action
+        signal.signal(launch.stopped_by, signal.SIG_DFL)
+        os.kill(os.getpid(), launch.stopped_by)
+    return rc
 
 
 if __name__ == "__main__":

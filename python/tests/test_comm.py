@@ -140,12 +140,17 @@ def test_from_process_group(use_store):
     assert res == [float(n * (n + 1) / 2)] * n
 
 
-def _torchrun_body(me, n, port):
+def _torchrun_body(me, n, port, slurm=False):
     import fabep
     for k in ("FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_ROOT"):
         os.environ.pop(k)
     os.environ.update(RANK=str(me), WORLD_SIZE=str(n),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if slurm:
+        # torchrun started by srun: one task of one, whose variables
+        # every worker inherits
+        os.environ.update(TORCHELASTIC_RUN_ID="t1", SLURM_PROCID="0",
+                          SLURM_NTASKS="1")
     comm = fabep.Comm.from_env()
     r = (comm.rank, comm.size)
     comm.barrier()
@@ -156,6 +161,12 @@ def _torchrun_body(me, n, port):
 def test_from_torchrun_env():
     n = 2
     assert ranks.run(n, _torchrun_body, ranks._port()) == \
+        [(r, n) for r in range(n)]
+
+
+def test_from_torchrun_env_under_slurm():
+    n = 2
+    assert ranks.run(n, _torchrun_body, ranks._port(), True) == \
         [(r, n) for r in range(n)]
 
 

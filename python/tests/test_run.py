@@ -3,6 +3,7 @@
 the others and the exit status says so; a timeout stops every rank."""
 import errno
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -171,6 +172,105 @@ time.sleep(60)
     t0 = time.monotonic()
     assert frun.launch(2, [prog], timeout=1, quiet=True) == 124
     assert time.monotonic() - t0 < 15
+
+
+def _pids(tmp_path, n, limit=30.0):
+    """The ranks' pids, as their scripts wrote them."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        try:
+            return [int((tmp_path / ("pid%d" % r)).read_text())
+                    for r in range(n)]
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    raise AssertionError("the ranks did not start")
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie is gone too (its parent, the launcher, has ended)
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_launcher_signal_stops_the_ranks(tmp_path, sig):
+    """A signal sent to the launcher alone: the ranks are stopped and
+    their shm regions removed, and the launcher ends by that signal."""
+    prog = _script(tmp_path, """
+import os, sys, time
+import fabep
+c = fabep.Comm.from_env(provider="shm")
+c.barrier()
+open(sys.argv[1] + os.environ["FABEP_RANK"] + ".tmp", "w").write(
+    str(os.getpid()))
+os.rename(sys.argv[1] + os.environ["FABEP_RANK"] + ".tmp",
+          sys.argv[1] + os.environ["FABEP_RANK"])
+time.sleep(60)
+""")
+    p = subprocess.Popen([sys.executable, "-m", "fabep.run", "-n", "2", prog,
+                          str(tmp_path / "pid")], env=_env(),
+                         stderr=subprocess.DEVNULL)
+    pids = _pids(tmp_path, 2)
+    p.send_signal(sig)
+    assert p.wait(20) == -sig
+    end = time.monotonic() + 5
+    while not all(_gone(q) for q in pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    for q in pids:
+        assert _gone(q), "rank %d still runs" % q
+        assert _regions(q) == [], "rank %d's regions are left" % q
+
+
+def test_raising_rank_does_not_hold_the_others(tmp_path):
+    """A rank whose program raises, the others in a barrier: it does not
+    wait in a collective goodbye at exit (its communicator is aborted),
+    so the launcher names it and stops the others well before the
+    communicator's timeout of 30 s."""
+    prog = _script(tmp_path, """
+import os
+import fabep
+c = fabep.Comm.from_env(provider="shm", timeout_ms=30000)
+c.barrier()
+if os.environ["FABEP_RANK"] == "1":
+    raise RuntimeError("rank 1 gives up")
+c.barrier()
+""")
+    t0 = time.monotonic()
+    assert frun.launch(3, [prog], env=_env(), quiet=True) == 1
+    assert time.monotonic() - t0 < 15
+
+
+def _with_body(me, n):
+    """Leaving a with block by an exception aborts: the ranks that stay
+    see this one lost at once."""
+    import time
+    import fabep
+    try:
+        with fabep.Comm.from_env(timeout_ms=30000) as comm:
+            comm.barrier()
+            if me == 1:
+                raise KeyError("out")
+            t0 = time.monotonic()
+            try:
+                comm.barrier()
+            except fabep.PeerLostError:
+                return time.monotonic() - t0 < 10
+            return False
+    except KeyError:
+        time.sleep(3)  # alive: the others learn it from the bootstrap
+        return True
+
+
+def test_with_block_aborts():
+    import ranks
+    assert ranks.run(3, _with_body) == [True, True, True]
 
 
 def test_command_line(tmp_path):
