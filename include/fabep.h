@@ -171,7 +171,9 @@ FABEP_API int fabep_comm_destroy(fabep_comm_t *comm);
  * own): not collective, it returns at once, and the peers waiting for
  * this rank fail with -FABEP_ERR_PEER_LOST instead of at their timeout
  * (bootstrapped through the caller's allgather, at their timeout).  Its
- * handles are destroyed first, as for fabep_comm_destroy.  NULL is
+ * handles are destroyed first, as for fabep_comm_destroy.  The heap's
+ * memory stays mapped until the process ends (peers may still write
+ * into it), as after a destroy that followed a failure.  NULL is
  * ignored. */
 FABEP_API void fabep_comm_abort(fabep_comm_t *comm);
 /* For launchers: remove the shared-memory regions that process `pid` of

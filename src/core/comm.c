@@ -1330,18 +1330,22 @@ err_free:
 /* Free the communicator.  Everyone stops writing into everyone's heap
  * before it goes away, waiting for the others as long as any call does
  * (the timeout: ranks may reach destroy far apart).  After a failed wait
- * or transfer, peers may be gone: no wait for them again, and where no
- * rank is known lost no goodbye either, so that the peers see this rank
- * lost (where one is gone, they see that one and name it).  abort: no
- * wait and no goodbye at all. */
+ * or transfer, or on abort, there is no wait: peers may be gone; and
+ * where no rank is known lost no goodbye either, so that the peers see
+ * this rank lost (where one is gone, they see that one and name it).
+ * Without the exchange, peers still running may write into the heap
+ * until they see this rank gone: its memory stays mapped (and taken)
+ * until the process ends, so that no later mapping gets their bytes. */
 static int fep_comm_end(fabep_comm_t *comm, bool abort)
 {
 	int ret = 0;
 
-	if (!abort && !fep_fabric_tx_error(comm->fab) && !comm->failed)
+	if (!abort && !fep_fabric_tx_error(comm->fab) && !comm->failed) {
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
-	else
-		comm->boot->failed = abort || !fep_comm_alive_one(comm, false);
+	} else {
+		comm->boot->failed = !fep_comm_alive_one(comm, false);
+		comm->fab->keep_heap = true;
+	}
 	if (comm->pool)
 		fep_pool_destroy(comm->pool);
 	comm->boot->idle = NULL;

@@ -208,6 +208,8 @@ typedef struct fep_fabric {
 	 * driven by other threads at the same time */
 	bool lane;
 	bool heap_shared;       /* a channel's: the heap is chan[0]'s */
+	bool keep_heap;         /* close leaves the heap mapped: peers that
+				   did not say goodbye may still write into it */
 	struct fep_put *slices; /* scratch of fep_fab_put_signal_many */
 	size_t slices_cap;
 

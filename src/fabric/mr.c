@@ -172,7 +172,7 @@ void fep_heap_destroy(fep_fabric_t *fab)
 	if (fab->heap_mr)
 		fi_close(&fab->heap_mr->fid);
 	fab->heap_mr = NULL;
-	if (fab->heap && !fab->heap_shared)
+	if (fab->heap && !fab->heap_shared && !fab->keep_heap)
 		munmap(fab->heap, fab->heap_size);
 	fab->heap = NULL;
 }
