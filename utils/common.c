@@ -514,13 +514,6 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 			tool_usage_error(d, "unhandled option %s", argv[optind - 1]);
 		}
 	}
-	if (o->rounds && !(o->op && !strcmp(o->op, "scale")))
-		tool_usage_error(d, "--rounds is for fabep_bench -o scale");
-	if (o->no_ref && !(o->op && (!strcmp(o->op, "dispatch") ||
-				     !strcmp(o->op, "combine") ||
-				     !strcmp(o->op, "moe"))))
-		tool_usage_error(d, "--no-ref is for fabep_bench -o dispatch, combine "
-				 "or moe");
 	if ((o->n_nranks > 1 || o->n_tokens > 1 || o->n_rows > 1) &&
 	    !(o->op && !strcmp(o->op, "scale")))
 		tool_usage_error(d, "%s takes one value here (a list only with fabep_bench -o scale)",

@@ -414,20 +414,31 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 		{ "-I", "write kernels dispatch combine moe allreduce arnorm scale" },
 		{ "-w", "write kernels dispatch combine moe allreduce arnorm scale" },
 		{ "-f", "dispatch combine moe allreduce arnorm soak scale" },
+		{ "--rounds", "scale" },
+		{ "--no-ref", "dispatch combine moe" },
 	};
 	bool given[sizeof(use) / sizeof(use[0])] = {
 		o->nsizes > 0, o->window > 0, o->soak_s > 0, o->bytes > 0,
 		o->kernel != NULL, o->nranks > 0, o->tokens > 0, o->topk > 0,
 		o->experts > 0, o->hidden > 0, o->rows > 0, o->cols > 0,
 		o->check != 0, o->iters > 0, o->warmup >= 0, o->format != NULL,
+		o->rounds > 0, o->no_ref != 0,
 	};
 	size_t i;
 	int n;
 
 	for (i = 0, u = use; i < sizeof(use) / sizeof(use[0]); i++, u++)
-		if (given[i] && !part_in(p, u->parts))
-			tool_usage_error(&bench_desc, "%s is not for -o %s (it is for: %s)",
-					 u->opt, p, u->parts);
+		if (given[i] && !part_in(p, u->parts)) {
+			char list[96];
+			size_t k;
+
+			snprintf(list, sizeof(list), "%s", u->parts);
+			for (k = 0; list[k]; k++)  /* "a b c" reads "a, b, c" */
+				if (list[k] == ' ')
+					list[k] = ',';
+			tool_usage_error(&bench_desc, "%s is for -o %s, not -o %s",
+					 u->opt, list, p);
+		}
 	if (o->format && (part_in(p, "allreduce arnorm soak")) &&
 	    strcmp(o->format, "bf16") && strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "-o %s takes -f bf16 or fp32", p);
