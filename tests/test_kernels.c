@@ -1122,6 +1122,87 @@ START_TEST(test_rmsnorm_edges)
 }
 END_TEST
 
+/* Without its scratch (no memory for it) a norm takes the path of longer
+ * rows: the same bits, at every level. */
+START_TEST(test_rmsnorm_no_scratch)
+{
+	static const size_t cols[] = { 100, 7168 };
+	size_t k;
+	int idt, odt, res, g;
+
+	fep_test_fault = (struct fep_fault){ .step = "rms_scratch", .code = -ENOMEM };
+	FOR_HW_BF16(hw)
+	FOR_VECTOR_LEVELS(isa)
+		for (k = 0; k < FEP_ARRAY_SIZE(cols); k++)
+			for (idt = 0; idt < 2; idt++)
+				for (odt = 0; odt < 3; odt++)
+					for (res = 0; res < 2; res++)
+						for (g = 0; g < 4; g += 3)
+							check_rmsnorm_edges(isa,
+								(fep_k_dtype_t)idt,
+								(fep_k_dtype_t)odt,
+								cols[k], res, g, 0);
+	ck_assert_msg(test_lo > test_hi || fep_test_fault.hits > 0,
+		      "no norm asked for its scratch");
+	fep_test_fault.step = NULL;
+}
+END_TEST
+
+/* The kernels run on the caller's thread too, whose stack may be small
+ * (a coroutine's, a musl thread's): a norm of the longest rows that keep
+ * their values, FP8 out, on a thread of 64 KiB of stack. */
+struct small_stack_job {
+	fabep_isa_t isa;
+	fep_k_dtype_t out_dt;
+	int done;
+};
+
+static void *small_stack_norm(void *arg)
+{
+	struct small_stack_job *j = arg;
+	const size_t rows = 3, cols = 8192;
+	uint16_t *in = xmalloc(rows * cols * 2);
+	float *gamma = xmalloc(cols * 4), scales[3];
+	uint8_t *out = xmalloc(rows * cols * 4);
+	fep_k_rmsnorm_args_t a = {
+		.in = in, .in_dt = FEP_K_BF16, .ld_in = cols, .gamma = gamma,
+		.eps = 1e-6f, .out = out, .out_dt = j->out_dt, .ld_out = cols,
+		.scales = scales, .ld_scales = 1, .cols = cols,
+	};
+	size_t i;
+
+	for (i = 0; i < rows * cols; i++)
+		in[i] = fep_f32_to_bf16(rnd_act(0));
+	for (i = 0; i < cols; i++)
+		gamma[i] = rnd_unit();
+	fep_k_ops_isa(j->isa)->rmsnorm(&a, 0, rows);
+	fep_k_ops_isa(j->isa)->rmsnorm(&a, 1, 2);
+	j->done = 1;
+	free(in); free(gamma); free(out);
+	return NULL;
+}
+
+START_TEST(test_rmsnorm_small_stack)
+{
+	int odt;
+
+	FOR_HW_BF16(hw)
+	FOR_VECTOR_LEVELS(isa)
+		for (odt = 0; odt < 3; odt += 2) {
+			struct small_stack_job j = { isa, (fep_k_dtype_t)odt, 0 };
+			pthread_attr_t at;
+			pthread_t t;
+
+			ck_assert_int_eq(pthread_attr_init(&at), 0);
+			ck_assert_int_eq(pthread_attr_setstacksize(&at, 64 << 10), 0);
+			ck_assert_int_eq(pthread_create(&t, &at, small_stack_norm, &j), 0);
+			pthread_join(t, NULL);
+			pthread_attr_destroy(&at);
+			ck_assert_msg(j.done, "%s: the norm did not finish", isa_name(isa));
+		}
+}
+END_TEST
+
 START_TEST(test_rmsnorm_nan)
 {
 	float in[100], gamma[100], out[100], sc;
@@ -1950,6 +2031,8 @@ static Suite *kernels_suite(int forked)
 	tcase_add_test(tc, test_rmsnorm);
 	tcase_add_test(tc, test_rmsnorm_nan);
 	tcase_add_test(tc, test_rmsnorm_edges);
+	tcase_add_test(tc, test_rmsnorm_no_scratch);
+	tcase_add_test(tc, test_rmsnorm_small_stack);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 

@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -20,6 +22,50 @@
  * load does not wait on a store to the same address bits */
 #define RMS_SKEW 32
 #define CROW(p, dt, ld, r) ((const char *)(p) + (r) * (ld) * fep_k_dtype_size(dt))
+
+/* A thread's scratch for the norms of rows up to RMS_YBUF values: gamma
+ * + weight_offset (w, from 0), h * g of a row (w, from RMS_YBUF +
+ * RMS_SKEW) and the FP8 signs of gamma in even/odd order (sgn).  About
+ * 72 KiB: on the stack it would overflow a coroutine's or a musl
+ * thread's stack (the caller's thread runs kernels too), so each thread
+ * allocates its own at its first norm and frees it when it exits.
+ * Without it (no memory) a norm takes the path of longer rows, which
+ * keeps nothing and gives the same bits. */
+struct rms_scratch {
+	float w[2 * RMS_YBUF + RMS_SKEW];
+	uint64_t sgn[RMS_YBUF / sizeof(uint64_t)];
+};
+
+static pthread_key_t rms_key;
+static pthread_once_t rms_once = PTHREAD_ONCE_INIT;
+static int rms_key_ok;
+static __thread struct rms_scratch *rms_mine;
+
+static void rms_key_init(void)
+{
+	rms_key_ok = !pthread_key_create(&rms_key, free);
+}
+
+static struct rms_scratch *rms_scratch(void)
+{
+	struct rms_scratch *sc = rms_mine;
+
+	if (fep_test_fault.step && fep_fault_hit("rms_scratch"))
+		return NULL;
+	if (sc)
+		return sc;
+	pthread_once(&rms_once, rms_key_init);
+	/* without the key nothing would free it at the thread's exit */
+	if (!rms_key_ok)
+		return NULL;
+	sc = aligned_alloc(64, sizeof(*sc));
+	if (sc && pthread_setspecific(rms_key, sc)) {
+		free(sc);
+		sc = NULL;
+	}
+	rms_mine = sc;
+	return sc;
+}
 
 /* The sum of squares of a row, in the same order at every level, so
  * that every level gives the scalar reference's bits: RMS_LANES partial
@@ -563,14 +609,14 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 	/* gamma + weight_offset, once per call; for FP8 output of the
 	 * general path also h * g, kept between the amax and the encoding
 	 * pass (longer rows recompute it) */
-	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
-	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
-	int keep = n <= RMS_YBUF, gnan = 0;
+	struct rms_scratch *sc = n <= RMS_YBUF ? rms_scratch() : NULL;
+	float *gbuf = sc ? sc->w : NULL, *ybuf = sc ? sc->w + RMS_YBUF + RMS_SKEW : NULL;
+	int keep = sc != NULL, gnan = 0;
 	/* bf16 to FP8 in even/odd order (eo_gamma256): gbuf holds |g| in
 	 * that order, gsgn the signs */
 	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && keep && r1 - r0 > 1;
 	size_t n32 = n & ~(size_t)31;
-	uint8_t gsgn[eo ? RMS_YBUF : 1] __attribute__((aligned(32)));
+	uint8_t *gsgn = sc ? (uint8_t *)sc->sgn : NULL;
 
 	if (eo)
 		eo_gamma256(gamma, a->weight_offset, n32, gbuf,
@@ -1032,22 +1078,22 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 	int nt = fep_k_stream(a->nt, 1, (r1 - r0) * n * fep_k_dtype_size(odt));
 	/* gamma + weight_offset once per call, and h * g for FP8 output of
 	 * the general path */
-	float wbuf[2 * RMS_YBUF + RMS_SKEW] __attribute__((aligned(64)));
-	float *gbuf = wbuf, *ybuf = wbuf + RMS_YBUF + RMS_SKEW;
+	struct rms_scratch *sc = n <= RMS_YBUF ? rms_scratch() : NULL;
+	float *gbuf = sc ? sc->w : NULL, *ybuf = sc ? sc->w + RMS_YBUF + RMS_SKEW : NULL;
 	const float *gw = NULL;
 	/* bf16 rows to FP8 or bf16 in even/odd order (eo_gamma512): gbuf
 	 * holds gamma + weight_offset in that order, gsgn the FP8 signs;
 	 * for FP8 even one row gains more than the order costs, for bf16
 	 * only several */
-	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && n <= RMS_YBUF &&
+	int eo = dt == FEP_K_BF16 && odt != FEP_K_F32 && sc &&
 		 (r1 - r0 > 1 || odt == FEP_K_FP8);
 	size_t n32 = n & ~(size_t)31, n64 = n & ~(size_t)63;
-	uint64_t gsgn[RMS_YBUF / 64];
+	uint64_t *gsgn = sc ? sc->sgn : NULL;
 
 	if (eo)
 		eo_gamma512(gamma, a->weight_offset, odt == FEP_K_FP8 ? n64 : n32, gbuf,
 			    odt == FEP_K_FP8 ? gsgn : NULL);
-	else if (odt == FEP_K_FP8 && n <= RMS_YBUF && r1 - r0 > 1) {
+	else if (odt == FEP_K_FP8 && sc && r1 - r0 > 1) {
 		for (i = 0; i < n; i += 16) {
 			__mmask16 k = fep512_mask(n - i);
 
