@@ -19,7 +19,9 @@ view's arrays, the send buffer, heap blocks) view the library's memory
 and are valid until the next call on the handle that made them.
 
 Every foreign call releases the GIL (ctypes.CDLL), so waits on the
-fabric let other Python threads run.  ``python3 -m fabep.run -n 4
+fabric let other Python threads run.  A communicator and its handles are
+used by one thread at a time: another thread's call meanwhile raises
+InUseError.  ``python3 -m fabep.run -n 4
 script.py`` starts local ranks.
 """
 from ._lib import VERSION as __version__  # noqa: F401
@@ -29,7 +31,7 @@ from .errors import (FabepError, InvalidArgumentError,  # noqa: F401
                      MessageSizeError, NoMemoryError, NotSupportedError,
                      TimeoutError, MismatchError, PeerError, PeerLostError,
                      ProtocolError, NoProviderError, NoSignalError,
-                     HeapFullError, BusyError, StaleViewError)
+                     HeapFullError, BusyError, StaleViewError, InUseError)
 from .comm import Comm, HeapBlock  # noqa: F401
 from .moe import MoE, RecvView, Timing  # noqa: F401
 from .allreduce import AllReduce  # noqa: F401
@@ -97,5 +99,5 @@ __all__ = ["Comm", "HeapBlock", "MoE", "RecvView", "Timing", "AllReduce",
            "MessageSizeError", "NoMemoryError", "NotSupportedError",
            "TimeoutError", "MismatchError", "PeerError", "PeerLostError",
            "ProtocolError", "NoProviderError", "NoSignalError",
-           "HeapFullError", "BusyError", "StaleViewError", "version", "isa",
+           "HeapFullError", "BusyError", "StaleViewError", "InUseError", "version", "isa",
            "strerror", "providers", "shm_cleanup"]

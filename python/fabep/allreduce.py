@@ -4,7 +4,8 @@ import ctypes
 
 from . import _lib
 from . import _tensor
-from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged
+from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
+    serial
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
@@ -44,15 +45,18 @@ class AllReduce(Handle):
             raise invalid("dtype=%r: expected bf16 or fp32"
                           % (dtype,))
         self.comm, self.dtype = comm, dtype
+        self._guard = comm._guard
         self.max_rows, self.max_cols = max_rows, max_cols
         self._last = (1, max_cols)   # the last call's rows and cols
         h = ctypes.c_void_p()
-        ret = lib.fabep_allreduce_create(comm._handle(), max_rows, max_cols,
-                                         _DT[dtype], ctypes.byref(h))
-        if ret:
-            raise_for(ret, "fabep_allreduce_create")
-        self._h = h.value
-        self._key = comm._adopt(self, "fabep_allreduce_destroy", h.value)
+        with self._guard.held("AllReduce"):
+            ret = lib.fabep_allreduce_create(comm._handle(), max_rows,
+                                             max_cols, _DT[dtype],
+                                             ctypes.byref(h))
+            if ret:
+                raise_for(ret, "fabep_allreduce_create")
+            self._h = h.value
+            self._key = comm._adopt(self, "fabep_allreduce_destroy", h.value)
 
     @staticmethod
     def heap_bytes(nranks, max_rows, max_cols, dtype="bf16"):
@@ -76,6 +80,7 @@ class AllReduce(Handle):
         sum of any size up to it."""
         return lib.fabep_allreduce_sum_onestage_max(self._handle())
 
+    @serial
     def close(self):
         """Free the handle (not collective)."""
         if self._h is not None:
@@ -124,6 +129,7 @@ class AllReduce(Handle):
         a = _tensor.check(x, "x", (self.dtype,), ndim=2)
         return a
 
+    @serial
     def allreduce(self, x, out=None):
         """out[rows, cols] = the sum over ranks of x[rows, cols].
         Collective.  out may be x (in place) or None (a new tensor)."""
@@ -154,6 +160,7 @@ class AllReduce(Handle):
                                        a.shape, written=True).ptr
         return p
 
+    @serial
     def allreduce_rmsnorm(self, x, gamma, eps=1e-6, weight_offset=0.0,
                           residual=None, out=None):
         """Allreduce, then RMSNorm of each row:
@@ -179,6 +186,7 @@ class AllReduce(Handle):
             raise_for(ret, "fabep_allreduce_rmsnorm")
         return out
 
+    @serial
     def allreduce_rmsnorm_fp8(self, x, gamma, eps=1e-6, weight_offset=0.0,
                               scale_ub=1e4, residual=None, out=None,
                               scales=None):

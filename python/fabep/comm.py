@@ -7,7 +7,7 @@ import weakref
 
 from . import _lib
 from . import _tensor
-from .errors import FabepError, Handle, invalid, raise_for
+from .errors import FabepError, Guard, Handle, invalid, raise_for, serial
 
 lib = _lib.lib
 
@@ -161,7 +161,9 @@ class Comm(Handle):
 
     close() (or leaving a ``with`` block) destroys it; it is collective
     as long as every rank is alive.  A communicator is used by one thread
-    at a time.
+    at a time: a call on it, or on a handle made on it, while another
+    thread is inside one raises InUseError (queries such as rank, size
+    and counter() excepted).
     """
 
     _what = "communicator"
@@ -170,6 +172,7 @@ class Comm(Handle):
                  domain=None, signal=None, timeout_ms=0, heap_size=0,
                  threads=0, numa_node=-1):
         self._h = None
+        self._guard = Guard()
         self._handles = weakref.WeakSet()
         self._live = {}   # key: (destroy function's name, C handle)
         a = _lib.CommAttr()
@@ -284,6 +287,7 @@ class Comm(Handle):
                    rank=rank, size=size, **kw)
 
     # -- lifetime -------------------------------------------------------------
+    @serial
     def close(self):
         """Destroy the handles made on it, then the communicator
         (collective while every rank is alive).  Safe to call twice."""
@@ -291,6 +295,7 @@ class Comm(Handle):
         if h is not None:
             _call(lib.fabep_comm_destroy(h), "fabep_comm_destroy")
 
+    @serial
     def abort(self):
         """Free it as a rank that gives up does (fabep_comm_abort): not
         collective, without waiting for the peers, which see this rank
@@ -406,12 +411,14 @@ class Comm(Handle):
                                                    self.provider)
 
     # -- collectives and one-sided operations ---------------------------------
+    @serial
     def barrier(self):
         """Wait until every rank has reached the barrier.  Collective."""
         ret = lib.fabep_barrier(self._handle())
         if ret:
             raise_for(ret, "fabep_barrier")
 
+    @serial
     def heap_alloc(self, nbytes, align=0):
         """Allocate `nbytes` (zeroed) from the symmetric heap; every rank
         makes the same allocations in the same order.  align: a power of
@@ -422,6 +429,7 @@ class Comm(Handle):
               "fabep_heap_alloc")
         return HeapBlock(self, off.value, nbytes)
 
+    @serial
     def put(self, peer, dst, src, nbytes):
         """Write nbytes from this rank's heap offset `src` to offset `dst`
         on `peer` (offsets or HeapBlocks).  Returns once posted; call
@@ -430,6 +438,7 @@ class Comm(Handle):
         if ret:
             raise_for(ret, "fabep_put")
 
+    @serial
     def put_signal(self, peer, dst, src, nbytes, sig, add=1):
         """put(), then add `add` to the uint64 counter at heap offset
         `sig` on `peer`: when the peer sees the counter move, the data is
@@ -439,6 +448,7 @@ class Comm(Handle):
         if ret:
             raise_for(ret, "fabep_put_signal")
 
+    @serial
     def get(self, peer, dst, src, nbytes):
         """Read nbytes at heap offset `src` of `peer` into this rank's
         offset `dst` (offsets or HeapBlocks; peer may be this rank).
@@ -449,6 +459,7 @@ class Comm(Handle):
         if ret:
             raise_for(ret, "fabep_get")
 
+    @serial
     def flush(self):
         """Wait until this rank's puts and gets have completed locally
         (sources reusable, gets' bytes in place)."""
@@ -456,6 +467,7 @@ class Comm(Handle):
         if ret:
             raise_for(ret, "fabep_flush")
 
+    @serial
     def wait(self, sig, target):
         """Wait until the local counter at heap offset `sig` reaches
         `target` (counters only grow).  The GIL is released meanwhile.
@@ -468,6 +480,7 @@ class Comm(Handle):
         """The local counter at heap offset `sig` now."""
         return lib.fabep_counter_read(self._handle(), _off(sig))
 
+    @serial
     def progress(self):
         """Drive the fabric's progress once."""
         ret = lib.fabep_progress(self._handle())

@@ -19,7 +19,10 @@ AllReduce): their context manager, their close by the garbage
 collector, and the InvalidArgumentError of a call on a closed one.
 """
 import builtins
+import contextlib
 import errno
+import functools
+import threading
 
 from . import _lib
 
@@ -96,6 +99,15 @@ class BusyError(FabepError):
     """All buffer sets hold dispatches not yet combined."""
 
 
+class InUseError(FabepError, RuntimeError):
+    """-EBUSY: a call on a communicator, or on a handle made on it, while
+    another thread is inside one of theirs: a communicator and its
+    handles are used by one thread at a time."""
+
+    def __init__(self, message):
+        super().__init__(-errno.EBUSY, message)
+
+
 class StaleViewError(FabepError):
     """A receive view was read after a later call on its handle."""
 
@@ -143,6 +155,53 @@ def raise_for(code, what):
     raise cls(code, msg)
 
 
+class Guard:
+    """One thread at a time in a communicator's C calls and those of its
+    handles (the library's rule, fabep(7)): another thread's call raises
+    InUseError at once instead of racing inside the library (ctypes
+    releases the GIL for every call) or waiting behind a call that may
+    wait for its peers.  The thread inside may enter again (a finalizer
+    the garbage collector runs in the middle of a call)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self):
+        self._lock = threading.RLock()
+
+    def enter(self, what):
+        if not self._lock.acquire(blocking=False):
+            raise InUseError("%s: the communicator is in a call on another "
+                             "thread (a communicator and its handles are "
+                             "used by one thread at a time)" % what)
+
+    def leave(self):
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def held(self, what):
+        """enter(what) for a with-block (a handle's creation)."""
+        self.enter(what)
+        try:
+            yield
+        finally:
+            self.leave()
+
+
+def serial(method):
+    """A method of a handle with a `_guard` (a Guard), run under it."""
+    what = method.__qualname__
+
+    @functools.wraps(method)
+    def call(self, *args, **kw):
+        g = self._guard
+        g.enter(what)
+        try:
+            return method(self, *args, **kw)
+        finally:
+            g.leave()
+    return call
+
+
 class Handle:
     """What the package's handles share: `with` closes one, so does the
     garbage collector (its errors dropped: a rank may be gone by then);
@@ -159,6 +218,7 @@ class Handle:
         self.close()
 
     def __del__(self):
+        # in use by another thread: its communicator's close frees it
         if getattr(self, "_h", None) is not None:
             try:
                 self.close()

@@ -7,7 +7,7 @@ import errno
 from . import _lib
 from . import _tensor
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
-    raise_for, logged
+    raise_for, logged, serial
 
 lib = _lib.lib
 
@@ -194,6 +194,7 @@ class MoE(Handle):
                  output=None):
         self._h = None
         self.comm = comm
+        self._guard = comm._guard
         cfg = self._config(num_experts, top_k, hidden, max_tokens, token_type,
                            input_type, fp8_block, combine_type, buffer_sets,
                            zero_copy)
@@ -217,12 +218,13 @@ class MoE(Handle):
         self._csent = collections.deque()     # (n, rows) per combine sent
         self._sendbuf = None
         h = ctypes.c_void_p()
-        ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
-                                   ctypes.byref(h))
-        if ret:
-            raise_for(ret, "fabep_moe_create")
-        self._h = h.value
-        self._key = comm._adopt(self, "fabep_moe_destroy", h.value)
+        with self._guard.held("MoE"):
+            ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
+                                       ctypes.byref(h))
+            if ret:
+                raise_for(ret, "fabep_moe_create")
+            self._h = h.value
+            self._key = comm._adopt(self, "fabep_moe_destroy", h.value)
         self._recv = _lib.new_output(_lib.MoeRecv)
 
     @staticmethod
@@ -253,6 +255,7 @@ class MoE(Handle):
         cfg = MoE._config(num_experts, top_k, hidden, max_tokens, **kw)
         return lib.fabep_moe_heap_bytes(ctypes.byref(cfg), nranks)
 
+    @serial
     def close(self):
         """Free the handle (not collective).  Views of it must not be
         used afterwards."""
@@ -331,6 +334,7 @@ class MoE(Handle):
         return getattr(self, "_last_n", 0)
 
     # -- dispatch -------------------------------------------------------------
+    @serial
     def dispatch(self, x, topk_ids, topk_weights=None, scales=None):
         """Send each token to the ranks of its top-k experts and return
         what this rank received (a RecvView).  Collective.
@@ -358,6 +362,7 @@ class MoE(Handle):
         self._received.append((n, self._recv.rows))
         return self._view()
 
+    @serial
     def dispatch_send(self, x, topk_ids, topk_weights=None, scales=None):
         """Send half of dispatch (see dispatch): returns once the rows are
         on their way, so the caller can compute while they travel; then
@@ -382,6 +387,7 @@ class MoE(Handle):
         self._sent.append(n)
         return None
 
+    @serial
     def dispatch_recv(self):
         """Receive half of dispatch: wait for every peer's rows and return
         the RecvView."""
@@ -400,6 +406,7 @@ class MoE(Handle):
         # _gen, which the view checks before it reads
         return RecvView(self, self._recv, self._kind)
 
+    @serial
     def send_buffer(self, kind=None):
         """Registered memory where the next dispatch_send finds its tokens
         without a copy: returns (x, scales), x [max_tokens, hidden] of the
@@ -459,6 +466,7 @@ class MoE(Handle):
         logged()  # the C call's own messages: err says why
         raise err
 
+    @serial
     def combine(self, y, out=None, weighted=True, row_callback=None):
         """Bring the expert outputs back and sum them per token with the
         router weights (weighted=False: a plain sum, the backward of
@@ -496,6 +504,7 @@ class MoE(Handle):
             raise holder[0]
         return out
 
+    @serial
     def combine_send(self, y, weighted=True):
         """Send half of combine (see combine): reduce this rank's expert
         outputs per token and send them back (or send them back as they
@@ -522,6 +531,7 @@ class MoE(Handle):
                            else (0, 0))
         self._ylike = _tensor.kind_of(y) or self._kind
 
+    @serial
     def combine_recv(self, out=None, row_callback=None):
         """Receive half of combine: wait for the partial rows (or rows)
         and sum them into out ([n, hidden] of combine_type, or None for a new one).
@@ -571,6 +581,7 @@ class MoE(Handle):
         rows back and sum them per token without weights."""
         return self.combine(grad_rows, out=out, weighted=False)
 
+    @serial
     def timing(self):
         """Timing of this rank's last dispatch and combine (not collective)."""
         t = _lib.new_output(_lib.MoeTiming)

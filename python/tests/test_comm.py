@@ -117,6 +117,51 @@ def test_gil_released_during_waits():
     assert res[0] > 100, res  # about 1 s of 1 ms ticks ran meanwhile
 
 
+def _one_thread_body(me, n):
+    """While a thread of rank 0 waits on the communicator, its other
+    thread's calls on it and on its handles raise InUseError at once;
+    queries still answer; after the wait the other thread may go on."""
+    import fabep
+    comm = fabep.Comm.from_env()
+    sig = comm.heap_alloc(8)
+    ar = fabep.AllReduce(comm, 4, 8, "fp32")
+    comm.barrier()
+    if me == 0:
+        errs = []
+        t = threading.Thread(target=lambda: errs.append(comm.wait(sig, 1)))
+        t.start()
+        time.sleep(0.2)
+        refused = []
+        for call in (comm.barrier, comm.flush, comm.progress,
+                     lambda: comm.heap_alloc(8),
+                     lambda: comm.put_signal(1, sig, sig, 0, sig),
+                     lambda: ar.allreduce(torch.ones(2, 8)),
+                     lambda: fabep.AllReduce(comm, 4, 8, "fp32"),
+                     lambda: fabep.MoE(comm, 4 * n, 2, 8, 4),
+                     ar.close, comm.abort, comm.close):
+            t0 = time.monotonic()
+            with pytest.raises(fabep.InUseError) as e:
+                call()
+            assert time.monotonic() - t0 < 0.1
+            assert "another thread" in str(e.value)
+            assert e.value.code == -16  # -EBUSY
+            refused.append(call)
+        assert (comm.rank, comm.size) == (0, n) and comm.counter(sig) == 0
+        t.join()
+        assert errs == [None]
+    else:
+        time.sleep(1.0)
+        comm.put_signal(0, sig, sig, 0, sig)
+    out = ar.allreduce(torch.ones(2, 8))
+    comm.barrier()
+    comm.close()
+    return float(out[0, 0])
+
+
+def test_one_thread_at_a_time():
+    assert ranks.run(2, _one_thread_body) == [2.0, 2.0]
+
+
 def _pg_body(me, n, use_store, port):
     import torch.distributed as dist
     import fabep
