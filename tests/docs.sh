@@ -31,10 +31,12 @@ help_opts() {
 		sort -u
 }
 
-for t in fabep_info fabep_pingpong fabep_bench fabep_demo; do
+for t in fabep_info fabep_pingpong fabep_bench fabep_demo fabep_mpi_bench; do
 	exe=$top_builddir/utils/$t
 	page=$srcdir/man/$t.1
 	if [ ! -x "$exe" ]; then
+		# the MPI baseline is built only where configure found MPI
+		[ $t = fabep_mpi_bench ] && continue
 		fail "$exe not built"
 		continue
 	fi
@@ -65,6 +67,11 @@ pv=${PACKAGE_VERSION:-$tv}
 	fail "fabep.h says FABEP_VERSION_* = $hv, configure says $pv"
 [ "$lv" = "$pv" ] || fail "the library says $lv (fabep_version), configure $pv"
 [ "$tv" = "$pv" ] || fail "fabep_info --version says $tv, configure $pv"
+if [ -x "$top_builddir/utils/fabep_mpi_bench" ]; then
+	mv=$("$top_builddir/utils/fabep_mpi_bench" --version |
+		sed -n 's/^fabep_mpi_bench: //p')
+	[ "$mv" = "$pv" ] || fail "fabep_mpi_bench --version says $mv, configure $pv"
+fi
 npages=0
 for page in "$srcdir"/man/*.[137]; do
 	head -3 "$page" | grep -q '^\.so ' && continue

@@ -27,6 +27,12 @@
  * "key: value" line per row (-m) or a table.  Only MPI and libc: it
  * builds with `mpicc -O2 fabep_mpi_bench.c -o fabep_mpi_bench -lm`.
  */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "(built outside fabep's tree)"
+#endif
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -541,6 +547,7 @@ static void usage(FILE *f)
 		"  -I, --iterations N timed iterations (default 20)\n"
 		"  -w, --warmup N     warm-up iterations (default 3)\n"
 		"  -m, --machine      one \"key: value\" line per row\n"
+		"  -V, --version      print the version\n"
 		"  -h, --help         this help\n"
 		"Exit status: 0 success, 1 a failure or a wrong combine result,\n"
 		"2 bad command line.\n");
@@ -559,6 +566,7 @@ int main(int argc, char **argv)
 		{ "iterations", required_argument, NULL, 'I' },
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "machine", no_argument, NULL, 'm' },
+		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -566,7 +574,7 @@ int main(int argc, char **argv)
 			  3, 7168 };
 	int c, ret = 0, i, bad = 0;
 
-	while ((c = getopt_long(argc, argv, "o:t:H:k:e:I:w:mh", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "o:t:H:k:e:I:w:mVh", lo, NULL)) != -1) {
 		char *end = NULL;
 
 		switch (c) {
@@ -601,6 +609,7 @@ int main(int argc, char **argv)
 		}
 		case 'm': o.machine = 1; break;
 		case 'h': usage(stdout); return 0;
+		case 'V': printf("fabep_mpi_bench: %s\n", PACKAGE_VERSION); return 0;
 		default: bad = 1; break;
 		}
 	}
