@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FABEP_VERSION_MAJOR 0
-#define FABEP_VERSION_MINOR 2
+#define FABEP_VERSION_MINOR 3
 #define FABEP_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ */

@@ -7,7 +7,9 @@
 #  - configure's version is the header's FABEP_VERSION_*, the library's
 #    (the tools' --version) and the one in every man page's title line;
 #  - every call in fabep.h has an installed man page;
-#  - every FABEP_* variable the library reads is in fabep(7).
+#  - every FABEP_* variable the library reads is in fabep(7);
+#  - the shared library exports exactly the calls of fabep.h, each with
+#    a FABEP_x.y symbol version.
 # Runs from the build directory (srcdir: the source tree).
 top_builddir=${top_builddir:-.}
 srcdir=${srcdir:-.}
@@ -93,6 +95,21 @@ for c in $calls; do
 	grep -q "man/$c\.3\b" "$srcdir/man/Makefile.include" ||
 		fail "man/$c.3 is not installed (man/Makefile.include)"
 done
+
+# --- the shared library exports the header's calls, each versioned ---
+so=$top_builddir/src/.libs/libfabep.so
+if [ -f "$so" ] && command -v objdump >/dev/null 2>&1; then
+	exported=$(objdump -T "$so" | awk '$2 == "g" && $NF ~ /^fabep_/ { print $NF }' |
+		sort -u)
+	for c in $exported; do
+		echo "$calls" | grep -qx "$c" || fail "libfabep.so exports $c, fabep.h does not declare it"
+	done
+	for c in $calls; do
+		echo "$exported" | grep -qx "$c" || fail "fabep.h declares $c, libfabep.so does not export it"
+	done
+	unv=$(objdump -T "$so" | awk '$NF ~ /^fabep_/ && $(NF-1) !~ /^FABEP_[0-9]/ { print $NF }')
+	[ -z "$unv" ] || fail "calls without a FABEP_x.y symbol version: $unv"
+fi
 
 # --- every variable the library reads is documented ---
 vars=$(grep -rhoE '"FABEP_[A-Z0-9_]+"' "$srcdir/src" --include='*.c' \

@@ -62,9 +62,10 @@ lib = _load()
 lib.fabep_version.restype = c_char_p
 lib.fabep_version.argtypes = []
 VERSION = lib.fabep_version().decode()
-if tuple(int(v) for v in VERSION.split(".")[:2]) < (0, 2):
-    raise ImportError("fabep: %s is libfabep %s; this package needs 0.2 or "
-                      "later (structs that open with their size)" % (
+if tuple(int(v) for v in VERSION.split(".")[:2]) < (0, 3):
+    raise ImportError("fabep: %s is libfabep %s; this package needs 0.3 or "
+                      "later (structs that open with their size, and "
+                      "fabep_get, fabep_comm_abort, fabep_last_error)" % (
                           lib._name, VERSION))
 
 
