@@ -158,9 +158,11 @@ typedef struct fabep_comm_attr {
 FABEP_API void fabep_comm_attr_init(fabep_comm_attr_t *attr);
 
 /* Create a communicator.  Collective.  attr may be NULL (all defaults).
- * An attr refused on one rank (its size, a field out of range) fails
- * there before any exchange, as a bootstrap error does: the other ranks
- * wait for it until their timeout. */
+ * A field out of range (or a bad FABEP_* variable) fails with -EINVAL on
+ * the rank that has it, which still tells the others through the
+ * rendezvous: theirs fails at once with -FABEP_ERR_PEER.  An attr whose
+ * size is refused is not read: that rank fails before any exchange, and
+ * the others wait for it until their timeout. */
 FABEP_API int fabep_comm_create(const fabep_comm_attr_t *attr,
 				fabep_comm_t **comm);
 /* Destroy it.  Collective when every rank is alive; returns after a

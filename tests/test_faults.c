@@ -1175,6 +1175,27 @@ static int args_rank(int rank, int size, void *arg)
 	fabep_comm_attr_init(&a);
 	a.signal = (fabep_signal_t)99;
 	EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+	/* fields set out of the ranges their variables have */
+	{
+		static const struct { size_t heap; int timeout, threads, numa; } bad[] = {
+			{ 4096, 0, 0, -1 }, { (1ull << 40) + 4096, 0, 0, -1 },
+			{ 0xffffffffffe01000ull, 0, 0, -1 }, { SIZE_MAX, 0, 0, -1 },
+			{ 0, -5, 0, -1 }, { 0, 86400001, 0, -1 }, { 0, 0, -3, -1 },
+			{ 0, 0, 1025, -1 }, { 0, 0, 0, -7 }, { 0, 0, 0, 4096 },
+		};
+		size_t i;
+
+		for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			fabep_comm_attr_init(&a);
+			a.heap_size = bad[i].heap;
+			a.timeout_ms = bad[i].timeout;
+			a.threads = bad[i].threads;
+			a.numa_node = bad[i].numa;
+			(void)fabep_last_error();
+			EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+			EXPECT(strstr(fabep_last_error(), "is not") != NULL, 1);
+		}
+	}
 	/* an allgather callback with a rank outside [0, nranks) */
 	fabep_comm_attr_init(&a);
 	a.allgather = copy_allgather;

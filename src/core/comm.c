@@ -61,12 +61,45 @@ FEP_EXPORT void fabep_comm_attr_init(fabep_comm_attr_t *attr)
 	attr->numa_node = -1;
 }
 
+/* The caller's own values, where it gave one: the ranges the variables
+ * have (fabep(7)); 0 (and -1 for numa_node) leave the field to the
+ * environment or the default. */
+static int fep_attr_check(const fabep_comm_attr_t *a)
+{
+	if (a->timeout_ms < 0 || a->timeout_ms > 86400000) {
+		fep_err("fabep_comm_create: timeout_ms %d is not 1 to 86400000 "
+			"(0: FABEP_TIMEOUT_MS or the default)", a->timeout_ms);
+		return -EINVAL;
+	}
+	if (a->heap_size && (a->heap_size < (1ul << 16) ||
+			     a->heap_size > (1ul << 40))) {
+		fep_err("fabep_comm_create: heap_size %zu is not 64 KiB to 1 TiB "
+			"(0: FABEP_HEAP_SIZE or the default)", a->heap_size);
+		return -EINVAL;
+	}
+	if (a->threads < 0 || a->threads > 1024) {
+		fep_err("fabep_comm_create: threads %d is not 1 to 1024 "
+			"(0: FABEP_THREADS or the default)", a->threads);
+		return -EINVAL;
+	}
+	if (a->numa_node < -1 || a->numa_node > 4095) {
+		fep_err("fabep_comm_create: numa_node %d is not 0 to 4095 "
+			"(-1: FABEP_NUMA_NODE or the default)", a->numa_node);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 static int fep_attr_from_env(fabep_comm_attr_t *a)
 {
 	const char *s = NULL;
 	long v;
 	size_t sz;
 	int ret;
+
+	ret = fep_attr_check(a);
+	if (ret)
+		return ret;
 
 	if (!a->provider && fep_env_str("FABEP_PROVIDER", &s) > 0)
 		a->provider = s;
