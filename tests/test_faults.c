@@ -1262,6 +1262,16 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_put_signal(comm, 0, off, off, 8, ctr + 4, 1), -EINVAL);
 	EXPECT(fabep_put_signal(comm, 0, off, off, 8, UINT64_MAX - 7, 1), -EINVAL);
 	EXPECT(fabep_put_signal(comm, -5, off, off, 8, ctr, 1), -EINVAL);
+	EXPECT(fabep_put_signal(comm, 0, off, UINT64_MAX, 8, ctr, 1), -ERANGE);
+	EXPECT(fabep_put_signal(comm, 0, off, UINT64_MAX, 0, ctr, 1), -ERANGE);
+	/* an add beyond what 1024 writes of CQ data carry, where adds may
+	 * travel so: refused at once, not posted as millions of writes */
+	if (fabep_comm_signal(comm) == FABEP_SIGNAL_CQDATA ||
+	    fabep_comm_signal(comm) == FABEP_SIGNAL_CMA) {
+		EXPECT(fabep_put_signal(comm, (rank + 1) % size, off, off, 8, ctr,
+					UINT64_MAX / 16), -ERANGE);
+		EXPECT(strstr(fabep_last_error(), "signal less at a time") != NULL, 1);
+	}
 	EXPECT(fabep_flush(NULL), -EINVAL);
 	EXPECT(fabep_progress(NULL), -EINVAL);
 	EXPECT(fabep_wait(NULL, ctr, 0), -EINVAL);

@@ -1499,7 +1499,15 @@ FEP_EXPORT int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 		fep_err("fabep_put_signal: add must be nonzero (use fabep_put)");
 		return -EINVAL;
 	}
+	/* UINT64_MAX is the library's own mark of a pointer source */
+	if (src == FEP_PUT_PTR) {
+		fep_err("fabep_put_signal: source offset %llu leaves the heap "
+			"(%zu bytes)", (unsigned long long)src, comm->fab->heap_size);
+		return -ERANGE;
+	}
 	ret = fep_comm_usable(comm, "fabep_put_signal");
+	if (!ret)
+		ret = fep_fab_user_add_ok(comm->fab, add);
 	return ret ? ret : fep_fab_put_signal(comm->fab, peer, dst, src, len, sig, add);
 }
 

@@ -465,6 +465,9 @@ int fep_fab_write(fep_fabric_t *fab, int peer, uint64_t dst, uint64_t src,
  * DELIVERY the caller must have reaped the writes (fep_fabric_quiet). */
 int fep_fab_signal(fep_fabric_t *fab, int peer, uint64_t sig, uint64_t add);
 /* Write + signal as one, for one peer. */
+/* 0, or -ERANGE (logged) for a caller's add that would take more than
+ * 1024 writes of CQ data (fabep_put_signal). */
+int fep_fab_user_add_ok(const fep_fabric_t *fab, uint64_t add);
 int fep_fab_put_signal(fep_fabric_t *fab, int peer, uint64_t dst,
 		       uint64_t src, size_t len, uint64_t sig, uint64_t add);
 /* Read len bytes at heap offset src of peer into buf: in the heap, or

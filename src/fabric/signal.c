@@ -607,6 +607,33 @@ static int fep_check_add(const fep_fabric_t *fab, uint64_t add)
 	return 0;
 }
 
+/* The most zero-byte writes of CQ data a caller's add may take: each
+ * carries at most 2^24 - 1 of it (2^8 - 1 with 4-byte CQ data), and an
+ * add beyond what FEP_CQ_ADD_WRITES of them carry is refused rather than
+ * posted as millions of writes (the library's own adds count chunks, and
+ * are bounded by the handles' sizes). */
+#define FEP_CQ_ADD_WRITES 1024
+
+int fep_fab_user_add_ok(const fep_fabric_t *fab, uint64_t add)
+{
+	bool cq = fab->cq_data_size && (fab->signal == FABEP_SIGNAL_CQDATA ||
+					fab->signal == FABEP_SIGNAL_CMA ||
+					fab->sender_copy);
+	unsigned addbits = (fab->cq_data_size >= 8 ? 64 : 32) - fab->cq_idx_bits;
+	uint64_t maxadd = ((1ull << addbits) - 1) * FEP_CQ_ADD_WRITES /
+			  (uint64_t)fab->nchan;
+
+	if (cq && add > maxadd) {
+		fep_err("signal add %llu is too large for the %s strategy with "
+			"%zu-byte CQ data and %d channel%s (at most %llu): signal "
+			"less at a time", (unsigned long long)add,
+			fep_signal_name(fab->signal), fab->cq_data_size, fab->nchan,
+			fab->nchan == 1 ? "" : "s", (unsigned long long)maxadd);
+		return -ERANGE;
+	}
+	return 0;
+}
+
 /* cqdata: the counter index and the amount, packed into the CQ data. */
 static int fep_cqdata_pack(fep_fabric_t *fab, uint64_t sig, uint64_t add,
 			   uint64_t *data, uint64_t *rest)
