@@ -291,6 +291,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	comm.boot = &boot;
 	comm.fab = fab;
 	comm.timeout_ms = 1000;
+	/* the live handles' list, empty, as fabep_comm_create leaves it */
+	comm.handles.prev = comm.handles.next = &comm.handles;
 	ret = fabep_moe_create(&comm, &cfg, &m);
 	FUZZ_CHECK(ret == 0);
 

@@ -165,8 +165,10 @@ FABEP_API void fabep_comm_attr_init(fabep_comm_attr_t *attr);
  * the others wait for it until their timeout. */
 FABEP_API int fabep_comm_create(const fabep_comm_attr_t *attr,
 				fabep_comm_t **comm);
-/* Destroy it.  Collective when every rank is alive; returns after a
- * bounded wait when peers are gone.  NULL is accepted and ignored. */
+/* Destroy it, and first the MoE and allreduce handles made on it that
+ * are still alive (which must not be used or destroyed afterwards).
+ * Collective when every rank is alive; returns after a bounded wait when
+ * peers are gone.  NULL is accepted and ignored. */
 FABEP_API int fabep_comm_destroy(fabep_comm_t *comm);
 /* Free it without waiting for the peers and without the goodbye, as a
  * rank that gives up does (an exception, a signal, a failure of its

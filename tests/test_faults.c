@@ -35,6 +35,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -1522,6 +1523,71 @@ static int args_rank(int rank, int size, void *arg)
 	return 0;
 }
 
+/* Handles left alive: fabep_comm_destroy (arg NULL) or fabep_comm_abort
+ * destroys them first.  Three rounds of a communicator with a MoE and
+ * two allreduce handles; from the second round on the process's heap
+ * must not grow by a MoE handle's memory each round (and LeakSanitizer,
+ * where the tests run under it, must find nothing). */
+static int handles_rank(int rank, int size, void *arg)
+{
+	fabep_moe_config_t cfg;
+	fabep_comm_attr_t a;
+	size_t used[3];
+	int round;
+
+	(void)rank;
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = 4 * size;
+	cfg.top_k = 2;
+	cfg.hidden = 4096;
+	cfg.max_tokens = 2048;
+	for (round = 0; round < 3; round++) {
+		fabep_comm_t *comm = NULL;
+		fabep_moe_t *moe = NULL;
+		fabep_allreduce_t *ar = NULL, *ar2 = NULL;
+		float in[2 * 64], out[2 * 64];
+		int i;
+
+		fabep_comm_attr_init(&a);
+		a.threads = 1;
+		a.heap_size = fabep_moe_heap_bytes(&cfg, size) +
+			      2 * fabep_allreduce_heap_bytes(2, 64, FABEP_AR_F32, size) +
+			      (1u << 20);
+		EXPECT(fabep_comm_create(&a, &comm), 0);
+		EXPECT(fabep_moe_create(comm, &cfg, &moe), 0);
+		EXPECT(fabep_allreduce_create(comm, 2, 64, FABEP_AR_F32, &ar), 0);
+		EXPECT(fabep_allreduce_create(comm, 2, 64, FABEP_AR_F32, &ar2), 0);
+		EXPECT(fabep_allreduce_destroy(ar2), 0); /* one gone before */
+		for (i = 0; i < 2 * 64; i++)
+			in[i] = 1.0f;
+		EXPECT(fabep_allreduce(ar, in, out, 2, 64), 0);
+		EXPECT(out[127] == (float)size, 1);
+		if (arg) {
+			EXPECT(fabep_barrier(comm), 0);
+			fabep_comm_abort(comm);
+		} else {
+			EXPECT(fabep_comm_destroy(comm), 0);
+		}
+		used[round] = mallinfo2().uordblks;
+	}
+	if (used[2] > used[1] + (256u << 10)) {
+		fprintf(stderr, "rank %d: the heap grew by %zu bytes in a round "
+			"(%zu, %zu, %zu)\n", rank, used[2] - used[1], used[0],
+			used[1], used[2]);
+		return 1;
+	}
+	return fep_test_leak_check() ? 3 : 0;
+}
+
+START_TEST(handles_with_comm)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	fep_test_ranks_ok(2, 60, handles_rank, NULL);
+	fep_test_ranks_ok(2, 60, handles_rank, (void *)1);
+}
+END_TEST
+
 /* A rank that reaches destroy late, within the communicator's timeout
  * but past 5 s: every rank's destroy waits for it and succeeds. */
 #define LATE_TIMEOUT_MS 20000
@@ -2093,6 +2159,7 @@ static Suite *suite(void)
 	ADD(tc, args_tcp);
 	ADD(tc, abi_shm);
 	ADD(tc, destroy_late);
+	ADD(tc, handles_with_comm);
 	ADD(tc, refused_config);
 	ADD(tc, last_error);
 	suite_add_tcase(s, tc);

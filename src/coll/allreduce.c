@@ -364,6 +364,13 @@ struct fep_ar_hello {
 	struct fep_hb_hello hb;
 };
 
+/* fabep_comm_destroy's call for a handle still alive */
+static void ar_destroy_link(struct fep_comm_handle *l)
+{
+	fabep_allreduce_destroy((fabep_allreduce_t *)((char *)l -
+					offsetof(fabep_allreduce_t, link)));
+}
+
 FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 				      size_t max_cols, fabep_ar_dtype_t dtype,
 				      fabep_allreduce_t **out)
@@ -541,6 +548,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 			      (h->lay.two_stage ? "one- and two-stage" :
 			       "one-stage only"),
 		h->lay.total);
+	fep_comm_handle_add(comm, &h->link, ar_destroy_link);
 	*out = h;
 	return 0;
 
@@ -560,6 +568,7 @@ FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 {
 	if (!h)
 		return 0;
+	fep_comm_handle_del(&h->link);
 	/* the block is free for a later handle unless a call failed (a peer's
 	 * write may still land in it) */
 	fep_comm_block_free(h->comm, h->base, h->ctrs, !h->broken);

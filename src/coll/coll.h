@@ -124,6 +124,7 @@ struct fep_ar_layout {
 
 struct fabep_allreduce {
 	fabep_comm_t *comm;
+	struct fep_comm_handle link; /* on the communicator's list */
 	fep_k_dtype_t dt;
 	size_t max_rows;
 	size_t max_cols;

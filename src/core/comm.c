@@ -1295,6 +1295,7 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	comm = calloc(1, sizeof(*comm));
 	if (!comm)
 		return -ENOMEM;
+	comm->handles.prev = comm->handles.next = &comm->handles;
 	comm->timeout_ms = a.timeout_ms;
 	comm->queue_warm = queue_warm;
 	ret = fep_comm_boot(&a, comm);
@@ -1369,9 +1370,32 @@ err_free:
  * Without the exchange, peers still running may write into the heap
  * until they see this rank gone: its memory stays mapped (and taken)
  * until the process ends, so that no later mapping gets their bytes. */
+void fep_comm_handle_add(fabep_comm_t *comm, struct fep_comm_handle *h,
+			 void (*destroy)(struct fep_comm_handle *h))
+{
+	h->destroy = destroy;
+	h->next = &comm->handles;
+	h->prev = comm->handles.prev;
+	h->prev->next = h;
+	comm->handles.prev = h;
+}
+
+void fep_comm_handle_del(struct fep_comm_handle *h)
+{
+	if (!h->next)
+		return;
+	h->prev->next = h->next;
+	h->next->prev = h->prev;
+	h->next = h->prev = NULL;
+}
+
 static int fep_comm_end(fabep_comm_t *comm, bool abort)
 {
 	int ret = 0;
+
+	/* the handles still alive, newest first, each taking itself off */
+	while (comm->handles.prev != &comm->handles)
+		comm->handles.prev->destroy(comm->handles.prev);
 
 	if (!abort && !fep_fabric_tx_error(comm->fab) && !comm->failed) {
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);

@@ -15,6 +15,14 @@
 
 struct fep_pool;
 
+/* A handle made on a communicator (MoE, allreduce), on its list from its
+ * creation to its destruction: fabep_comm_destroy and fabep_comm_abort
+ * destroy those still alive first, as fabep.h says. */
+struct fep_comm_handle {
+	struct fep_comm_handle *prev, *next;
+	void (*destroy)(struct fep_comm_handle *h);
+};
+
 struct fabep_comm {
 	int rank;
 	int size;
@@ -29,6 +37,7 @@ struct fabep_comm {
 	int numa_node;
 	fep_boot_t *boot;
 	fep_fabric_t *fab;
+	struct fep_comm_handle handles; /* the live handles' list (its head) */
 	struct fep_pool *pool;
 	bool failed;          /* a collective wait failed: peers may be gone */
 	/* atomic: -FABEP_ERR_PEER_LOST or the bootstrap's error once a
@@ -146,5 +155,10 @@ int fep_comm_block(fabep_comm_t *comm, const struct fep_hb_hello *all_free,
  * peer's write can still land in them; else both are kept). */
 void fep_comm_block_free(fabep_comm_t *comm, uint64_t off, uint64_t ctrs,
 			 bool clean);
+/* Put a handle just made on the communicator's list, with the function
+ * that destroys it; take it off (its destruction). */
+void fep_comm_handle_add(fabep_comm_t *comm, struct fep_comm_handle *h,
+			 void (*destroy)(struct fep_comm_handle *h));
+void fep_comm_handle_del(struct fep_comm_handle *h);
 
 #endif

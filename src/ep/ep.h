@@ -188,6 +188,7 @@ struct fep_ep_timing {
 
 struct fabep_moe {
 	fabep_comm_t *comm;
+	struct fep_comm_handle link; /* on the communicator's list */
 	fabep_moe_config_t cfg;
 	int rank, size;
 	int L;               /* local experts */

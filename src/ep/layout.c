@@ -383,6 +383,12 @@ static int ep_alloc_host(struct fabep_moe *m)
 	return 0;
 }
 
+/* fabep_comm_destroy's call for a handle still alive */
+static void ep_destroy_link(struct fep_comm_handle *l)
+{
+	fabep_moe_destroy((fabep_moe_t *)((char *)l - offsetof(fabep_moe_t, link)));
+}
+
 FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cfg,
 				fabep_moe_t **out)
 {
@@ -536,6 +542,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	m->crecv = m->drecv + FEP_ALIGN_UP(S * 2 * (size_t)m->size * m->dslot_bytes, 64);
 	m->cstage = m->crecv + FEP_ALIGN_UP(S * (size_t)m->size * m->cslot_bytes, 64);
 	m->dplace = m->cstage + FEP_ALIGN_UP(((size_t)m->size - 1) * m->cslot_bytes + 1, 64);
+	fep_comm_handle_add(comm, &m->link, ep_destroy_link);
 	*out = m;
 	return 0;
 err:
@@ -549,6 +556,7 @@ FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 {
 	if (!m)
 		return 0;
+	fep_comm_handle_del(&m->link);
 	/* the block is free for a later handle once no peer can write to it
 	 * any more: every call of this handle completed, none failed */
 	fep_comm_block_free(m->comm, m->blk, m->ctrs, !m->unclean &&
