@@ -1381,6 +1381,13 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0x80, o, E_HIDDEN, NULL, NULL), -EINVAL);
 	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, NULL, E_HIDDEN, NULL, NULL), -EINVAL);
 	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, o, E_HIDDEN - 1, NULL, NULL), -EINVAL);
+	/* strides whose rows run past the address space (rank 0 has rows
+	 * from both tokens of every rank) */
+	EXPECT(rv.rows >= 2 || rank != 0, 1);
+	EXPECT(fabep_moe_combine(moe, y, (size_t)1 << 62, 0, o, E_HIDDEN, NULL, NULL),
+	       -EINVAL);
+	EXPECT(fabep_moe_combine(moe, y, E_HIDDEN, 0, o, (size_t)1 << 62, NULL, NULL),
+	       -EINVAL);
 	/* one rank's bad argument: every rank gets its code */
 	EXPECT(fabep_moe_combine(moe, rank == 1 ? NULL : y, E_HIDDEN, 0, o, E_HIDDEN,
 				 NULL, NULL), -EINVAL);

@@ -66,6 +66,19 @@ struct red_ctx {
 	size_t nfused;        /* atomic: tokens summed into out */
 };
 
+/* Whether rows of hidden values, ld apart, of elt bytes each, span no
+ * more than the address space from the first row's start to the last
+ * row's end. */
+static bool rows_span_ok(size_t rows, size_t ld, size_t hidden, size_t elt)
+{
+	size_t span;
+
+	return !rows || (!__builtin_mul_overflow(rows - 1, ld, &span) &&
+			 !__builtin_add_overflow(span, hidden, &span) &&
+			 !__builtin_mul_overflow(span, elt, &span) &&
+			 span <= PTRDIFF_MAX);
+}
+
 static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
 {
 	fep_fabric_t *fab = m->comm->fab;
@@ -478,6 +491,12 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("%s: ld_y %zu below hidden %zu", m->cfn, ld_y, m->hidden);
 		status = -EINVAL;
 	}
+	if (!status && y && !rows_span_ok(s->rows, ld_y, m->hidden,
+					   fep_k_dtype_size(m->cdt))) {
+		fep_err("%s: %zu rows %zu values apart overflow the address space",
+			m->cfn, s->rows, ld_y);
+		status = -EINVAL;
+	}
 	if (!status && (flags & ~FABEP_MOE_UNWEIGHTED)) {
 		fep_err("%s: unknown flags 0x%x", m->cfn, flags);
 		status = -EINVAL;
@@ -772,9 +791,14 @@ FEP_EXPORT int fabep_moe_combine_recv(fabep_moe_t *m, void *out, size_t ld_out,
 	}
 	m->cfn = "fabep_moe_combine_recv";
 	s = oldest(m, FEP_EP_CSENT, &b);
-	if (s && s->n && !s->status && (!out || ld_out < m->hidden)) {
+	if (s && s->n && !s->status && (!out || ld_out < m->hidden ||
+					 !rows_span_ok(s->n, ld_out, m->hidden,
+						       fep_k_dtype_size(m->cdt)))) {
 		fep_err("fabep_moe_combine_recv: %s for %zu tokens",
-			!out ? "NULL output" : "ld_out below hidden", s->n);
+			!out ? "NULL output" : ld_out < m->hidden ?
+			"ld_out below hidden" :
+			"ld_out so large that the rows overflow the address space",
+			s->n);
 		return -EINVAL;
 	}
 	return combine_recv(m, out, ld_out, cb, cb_ctx);
@@ -793,9 +817,14 @@ FEP_EXPORT int fabep_moe_combine(fabep_moe_t *m, const void *y, size_t ld_y,
 	}
 	m->cfn = "fabep_moe_combine";
 	s = oldest(m, FEP_EP_RECEIVED, &b);
-	if (s && s->n && (!out || ld_out < m->hidden)) {
+	if (s && s->n && (!out || ld_out < m->hidden ||
+			  !rows_span_ok(s->n, ld_out, m->hidden,
+					fep_k_dtype_size(m->cdt)))) {
 		fep_err("fabep_moe_combine: %s for %zu tokens",
-			!out ? "NULL output" : "ld_out below hidden", s->n);
+			!out ? "NULL output" : ld_out < m->hidden ?
+			"ld_out below hidden" :
+			"ld_out so large that the rows overflow the address space",
+			s->n);
 		status = -EINVAL;
 	}
 	/* a refused argument completes the exchange inside, so all agree */
