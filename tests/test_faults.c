@@ -1168,6 +1168,12 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_signal_parse(NULL, &sig), -EINVAL);
 	EXPECT(fabep_signal_parse("ordered", NULL), -EINVAL);
 	EXPECT(fabep_signal_parse("", &sig), -EINVAL);
+	/* each refusal says why (fabep_last_error) */
+	EXPECT(strstr(fabep_last_error(), "is not one of") != NULL, 1);
+	EXPECT(fabep_signal_parse(NULL, &sig), -EINVAL);
+	EXPECT(strstr(fabep_last_error(), "NULL name") != NULL, 1);
+	EXPECT(fabep_progress(NULL), -EINVAL);
+	EXPECT(strstr(fabep_last_error(), "NULL communicator") != NULL, 1);
 	EXPECT(fabep_provider_list(NULL, desc, 2, NULL), -EINVAL);
 	EXPECT(fabep_provider_list(NULL, desc, -1, &n), -EINVAL);
 	EXPECT(fabep_provider_list(NULL, NULL, 2, &n), -EINVAL);
@@ -1298,6 +1304,8 @@ static int args_rank(int rank, int size, void *arg)
 	bad = cfg; bad.top_k = 0;
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
 	bad = cfg; bad.top_k = FABEP_MOE_MAX_TOPK + 1;
+	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
+	bad = cfg; bad.input_type = (fabep_moe_type_t)9; /* with bf16 tokens */
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);
 	bad = cfg; bad.top_k = -1;
 	EXPECT(fabep_moe_create(comm, &bad, &moe), -EINVAL);

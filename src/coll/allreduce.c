@@ -393,8 +393,10 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		return ret;
 	fab = comm->fab;
 	h = calloc(1, sizeof(*h));
-	if (!h)
+	if (!h) {
+		fep_err("fabep_allreduce_create: out of memory");
 		status = -ENOMEM;
+	}
 	if (!status && !out) {
 		fep_err("fabep_allreduce_create: NULL output pointer");
 		status = -EINVAL;
@@ -449,6 +451,8 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		   h->nthreads <= FEP_AR_READ_THREADS;
 	all = calloc((size_t)comm->size, sizeof(*all));
 	if (!all) {
+		fep_err("fabep_allreduce_create: out of memory for the exchange: "
+			"the other ranks' creation fails at its timeout");
 		ret = -ENOMEM;
 		goto err;
 	}

@@ -107,8 +107,7 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 		a->domain = s;
 	if (a->signal == FABEP_SIGNAL_AUTO && fep_env_str("FABEP_SIGNAL", &s) > 0) {
 		if (fabep_signal_parse(s, &a->signal)) {
-			fep_err("FABEP_SIGNAL=\"%s\" is not one of "
-				"auto|ordered|fence|delivery|cqdata|cma", s);
+			fep_err("FABEP_SIGNAL=\"%s\" refused", s);
 			return -EINVAL;
 		}
 	}
@@ -1293,8 +1292,10 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		return ret;
 	}
 	comm = calloc(1, sizeof(*comm));
-	if (!comm)
+	if (!comm) {
+		fep_err("fabep_comm_create: out of memory");
 		return -ENOMEM;
+	}
 	comm->handles.prev = comm->handles.next = &comm->handles;
 	comm->timeout_ms = a.timeout_ms;
 	comm->queue_warm = queue_warm;
@@ -1312,6 +1313,8 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	hellos = calloc((size_t)comm->size, sizeof(*hellos));
 	if (!comm->peer_pid || !comm->bar_exp || !comm->xchg_puts ||
 	    !comm->xchg_vals || !comm->boot_vals || !hellos) {
+		fep_err("fabep_comm_create: out of memory for the tables of %d "
+			"ranks", comm->size);
 		free(hellos);
 		ret = -ENOMEM;
 		goto err_boot;
@@ -1596,8 +1599,10 @@ FEP_EXPORT int fabep_progress(fabep_comm_t *comm)
 {
 	int ret;
 
-	if (!comm)
+	if (!comm) {
+		fep_err("fabep_progress: NULL communicator");
 		return -EINVAL;
+	}
 	ret = fep_comm_usable(comm, "fabep_progress");
 	return ret ? ret : fep_fabric_progress_all(comm->fab);
 }

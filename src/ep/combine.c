@@ -723,8 +723,13 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 		return -EINVAL;
 	}
 	s = oldest(m, FEP_EP_CSENT, &b);
-	if (!s)
+	if (!s) {
+		/* pending_crecv promises a sent combine: the handle's state
+		 * is broken */
+		fep_err("%s: no combine was sent to complete (internal state)",
+			m->cfn);
 		return -FABEP_ERR_PROTOCOL;
+	}
 	m->pending_crecv = 0;
 	fused = m->cfused;
 	m->cfused = 0;

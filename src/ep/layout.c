@@ -86,6 +86,9 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	if (c->token_type == FABEP_MOE_FP8 && c->input_type != FABEP_MOE_FP32 &&
 	    c->input_type != FABEP_MOE_BF16)
 		BAD("fabep_moe: FP8 tokens need input_type FP32 or BF16");
+	/* read only with FP8 tokens, but never a value outside the enum */
+	if (c->input_type < FABEP_MOE_FP32 || c->input_type > FABEP_MOE_FP8_PREQUANT)
+		BAD("fabep_moe: input_type %d unknown", (int)c->input_type);
 	if (c->combine_type != FABEP_MOE_FP32 && c->combine_type != FABEP_MOE_BF16)
 		BAD("fabep_moe: combine_type must be FP32 or BF16");
 	if (c->fp8_block < 0 || c->fp8_block % 16 ||

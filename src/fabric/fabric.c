@@ -89,8 +89,10 @@ static int fep_getinfo(const char *prov, const char *fabric, const char *dom,
 	struct fi_info *h = fep_hints(prov, fabric, dom, probe);
 	int ret;
 
-	if (!h)
+	if (!h) {
+		fep_err("fi_allocinfo: out of memory");
 		return -ENOMEM;
+	}
 	ret = FEP_FAULT("fi_getinfo",
 			fi_getinfo(FEP_FI_VERSION, NULL, NULL, 0, h, out));
 	fi_freeinfo(h);
@@ -295,6 +297,7 @@ FEP_EXPORT int fabep_provider_list(const char *provider,
 		len++;
 	/* described here, written to the caller's array on success */
 	if (max > 0 && !(d = calloc(FEP_MIN(len, (size_t)max), sizeof(*d)))) {
+		fep_err("fabep_provider_list: out of memory");
 		fi_freeinfo(list);
 		return -ENOMEM;
 	}
@@ -370,7 +373,11 @@ static int fep_choose_info(const struct fep_fab_params *p,
 	}
 	*out = fi_dupinfo(best);
 	fi_freeinfo(list);
-	return *out ? 0 : -ENOMEM;
+	if (!*out) {
+		fep_err("fi_dupinfo: out of memory");
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 static int fep_ops_create(fep_fabric_t *fab)

@@ -238,13 +238,17 @@ FEP_EXPORT int fabep_signal_parse(const char *name, fabep_signal_t *sig)
 	};
 	size_t i;
 
-	if (!name || !sig)
+	if (!name || !sig) {
+		fep_err("fabep_signal_parse: NULL %s", !name ? "name" : "output");
 		return -EINVAL;
+	}
 	for (i = 0; i < FEP_ARRAY_SIZE(all); i++)
 		if (!strcmp(name, fep_signal_name(all[i]))) {
 			*sig = all[i];
 			return 0;
 		}
+	fep_err("fabep_signal_parse: \"%s\" is not one of "
+		"auto|ordered|fence|delivery|cqdata|cma", name);
 	return -EINVAL;
 }
 
