@@ -1220,6 +1220,12 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_comm_create(&a, &comm), -EIO);
 	a.allgather = copy_allgather;
 	a.threads = 1;
+	/* a domain the provider does not offer (which shm and tcp do not
+	 * check themselves): refused, naming the domains offered */
+	a.domain = "no-such-domain";
+	EXPECT(fabep_comm_create(&a, &comm), -FABEP_ERR_NO_PROVIDER);
+	EXPECT(strstr(fabep_last_error(), "domains offered") != NULL, 1);
+	a.domain = NULL;
 	EXPECT(fabep_comm_create(&a, &comm), 0);
 	EXPECT(fabep_comm_size(comm), 1);
 	EXPECT(fabep_barrier(comm), 0);

@@ -356,6 +356,11 @@ static int fep_choose_info(const struct fep_fab_params *p,
 	for (it = list; it; it = it->next) {
 		int r = fep_rank_info(it, p->all_local);
 
+		/* providers do not all filter on the domain hint (1.17's tcp
+		 * and shm answer with their own whatever it names) */
+		if (p->domain && (!it->domain_attr->name ||
+				  strcmp(it->domain_attr->name, p->domain)))
+			continue;
 		/* an explicitly named provider is used even where the ranking
 		 * would exclude it (e.g. shm asked for across hosts) */
 		if (r == INT_MAX && p->provider)
@@ -364,6 +369,23 @@ static int fep_choose_info(const struct fep_fab_params *p,
 			best_rank = r;
 			best = it;
 		}
+	}
+	if (!best && p->domain) {
+		char doms[256];
+		size_t l = 0;
+
+		doms[0] = '\0';
+		for (it = list; it && l < sizeof(doms); it = it->next)
+			if (it->domain_attr->name && !strstr(doms, it->domain_attr->name))
+				l += (size_t)snprintf(doms + l, sizeof(doms) - l, "%s%s",
+						      l ? ", " : "", it->domain_attr->name);
+		fep_err("no domain \"%s\"%s%s%s offers an RMA endpoint here "
+			"(domains offered: %s); see fabep_info", p->domain,
+			p->provider ? " of provider \"" : "",
+			p->provider ? p->provider : "", p->provider ? "\"" : "",
+			doms[0] ? doms : "none");
+		fi_freeinfo(list);
+		return -FABEP_ERR_NO_PROVIDER;
 	}
 	if (!best || best_rank == INT_MAX) {
 		fep_err("no usable provider: shm needs every rank on one host "
