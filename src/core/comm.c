@@ -61,30 +61,39 @@ FEP_EXPORT void fabep_comm_attr_init(fabep_comm_attr_t *attr)
 	attr->numa_node = -1;
 }
 
-/* The caller's own values, where it gave one: the ranges the variables
- * have (fabep(7)); 0 (and -1 for numa_node) leave the field to the
- * environment or the default. */
+/* The ranges of the attributes and of their variables (fabep(7)). */
+#define FEP_TIMEOUT_MAX_MS 86400000
+#define FEP_HEAP_MIN ((size_t)1 << 16)
+#define FEP_HEAP_MAX ((size_t)1 << 40)
+#define FEP_THREADS_MAX 1024
+#define FEP_NUMA_MAX 4095
+
+/* The caller's own values, where it gave one; 0 (and -1 for numa_node)
+ * leave the field to the environment or the default. */
 static int fep_attr_check(const fabep_comm_attr_t *a)
 {
-	if (a->timeout_ms < 0 || a->timeout_ms > 86400000) {
-		fep_err("fabep_comm_create: timeout_ms %d is not 1 to 86400000 "
-			"(0: FABEP_TIMEOUT_MS or the default)", a->timeout_ms);
+	if (a->timeout_ms < 0 || a->timeout_ms > FEP_TIMEOUT_MAX_MS) {
+		fep_err("fabep_comm_create: timeout_ms %d is not 1 to %d "
+			"(0: FABEP_TIMEOUT_MS or the default)", a->timeout_ms,
+			FEP_TIMEOUT_MAX_MS);
 		return -EINVAL;
 	}
-	if (a->heap_size && (a->heap_size < (1ul << 16) ||
-			     a->heap_size > (1ul << 40))) {
+	if (a->heap_size && (a->heap_size < FEP_HEAP_MIN ||
+			     a->heap_size > FEP_HEAP_MAX)) {
 		fep_err("fabep_comm_create: heap_size %zu is not 64 KiB to 1 TiB "
 			"(0: FABEP_HEAP_SIZE or the default)", a->heap_size);
 		return -EINVAL;
 	}
-	if (a->threads < 0 || a->threads > 1024) {
-		fep_err("fabep_comm_create: threads %d is not 1 to 1024 "
-			"(0: FABEP_THREADS or the default)", a->threads);
+	if (a->threads < 0 || a->threads > FEP_THREADS_MAX) {
+		fep_err("fabep_comm_create: threads %d is not 1 to %d "
+			"(0: FABEP_THREADS or the default)", a->threads,
+			FEP_THREADS_MAX);
 		return -EINVAL;
 	}
-	if (a->numa_node < -1 || a->numa_node > 4095) {
-		fep_err("fabep_comm_create: numa_node %d is not 0 to 4095 "
-			"(-1: FABEP_NUMA_NODE or the default)", a->numa_node);
+	if (a->numa_node < -1 || a->numa_node > FEP_NUMA_MAX) {
+		fep_err("fabep_comm_create: numa_node %d is not 0 to %d "
+			"(-1: FABEP_NUMA_NODE or the default)", a->numa_node,
+			FEP_NUMA_MAX);
 		return -EINVAL;
 	}
 	return 0;
@@ -113,7 +122,7 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 	}
 	if (a->timeout_ms <= 0) {
 		a->timeout_ms = FEP_DEFAULT_TIMEOUT_MS;
-		ret = fep_env_long("FABEP_TIMEOUT_MS", 1, 86400000, &v);
+		ret = fep_env_long("FABEP_TIMEOUT_MS", 1, FEP_TIMEOUT_MAX_MS, &v);
 		if (ret < 0)
 			return ret;
 		if (ret)
@@ -121,21 +130,21 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 	}
 	if (!a->heap_size) {
 		a->heap_size = FEP_DEFAULT_HEAP;
-		ret = fep_env_size("FABEP_HEAP_SIZE", 1ul << 16, 1ul << 40, &sz);
+		ret = fep_env_size("FABEP_HEAP_SIZE", FEP_HEAP_MIN, FEP_HEAP_MAX, &sz);
 		if (ret < 0)
 			return ret;
 		if (ret)
 			a->heap_size = sz;
 	}
 	if (a->threads <= 0) {
-		ret = fep_env_long("FABEP_THREADS", 1, 1024, &v);
+		ret = fep_env_long("FABEP_THREADS", 1, FEP_THREADS_MAX, &v);
 		if (ret < 0)
 			return ret;
 		a->threads = ret ? (int)v : 0;
 	}
 	if (a->numa_node < 0) {
 		/* -1, as in the attribute: the default (the NIC's node) */
-		ret = fep_env_long("FABEP_NUMA_NODE", -1, 4095, &v);
+		ret = fep_env_long("FABEP_NUMA_NODE", -1, FEP_NUMA_MAX, &v);
 		if (ret < 0)
 			return ret;
 		if (ret)

@@ -79,6 +79,27 @@ static bool rows_span_ok(size_t rows, size_t ld, size_t hidden, size_t elt)
 			 span <= PTRDIFF_MAX);
 }
 
+/* The caller's output for n tokens, ld_out values apart (logged with
+ * m->cfn when refused). */
+static bool out_ok(const struct fabep_moe *m, size_t n, const void *out,
+		   size_t ld_out)
+{
+	const char *why;
+
+	if (!n)
+		return true;
+	if (!out)
+		why = "NULL output";
+	else if (ld_out < m->hidden)
+		why = "ld_out below hidden";
+	else if (!rows_span_ok(n, ld_out, m->hidden, fep_k_dtype_size(m->cdt)))
+		why = "ld_out so large that the rows overflow the address space";
+	else
+		return true;
+	fep_err("%s: %s for %zu tokens", m->cfn, why, n);
+	return false;
+}
+
 static uint8_t *crun_base(struct fabep_moe *m, int b, int src)
 {
 	fep_fabric_t *fab = m->comm->fab;
@@ -796,16 +817,8 @@ FEP_EXPORT int fabep_moe_combine_recv(fabep_moe_t *m, void *out, size_t ld_out,
 	}
 	m->cfn = "fabep_moe_combine_recv";
 	s = oldest(m, FEP_EP_CSENT, &b);
-	if (s && s->n && !s->status && (!out || ld_out < m->hidden ||
-					 !rows_span_ok(s->n, ld_out, m->hidden,
-						       fep_k_dtype_size(m->cdt)))) {
-		fep_err("fabep_moe_combine_recv: %s for %zu tokens",
-			!out ? "NULL output" : ld_out < m->hidden ?
-			"ld_out below hidden" :
-			"ld_out so large that the rows overflow the address space",
-			s->n);
+	if (s && !s->status && !out_ok(m, s->n, out, ld_out))
 		return -EINVAL;
-	}
 	return combine_recv(m, out, ld_out, cb, cb_ctx);
 }
 
@@ -822,16 +835,8 @@ FEP_EXPORT int fabep_moe_combine(fabep_moe_t *m, const void *y, size_t ld_y,
 	}
 	m->cfn = "fabep_moe_combine";
 	s = oldest(m, FEP_EP_RECEIVED, &b);
-	if (s && s->n && (!out || ld_out < m->hidden ||
-			  !rows_span_ok(s->n, ld_out, m->hidden,
-					fep_k_dtype_size(m->cdt)))) {
-		fep_err("fabep_moe_combine: %s for %zu tokens",
-			!out ? "NULL output" : ld_out < m->hidden ?
-			"ld_out below hidden" :
-			"ld_out so large that the rows overflow the address space",
-			s->n);
+	if (s && !out_ok(m, s->n, out, ld_out))
 		status = -EINVAL;
-	}
 	/* a refused argument completes the exchange inside, so all agree */
 	ret = combine_send(m, y, ld_y, flags, status, out, ld_out, cb, cb_ctx);
 	if (ret)

@@ -570,13 +570,27 @@ static bool cq_names(const fep_fabric_t *fab, uint64_t sig)
 	return fab->cq_data_size && !((sig / 8) >> fab->cq_idx_bits);
 }
 
+/* Whether signals may travel as CQ data: cqdata, cma's inline puts,
+ * the sender's copies. */
+static bool cq_signals(const fep_fabric_t *fab)
+{
+	return fab->cq_data_size && (fab->signal == FABEP_SIGNAL_CQDATA ||
+				     fab->signal == FABEP_SIGNAL_CMA ||
+				     fab->sender_copy);
+}
+
+/* The most of an add one write's CQ data carries (above the index). */
+static uint64_t cq_add_max(const fep_fabric_t *fab)
+{
+	unsigned addbits = (fab->cq_data_size >= 8 ? 64 : 32) - fab->cq_idx_bits;
+
+	return (1ull << addbits) - 1;
+}
+
 bool fep_fab_ctrs_named(const fep_fabric_t *fab, uint64_t off, size_t bytes)
 {
-	bool cq = fab->cq_data_size && (fab->signal == FABEP_SIGNAL_CQDATA ||
-					fab->signal == FABEP_SIGNAL_CMA ||
-					fab->sender_copy);
-
-	return !cq || !bytes || cq_names(fab, off + FEP_ALIGN_UP(bytes, 8) - 8);
+	return !cq_signals(fab) || !bytes ||
+	       cq_names(fab, off + FEP_ALIGN_UP(bytes, 8) - 8);
 }
 
 static int fep_check_sig_as(fep_fabric_t *fab, uint64_t sig, bool cqdata)
@@ -620,14 +634,9 @@ static int fep_check_add(const fep_fabric_t *fab, uint64_t add)
 
 int fep_fab_user_add_ok(const fep_fabric_t *fab, uint64_t add)
 {
-	bool cq = fab->cq_data_size && (fab->signal == FABEP_SIGNAL_CQDATA ||
-					fab->signal == FABEP_SIGNAL_CMA ||
-					fab->sender_copy);
-	unsigned addbits = (fab->cq_data_size >= 8 ? 64 : 32) - fab->cq_idx_bits;
-	uint64_t maxadd = ((1ull << addbits) - 1) * FEP_CQ_ADD_WRITES /
-			  (uint64_t)fab->nchan;
+	uint64_t maxadd = cq_add_max(fab) * FEP_CQ_ADD_WRITES / (uint64_t)fab->nchan;
 
-	if (cq && add > maxadd) {
+	if (cq_signals(fab) && add > maxadd) {
 		fep_err("signal add %llu is too large for the %s strategy with "
 			"%zu-byte CQ data and %d channel%s (at most %llu): signal "
 			"less at a time", (unsigned long long)add,
@@ -642,8 +651,7 @@ int fep_fab_user_add_ok(const fep_fabric_t *fab, uint64_t add)
 static int fep_cqdata_pack(fep_fabric_t *fab, uint64_t sig, uint64_t add,
 			   uint64_t *data, uint64_t *rest)
 {
-	unsigned addbits = (fab->cq_data_size >= 8 ? 64 : 32) - fab->cq_idx_bits;
-	uint64_t maxadd = (1ull << addbits) - 1;
+	uint64_t maxadd = cq_add_max(fab);
 	uint64_t a = add > maxadd ? maxadd : add;
 
 	*data = (sig / 8) | (a << fab->cq_idx_bits);
