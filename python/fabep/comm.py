@@ -40,6 +40,26 @@ def _torchrun_env():
         int(e["MASTER_PORT"])
 
 
+_store_seq = 0
+
+
+def _store_prefix(agent):
+    """The key prefix of a communicator's allgather on a torch store:
+    fabep/<n>, n counting this process's communicators made on stores
+    (every rank makes them in the same order, as any collective), so two
+    never read each other's keys.  Under torchrun's agent store, which
+    outlives a restart of the workers, it starts with the attempt
+    (TORCHELASTIC_RESTART_COUNT), as torch's env:// rendezvous does: a new
+    attempt's ranks would otherwise read the blocks an earlier attempt
+    left there."""
+    global _store_seq
+    _store_seq += 1
+    if agent:
+        return "fabep/attempt_%s/%d" % (
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), _store_seq)
+    return "fabep/%d" % _store_seq
+
+
 class _StoreAllgather:
     """The C allgather over a torch.distributed Store (set/get by key)."""
 
@@ -257,9 +277,13 @@ class Comm(Handle):
         rank, size, host, port = tr
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         from datetime import timedelta
+        # multi_tenant, as torch's own env:// rendezvous: rank 0's server
+        # on MASTER_PORT is shared with a later init_process_group in
+        # this process instead of holding the port against it
         store = dist.TCPStore(host, port, size, rank == 0 and not agent,
-                              timeout=timedelta(seconds=300))
-        return cls._from_store(store, rank, size, "fabep", kw)
+                              timeout=timedelta(seconds=300),
+                              multi_tenant=True)
+        return cls._from_store(store, rank, size, _store_prefix(agent), kw)
 
     @classmethod
     def from_process_group(cls, group=None, use_store=None, **kw):
@@ -275,9 +299,8 @@ class Comm(Handle):
         if use_store:
             from torch.distributed import distributed_c10d as c10d
             store = c10d._get_default_store()
-            cls._store_seq = getattr(cls, "_store_seq", 0) + 1
-            return cls._from_store(store, rank, size, "fabep/%d" %
-                                   cls._store_seq, kw)
+            return cls._from_store(store, rank, size, _store_prefix(False),
+                                   kw)
         return cls(allgather=_GroupAllgather(group), rank=rank, size=size,
                    **kw)
 

@@ -185,21 +185,30 @@ def test_from_process_group(use_store):
     assert res == [float(n * (n + 1) / 2)] * n
 
 
-def _torchrun_body(me, n, port, slurm=False):
+def _torchrun_body(me, n, port, slurm=False, env=None, torch_after=False):
     import fabep
     for k in ("FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_ROOT"):
         os.environ.pop(k)
     os.environ.update(RANK=str(me), WORLD_SIZE=str(n),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(env or {})
     if slurm:
         # torchrun started by srun: one task of one, whose variables
         # every worker inherits
         os.environ.update(TORCHELASTIC_RUN_ID="t1", SLURM_PROCID="0",
                           SLURM_NTASKS="1")
-    comm = fabep.Comm.from_env()
-    r = (comm.rank, comm.size)
-    comm.barrier()
-    comm.close()
+    comms = [fabep.Comm.from_env() for _ in range(2 if torch_after else 1)]
+    r = (comms[0].rank, comms[0].size)
+    if torch_after:
+        # the server's own torch.distributed, on the same MASTER_PORT
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == n
+    for c in comms:
+        c.barrier()
+        c.close()
     return r
 
 
@@ -213,6 +222,48 @@ def test_from_torchrun_env_under_slurm():
     n = 2
     assert ranks.run(n, _torchrun_body, ranks._port(), True) == \
         [(r, n) for r in range(n)]
+
+
+def test_from_torchrun_env_then_torch():
+    """Two communicators from torchrun's variables, then
+    init_process_group on the same MASTER_PORT (rank 0's store server
+    is shared with torch's)."""
+    n = 2
+    assert ranks.run(n, _torchrun_body, ranks._port(), False, None, True) \
+        == [(r, n) for r in range(n)]
+
+
+_AGENT = """
+import sys, torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, True,
+                  wait_for_workers=False)
+# what an attempt cut short leaves: rank 1's block of the first
+# allgather and its count, under each key layout fabep has used
+for k in ("fabep/0/", "fabep/attempt_0/1/0/"):
+    s.set(k + "1", b"left by attempt 0")
+    s.add(k + "done", 1)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_from_torchrun_agent_store_restart():
+    """Under torchrun's agent store (which outlives the workers), the
+    workers of a restart ignore what the attempt before left there."""
+    import subprocess
+    import sys
+    n, port = 2, ranks._port()
+    agent = subprocess.Popen([sys.executable, "-c", _AGENT, str(port)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert agent.stdout.readline().strip() == b"ready"
+        env = {"TORCHELASTIC_USE_AGENT_STORE": "True",
+               "TORCHELASTIC_RESTART_COUNT": "1"}
+        assert ranks.run(n, _torchrun_body, port, False, env) == \
+            [(r, n) for r in range(n)]
+    finally:
+        agent.stdin.close()
+        agent.wait(timeout=30)
 
 
 def _cb_error_body(me, n):
