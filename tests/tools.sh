@@ -75,6 +75,9 @@ expect 2 "$bench" -o dispatch -k 33 && grep -q -- '-k (--topk)' "$tmp.err" ||
 expect 2 "$demo" -n 65 && grep -q 'at most 64 ranks' "$tmp.err" ||
 	fail "fabep_demo -n 65: no message"
 expect 2 "$demo" -k 33
+expect 2 "$demo" -n 2 -e 2 && grep -q -- '-k 4 is more than the 2 experts' "$tmp.err" ||
+	fail "fabep_demo: -k above the experts not refused"
+expect 2 "$demo" -n 1 -k 32 -e 1
 expect 2 "$demo" -t 0
 expect 2 "$demo" extra
 
@@ -146,6 +149,21 @@ for prov in "" tcp; do
 		}
 	done
 done
+# a server and a client with other options: both told at once, long
+# before the timeout
+port=$((port + 1))
+$to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" \
+	2>"$tmp.srv.err" &
+srv=$!
+t0=$(date +%s)
+expect 1 env FABEP_TIMEOUT_MS=60000 "$pp" -P $port -p tcp -S 64 -I 6 127.0.0.1 &&
+	grep -q 'the peer was started with other options' "$tmp.err" ||
+	fail "pingpong: a client with other options not told so"
+wait $srv && fail "pingpong: a server with other options exited 0"
+grep -q 'the peer was started with other options' "$tmp.srv.err" ||
+	fail "pingpong: a server with other options not told so"
+[ $(($(date +%s) - t0)) -lt 30 ] || fail "pingpong: other options found late"
+port=$((port + 1))
 expect 1 env FABEP_TIMEOUT_MS=1000 "$pp" -P $((port + 1)) -S 64 -I 5 127.0.0.1 &&
 	grep -q "rendezvous root 127.0.0.1:$((port + 1)) never answered" "$tmp.err" ||
 	fail "pingpong HOST without a server: no message naming the address"
@@ -421,6 +439,24 @@ expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch "$ben
 	grep -Eq '^dispatch +2 +1t +[0-9.]+ .* n/a +n/a$' "$tmp.out" ||
 	fail "fabep_bench -o scale without the baseline: no n/a row"
 expect 2 "$bench" -o dispatch -n 2,4
+# the baseline's command line is checked before MPI starts
+if [ -x "$mpib" ]; then
+	for args in "-t 4294967297" "--cols 4294967312" "-I 0" "-w -1" \
+		    "--rows 1,2,3,4,5,6,7,8,9" "--rows 1," "--rows ,1" "--rows 0"; do
+		# shellcheck disable=SC2086
+		expect 2 "$mpib" $args
+	done
+fi
+# the parts' list: names with spaces around them, nothing else
+expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=" combine, dispatch" \
+	"$bench" -p shm -o scale -n 2 -t 1 -H 64 -k 2 -e 4 -I 2 -w 0 &&
+	[ "$(grep -Ec '^(dispatch|combine) +2 +1t ' "$tmp.out")" = 2 ] ||
+	fail "fabep_bench -o scale: FABEP_BENCH_SCALE_PARTS with spaces: not 2 rows"
+for parts in nosuch "dispatch,,combine" "dispatch," "dispatch,alreduce"; do
+	expect 2 env FABEP_BENCH_SCALE_PARTS="$parts" "$bench" -o scale -n 2 -t 1 &&
+		grep -q "FABEP_BENCH_SCALE_PARTS=$parts: not" "$tmp.err" ||
+		fail "fabep_bench -o scale: FABEP_BENCH_SCALE_PARTS=$parts accepted"
+done
 expect 2 "$bench" -o scale -n 2,x
 # --rounds: every row measured that often; the speedup, the median of
 # the rounds' own, lies in their range
@@ -453,7 +489,9 @@ expect 0 "$bench" -o kernels -H 3 -B 20000 -I 1 -w 0 -T 1 -K rmsnorm_bf16_fp8
 for args in "-o kernels --soak 1" "-o allreduce --soak 1" "-o dispatch -S 4k" \
 	    "-o moe -B 1M" "-o kernels -n 2" "-o soak -I 5" "-o write -t 4" \
 	    "-o allreduce -f fp8" "--soak 1 -f fp8" "-o dispatch -e 3" \
-	    "-o dispatch -k 9 -e 8" "-o scale -n 2,4 -e 6" "-o kernels -K nosuch"; do
+	    "-o dispatch -k 9 -e 8" "-o scale -n 2,4 -e 6" "-o kernels -K nosuch" \
+	    "-o dispatch -n 3" "-o moe -e 4" "-o scale -n 2,3" "-o kernels -p shm" \
+	    "-o kernels -d nosuch"; do
 	# shellcheck disable=SC2086
 	expect 2 "$bench" $args
 done

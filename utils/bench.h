@@ -41,6 +41,8 @@ int bench_kernels(const struct bench_opts *o, FILE *out);
 /* -o scale (utils/bench_scale.c): runs the other parts and the MPI
  * baseline over rank and token counts, here (no communicator). */
 int bench_scale(const struct bench_opts *o, FILE *out);
+/* FABEP_BENCH_SCALE_PARTS names part (NULL: the variable is valid) */
+int bench_scale_want(const char *part);
 /* -o allreduce|arnorm (utils/bench_coll.c): runs on every rank of comm;
  * rank 0 prints.  bench_coll_heap_bytes: the heap the communicator needs
  * for it (fabep_comm_attr_t.heap_size). */

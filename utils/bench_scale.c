@@ -234,18 +234,42 @@ static const char *find_mpirun(void)
 }
 
 /* FABEP_BENCH_SCALE_PARTS: a comma-separated subset of dispatch,
- * combine, allreduce, arnorm (default all). */
-static int want_part(const char *part)
+ * combine, allreduce, arnorm (default all), spaces around a name
+ * allowed.  Whether it names part (NULL: whether every item is a
+ * part and at least one is given; fabep_bench checks that before
+ * anything runs). */
+int bench_scale_want(const char *part)
 {
-	const char *e = getenv("FABEP_BENCH_SCALE_PARTS"), *p;
-	size_t n = strlen(part);
+	static const char *const parts[] = { "dispatch", "combine", "allreduce",
+					     "arnorm" };
+	const char *e = getenv("FABEP_BENCH_SCALE_PARTS"), *p, *q;
+	int found = 0, items = 0;
 
 	if (!e || !*e)
 		return 1;
-	for (p = e; (p = strstr(p, part)); p += n)
-		if ((p == e || p[-1] == ',') && (p[n] == ',' || !p[n]))
-			return 1;
-	return 0;
+	for (p = e;; p = q + 1) {
+		size_t n, i;
+		int known = 0;
+
+		while (*p == ' ')
+			p++;
+		q = strchr(p, ',');
+		if (!q)
+			q = p + strlen(p);
+		for (n = (size_t)(q - p); n && p[n - 1] == ' '; n--)
+			;
+		for (i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+			if (strlen(parts[i]) == n && !strncmp(p, parts[i], n))
+				known = 1;
+		if (!known)
+			return part ? found : 0;
+		items++;
+		if (part && strlen(part) == n && !strncmp(p, part, n))
+			found = 1;
+		if (!*q)
+			break;
+	}
+	return part ? found : items > 0;
 }
 
 static void print_row(FILE *out, const struct bench_opts *o,
@@ -381,7 +405,7 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				struct scale_row r = { p ? "combine" : "dispatch", n, tokens[j],
 						       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
 
-				if (!want_part(r.part))
+				if (!bench_scale_want(r.part))
 					continue;
 
 				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
@@ -402,10 +426,10 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 						       0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0 };
 				/* arnorm's floor is the allreduce's: measured,
 				 * once and not shown, where only arnorm is asked */
-				int floor_only = !p && !want_part("allreduce") &&
-						 want_part("arnorm");
+				int floor_only = !p && !bench_scale_want("allreduce") &&
+						 bench_scale_want("arnorm");
 
-				if (!want_part(r.part) && !floor_only)
+				if (!bench_scale_want(r.part) && !floor_only)
 					continue;
 
 				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",

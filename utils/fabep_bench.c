@@ -416,16 +416,20 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 		{ "-f", "dispatch combine moe allreduce arnorm soak scale" },
 		{ "--rounds", "scale" },
 		{ "--no-ref", "dispatch combine moe" },
+		{ "-p", "write dispatch combine moe allreduce arnorm soak scale" },
+		{ "-d", "write dispatch combine moe allreduce arnorm soak scale" },
 	};
 	bool given[sizeof(use) / sizeof(use[0])] = {
 		o->nsizes > 0, o->window > 0, o->soak_s > 0, o->bytes > 0,
 		o->kernel != NULL, o->nranks > 0, o->tokens > 0, o->topk > 0,
 		o->experts > 0, o->hidden > 0, o->rows > 0, o->cols > 0,
 		o->check != 0, o->iters > 0, o->warmup >= 0, o->format != NULL,
-		o->rounds > 0, o->no_ref != 0,
+		o->rounds > 0, o->no_ref != 0, o->provider != NULL,
+		o->domain != NULL,
 	};
 	size_t i;
-	int n;
+	int n, e, k;
+	bool moe;
 
 	for (i = 0, u = use; i < sizeof(use) / sizeof(use[0]); i++, u++)
 		if (given[i] && !part_in(p, u->parts)) {
@@ -442,21 +446,31 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 	if (o->format && (part_in(p, "allreduce arnorm soak")) &&
 	    strcmp(o->format, "bf16") && strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "-o %s takes -f bf16 or fp32", p);
-	if (o->topk > 0 && o->experts > 0 && o->topk > o->experts)
-		tool_usage_error(&bench_desc, "-k %d is more than the -e %d experts",
-				 o->topk, o->experts);
+	if (!strcmp(p, "scale") && !bench_scale_want(NULL))
+		tool_usage_error(&bench_desc, "FABEP_BENCH_SCALE_PARTS=%s: not a "
+				 "comma-separated list of dispatch, combine, "
+				 "allreduce, arnorm", getenv("FABEP_BENCH_SCALE_PARTS"));
+	/* the MoE parts' shapes with their defaults (bench_cfg: -e 256,
+	 * -k 8); soak's defaults follow the ranks and always fit */
+	moe = part_in(p, "dispatch combine moe scale");
+	e = o->experts > 0 ? o->experts : moe ? 256 : 0;
+	k = o->topk > 0 ? o->topk : moe ? 8 : 0;
+	if (k > 0 && e > 0 && k > e)
+		tool_usage_error(&bench_desc, "-k %d is more than the -e %d experts%s",
+				 k, e, o->experts > 0 && o->topk > 0 ? "" :
+				 " (the default -e 256, -k 8)");
 	/* the ranks main forks when -n is not given, outside a job */
 	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
-	if (o->experts > 0 && n > 0 && part_in(p, "dispatch combine moe soak") &&
-	    o->experts % n)
+	if (e > 0 && n > 0 && part_in(p, "dispatch combine moe soak") && e % n)
 		tool_usage_error(&bench_desc, "-e %d experts are not a multiple of "
-				 "the %d ranks", o->experts, n);
-	for (i = 0; o->experts > 0 && !strcmp(p, "scale") &&
-		    i < (size_t)o->n_nranks; i++)
-		if (o->experts % o->nranks_list[i])
+				 "the %d ranks%s", e, n, o->experts > 0 ? "" :
+				 " (the default -e 256)");
+	for (i = 0; e > 0 && !strcmp(p, "scale") && i < (size_t)o->n_nranks; i++)
+		if (e % o->nranks_list[i])
 			tool_usage_error(&bench_desc, "-e %d experts are not a "
-					 "multiple of the -n %d ranks", o->experts,
-					 o->nranks_list[i]);
+					 "multiple of the -n %d ranks%s", e,
+					 o->nranks_list[i], o->experts > 0 ? "" :
+					 " (the default -e 256)");
 }
 
 int main(int argc, char **argv)

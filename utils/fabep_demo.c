@@ -357,6 +357,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fabep_demo: experts rounded up to %d (a multiple of "
 			"%d ranks)\n", d.experts, d.ranks);
 	}
+	if (d.topk > d.experts)
+		tool_usage_error(&demo_desc, "-k %d is more than the %d experts%s",
+				 d.topk, d.experts, o.topk ? "" : " (the default -k 4)");
 	fabep_comm_attr_init(&attr);
 	attr.provider = d.provider;
 	attr.threads = 1;

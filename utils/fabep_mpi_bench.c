@@ -33,6 +33,8 @@
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "(built outside fabep's tree)"
 #endif
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -553,6 +555,20 @@ static void usage(FILE *f)
 		"2 bad command line.\n");
 }
 
+/* A whole number from lo to INT_MAX: 0, else 1 (a bad command line). */
+static int int_arg(const char *s, long lo, int *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (end == s || *end || errno || v < lo || v > INT_MAX)
+		return 1;
+	*out = (int)v;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -579,32 +595,31 @@ int main(int argc, char **argv)
 
 		switch (c) {
 		case 'o': o.op = optarg; break;
-		case 't': o.tokens = (int)strtol(optarg, &end, 10); bad |= *end || o.tokens < 1; break;
-		case 'H': o.hidden = (int)strtol(optarg, &end, 10); bad |= *end || o.hidden < 1; break;
-		case 'k': o.topk = (int)strtol(optarg, &end, 10); bad |= *end || o.topk < 1; break;
-		case 'e': o.experts = (int)strtol(optarg, &end, 10); bad |= *end || o.experts < 1; break;
-		case 'C': o.cols = (int)strtol(optarg, &end, 10); bad |= *end || o.cols < 1; break;
-		case 'I': o.iters = (int)strtol(optarg, &end, 10); bad |= *end || o.iters < 1; break;
-		case 'w': o.warmup = (int)strtol(optarg, &end, 10); bad |= *end || o.warmup < 0; break;
+		case 't': bad |= int_arg(optarg, 1, &o.tokens); break;
+		case 'H': bad |= int_arg(optarg, 1, &o.hidden); break;
+		case 'k': bad |= int_arg(optarg, 1, &o.topk); break;
+		case 'e': bad |= int_arg(optarg, 1, &o.experts); break;
+		case 'C': bad |= int_arg(optarg, 1, &o.cols); break;
+		case 'I': bad |= int_arg(optarg, 1, &o.iters); break;
+		case 'w': bad |= int_arg(optarg, 0, &o.warmup); break;
 		case 'R': {
 			char *s = optarg;
 
-			o.nrows = 0;
-			while (*s && o.nrows < 8) {
-				long v = strtol(s, &end, 10);
+			/* 1 to 8 values, each a whole positive number */
+			for (o.nrows = 0;; s = end + 1) {
+				long v;
 
-				if (end == s || v < 1) {
+				errno = 0;
+				v = strtol(s, &end, 10);
+				if (end == s || errno || v < 1 || o.nrows == 8 ||
+				    (*end && *end != ',')) {
 					bad = 1;
 					break;
 				}
 				o.rows[o.nrows++] = (size_t)v;
-				s = *end == ',' ? end + 1 : end;
-				if (*end && *end != ',') {
-					bad = 1;
+				if (!*end)
 					break;
-				}
 			}
-			bad |= !o.nrows;
 			break;
 		}
 		case 'm': o.machine = 1; break;

@@ -241,6 +241,67 @@ static int pp_latency(struct tool_rma *r, enum pp_op op, size_t len,
 static int pp_rank_op(fabep_comm_t *comm, const struct tool_opts *o,
 		      struct pp_ctx *ctx, int k);
 
+static uint64_t fnv(uint64_t h, uint64_t v)
+{
+	for (int i = 0; i < 8; i++, v >>= 8)
+		h = (h ^ (v & 0xff)) * 0x100000001b3ull;
+	return h;
+}
+
+/* What both sides must run alike: the ops, and per size the bytes, the
+ * iterations and warm-up as used, the mode and the window. */
+static uint64_t pp_fingerprint(const struct tool_opts *o, const struct pp_ctx *ctx)
+{
+	uint64_t h = fnv(0xcbf29ce484222325ull, (uint64_t)ctx->nops);
+
+	for (int k = 0; k < ctx->nops; k++)
+		h = fnv(h, (uint64_t)ctx->ops[k]);
+	h = fnv(fnv(h, (uint64_t)o->bandwidth), (uint64_t)(o->window ? o->window : 64));
+	for (int s = 0; s < o->nsizes; s++) {
+		long iters = o->iters ? o->iters :
+			     tool_default_iters(o->sizes[s], o->bandwidth);
+		long warmup = o->warmup >= 0 ? o->warmup : tool_default_warmup(iters);
+
+		h = fnv(fnv(fnv(h, o->sizes[s]), (uint64_t)iters), (uint64_t)warmup);
+	}
+	return h;
+}
+
+/* A server and a client started with different options would wait for
+ * each other until the timeout (and lay out their buffers differently):
+ * each sends the other its fingerprint first, in blocks of the same
+ * size on both sides, and a difference is reported at once. */
+static int pp_same_options(fabep_comm_t *comm, const struct tool_opts *o,
+			   const struct pp_ctx *ctx)
+{
+	fabep_off_t mine, theirs, sig;
+	uint64_t fp = pp_fingerprint(o, ctx), got;
+	int ret, rank = fabep_comm_rank(comm);
+
+	ret = fabep_heap_alloc(comm, 8, 64, &mine);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 8, 64, &theirs);
+	if (!ret)
+		ret = fabep_heap_alloc(comm, 64, 64, &sig);
+	if (ret)
+		return tool_fail("fabep_heap_alloc", ret);
+	memcpy(fabep_heap_ptr(comm, mine), &fp, 8);
+	ret = fabep_put_signal(comm, 1 - rank, theirs, mine, 8, sig, 1);
+	if (ret)
+		return tool_fail("fabep_put_signal", ret);
+	ret = fabep_wait(comm, sig, 1);
+	if (ret)
+		return tool_fail("fabep_wait", ret);
+	memcpy(&got, fabep_heap_ptr(comm, theirs), 8);
+	if (got != fp) {
+		fprintf(stderr, "%s: rank %d: the peer was started with other "
+			"options (-o, -S, -I, -w, -b or -W differ)\n", tool_name,
+			rank);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* With several ops, each runs over every size, then a comparison of each
  * op with the first (MB/sec ratio) is printed. */
 static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
@@ -249,6 +310,11 @@ static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 	int k, s, ret, report = fabep_comm_rank(comm) == 0 || o->host;
 	char b[32];
 
+	if (fabep_comm_size(comm) == 2) {
+		ret = pp_same_options(comm, o, ctx);
+		if (ret)
+			return ret;
+	}
 	for (k = 0; k < ctx->nops; k++) {
 		ctx->op = ctx->ops[k];
 		ret = pp_rank_op(comm, o, ctx, k);
@@ -257,12 +323,12 @@ static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 	}
 	if (ctx->nops < 2 || !report)
 		return 0;
-	if (!o->machine)
-		printf("# %s vs %s, same run: MB/sec ratio (1.00 = as fast)\n"
-		       "%-8s%12s%12s%12s%12s%8s\n", pp_op_names[ctx->ops[1]],
-		       pp_op_names[ctx->ops[0]], "bytes", "usec_a", "usec_b",
-		       "MBps_a", "MBps_b", "ratio");
-	for (k = 1; k < ctx->nops; k++)
+	for (k = 1; k < ctx->nops; k++) {
+		if (!o->machine)
+			printf("# %s vs %s, same run: MB/sec ratio (1.00 = as fast)\n"
+			       "%-8s%12s%12s%12s%12s%8s\n", pp_op_names[ctx->ops[k]],
+			       pp_op_names[ctx->ops[0]], "bytes", "usec_a", "usec_b",
+			       "MBps_a", "MBps_b", "ratio");
 		for (s = 0; s < o->nsizes && s < PP_MAX_SIZES; s++) {
 			double ratio = ctx->mbps[0][s] > 0 ?
 				ctx->mbps[k][s] / ctx->mbps[0][s] : 0;
@@ -282,6 +348,7 @@ static int pp_rank(fabep_comm_t *comm, const struct tool_opts *o, void *arg)
 				       ctx->usec[0][s], ctx->usec[k][s],
 				       ctx->mbps[0][s], ctx->mbps[k][s], ratio);
 		}
+	}
 	return 0;
 }
 
