@@ -1642,13 +1642,69 @@ static int late_rank(int rank, int size, void *arg)
 
 START_TEST(destroy_late)
 {
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	unsetenv("FABEP_TIMEOUT_MS");
 	fep_test_ranks_ok(2, 60, late_rank, NULL);
 }
 END_TEST
+
+/* A peer that dies while this rank polls memory with fabep_progress
+ * (no wait of the library's): fabep_progress says so within the
+ * liveness check's period, not at the caller's own timeout. */
+#define POLL_TIMEOUT_MS 20000
+
+static int poll_lost_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	int64_t t0, ms;
+	int ret;
+
+	(void)size;
+	(void)arg;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = POLL_TIMEOUT_MS;
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_progress(comm), 0);
+	if (rank == 1)
+		raise(SIGKILL);
+	t0 = now_ns();
+	do {
+		ret = fabep_progress(comm);
+		ms = (now_ns() - t0) / 1000000;
+		if (!ret)
+			sleep_us(100);
+	} while (!ret && ms < POLL_TIMEOUT_MS);
+	if (ret != -FABEP_ERR_PEER_LOST || ms > 5000) {
+		fprintf(stderr, "fabep_progress gave %d (%s) after %lld ms\n", ret,
+			fabep_strerror(ret), (long long)ms);
+		return 1;
+	}
+	/* the communicator is told it cannot go on; aborting it frees it */
+	EXPECT(fabep_barrier(comm), -FABEP_ERR_PEER_LOST);
+	fabep_comm_abort(comm);
+	return 0;
+}
+
+static void run_poll_lost(const char *prov)
+{
+	int status[2];
+
+	fep_test_need_provider(prov);
+	fep_test_use_provider(prov);
+	setenv("FABEP_LOG", "error", 1);
+	ck_assert_msg(fep_test_run_ranks_status(2, 60, poll_lost_rank, NULL,
+						status) == 0 &&
+		      status[0] == 0 && status[1] == 128 + SIGKILL,
+		      "%s: statuses %d, %d: %s", prov, status[0], status[1],
+		      fep_test_rank_said(0));
+}
+
+START_TEST(poll_lost_shm) { run_poll_lost("shm"); } END_TEST
+START_TEST(poll_lost_tcp) { run_poll_lost("tcp"); } END_TEST
 
 static void run_args(const char *prov)
 {
@@ -1731,8 +1787,7 @@ START_TEST(refused_config)
 	};
 	size_t i;
 
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	setenv("FABEP_LOG", "error", 1);
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -2100,8 +2155,7 @@ static int abi_rank(int rank, int size, void *arg)
 
 START_TEST(abi_shm)
 {
-	if (!fep_test_have_provider("shm"))
-		return;
+	fep_test_need_provider("shm");
 	fep_test_use_provider("shm");
 	setenv("FABEP_LOG", "error", 1);
 	fep_test_ranks_ok(2, 60, abi_rank, NULL);
@@ -2180,6 +2234,8 @@ static Suite *suite(void)
 	ADD(tc, args_tcp);
 	ADD(tc, abi_shm);
 	ADD(tc, destroy_late);
+	ADD(tc, poll_lost_shm);
+	ADD(tc, poll_lost_tcp);
 	ADD(tc, handles_with_comm);
 	ADD(tc, refused_config);
 	ADD(tc, last_error);

@@ -163,6 +163,23 @@ wait $srv && fail "pingpong: a server with other options exited 0"
 grep -q 'the peer was started with other options' "$tmp.srv.err" ||
 	fail "pingpong: a server with other options not told so"
 [ $(($(date +%s) - t0)) -lt 30 ] || fail "pingpong: other options found late"
+# a client killed while the server polls for its writes (-o write: no
+# fabep_wait, only fabep_progress): the server names the loss at once
+port=$((port + 1))
+$to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -o write -S 64 \
+	-I 100000000 -w 1 >"$tmp.srv" 2>"$tmp.srv.err" &
+srv=$!
+# (no timeout wrapper: $! is the client itself, which is killed)
+FABEP_TIMEOUT_MS=60000 "$pp" -P $port -p tcp -o write -S 64 \
+	-I 100000000 -w 1 127.0.0.1 >/dev/null 2>&1 &
+cli=$!
+sleep 3
+kill -9 $cli 2>/dev/null
+t0=$(date +%s)
+wait $srv && fail "pingpong -o write: a server whose client was killed exited 0"
+[ $(($(date +%s) - t0)) -lt 20 ] || fail "pingpong -o write: a killed client found late"
+grep -q 'fabep_progress: a peer rank was lost' "$tmp.srv.err" ||
+	fail "pingpong -o write: a killed client not named as lost"
 port=$((port + 1))
 expect 1 env FABEP_TIMEOUT_MS=1000 "$pp" -P $((port + 1)) -S 64 -I 5 127.0.0.1 &&
 	grep -q "rendezvous root 127.0.0.1:$((port + 1)) never answered" "$tmp.err" ||

@@ -1613,5 +1613,14 @@ FEP_EXPORT int fabep_progress(fabep_comm_t *comm)
 		return -EINVAL;
 	}
 	ret = fep_comm_usable(comm, "fabep_progress");
-	return ret ? ret : fep_fabric_progress_all(comm->fab);
+	if (!ret)
+		ret = fep_fabric_progress_all(comm->fab);
+	/* a caller polling memory for a peer that has gone would otherwise
+	 * poll until its own timeout: the waits' liveness check, at most
+	 * every FEP_ALIVE_EVERY_MS, after what arrived was progressed */
+	if (!ret)
+		ret = fep_fabric_alive_due(comm->fab);
+	if (ret == -FABEP_ERR_PEER_LOST)
+		(void)fep_fabric_progress_all(comm->fab);
+	return ret;
 }

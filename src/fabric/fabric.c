@@ -1303,6 +1303,20 @@ static int clock_check(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
 	return fab->alive(fab->alive_ctx, report);
 }
 
+int fep_fabric_alive_due(fep_fabric_t *fab)
+{
+	const uint64_t every = (uint64_t)FEP_ALIVE_EVERY_MS * 1000000ull;
+	uint64_t now;
+
+	if (!fab->alive)
+		return 0;
+	now = fep_now_ns();
+	if (now < fab->alive_next)
+		return 0;
+	fab->alive_next = now + every;
+	return fab->alive(fab->alive_ctx, true);
+}
+
 int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms)
 {
 	return clock_check(fab, deadline, timeout_ms, true);

@@ -289,6 +289,9 @@ int fep_fabric_clock(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms);
  * signal).  Safe beside the threads of fep_fabric_progress_mine. */
 int fep_fabric_clock_ctr(fep_fabric_t *fab, uint64_t *deadline, int timeout_ms,
 			 uint64_t off, uint64_t target);
+/* The liveness check when one is due (FEP_ALIVE_EVERY_MS since the
+ * last): its error, else 0.  For a caller that polls memory itself. */
+int fep_fabric_alive_due(fep_fabric_t *fab);
 /* Read both CQs once.  Returns 0 or the first error seen. */
 int fep_fabric_progress(fep_fabric_t *fab);
 /* The same on every channel, one after the other. */
