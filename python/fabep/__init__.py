@@ -16,7 +16,9 @@ Tensors go in and out without copies: torch CPU tensors (bfloat16,
 float32, uint8 FP8 codes with fp32 scales) and numpy arrays (float32,
 uint16 holding bf16 bits, uint8).  Library-owned outputs (the receive
 view's arrays, the send buffer, heap blocks) view the library's memory
-and are valid until the next call on the handle that made them.
+and are valid until the next call on the handle that made them (heap
+blocks: until the communicator is closed); close() and abort() unmap
+that memory, and an array used after them reads unmapped memory.
 
 Every foreign call releases the GIL (ctypes.CDLL), so waits on the
 fabric let other Python threads run.  A communicator and its handles are
@@ -72,7 +74,10 @@ def providers(name=None, max_count=32):
     dicts of what each grants."""
     import ctypes
     from . import _lib
-    from .errors import raise_for
+    from .errors import invalid, raise_for
+    if not isinstance(max_count, int) or max_count < 1:
+        raise invalid("max_count=%r: expected a whole number, at least 1"
+                      % (max_count,))
     descs = (_lib.ProviderDesc * max_count)()
     descs[0].size = ctypes.sizeof(_lib.ProviderDesc)  # the stride
     count = ctypes.c_int()

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """Collectives: allreduce, allreduce + RMSNorm (+ FP8)."""
 import ctypes
+import operator
 
 from . import _lib
 from . import _tensor
@@ -9,6 +10,21 @@ from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
+
+
+def _check_shape(max_rows, max_cols, dtype):
+    """A handle's sizes and dtype, before any C call (ctypes would wrap
+    a negative size around)."""
+    if dtype not in _DT:
+        raise invalid("dtype=%r: expected bf16 or fp32" % (dtype,))
+    for k, v in (("max_rows", max_rows), ("max_cols", max_cols)):
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise invalid("%s=%r: expected a whole number" % (k, v)) \
+                from None
+        if v < 1:
+            raise invalid("%s=%d: expected at least 1" % (k, v))
 
 
 def _real(name, v):
@@ -41,11 +57,21 @@ class AllReduce(Handle):
 
     def __init__(self, comm, max_rows, max_cols, dtype="bf16"):
         self._h = None
-        if dtype not in _DT:
-            raise invalid("dtype=%r: expected bf16 or fp32"
-                          % (dtype,))
         self.comm, self.dtype = comm, dtype
         self._guard = comm._guard
+        try:
+            _check_shape(max_rows, max_cols, dtype)
+        except InvalidArgumentError as e:
+            # the C create with a dtype it refuses fails on every rank,
+            # so none waits for this one; this rank raises the reason
+            h = ctypes.c_void_p()
+            with self._guard.held("AllReduce"):
+                ret = lib.fabep_allreduce_create(comm._handle(), 1, 1, -1,
+                                                 ctypes.byref(h))
+            if ret == 0:  # cannot happen
+                lib.fabep_allreduce_destroy(h)
+            logged()
+            raise e
         self.max_rows, self.max_cols = max_rows, max_cols
         self._last = (1, max_cols)   # the last call's rows and cols
         h = ctypes.c_void_p()
@@ -62,6 +88,7 @@ class AllReduce(Handle):
     def heap_bytes(nranks, max_rows, max_cols, dtype="bf16"):
         """Symmetric-heap bytes one handle takes (add it to Comm's
         heap_size)."""
+        _check_shape(max_rows, max_cols, dtype)
         return lib.fabep_allreduce_heap_bytes(max_rows, max_cols, _DT[dtype],
                                               nranks)
 

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """The communicator: bootstrap, the symmetric heap, one-sided puts."""
 import ctypes
+import operator
 import os
 import sys
 import weakref
 
 from . import _lib
 from . import _tensor
-from .errors import FabepError, Guard, Handle, invalid, raise_for, serial
+from .errors import FabepError, Guard, Handle, InvalidArgumentError, \
+    invalid, logged, raise_for, serial
 
 lib = _lib.lib
 
@@ -16,6 +18,20 @@ def _call(ret, what):
     if ret < 0:
         raise_for(ret, what)
     return ret
+
+
+def _uint(v, name):
+    """v as a whole number >= 0 for a C integer argument: a float, a
+    negative value (which ctypes would wrap around) or anything else is
+    refused before the call."""
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise invalid("%s: expected a whole number, got %r" % (name, v)) \
+            from None
+    if v < 0:
+        raise invalid("%s: %d is negative" % (name, v))
+    return v
 
 
 def _signal_code(signal):
@@ -106,8 +122,10 @@ class HeapBlock:
     """A block of the symmetric heap: the same offset on every rank.
 
     ``offset`` names it in put/put_signal/wait; ``numpy(dtype)`` and
-    ``torch(dtype)`` view this rank's copy without copying (valid as long
-    as the communicator lives).
+    ``torch(dtype)`` view this rank's copy without copying.  The views
+    are valid until the communicator is closed or aborted: close()
+    unmaps the heap, and a view used after it reads unmapped memory (the
+    view does not keep the heap mapped).
     """
 
     def __init__(self, comm, offset, nbytes):
@@ -131,13 +149,16 @@ class HeapBlock:
         return self._view("torch", dtype)
 
     def _view(self, kind, dtype):
+        if dtype not in _tensor.ITEMSIZE:
+            raise invalid("dtype=%r: expected one of %s" % (
+                dtype, ", ".join(_tensor.ITEMSIZE)))
         n = self.nbytes // _tensor.ITEMSIZE[dtype]
         addr = lib.fabep_heap_ptr(self.comm._handle(), self.offset)
         return _tensor.view(kind, addr, (n,), dtype, self.comm)
 
 
-def _off(x):
-    return x.offset if isinstance(x, HeapBlock) else int(x)
+def _off(x, name="offset"):
+    return x.offset if isinstance(x, HeapBlock) else _uint(x, name)
 
 
 # Set once an exception reached sys.excepthook: the interpreter then ends,
@@ -177,7 +198,10 @@ class Comm(Handle):
     Keyword arguments set fabep_comm_attr_t (None or 0 = environment or
     default): provider ("shm", "tcp", ...), domain, signal ("ordered",
     "fence", "delivery", "cqdata", "cma"), timeout_ms, heap_size (bytes; size it
-    with MoE.heap_bytes and AllReduce.heap_bytes), threads, numa_node.
+    with MoE.heap_bytes and AllReduce.heap_bytes), threads, numa_node
+    (None or -1 = environment or default; 0 is node 0).  A value refused
+    here is refused by the C call on every rank too, so no rank waits for
+    this one: this rank raises the reason, the others the error's class.
 
     close() (or leaving a ``with`` block) destroys it; it is collective
     as long as every rank is alive.  A communicator is used by one thread
@@ -209,21 +233,39 @@ class Comm(Handle):
             a.allgather = self._cb
             a.rank = rank
             a.nranks = size
-        self._provider = provider.encode() if provider else None
-        self._domain = domain.encode() if domain else None
-        a.provider = self._provider
-        a.domain = self._domain
-        a.signal = _signal_code(signal)
-        if timeout_ms:
-            a.timeout_ms = timeout_ms
-        if heap_size:
-            a.heap_size = heap_size
-        if threads:
-            a.threads = threads
-        if numa_node != -1:
-            a.numa_node = numa_node
+        bad = None
+        try:
+            if allgather is None and (rank is not None or size is not None):
+                raise invalid("Comm: rank and size go with allgather; "
+                              "without it the environment names the ranks")
+            for k, v in (("provider", provider), ("domain", domain)):
+                if v is not None and not isinstance(v, str):
+                    raise invalid("%s=%r: expected a name" % (k, v))
+            self._provider = provider.encode() if provider else None
+            self._domain = domain.encode() if domain else None
+            a.provider = self._provider
+            a.domain = self._domain
+            a.signal = _signal_code(signal)
+            if timeout_ms:
+                a.timeout_ms = _uint(timeout_ms, "timeout_ms")
+            if heap_size:
+                a.heap_size = _uint(heap_size, "heap_size")
+            if threads:
+                a.threads = _uint(threads, "threads")
+            if numa_node is not None and numa_node != -1:
+                a.numa_node = _uint(numa_node, "numa_node")
+        except (InvalidArgumentError, OverflowError) as e:
+            # a strategy the C call refuses: it fails on every rank
+            bad, a.signal = e, -1
         h = ctypes.c_void_p()
         ret = lib.fabep_comm_create(ctypes.byref(a), ctypes.byref(h))
+        if bad is not None:
+            if ret == 0:  # cannot happen: C refuses signal -1
+                lib.fabep_comm_abort(h)
+            logged()  # the C call's own messages: bad says why
+            if isinstance(bad, OverflowError):
+                raise invalid("Comm: %s" % bad) from None
+            raise bad
         if ret < 0:
             err = self._cb_error if self._cb is not None else None
             try:
@@ -447,8 +489,9 @@ class Comm(Handle):
         makes the same allocations in the same order.  align: a power of
         two up to 4096 (0 = 64).  Returns a HeapBlock."""
         off = ctypes.c_uint64()
-        _call(lib.fabep_heap_alloc(self._handle(), nbytes, align,
-                                   ctypes.byref(off)),
+        h = self._handle()
+        nbytes, align = _uint(nbytes, "nbytes"), _uint(align, "align")
+        _call(lib.fabep_heap_alloc(h, nbytes, align, ctypes.byref(off)),
               "fabep_heap_alloc")
         return HeapBlock(self, off.value, nbytes)
 
@@ -457,7 +500,9 @@ class Comm(Handle):
         """Write nbytes from this rank's heap offset `src` to offset `dst`
         on `peer` (offsets or HeapBlocks).  Returns once posted; call
         flush() before reusing the source."""
-        ret = lib.fabep_put(self._handle(), peer, _off(dst), _off(src), nbytes)
+        ret = lib.fabep_put(self._handle(), _uint(peer, "peer"),
+                            _off(dst, "dst"), _off(src, "src"),
+                            _uint(nbytes, "nbytes"))
         if ret:
             raise_for(ret, "fabep_put")
 
@@ -466,8 +511,10 @@ class Comm(Handle):
         """put(), then add `add` to the uint64 counter at heap offset
         `sig` on `peer`: when the peer sees the counter move, the data is
         there.  nbytes may be 0 (signal only)."""
-        ret = lib.fabep_put_signal(self._handle(), peer, _off(dst), _off(src),
-                                   nbytes, _off(sig), add)
+        ret = lib.fabep_put_signal(self._handle(), _uint(peer, "peer"),
+                                   _off(dst, "dst"), _off(src, "src"),
+                                   _uint(nbytes, "nbytes"), _off(sig, "sig"),
+                                   _uint(add, "add"))
         if ret:
             raise_for(ret, "fabep_put_signal")
 
@@ -478,7 +525,9 @@ class Comm(Handle):
         Returns once posted; the bytes are at dst after flush().  Order it
         after the peer's writes of those bytes (wait for a counter the
         peer signals); off shm the peer's progress serves it."""
-        ret = lib.fabep_get(self._handle(), peer, _off(dst), _off(src), nbytes)
+        ret = lib.fabep_get(self._handle(), _uint(peer, "peer"),
+                            _off(dst, "dst"), _off(src, "src"),
+                            _uint(nbytes, "nbytes"))
         if ret:
             raise_for(ret, "fabep_get")
 
@@ -495,13 +544,16 @@ class Comm(Handle):
         """Wait until the local counter at heap offset `sig` reaches
         `target` (counters only grow).  The GIL is released meanwhile.
         Raises fabep.TimeoutError after the communicator's timeout."""
-        ret = lib.fabep_wait(self._handle(), _off(sig), target)
+        ret = lib.fabep_wait(self._handle(), _off(sig, "sig"),
+                             _uint(target, "target"))
         if ret:
             raise_for(ret, "fabep_wait")
 
     def counter(self, sig):
-        """The local counter at heap offset `sig` now."""
-        return lib.fabep_counter_read(self._handle(), _off(sig))
+        """The local counter at heap offset `sig` now (0 for an offset
+        that is not 8-byte aligned or outside the heap, as
+        fabep_counter_read(3))."""
+        return lib.fabep_counter_read(self._handle(), _off(sig, "sig"))
 
     @serial
     def progress(self):

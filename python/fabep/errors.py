@@ -47,7 +47,8 @@ def invalid(message):
 
 
 class RangeError(FabepError, ValueError):
-    """-ERANGE: a value out of range (an expert id outside [-1, E))."""
+    """-ERANGE or -EOVERFLOW: a value out of range (an expert id outside
+    [-1, E), sizes whose product overflows)."""
 
 
 class MessageSizeError(FabepError, ValueError):
@@ -118,6 +119,7 @@ class StaleViewError(FabepError):
 _BY_CODE = {
     errno.EINVAL: InvalidArgumentError,
     errno.ERANGE: RangeError,
+    errno.EOVERFLOW: RangeError,
     errno.EMSGSIZE: MessageSizeError,
     errno.ENOMEM: NoMemoryError,
     errno.ENOTSUP: NotSupportedError,

@@ -3,6 +3,7 @@
 import collections
 import ctypes
 import errno
+import operator
 
 from . import _lib
 from . import _tensor
@@ -132,8 +133,10 @@ class RecvView:
             return _tensor.view(k, r.x, (self._slots(), m.hidden), m._row_dt,
                                 m, row_stride=r.row_stride or None)
         if name == "scales":
-            if not r.scales:
+            if not self.scales_per_row:
                 return None
+            if not r.scales:  # no rows here: an empty array all the same
+                return _tensor.view(k, 0, (0, self.scales_per_row), "fp32", m)
             return _tensor.view(k, r.scales, (self._slots(),
                                               self.scales_per_row), "fp32", m,
                                 row_stride=4 * (r.scale_stride or
@@ -195,9 +198,15 @@ class MoE(Handle):
         self._h = None
         self.comm = comm
         self._guard = comm._guard
-        cfg = self._config(num_experts, top_k, hidden, max_tokens, token_type,
-                           input_type, fp8_block, combine_type, buffer_sets,
-                           zero_copy)
+        try:
+            if output not in (None, "torch", "numpy"):
+                raise invalid("output=%r: expected 'torch' or 'numpy'"
+                              % (output,))
+            cfg = self._config(num_experts, top_k, hidden, max_tokens,
+                               token_type, input_type, fp8_block,
+                               combine_type, buffer_sets, zero_copy)
+        except (InvalidArgumentError, TypeError, OverflowError) as e:
+            self._refuse_create(comm, e)
         self.num_experts, self.top_k = num_experts, top_k
         self.hidden, self.max_tokens = hidden, max_tokens
         self.token_type, self.combine_type = token_type, combine_type
@@ -233,6 +242,14 @@ class MoE(Handle):
                 buffer_sets=0, zero_copy=False):
         cfg = _lib.MoeConfig()
         lib.fabep_moe_config_init(ctypes.byref(cfg))
+        for k, v in (("num_experts", num_experts), ("top_k", top_k),
+                     ("hidden", hidden), ("max_tokens", max_tokens),
+                     ("fp8_block", fp8_block), ("buffer_sets", buffer_sets)):
+            try:
+                operator.index(v)
+            except TypeError:
+                raise invalid("%s=%r: expected a whole number" % (k, v)) \
+                    from None
         cfg.num_experts, cfg.top_k = num_experts, top_k
         cfg.hidden, cfg.max_tokens = hidden, max_tokens
         cfg.token_type = _type(token_type, "token_type", _TYPES)
@@ -246,6 +263,24 @@ class MoE(Handle):
         cfg.flags = _lib.MOE_ZERO_COPY if zero_copy else 0
         return cfg
 
+    def _refuse_create(self, comm, err):
+        """Pass a configuration refused here to every rank: the C create
+        with a token type it refuses fails with -EINVAL on every rank, so
+        none waits for this one; this rank raises err (its reason)."""
+        cfg = _lib.MoeConfig()
+        lib.fabep_moe_config_init(ctypes.byref(cfg))
+        cfg.token_type = -1
+        h = ctypes.c_void_p()
+        with self._guard.held("MoE"):
+            ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
+                                       ctypes.byref(h))
+        if ret == 0:  # cannot happen: C refuses token_type -1
+            lib.fabep_moe_destroy(h)
+        logged()  # the C call's own messages: err says why
+        if isinstance(err, OverflowError):
+            raise invalid("MoE: %s" % err) from None
+        raise err
+
     @staticmethod
     def heap_bytes(nranks, num_experts, top_k, hidden, max_tokens, **kw):
         """Symmetric-heap bytes a handle of this configuration takes on
@@ -257,8 +292,9 @@ class MoE(Handle):
 
     @serial
     def close(self):
-        """Free the handle (not collective).  Views of it must not be
-        used afterwards."""
+        """Free the handle (not collective).  Views of it (the receive
+        view's arrays, the send buffer) must not be used afterwards: the
+        memory they show is freed."""
         if self._h is None:
             return
         self._h = None
@@ -298,9 +334,18 @@ class MoE(Handle):
                     raise invalid("scales: fp8_prequant needs "
                                   "the scales")
             else:
+                # rows apart only as the send buffer's scales are (C
+                # takes their stride from there, not from the input)
+                sb = self._sendbuf
+                strided = sb is not None and sb[2] and \
+                    _tensor.kind_of(scales) is not None and \
+                    _ptr(scales) == sb[2]
                 sa = _tensor.check(scales, "scales", ("fp32",),
                                    (n, self.scales_per_row),
-                                   rows_strided=self._sendbuf is not None)
+                                   rows_strided=strided)
+                if strided and sa.ld not in (sb[3], self.scales_per_row):
+                    raise invalid("scales: the send buffer's rows are "
+                                  "%d floats apart" % sb[3])
         elif scales is not None:
             raise invalid("scales: only fp8_prequant takes "
                           "scales")
@@ -354,6 +399,7 @@ class MoE(Handle):
             self._refuse_dispatch(e)
         xp, sp, ip, wp = args
         self._gen += 1
+        self._sendbuf = None  # valid for one call (send_buffer)
         ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp,
                                      ctypes.byref(self._recv))
         if ret:
@@ -430,7 +476,7 @@ class MoE(Handle):
             s = _tensor.view(kind, sp.value, (self.max_tokens,
                                               self.scales_per_row), "fp32",
                              self, row_stride=4 * sstride.value)
-        self._sendbuf = (xp.value, stride.value)
+        self._sendbuf = (xp.value, stride.value, sp.value, sstride.value)
         return x, s
 
     # -- combine --------------------------------------------------------------

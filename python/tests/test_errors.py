@@ -412,3 +412,159 @@ def test_error_classes():
     assert error_class(-10008) is fabep.BusyError
     e = fabep.FabepError(-errno.ETIMEDOUT)
     assert e.code == -errno.ETIMEDOUT and "timed out" in str(e)
+
+
+def _create_refused_body(me, nranks, what):
+    """A constructor argument refused in Python on rank 1 only: every
+    rank raises at once (the C create fails on every rank), none waits
+    for the timeout, and the communicator still works."""
+    import time
+    import fabep
+    bad = me == 1
+    if what == "comm":
+        t0 = time.monotonic()
+        try:
+            fabep.Comm(signal="ordred" if bad else None)
+        except fabep.FabepError as e:
+            err = e
+        else:
+            raise AssertionError("Comm was created")
+        dt = time.monotonic() - t0
+        assert dt < 10, dt
+        if bad:
+            assert isinstance(err, fabep.InvalidArgumentError), err
+            assert "ordred" in str(err)
+        return type(err).__name__
+    comm = fabep.Comm(heap_size=64 << 20)
+    t0 = time.monotonic()
+    try:
+        if what == "moe":
+            fabep.MoE(comm, E, K, H, MAXT,
+                      token_type="bogus" if bad else "bf16")
+        elif what == "moe_size":
+            fabep.MoE(comm, E, K, "32" if bad else H, MAXT)
+        elif what == "moe_output":
+            fabep.MoE(comm, E, K, H, MAXT,
+                      output="tensorflow" if bad else None)
+        else:
+            fabep.AllReduce(comm, 4, H, dtype="fp16" if bad else "bf16")
+    except fabep.FabepError as e:
+        err = e
+    else:
+        raise AssertionError("%s was created" % what)
+    dt = time.monotonic() - t0
+    assert dt < 10, dt
+    if bad:
+        assert isinstance(err, fabep.InvalidArgumentError), err
+    comm.barrier()
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    x, ids, w = tokens(me, 3, H, E, K, 5)
+    moe.dispatch(x.bfloat16(), ids, w)
+    moe.close()
+    comm.close()
+    return type(err).__name__
+
+
+@pytest.mark.parametrize("what", ["comm", "moe", "moe_size", "moe_output",
+                                  "allreduce"])
+def test_create_refused_on_one_rank(what):
+    res = ranks.run(2, _create_refused_body, what,
+                    env={"FABEP_TIMEOUT_MS": "30000"})
+    assert res[1] == "InvalidArgumentError"
+    assert res[0] in ("InvalidArgumentError", "PeerError"), res
+
+
+def _sendbuf_body(me, nranks):
+    """The send buffer is good for one call, through dispatch() as
+    through dispatch_send(); a strided scales is taken only as the send
+    buffer's own."""
+    import fabep
+    comm = fabep.Comm(heap_size=64 << 20)
+    h = 48  # rows of the send buffer are padded beyond it
+    moe = fabep.MoE(comm, E, K, h, MAXT)
+    x, ids, w = tokens(me, 4, h, E, K, 3)
+    sb, _ = moe.send_buffer()
+    sb[:4] = x.bfloat16()
+    v = moe.dispatch(sb[:4], ids, w)
+    want = v.x.clone()
+    y = moe.combine(v.x.clone())
+    # the same view again: stale (its rows apart), refused
+    with pytest.raises(fabep.InvalidArgumentError, match="contiguous"):
+        moe.dispatch(sb[:4], ids, w)
+    v = moe.dispatch(x.bfloat16(), ids, w)
+    assert torch.equal(v.x, want)
+    moe.combine(v.x.clone())
+    assert y.shape == (4, h)
+    moe.close()
+
+    q = fabep.MoE(comm, E, K, 32, MAXT, token_type="fp8_prequant")
+    codes = torch.randint(0, 0x70, (4, 32), dtype=torch.uint8)
+    wide = torch.arange(1, 9, dtype=torch.float32).reshape(4, 2)
+    q.send_buffer()
+    with pytest.raises(fabep.InvalidArgumentError, match="contiguous"):
+        q.dispatch(codes, ids, w, scales=wide[:, :1])
+    v = q.dispatch(codes, ids, w, scales=wide[:, :1].contiguous())
+    got = v.scales.flatten().tolist()
+    assert set(got) <= {1.0, 3.0, 5.0, 7.0}, got
+    q.combine(torch.zeros(v.rows, 32, dtype=torch.bfloat16))
+    q.close()
+    comm.close()
+    return True
+
+
+def test_send_buffer_for_one_call():
+    assert ranks.run(1, _sendbuf_body) == [True]
+
+
+def _scales_empty_body(me, nranks):
+    """An FP8 receive view of no rows still has scales, of 0 rows."""
+    import fabep
+    comm = fabep.Comm(heap_size=64 << 20)
+    moe = fabep.MoE(comm, 4, 1, 32, 4, token_type="fp8", fp8_block=16)
+    x = torch.randn(2, 32)
+    # every token to expert 0, which rank 0 holds: rank 1 gets no rows
+    ids = torch.zeros(2, 1, dtype=torch.int32)
+    v = moe.dispatch(x.bfloat16(), ids)
+    rows, shape = v.rows, tuple(v.scales.shape)
+    moe.combine(torch.zeros(v.rows, 32, dtype=torch.bfloat16))
+    moe.close()
+    comm.close()
+    return rows, shape
+
+
+def test_fp8_scales_with_no_rows():
+    assert ranks.run(2, _scales_empty_body) == [(4, (4, 2)), (0, (0, 2))]
+
+
+def _python_args_body(me, nranks):
+    """Arguments refused before the C call, with the package's class."""
+    import fabep
+    comm = fabep.Comm(heap_size=16 << 20, numa_node=None)
+    blk = comm.heap_alloc(64)
+    sig = comm.heap_alloc(8)
+    bad = [
+        lambda: blk.numpy("float32"),
+        lambda: blk.torch(torch.float32),
+        lambda: comm.heap_alloc(-1),
+        lambda: comm.heap_alloc(1.5),
+        lambda: comm.put(0, 1.7, blk, 8),
+        lambda: comm.put(0, blk, blk, -8),
+        lambda: comm.put_signal(-1, blk, blk, 8, sig),
+        lambda: comm.wait(sig, -1),
+        lambda: fabep.providers(max_count=0),
+        lambda: fabep.AllReduce.heap_bytes(1, 4, 32, "fp16"),
+        lambda: fabep.AllReduce.heap_bytes(1, -4, 32),
+    ]
+    for i, f in enumerate(bad):
+        with pytest.raises(fabep.InvalidArgumentError):
+            f()
+    with pytest.raises(fabep.InvalidArgumentError, match="allgather"):
+        fabep.Comm(rank=0, size=1)
+    comm.put(0, blk, blk, 8)  # still usable
+    comm.flush()
+    comm.close()
+    return True
+
+
+def test_python_side_argument_checks():
+    assert ranks.run(1, _python_args_body) == [True]
