@@ -68,6 +68,18 @@ def _bad(msg):
     return invalid(msg)
 
 
+def _shape_ok(shp, shape, ndim):
+    """shp matches shape (None: any size there), or has ndim dimensions."""
+    if shape is None:
+        return ndim is None or len(shp) == ndim
+    if len(shp) != len(shape):
+        return False
+    for g, w in zip(shp, shape):
+        if w is not None and g != w:
+            return False
+    return True
+
+
 def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
           written=False):
     """Check input `a` and return an Arg.
@@ -79,11 +91,21 @@ def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
     read-only numpy array is refused).  Raises InvalidArgumentError.
     """
     if _TENSOR is not None and isinstance(a, _TENSOR):
-        kind = "torch"
+        # the common case on every call's path, in few attribute reads:
+        # a CPU tensor of an expected dtype and shape, contiguous
         if not a.is_cpu:
             raise _bad("%s: tensor on device %s; fabep works on CPU tensors"
                        % (name, a.device))
         dt = _TORCH_NAME.get(a.dtype)
+        shp = a.shape
+        if dt in dtypes and a.is_contiguous() and (
+                shp == shape if shape is not None and None not in shape
+                else _shape_ok(shp, shape, ndim)):
+            r = Arg()
+            r.ptr, r.shape, r.ld, r.kind, r.dtype = \
+                a.data_ptr(), shp, shp[-1] if shp else 1, "torch", dt
+            return r
+        kind = "torch"
         contiguous = a.is_contiguous()
         ptr = a.data_ptr()
     else:
@@ -103,12 +125,7 @@ def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
             name, a.dtype, " or ".join(_want(d, kind) for d in dtypes)))
     shp = a.shape  # torch.Size is a tuple
     if shape is not None:
-        ok = len(shp) == len(shape)
-        if ok:
-            for g, w in zip(shp, shape):
-                if w is not None and g != w:
-                    ok = False
-        if not ok:
+        if not _shape_ok(shp, shape, None):
             raise _bad("%s: shape %s, expected %s" % (name, tuple(shp),
                                                       _fmt(shape)))
     elif ndim is not None and len(shp) != ndim:

@@ -195,12 +195,14 @@ def serial(method):
 
     @functools.wraps(method)
     def call(self, *args, **kw):
-        g = self._guard
-        g.enter(what)
+        # Guard.enter and leave, inlined: this runs on every call
+        lock = self._guard._lock
+        if not lock.acquire(False):
+            self._guard.enter(what)  # raises InUseError
         try:
             return method(self, *args, **kw)
         finally:
-            g.leave()
+            lock.release()
     return call
 
 
