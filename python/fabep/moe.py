@@ -305,6 +305,9 @@ class MoE(Handle):
     # -- input checks ---------------------------------------------------------
     def _check_dispatch(self, x, topk_ids, topk_weights, scales):
         if topk_ids is None:
+            if not hasattr(self, "_last_n"):
+                raise invalid("topk_ids: None reuses the previous "
+                              "dispatch's routing, and there was none")
             n = self._prev_n
         else:
             ids = _tensor.check(topk_ids, "topk_ids", ("i32",),

@@ -560,6 +560,10 @@ def _python_args_body(me, nranks):
             f()
     with pytest.raises(fabep.InvalidArgumentError, match="allgather"):
         fabep.Comm(rank=0, size=1)
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    with pytest.raises(fabep.InvalidArgumentError, match="there was none"):
+        moe.combine_backward(torch.zeros(2, H, dtype=torch.bfloat16))
+    moe.close()
     comm.put(0, blk, blk, 8)  # still usable
     comm.flush()
     comm.close()
