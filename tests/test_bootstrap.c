@@ -96,6 +96,27 @@ static void env_expect_einval(const char *needle)
 		      needle);
 }
 
+/* A refused local pair: the world's rank, size and root stay readable
+ * (the rank meets the others to tell them), local_status says why. */
+static void env_expect_local_refused(const char *needle, int rank, int size)
+{
+	struct fep_boot_env env;
+	struct capture cap;
+	const char *log;
+	int ret;
+
+	capture_begin(&cap);
+	ret = fep_boot_env_read(&env);
+	log = capture_end(&cap);
+	ck_assert_int_eq(ret, 0);
+	ck_assert_int_eq(env.local_status, -EINVAL);
+	ck_assert_int_eq(env.rank, rank);
+	ck_assert_int_eq(env.size, size);
+	ck_assert_int_eq(env.local_rank, -1);
+	ck_assert_msg(strstr(log, needle), "log \"%s\" does not name %s", log,
+		      needle);
+}
+
 /* ---- environment ---- */
 
 START_TEST(test_env_fabep)
@@ -250,10 +271,12 @@ START_TEST(test_env_bad)
 	setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
 	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2", 1);
 	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
-	env_expect_einval("OMPI_COMM_WORLD_LOCAL_RANK");
+	env_expect_local_refused("OMPI_COMM_WORLD_LOCAL_RANK", 3, 4);
 	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
 	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8", 1);
-	env_expect_einval("OMPI_COMM_WORLD_LOCAL_SIZE");
+	env_expect_local_refused("OMPI_COMM_WORLD_LOCAL_SIZE", 3, 4);
+	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "x", 1);
+	env_expect_local_refused("OMPI_COMM_WORLD_LOCAL_SIZE", 3, 4);
 	env_clear();
 	setenv("PMI_RANK", "2", 1);
 	setenv("PMI_SIZE", "2", 1);
@@ -1199,7 +1222,8 @@ static void mid_result_once(void)
 }
 
 /* Two processes claim rank 1 of 3: one is refused (-EINVAL), rank 2 never
- * comes, and everyone fails within the timeout. */
+ * comes, and everyone fails within the timeout, the root with the
+ * refusal's code. */
 static int rank_duplicate(int rank, int size, void *arg)
 {
 	fep_boot_t *b = NULL;
@@ -1218,11 +1242,15 @@ static int rank_duplicate(int rank, int size, void *arg)
 	FAIL_IF(b, "bootstrap created");
 	if (rank == 0) {
 		log = capture_end(&cap);
-		FAIL_IF(ret != -ETIMEDOUT, "root got %d", ret);
+		/* the refusal's code, not a plain timeout: the missing
+		 * rank was most likely the one refused */
+		FAIL_IF(ret != -EINVAL, "root got %d", ret);
 		FAIL_IF(!strstr(log, "rank 1 has already connected"),
 			"duplicate not reported");
-		FAIL_IF(!strstr(log, "rank 2 never connected"),
-			"missing rank not named");
+		FAIL_IF(!strstr(log, "rank 2 never connected within 1500 ms "
+				"(1 of 2 arrived); refused meanwhile: rank 1 has "
+				"already connected"),
+			"missing rank and refusal not named together");
 		return 0;
 	}
 	/* Exit status tells the parent who got what. */
@@ -1236,9 +1264,64 @@ START_TEST(test_tcp_duplicate)
 	ck_assert_int_eq(fep_test_run_ranks_status(3, 15, rank_duplicate, NULL,
 						   status), 0);
 	ck_assert_int_eq(status[0], 0);
-	ck_assert_msg((status[1] == 10 && status[2] == 20) ||
-		      (status[1] == 20 && status[2] == 10),
+	/* the refused one -EINVAL; the accepted one the root's code
+	 * (-EINVAL, the refusal's), or its own timeout where that came
+	 * first */
+	ck_assert_msg((status[1] == 10 && (status[2] == 10 || status[2] == 20)) ||
+		      (status[2] == 10 && (status[1] == 10 || status[1] == 20)),
 		      "statuses %d %d", status[1], status[2]);
+}
+END_TEST
+
+/* Rank 1 says the world has 3 ranks, the root 2: rank 1 is refused
+ * at once with -FABEP_ERR_MISMATCH, and the root, whose rank 1 never
+ * arrives, fails at its timeout with the same code and the reason. */
+static int rank_size_mismatch(int rank, int size, void *arg)
+{
+	fep_boot_t *b = NULL;
+	struct capture cap;
+	const char *log;
+	int ret, port = root_port_from_env();
+	uint64_t t0 = fep_now_ns(), ms;
+
+	(void)arg;
+	fep_log_set_rank(rank);
+	if (rank == 0)
+		capture_begin(&cap);
+	ret = fep_boot_tcp_create(rank, rank ? size + 1 : size, "127.0.0.1",
+				  port, 1500, &b);
+	ms = (fep_now_ns() - t0) / 1000000;
+	FAIL_IF(b, "bootstrap created");
+	FAIL_IF(ret != -FABEP_ERR_MISMATCH, "rank %d got %d", rank, ret);
+	if (rank == 1) {
+		FAIL_IF(ms > 1000, "rank 1 told after %llu ms", (unsigned long long)ms);
+		return 0;
+	}
+	log = capture_end(&cap);
+	FAIL_IF(ms > 1500 + 500, "took %llu ms", (unsigned long long)ms);
+	FAIL_IF(!strstr(log, "refused meanwhile: rank 1 says the world has 3 "
+			"ranks, but the root's world has 2"),
+		"the refusal is not in the timeout's message");
+	return 0;
+}
+
+START_TEST(test_tcp_size_mismatch)
+{
+	fep_test_ranks_ok(2, 15, rank_size_mismatch, NULL);
+}
+END_TEST
+
+/* More ranks than the bound: refused before anything is allocated. */
+START_TEST(test_tcp_too_many_ranks)
+{
+	fep_boot_t *b = NULL;
+
+	ck_assert_int_eq(fep_boot_tcp_create(1, FEP_BOOT_MAX_RANKS + 1, "127.0.0.1",
+					     1, 1000, &b), -EINVAL);
+	ck_assert_ptr_null(b);
+	ck_assert_int_eq(fep_boot_tcp_create(0, INT_MAX, "127.0.0.1", 1, 1000, &b),
+			 -EINVAL);
+	ck_assert_ptr_null(b);
 }
 END_TEST
 
@@ -1389,6 +1472,8 @@ static Suite *bootstrap_suite(void)
 	tcase_add_test(tc, test_tcp_watch_bye);
 	tcase_add_test(tc, test_tcp_intruders);
 	tcase_add_test(tc, test_tcp_duplicate);
+	tcase_add_test(tc, test_tcp_size_mismatch);
+	tcase_add_test(tc, test_tcp_too_many_ranks);
 	tcase_add_test(tc, test_tcp_wave);
 	tcase_add_test(tc, test_tcp_failed_no_bye);
 	tcase_add_test(tc, test_tcp_error_mid_result);

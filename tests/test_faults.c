@@ -1783,6 +1783,7 @@ START_TEST(refused_config)
 		{ "FABEP_CHANNELS", "0" },
 		{ "FABEP_QUEUE_WARMUP", "sometimes" },
 		{ "FABEP_HEAP_SIZE", "12q" },
+		{ "FABEP_LOCAL_RANK", "5" },  /* without FABEP_LOCAL_SIZE */
 		{ NULL, NULL },
 	};
 	size_t i;
@@ -1792,6 +1793,68 @@ START_TEST(refused_config)
 	setenv("FABEP_LOG", "error", 1);
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		fep_test_ranks_ok(3, 60, refuse_rank, (void *)&cases[i]);
+}
+END_TEST
+
+/* A rank whose FABEP_SIGNAL is refused before FABEP_TIMEOUT_MS is read,
+ * and whose root never comes: it still gives up at FABEP_TIMEOUT_MS
+ * (1 s here), not at the default 30 s. */
+static int refuse_alone_rank(int rank, int size, void *arg)
+{
+	char root[32];
+	fabep_comm_t *comm = NULL;
+	int64_t t0, ms;
+	int ret;
+
+	(void)rank;
+	(void)size;
+	(void)arg;
+	snprintf(root, sizeof(root), "127.0.0.1:%d", fep_test_free_port());
+	setenv("FABEP_ROOT", root, 1);
+	setenv("FABEP_RANK", "1", 1);
+	setenv("FABEP_WORLD_SIZE", "2", 1);
+	setenv("FABEP_TIMEOUT_MS", "1000", 1);
+	setenv("FABEP_SIGNAL", "bogus", 1);
+	t0 = now_ns();
+	ret = fabep_comm_create(NULL, &comm);
+	ms = (now_ns() - t0) / 1000000;
+	if (ret != -EINVAL || ms > 1000 + SLACK_MS) {
+		fprintf(stderr, "create gave %d (%s) after %lld ms\n", ret,
+			fabep_strerror(ret), (long long)ms);
+		return 1;
+	}
+	return 0;
+}
+
+START_TEST(refused_alone)
+{
+	fep_test_ranks_ok(1, 60, refuse_alone_rank, NULL);
+}
+END_TEST
+
+/* Heap sizes that map to the same pages are the same configuration. */
+static int heap_round_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+
+	(void)size;
+	(void)arg;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.heap_size = rank ? 69632 : 65537;
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_heap_size(comm), 69632);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+START_TEST(heap_rounded)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	fep_test_ranks_ok(2, 60, heap_round_rank, NULL);
 }
 END_TEST
 
@@ -2238,6 +2301,8 @@ static Suite *suite(void)
 	ADD(tc, poll_lost_tcp);
 	ADD(tc, handles_with_comm);
 	ADD(tc, refused_config);
+	ADD(tc, refused_alone);
+	ADD(tc, heap_rounded);
 	ADD(tc, last_error);
 	suite_add_tcase(s, tc);
 	return s;

@@ -13,6 +13,11 @@
 
 typedef struct fep_boot fep_boot_t;
 
+/* The most ranks a world may have: far beyond expert parallelism's
+ * hundreds, and a bound on what a mistyped world size makes the root
+ * allocate and wait for. */
+#define FEP_BOOT_MAX_RANKS (1 << 20)
+
 struct fep_boot {
 	int rank;
 	int size;
@@ -64,6 +69,9 @@ struct fep_boot_env {
 	char root_host[256];
 	int root_port;     /* 0 if FABEP_ROOT unset */
 	const char *source; /* "FABEP", "OMPI", "PMI", "SLURM" or NULL */
+	int local_status;  /* 0, or -EINVAL: the local pair is refused (logged);
+			    * rank, size and root are still good, so the
+			    * rank can meet the others to tell them */
 };
 
 /*

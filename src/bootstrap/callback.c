@@ -107,9 +107,10 @@ int fep_boot_callback_create(int rank, int size, fabep_allgather_fn fn,
 		fep_err("bootstrap: NULL allgather function");
 		return -EINVAL;
 	}
-	if (size < 1 || rank < 0 || rank >= size) {
+	if (size < 1 || size > FEP_BOOT_MAX_RANKS || rank < 0 || rank >= size) {
 		fep_err("bootstrap: rank %d of a world of %d ranks is not "
-			"valid (need 0 <= rank < size)", rank, size);
+			"valid (need 0 <= rank < size <= %d)", rank, size,
+			FEP_BOOT_MAX_RANKS);
 		return -EINVAL;
 	}
 	c = calloc(1, sizeof(*c));

@@ -51,10 +51,10 @@ static int boot_env_pair(const char *iname, const char *nname, int *idx,
 	long i = -1, n = -1;
 	int ri, rn;
 
-	rn = nname ? fep_env_long(nname, 1, INT_MAX, &n) : 0;
+	rn = nname ? fep_env_long(nname, 1, FEP_BOOT_MAX_RANKS, &n) : 0;
 	if (rn < 0)
 		return rn;
-	ri = iname ? fep_env_long(iname, 0, INT_MAX - 1, &i) : 0;
+	ri = iname ? fep_env_long(iname, 0, FEP_BOOT_MAX_RANKS - 1, &i) : 0;
 	if (ri < 0)
 		return ri;
 	if (!ri && !rn)
@@ -108,18 +108,19 @@ int fep_boot_env_read(struct fep_boot_env *out)
 			return ret;
 		ret = boot_env_pair(src->local_rank, src->local_size,
 				    &env.local_rank, &env.local_size);
-		if (ret < 0)
-			return ret;
-		if (env.local_size > env.size) {
+		if (ret < 0) {
+			env.local_status = ret;
+		} else if (env.local_size > env.size) {
 			fep_err("%s=%d is larger than %s=%d", src->local_size,
 				env.local_size, src->size, env.size);
-			return -EINVAL;
-		}
-		if (env.local_rank >= env.size) {
+			env.local_status = -EINVAL;
+		} else if (env.local_rank >= env.size) {
 			fep_err("%s=%d is not below %s=%d", src->local_rank,
 				env.local_rank, src->size, env.size);
-			return -EINVAL;
+			env.local_status = -EINVAL;
 		}
+		if (env.local_status)
+			env.local_rank = env.local_size = -1;
 		env.source = src->source;
 	}
 

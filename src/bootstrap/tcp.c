@@ -83,6 +83,10 @@ struct boot_tcp {
 	int *fds;         /* root: fds[r] for r >= 1; others: fds[0] = root */
 	uint8_t *gone;    /* per fds[] entry: said goodbye, or reported lost */
 	uint8_t *midsend; /* per fds[] entry: a message partly sent on it */
+	/* root: the last hello of this job's protocol it refused (a world
+	 * size or rank that does not fit), for the timeout's message */
+	int refused_code;
+	char refused[BOOT_MAX_TEXT];
 };
 
 static const char *boot_type_name(unsigned type)
@@ -879,6 +883,21 @@ static void boot_reject(struct boot_tcp *t, struct boot_pending *p, int code,
 	sock_close(&p->fd);
 }
 
+/* Refuse a hello of this protocol that does not fit this world, and
+ * keep why: a rank refused so never arrives, and the rendezvous's
+ * timeout then names the refusal (its code) instead of a plain
+ * absence.  A stranger's hello does not end the rendezvous at once:
+ * the ranks it was meant for may still come. */
+static void boot_refuse(struct boot_tcp *t, struct boot_pending *p, int code,
+			const char *text)
+{
+	fep_err("bootstrap root %s:%d: connection from %s refused: %s",
+		t->host, t->port, p->name, text);
+	t->refused_code = code;
+	snprintf(t->refused, sizeof(t->refused), "%s", text);
+	boot_reject(t, p, code, text);
+}
+
 /* A pending connection has sent its header: accept it as a rank or refuse
  * it.  Either way it leaves the pending list. */
 static void boot_hello(struct boot_tcp *t, struct boot_pending *p)
@@ -911,26 +930,20 @@ static void boot_hello(struct boot_tcp *t, struct boot_pending *p)
 		snprintf(text, sizeof(text), "rank %d says the world has %d "
 			 "ranks, but the root's world has %d (check "
 			 "FABEP_WORLD_SIZE)", (int)h.rank, (int)h.size, size);
-		fep_err("bootstrap root %s:%d: connection from %s refused: %s",
-			t->host, t->port, p->name, text);
-		boot_reject(t, p, -FABEP_ERR_MISMATCH, text);
+		boot_refuse(t, p, -FABEP_ERR_MISMATCH, text);
 		return;
 	}
 	if (h.rank < 1 || h.rank >= size) {
 		snprintf(text, sizeof(text), "rank %d is not in 1..%d",
 			 (int)h.rank, size - 1);
-		fep_err("bootstrap root %s:%d: connection from %s refused: %s",
-			t->host, t->port, p->name, text);
-		boot_reject(t, p, -EINVAL, text);
+		boot_refuse(t, p, -EINVAL, text);
 		return;
 	}
 	if (t->fds[h.rank] >= 0) {
 		snprintf(text, sizeof(text), "rank %d has already connected "
 			 "(two processes were given the same rank)",
 			 (int)h.rank);
-		fep_err("bootstrap root %s:%d: connection from %s refused: %s",
-			t->host, t->port, p->name, text);
-		boot_reject(t, p, -EINVAL, text);
+		boot_refuse(t, p, -EINVAL, text);
 		return;
 	}
 	fep_dbg("bootstrap root: rank %d connected from %s", (int)h.rank,
@@ -1021,12 +1034,13 @@ static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 		if (!ms_left(deadline)) {
 			snprintf(detail, sizeof(detail), "rendezvous root "
 				 "%s:%d: rank%s %s never connected within %d "
-				 "ms (%d of %d arrived)", t->host, t->port,
+				 "ms (%d of %d arrived)%s%s", t->host, t->port,
 				 missing > 1 ? "s" : "", list,
 				 t->base.timeout_ms, size - 1 - missing,
-				 size - 1);
+				 size - 1, t->refused_code ? "; refused "
+				 "meanwhile: " : "", t->refused);
 			fep_err("bootstrap %s", detail);
-			ret = -ETIMEDOUT;
+			ret = t->refused_code ? t->refused_code : -ETIMEDOUT;
 			goto err;
 		}
 		pfd[0].fd = lfd;
@@ -1372,9 +1386,10 @@ int fep_boot_tcp_create(int rank, int size, const char *root_host,
 		fep_err("bootstrap: NULL output handle");
 		return -EINVAL;
 	}
-	if (size < 1 || rank < 0 || rank >= size) {
+	if (size < 1 || size > FEP_BOOT_MAX_RANKS || rank < 0 || rank >= size) {
 		fep_err("bootstrap: rank %d of a world of %d ranks is not "
-			"valid (need 0 <= rank < size)", rank, size);
+			"valid (need 0 <= rank < size <= %d)", rank, size,
+			FEP_BOOT_MAX_RANKS);
 		return -EINVAL;
 	}
 	if (timeout_ms <= 0) {

@@ -339,8 +339,12 @@ static int fep_comm_boot(const fabep_comm_attr_t *a, fabep_comm_t *comm)
 			env.size);
 		return -EINVAL;
 	}
-	return fep_boot_tcp_create(env.rank, env.size, env.root_host,
-				   env.root_port, a->timeout_ms, &comm->boot);
+	ret = fep_boot_tcp_create(env.rank, env.size, env.root_host,
+				  env.root_port, a->timeout_ms, &comm->boot);
+	/* a refused local pair: booted all the same, so that the caller
+	 * tells the others (fep_comm_tell_refusal) instead of leaving them
+	 * to wait for this rank until their timeout */
+	return ret ? ret : env.local_status;
 }
 
 static int fep_comm_pick_numa(fabep_comm_t *comm, const fabep_comm_attr_t *a)
@@ -1045,7 +1049,8 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	snprintf(hello.provider, sizeof(hello.provider), "%s", a->provider ? a->provider : "");
 	snprintf(hello.domain, sizeof(hello.domain), "%s", a->domain ? a->domain : "");
 	hello.signal = a->signal;
-	hello.heap_size = a->heap_size;
+	/* as the heap is mapped: whole pages */
+	hello.heap_size = FEP_ALIGN_UP(a->heap_size, FEP_HEAP_PAGE);
 	hello.pid = (int32_t)getpid();
 	hello.channels = channels;
 	hello.pidns = fep_pidns();
@@ -1240,26 +1245,43 @@ static int fep_comm_warm_up(fabep_comm_t *comm)
  * their creation fails at once with -FABEP_ERR_PEER naming this rank
  * instead of at their timeout.  Nothing is kept.
  */
+/* This rank refuses the creation (status): its hello, the first
+ * exchange of every rank, says so, and the others fail at once with
+ * -FABEP_ERR_PEER.  Frees the bootstrap. */
+static void fep_comm_tell_refusal(fabep_comm_t *comm, int status)
+{
+	struct fep_hello hello, *hellos;
+
+	memset(&hello, 0, sizeof(hello));
+	hello.status = status;
+	hellos = calloc((size_t)comm->boot->size, sizeof(*hellos));
+	if (hellos)
+		(void)fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
+	free(hellos);
+	fep_boot_destroy(comm->boot);
+	comm->boot = NULL;
+}
+
 static void fep_comm_refuse(const fabep_comm_attr_t *a, int status)
 {
 	fabep_comm_attr_t b = *a;
 	fabep_comm_t *comm = calloc(1, sizeof(*comm));
-	struct fep_hello hello, *hellos = NULL;
 
 	if (!comm)
 		return;
-	if (b.timeout_ms <= 0)
+	/* the refusal may have come before FABEP_TIMEOUT_MS was read (a
+	 * bad attribute, FABEP_SIGNAL): the rendezvous keeps to it all the
+	 * same, as the peers do */
+	if (b.timeout_ms <= 0 || b.timeout_ms > FEP_TIMEOUT_MAX_MS) {
+		long v;
+
 		b.timeout_ms = FEP_DEFAULT_TIMEOUT_MS;
-	if (fep_comm_boot(&b, comm) == 0) {
-		memset(&hello, 0, sizeof(hello));
-		hello.status = status;
-		hellos = calloc((size_t)comm->boot->size, sizeof(*hellos));
-		if (hellos)
-			(void)fep_boot_allgather(comm->boot, &hello, hellos,
-						 sizeof(hello));
-		free(hellos);
-		fep_boot_destroy(comm->boot);
+		if (fep_env_long("FABEP_TIMEOUT_MS", 1, FEP_TIMEOUT_MAX_MS, &v) > 0)
+			b.timeout_ms = (int)v;
 	}
+	(void)fep_comm_boot(&b, comm);
+	if (comm->boot)  /* booted, the local pair perhaps refused too */
+		fep_comm_tell_refusal(comm, status);
 	free(comm);
 }
 
@@ -1309,8 +1331,11 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 	comm->timeout_ms = a.timeout_ms;
 	comm->queue_warm = queue_warm;
 	ret = fep_comm_boot(&a, comm);
-	if (ret)
+	if (ret) {
+		if (comm->boot)
+			fep_comm_tell_refusal(comm, ret);
 		goto err_free;
+	}
 	comm->rank = comm->boot->rank;
 	comm->size = comm->boot->size;
 	fep_log_set_rank(comm->rank);

@@ -226,6 +226,8 @@ typedef struct fep_fabric {
 } fep_fabric_t;
 
 #define FEP_ALIVE_EVERY_MS 50
+/* The heap is mapped in whole pages of this size (fep_heap_create). */
+#define FEP_HEAP_PAGE ((size_t)4096)
 /* A failed transfer waits at most this long for the liveness check to
  * name the rank that is gone (fep_fabric_name_lost). */
 #define FEP_LOST_GRACE_MS 500

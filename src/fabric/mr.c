@@ -88,11 +88,10 @@ static void *heap_map(size_t size)
 
 int fep_heap_create(fep_fabric_t *fab, size_t size, int numa_node)
 {
-	size_t page = 4096;
 	void *p;
 	int ret;
 
-	size = FEP_ALIGN_UP(size, page);
+	size = FEP_ALIGN_UP(size, FEP_HEAP_PAGE);
 	p = heap_map(size);
 	if (!p) {
 		fep_err("cannot map a heap of %zu bytes: %s", size, strerror(errno));
