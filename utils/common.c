@@ -585,13 +585,21 @@ uint64_t tool_timeout_ns(void)
 	long ms = 30000;
 
 	if (s && *s) {
+		const char *p;
 		char *end;
-		long v = strtol(s, &end, 10);
+		long v;
 
-		/* what the library accepts (1 ms to 24 h); a larger value
-		 * would wrap the product below (found by
-		 * fuzz/fuzz_tool_opts.c) */
-		if (!*end && v > 0 && v <= 86400000)
+		/* what the library accepts, as it reads it (spaces around,
+		 * decimal or 0x hex; 1 ms to 24 h): a larger value would
+		 * wrap the product below (found by fuzz/fuzz_tool_opts.c) */
+		while (*s == ' ' || *s == '\t')
+			s++;
+		p = *s == '+' ? s + 1 : s;
+		errno = 0;
+		v = strtol(s, &end, p[0] == '0' && (p[1] == 'x' || p[1] == 'X') ? 16 : 10);
+		while (*end == ' ' || *end == '\t' || *end == '\n')
+			end++;
+		if (!errno && end != s && !*end && v > 0 && v <= 86400000)
 			ms = v;
 	}
 	return (uint64_t)ms * 1000000ull;
