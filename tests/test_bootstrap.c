@@ -1311,6 +1311,29 @@ START_TEST(test_tcp_size_mismatch)
 }
 END_TEST
 
+/* A root name that does not resolve: tried again until the timeout
+ * (it may come later), then -ETIMEDOUT naming the name's error. */
+START_TEST(test_tcp_root_unresolved)
+{
+	fep_boot_t *b = NULL;
+	struct capture cap;
+	const char *log;
+	uint64_t t0 = fep_now_ns(), ms;
+	int ret;
+
+	capture_begin(&cap);
+	ret = fep_boot_tcp_create(1, 2, "fabep-test.invalid", 29999, 1000, &b);
+	log = capture_end(&cap);
+	ms = (fep_now_ns() - t0) / 1000000;
+	ck_assert_int_eq(ret, -ETIMEDOUT);
+	ck_assert_ptr_null(b);
+	ck_assert_msg(ms >= 900, "gave up after %llu ms", (unsigned long long)ms);
+	ck_assert_msg(strstr(log, "\"fabep-test.invalid\" does not resolve") ||
+		      strstr(log, "never answered within 1000 ms"),
+		      "log: %s", log);
+}
+END_TEST
+
 /* More ranks than the bound: refused before anything is allocated. */
 START_TEST(test_tcp_too_many_ranks)
 {
@@ -1474,6 +1497,7 @@ static Suite *bootstrap_suite(void)
 	tcase_add_test(tc, test_tcp_duplicate);
 	tcase_add_test(tc, test_tcp_size_mismatch);
 	tcase_add_test(tc, test_tcp_too_many_ranks);
+	tcase_add_test(tc, test_tcp_root_unresolved);
 	tcase_add_test(tc, test_tcp_wave);
 	tcase_add_test(tc, test_tcp_failed_no_bye);
 	tcase_add_test(tc, test_tcp_error_mid_result);

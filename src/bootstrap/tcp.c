@@ -1252,6 +1252,7 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 	uint8_t hello[BOOT_HDR_LEN];
 	struct boot_xfer x;
 	int fd = -1, ret, err = ECONNREFUSED, delay_ms = 5, failed;
+	int gai_said = 0;  /* the name's resolution error, while it lasts */
 
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_family = AF_UNSPEC;
@@ -1262,7 +1263,21 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 	while (fd < 0) {
 		if (!res) {
 			ret = getaddrinfo(t->host, portstr, &hints, &res);
-			if (ret == EAI_AGAIN) {
+			if (ret == EAI_AGAIN || ret == EAI_NONAME
+#ifdef EAI_NODATA
+			    || ret == EAI_NODATA
+#endif
+			    ) {
+				/* a name that does not resolve yet, as a
+				 * job's root whose DNS record comes with it
+				 * (a Kubernetes headless service): retried
+				 * until the timeout, as a refused connect */
+				if (ret != EAI_AGAIN && !gai_said)
+					fep_warn("bootstrap: rendezvous host \"%s\" "
+						 "does not resolve (%s); trying "
+						 "again until the timeout", t->host,
+						 gai_strerror(ret));
+				gai_said = ret;
 				res = NULL;
 				err = EAGAIN;
 			} else if (ret) {
@@ -1270,6 +1285,8 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 					"host \"%s\": %s", t->host,
 					gai_strerror(ret));
 				return -EINVAL;
+			} else {
+				gai_said = 0;
 			}
 		}
 		/* every address the name has: one this host cannot reach
@@ -1301,7 +1318,7 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 			fep_err("bootstrap: rendezvous root %s:%d never "
 				"answered within %d ms (last error: %s)",
 				t->host, t->port, t->base.timeout_ms,
-				strerror(err));
+				gai_said ? gai_strerror(gai_said) : strerror(err));
 			if (res)
 				freeaddrinfo(res);
 			return -ETIMEDOUT;
