@@ -6,7 +6,7 @@ import operator
 from . import _lib
 from . import _tensor
 from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
-    serial
+    reraise_refused, serial
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
@@ -70,8 +70,7 @@ class AllReduce(Handle):
                                                  ctypes.byref(h))
             if ret == 0:  # cannot happen
                 lib.fabep_allreduce_destroy(h)
-            logged()
-            raise e
+            reraise_refused("AllReduce", e)
         self.max_rows, self.max_cols = max_rows, max_cols
         self._last = (1, max_cols)   # the last call's rows and cols
         h = ctypes.c_void_p()

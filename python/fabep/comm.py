@@ -9,7 +9,7 @@ import weakref
 from . import _lib
 from . import _tensor
 from .errors import FabepError, Guard, Handle, InvalidArgumentError, \
-    invalid, logged, raise_for, serial
+    invalid, raise_for, reraise_refused, serial
 
 lib = _lib.lib
 
@@ -262,10 +262,7 @@ class Comm(Handle):
         if bad is not None:
             if ret == 0:  # cannot happen: C refuses signal -1
                 lib.fabep_comm_abort(h)
-            logged()  # the C call's own messages: bad says why
-            if isinstance(bad, OverflowError):
-                raise invalid("Comm: %s" % bad) from None
-            raise bad
+            reraise_refused("Comm", bad)
         if ret < 0:
             err = self._cb_error if self._cb is not None else None
             try:

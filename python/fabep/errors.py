@@ -145,6 +145,17 @@ def logged():
     return _lib.lib.fabep_last_error().decode(errors="replace")
 
 
+def reraise_refused(what, err):
+    """Raise err, an argument refused in Python, once the C call that
+    passes the refusal to every rank has failed: that call's messages
+    are dropped (err says why), and ctypes' OverflowError becomes
+    InvalidArgumentError."""
+    logged()
+    if isinstance(err, OverflowError):
+        raise invalid("%s: %s" % (what, err)) from None
+    raise err
+
+
 def raise_for(code, what):
     """Raise the exception for C code `code` from call `what`, with the
     messages the library logged on this thread for the failure."""

@@ -8,7 +8,7 @@ import operator
 from . import _lib
 from . import _tensor
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
-    raise_for, logged, serial
+    raise_for, reraise_refused, logged, serial
 
 lib = _lib.lib
 
@@ -276,10 +276,7 @@ class MoE(Handle):
                                        ctypes.byref(h))
         if ret == 0:  # cannot happen: C refuses token_type -1
             lib.fabep_moe_destroy(h)
-        logged()  # the C call's own messages: err says why
-        if isinstance(err, OverflowError):
-            raise invalid("MoE: %s" % err) from None
-        raise err
+        reraise_refused("MoE", err)
 
     @staticmethod
     def heap_bytes(nranks, num_experts, top_k, hidden, max_tokens, **kw):
