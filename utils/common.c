@@ -842,6 +842,15 @@ static void forked_restore(const struct sigaction *old)
 		sigaction(forked_sigs[i], &old[i], NULL);
 }
 
+/* A rank killed outright, reaped, and its shm regions removed (it
+ * cannot remove them itself). */
+static void kill_reap(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	fabep_shm_cleanup(pid);
+}
+
 /* The ranks still running get sig, then after 2 s SIGKILL; each is
  * reaped and its shm regions removed. */
 static void forked_end(const pid_t *pids, int *done, int n, int sig)
@@ -866,9 +875,7 @@ static void forked_end(const pid_t *pids, int *done, int n, int sig)
 	}
 	for (int r = 0; r < n; r++)
 		if (!done[r]) {
-			kill(pids[r], SIGKILL);
-			waitpid(pids[r], NULL, 0);
-			fabep_shm_cleanup(pids[r]);
+			kill_reap(pids[r]);
 			done[r] = 1;
 		}
 }
@@ -909,11 +916,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 		if (pid < 0) {
 			fprintf(stderr, "%s: fork: %s\n", tool_name, strerror(errno));
 			for (int q = 0; q < r; q++)
-				kill(pids[q], SIGKILL);
-			for (int q = 0; q < r; q++) {
-				waitpid(pids[q], NULL, 0);
-				fabep_shm_cleanup(pids[q]);
-			}
+				kill_reap(pids[q]);
 			forked_restore(old_sa);
 			free(pids);
 			free(done);
@@ -988,9 +991,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			for (int r = 0; r < n; r++) {
 				if (done[r])
 					continue;
-				kill(pids[r], SIGKILL);
-				waitpid(pids[r], NULL, 0);
-				fabep_shm_cleanup(pids[r]);
+				kill_reap(pids[r]);
 				done[r] = 1;
 				left--;
 				if (now > deadline)
