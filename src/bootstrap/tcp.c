@@ -44,6 +44,11 @@
 #define BOOT_HDR_LEN 32
 #define BOOT_MAX_TEXT 256
 #define BOOT_MAX_PENDING 64 /* strangers the root keeps beside the ranks */
+/* A connected rank waits this much past its timeout for the root's
+ * verdict, which comes at the root's own timeout and says why (who is
+ * missing, whose hello was refused): without it, ranks that started
+ * with the root would time out at the same moment and say only that. */
+#define BOOT_VERDICT_GRACE_MS 500
 
 enum boot_msg_type {
 	BOOT_MSG_HELLO = 1,   /* rank -> root: who I am */
@@ -1343,7 +1348,8 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 	memset(&x, 0, sizeof(x));
 	x.fd = fd;
 	x.peer = 0;
-	ret = xfer_run(t, &x, 1, welcome_check, NULL, deadline, "rendezvous",
+	ret = xfer_run(t, &x, 1, welcome_check, NULL,
+		       deadline + BOOT_VERDICT_GRACE_MS * 1000000ull, "rendezvous",
 		       &failed);
 	if (ret == -ETIMEDOUT) {
 		fep_err("bootstrap: connected to the rendezvous root %s:%d, "
