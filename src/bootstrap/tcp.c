@@ -1037,13 +1037,19 @@ static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 		if (!missing)
 			break;
 		if (!ms_left(deadline)) {
-			snprintf(detail, sizeof(detail), "rendezvous root "
-				 "%s:%d: rank%s %s never connected within %d "
-				 "ms (%d of %d arrived)%s%s", t->host, t->port,
-				 missing > 1 ? "s" : "", list,
-				 t->base.timeout_ms, size - 1 - missing,
-				 size - 1, t->refused_code ? "; refused "
-				 "meanwhile: " : "", t->refused);
+			int len = snprintf(detail, sizeof(detail), "rendezvous "
+					   "root %s:%d: rank%s %s never connected "
+					   "within %d ms (%d of %d arrived)",
+					   t->host, t->port, missing > 1 ? "s" : "",
+					   list, t->base.timeout_ms,
+					   size - 1 - missing, size - 1);
+
+			/* the refusal, as far as it fits (a message cut
+			 * short beats none) */
+			if (t->refused_code && len > 0 && (size_t)len < sizeof(detail) &&
+			    snprintf(detail + len, sizeof(detail) - (size_t)len,
+				     "; refused meanwhile: %s", t->refused) < 0)
+				detail[len] = '\0';
 			fep_err("bootstrap %s", detail);
 			ret = t->refused_code ? t->refused_code : -ETIMEDOUT;
 			goto err;
