@@ -352,10 +352,11 @@ FABEP_API int fabep_comm_channels(const fabep_comm_t *comm);
  *
  * Every call below that takes a handle is collective: every rank makes
  * the same sequence of calls.  Bad input on any rank (NULL buffers, more
- * tokens than max_tokens, an expert id outside [-1, E)) is caught before a
- * byte is sent; the rank still completes the exchange with an error flag,
- * and every rank returns the same code (the one of the lowest failing
- * rank, logged with its rank).  A send half (dispatch_send, combine_send)
+ * tokens than max_tokens, an expert id outside [-1, E), a routed slot's
+ * weight that is not finite) is caught before a byte is sent; the rank
+ * still completes the exchange with an error flag, and every rank returns
+ * the same code (the one of the lowest failing rank, logged with its
+ * rank).  A send half (dispatch_send, combine_send)
  * that refuses its input completes the exchange itself before it returns
  * the code: that rank owes no receive half, the other ranks' receive
  * halves return the code, and every handle is ready for the next call.  A
@@ -386,7 +387,7 @@ typedef struct fabep_moe_config {
 	int top_k;         /* 1 .. FABEP_MOE_MAX_TOPK, at most num_experts */
 	size_t hidden;     /* values per token row, 1 .. 2^24 */
 	int max_tokens;    /* most tokens any rank passes to one dispatch,
-			      1 .. 2^24 */
+			      1 .. 2^24, times the ranks below about 2^30 */
 	fabep_moe_type_t token_type;   /* what travels: FP32, BF16, FP8, FP8_PREQUANT */
 	fabep_moe_type_t input_type;   /* FP8: the caller's rows, FP32 or BF16 */
 	int fp8_block;     /* FP8: 0 = one scale per token, else a multiple of 16 */

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -987,6 +988,28 @@ static int bad_round(const struct params *p, fabep_moe_t *moe, int rank,
  * backward (topk_ids NULL and a different n), after which the next
  * round's checks run as always.
  */
+/* Shared by the ranks of a refuse case (run maps it before they fork):
+ * the refused send halves bad_rank has returned from. */
+static volatile uint32_t *refuse_mark;
+
+/* A refused send half waits for the peers' send halves only, never for
+ * their receive halves (a caller computes between the halves): the
+ * other ranks enter theirs only once bad_rank's has returned, or fail
+ * after 20 s. */
+static int refuse_await(int rank, uint32_t step, const char *what)
+{
+	int i;
+
+	for (i = 0; i < 20000; i++) {
+		if (__atomic_load_n(refuse_mark, __ATOMIC_ACQUIRE) >= step)
+			return 0;
+		usleep(1000);
+	}
+	fprintf(stderr, "rank %d: the refused %s did not return before the "
+		"peers' receive halves\n", rank, what);
+	return 1;
+}
+
 static int refuse_round(const struct params *p, fabep_moe_t *moe, int rank,
 			int size, int round)
 {
@@ -1009,9 +1032,12 @@ static int refuse_round(const struct params *p, fabep_moe_t *moe, int rank,
 		bad_ids[n * (size_t)p->topk - 1] = p->experts;
 		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, n, bad_ids, me->w),
 		     -ERANGE, "refused dispatch_send");
+		__atomic_store_n(refuse_mark, 1, __ATOMIC_RELEASE);
 	} else {
 		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, me->n, me->ids, me->w),
 		     0, "dispatch_send beside a refused one");
+		if (refuse_await(rank, 1, "dispatch_send"))
+			goto out;
 		WANT(fabep_moe_dispatch_recv(moe, &rv), -ERANGE,
 		     "dispatch_recv of a call refused on another rank");
 	}
@@ -1028,9 +1054,12 @@ static int refuse_round(const struct params *p, fabep_moe_t *moe, int rank,
 		WANT(fabep_moe_combine_send(moe, rv.rows ? NULL : y, H,
 					    rv.rows ? 0 : 0x80u),
 		     -EINVAL, "refused combine_send");
+		__atomic_store_n(refuse_mark, 2, __ATOMIC_RELEASE);
 	} else {
 		WANT(fabep_moe_combine_send(moe, y, H, 0), 0,
 		     "combine_send beside a refused one");
+		if (refuse_await(rank, 2, "combine_send"))
+			goto out;
 		WANT(fabep_moe_combine_recv(moe, out, H, NULL, NULL), -EINVAL,
 		     "combine_recv of a call refused on another rank");
 	}
@@ -1039,6 +1068,38 @@ static int refuse_round(const struct params *p, fabep_moe_t *moe, int rank,
 	WANT(fabep_moe_combine_recv(moe, out, H, NULL, NULL), 0, "combine_recv again");
 	if (check_out(p, rank, size, me, out, 1))
 		goto out;
+	/* 4b. a dispatch refused on bad_rank for a NaN weight of a routed
+	 * slot (one token, a zero row) */
+	if (bad) {
+		int32_t ids1[FABEP_MOE_MAX_TOPK];
+		float w1[FABEP_MOE_MAX_TOPK];
+		void *x1 = calloc(H, 8);
+		int j, got;
+
+		for (j = 0; j < p->topk; j++) {
+			ids1[j] = j;
+			w1[j] = j ? 1.0f : NAN;
+		}
+		got = fabep_moe_dispatch_send(moe, x1, NULL, 1, ids1, w1);
+		free(x1);
+		WANT(got, -EINVAL, "dispatch_send with a NaN weight");
+	} else {
+		WANT(fabep_moe_dispatch_send(moe, me->x, me->xs, me->n, me->ids, me->w),
+		     0, "dispatch_send beside a NaN weight");
+		WANT(fabep_moe_dispatch_recv(moe, &rv), -EINVAL,
+		     "dispatch_recv of a call with a NaN weight on another rank");
+	}
+	/* 4c. a combine whose weighting differs on bad_rank: every rank
+	 * fails with -FABEP_ERR_MISMATCH, and its dispatch is gone */
+	WANT(fabep_moe_dispatch(moe, me->x, me->xs, me->n, me->ids, me->w, &rv), 0,
+	     "dispatch before a mismatched combine");
+	free(y);
+	y = experts(p, &rv);
+	WANT(fabep_moe_combine(moe, y, H, bad ? FABEP_MOE_UNWEIGHTED : 0, out, H,
+			       NULL, NULL), -FABEP_ERR_MISMATCH,
+	     "combine with FABEP_MOE_UNWEIGHTED on one rank");
+	WANT(fabep_moe_combine(moe, y, H, 0, out, H, NULL, NULL), -EINVAL,
+	     "combine after the mismatched one");
 	/* 5. a backward refused on bad_rank (its n differs from the previous
 	 * call's); the next round follows */
 	if (bad) {
@@ -1330,6 +1391,15 @@ static void run(const char *prov, int size, struct params *p)
 
 	fep_test_need_provider(prov);
 	fep_test_use_provider(prov);
+	if (p->refuse && !refuse_mark) {
+		void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+		ck_assert_msg(m != MAP_FAILED, "mmap: %s", strerror(errno));
+		refuse_mark = m;
+	}
+	if (refuse_mark)
+		*refuse_mark = 0;
 	fep_test_run_ranks_status(size, 120, ep_rank, p, status);
 	if (!strcmp(prov, "sockets") && status[0] == 77)
 		fep_test_skip("sockets: fabep_comm_create timed out (known "

@@ -496,6 +496,8 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 		fep_err("%s: no received dispatch to combine", m->cfn);
 		return -EINVAL;
 	}
+	if ((ret = fep_ep_settle_owed(m, m->cfn)))
+		return ret;
 	m->tm.c_begin = fep_now_ns();
 	fep_pool_wake(comm->pool);  /* they wake while the sends drain */
 	t0 = fep_now_ns();
@@ -543,14 +545,17 @@ static int combine_send(struct fabep_moe *m, const void *y, size_t ld_y,
 	c.y = y ? y : (const void *)s;
 	c.ld_y = y ? ld_y : m->hidden;
 	c.weighted = !(flags & FABEP_MOE_UNWEIGHTED);
+	m->cunw = !c.weighted;
 	c.idle.fab = fab;
 	for (d = 0; d < m->size; d++) {
 		uint8_t *h = crun_base(m, b, d) + m->choff;
-		uint32_t fl = !status && s->crows[d] ? FEP_EP_HDR_ROWS |
-			(c.weighted ? 0 : FEP_EP_HDR_UNWEIGHTED) : 0;
+		/* UNWEIGHTED on every run, so that every rank can compare
+		 * its own with its peers' (check_weighting) */
+		uint32_t fl = status ? 0 : (s->crows[d] ? FEP_EP_HDR_ROWS : 0) |
+			(c.weighted ? 0 : FEP_EP_HDR_UNWEIGHTED);
 
 		fep_ep_hdr_write(h, s->seq, status, status ? 0 :
-				 fl ? m->cursor[d] : s->rcount[d]);
+				 (fl & FEP_EP_HDR_ROWS) ? m->cursor[d] : s->rcount[d]);
 		memcpy(h + offsetof(struct fep_ep_hdr, flags), &fl, 4);
 	}
 	m->tm.c_put = t1 - t0;
@@ -729,6 +734,28 @@ static int check_kinds(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	return 0;
 }
 
+/* Every rank asked for the same weighting (FABEP_MOE_UNWEIGHTED): a
+ * token's sum would otherwise mix the two.  Where ranks differ, every
+ * rank has a peer that differs from it, so all fail alike. */
+static int check_weighting(struct fabep_moe *m, int b)
+{
+	int r;
+
+	for (r = 0; r < m->size; r++) {
+		struct fep_ep_hdr h;
+
+		memcpy(&h, fep_heap_at(m->comm->fab, fep_ep_chdr(m, b, r)), sizeof(h));
+		if (!(h.flags & FEP_EP_HDR_UNWEIGHTED) != !m->cunw) {
+			fep_err("%s: rank %d combined %s, this rank %s: "
+				"FABEP_MOE_UNWEIGHTED must be the same on every rank",
+				m->cfn, r, m->cunw ? "weighted" : "unweighted",
+				m->cunw ? "unweighted" : "weighted");
+			return -FABEP_ERR_MISMATCH;
+		}
+	}
+	return 0;
+}
+
 static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 			fabep_moe_row_fn cb, void *cb_ctx)
 {
@@ -768,6 +795,8 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 	/* this rank's rows must have left before the caller computes (tcp) */
 	if (!ret)
 		ret = fep_ep_fab(m, fep_fabric_drain(m->comm->fab));
+	if (!ret)
+		ret = check_weighting(m, b);
 	t1 = fep_now_ns();
 	/* (a fused token's row is in out: its rows were all here, so only a
 	 * fabric failure of the drain can still fail the call) */
@@ -794,11 +823,12 @@ static int combine_recv(struct fabep_moe *m, void *out, size_t ld_out,
 			m->tm.c_sum / 1e3, (fep_now_ns() - m->tm.c_begin) / 1e3,
 			(unsigned long long)m->tm.c_bytes);
 	/* A rank refused its arguments: nothing was combined, the dispatch
-	 * stays received on every rank (the peers still hold its credit),
-	 * once every rank has read this call's headers: a retry writes
-	 * over them. */
-	if (refused && !fep_ep_settle(m, m->cfn)) {
+	 * stays received on every rank (the peers still hold its credit);
+	 * a retry writes over this call's headers, so the next send half
+	 * first settles (fep_ep_settle). */
+	if (refused && !m->unclean) {
 		s->state = FEP_EP_RECEIVED;
+		m->settle = 1;
 		return ret;
 	}
 	s->state = FEP_EP_FREE;

@@ -36,6 +36,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,7 +165,7 @@ static void pack_block(void *arg, size_t r0, size_t r1)
 
 /* Local checks of dispatch_send's input: 0 or a negative code (logged). */
 static int check_input(struct fabep_moe *m, const void *x, const float *scales,
-		       size_t n, const int32_t *ids)
+		       size_t n, const int32_t *ids, const float *w)
 {
 	size_t i, nk;
 
@@ -199,6 +200,17 @@ static int check_input(struct fabep_moe *m, const void *x, const float *scales,
 				i / (size_t)m->k, ids[i], m->cfg.num_experts);
 			return -ERANGE;
 		}
+	/* a routed slot's weight scales its expert's row in combine: a
+	 * NaN or an infinity there would spoil the token's output on its
+	 * source alone, after every rank had gone through the call */
+	if (w && ids != m->prev_ids)
+		for (i = 0; i < nk; i++)
+			if (ids[i] >= 0 && !isfinite(w[i])) {
+				fep_err("%s: token %zu: the weight of expert %d is "
+					"%g, not a finite number", m->dfn,
+					i / (size_t)m->k, ids[i], (double)w[i]);
+				return -EINVAL;
+			}
 	return 0;
 }
 
@@ -485,7 +497,7 @@ static int send_admit(struct fabep_moe *m, int *bp)
 		return -FABEP_ERR_BUSY;
 	}
 	*bp = b;
-	return 0;
+	return fep_ep_settle_owed(m, m->dfn);
 }
 
 /* The kept routing and the one set aside trade places. */
@@ -918,7 +930,7 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 		return ret;
 	t1 = fep_now_ns();
 	if (!status)
-		status = check_input(m, x, scales, n, ids);
+		status = check_input(m, x, scales, n, ids, w);
 	if (status)
 		n = 0;
 	else
@@ -951,7 +963,9 @@ static int dispatch_send(struct fabep_moe *m, const void *x, const float *scales
 	m->tm.d_put = t1 - t0;
 	m->tm.d_bytes = 0;
 	m->tm.d_wait = m->tm.d_build = m->tm.d_hwait = 0;
+	t0 = fep_now_ns();  /* the checks and the routing count as packing */
 	ret = pack_and_post(m, &c, s, n);
+	m->tm.d_pack += t0 - t1;
 	if (!ret && m->placing)
 		ret = place_send(m, &c, b, s);
 	if (ret) {
@@ -968,12 +982,14 @@ FEP_EXPORT int fabep_moe_send_buffer(fabep_moe_t *m, void **x, size_t *stride,
 				     float **scales, size_t *scale_stride)
 {
 	uint8_t *in;
-	int b;
+	int b, ret;
 
 	if (!m) {
 		fep_err("fabep_moe_send_buffer: NULL handle");
 		return -EINVAL;
 	}
+	if ((ret = fep_ep_usable(m, "fabep_moe_send_buffer")))
+		return ret;
 	if (m->cfg.token_type == FABEP_MOE_FP8) {
 		fep_err("fabep_moe_send_buffer: token_type FP8 quantizes the "
 			"caller's rows during dispatch: there is no send buffer");
@@ -1423,8 +1439,10 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 		 * whatever the other sets hold) once every rank has read its
 		 * headers and drained its records: a peer's next dispatch into
 		 * it may start as soon as that peer has agreed too. */
-		if (refused && !m->unclean && !fep_ep_settle(m, m->dfn))
+		if (refused && !m->unclean) {
 			m->dnext = b;
+			m->settle = 1;
+		}
 		/* a failure of this rank alone (host memory for the result,
 		 * the pool): the peers' calls went on, and they will wait
 		 * for this rank's combine.  A peer's broken records

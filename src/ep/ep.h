@@ -265,6 +265,10 @@ struct fabep_moe {
 	uint64_t nlanes;     /* batches of copies made in lanes (fep_ep_copy) */
 	int pending_recv;    /* a dispatch_send awaits its dispatch_recv */
 	int pending_crecv;   /* a combine_send awaits its combine_recv */
+	int cunw;            /* this combine's caller asked for
+				FABEP_MOE_UNWEIGHTED */
+	int settle;          /* a refused call owes fep_ep_settle, made by
+				the next send half before it writes */
 	int unclean;         /* a wait or a transfer failed: peers' writes may
 				still land here, so the block is never reused */
 	const char *dfn;     /* the public dispatch call under way (messages) */
@@ -450,8 +454,14 @@ int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		      int *refused);
 /* After a call that every rank refused alike: return once every rank
  * has read that call's headers, so that a peer's next call cannot write
- * over them (a barrier; its failure leaves m unclean). */
+ * over them (a barrier; its failure leaves m unclean).  Owed by a refused
+ * call (m->settle) and made by the next send half, dispatch or combine,
+ * before it writes anything: every rank gets there only after its
+ * receive half of the refused call, so the refusing rank's send half
+ * waits for nothing past the peers' send halves. */
 int fep_ep_settle(struct fabep_moe *m, const char *what);
+/* The settle a refused call owes, if any (fep_ep_settle). */
+int fep_ep_settle_owed(struct fabep_moe *m, const char *what);
 /* Wait for the counter of a phase, naming missing peers on timeout. */
 int fep_ep_wait(struct fabep_moe *m, const char *what, uint64_t ctr,
 		uint64_t target, uint64_t slots, size_t stride, uint64_t seq);

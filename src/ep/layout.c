@@ -972,6 +972,14 @@ int fep_ep_settle(struct fabep_moe *m, const char *what)
 	return ret;
 }
 
+int fep_ep_settle_owed(struct fabep_moe *m, const char *what)
+{
+	if (!m->settle)
+		return 0;
+	m->settle = 0;
+	return fep_ep_settle(m, what);
+}
+
 int fep_ep_check_hdrs(struct fabep_moe *m, const char *what, uint64_t base,
 		      size_t stride, uint64_t seq, const uint32_t *expect,
 		      int local_status, uint32_t *counts, uint64_t *signals,
