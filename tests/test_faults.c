@@ -1858,6 +1858,45 @@ START_TEST(heap_rounded)
 }
 END_TEST
 
+/* A caller's fabep_wait that times out on a counter its own protocol
+ * never signalled leaves the communicator usable on every rank: the
+ * same wait again, a put + signal round trip, a barrier and a clean
+ * destroy (the peers were not told this rank stopped). */
+static int wait_timeout_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_off_t ctr = 0, off = 0;
+
+	(void)arg;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 1000;
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_heap_alloc(comm, 8, 8, &ctr), 0);
+	EXPECT(fabep_heap_alloc(comm, 64, 64, &off), 0);
+	/* rank 1 meets rank 0 in the barrier well within its timeout */
+	if (rank == 0) {
+		EXPECT(fabep_wait(comm, ctr, 1), -ETIMEDOUT);
+		EXPECT(strstr(fabep_last_error(), "timed out") != NULL, 1);
+	} else
+		usleep(500 * 1000);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_put_signal(comm, (rank + 1) % size, off, off, 8, ctr, 1), 0);
+	EXPECT(fabep_wait(comm, ctr, 1), 0);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+START_TEST(wait_timeout)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	fep_test_ranks_ok(2, 60, wait_timeout_rank, NULL);
+}
+END_TEST
+
 /* ---- fabep_last_error: the calling thread's error messages ---- */
 
 static void *last_error_thread(void *arg)
@@ -2303,6 +2342,7 @@ static Suite *suite(void)
 	ADD(tc, refused_config);
 	ADD(tc, refused_alone);
 	ADD(tc, heap_rounded);
+	ADD(tc, wait_timeout);
 	ADD(tc, last_error);
 	suite_add_tcase(s, tc);
 	return s;

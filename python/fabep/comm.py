@@ -540,7 +540,8 @@ class Comm(Handle):
     def wait(self, sig, target):
         """Wait until the local counter at heap offset `sig` reaches
         `target` (counters only grow).  The GIL is released meanwhile.
-        Raises fabep.TimeoutError after the communicator's timeout."""
+        Raises fabep.TimeoutError after the communicator's timeout; the
+        communicator stays usable (wait again, or go on)."""
         ret = lib.fabep_wait(self._handle(), _off(sig, "sig"),
                              _uint(target, "target"))
         if ret:

@@ -520,9 +520,28 @@ int fep_comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 				  NULL, NULL);
 }
 
+static int comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
+		     uint64_t target, uint64_t slots, size_t stride,
+		     uint64_t seq, int (*work)(void *), void *work_ctx,
+		     bool fatal);
+
 int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
 		       uint64_t target, uint64_t slots, size_t stride,
 		       uint64_t seq, int (*work)(void *), void *work_ctx)
+{
+	return comm_wait(comm, what, ctr, target, slots, stride, seq, work,
+			 work_ctx, true);
+}
+
+/* A wait of the library's own protocol (fatal) fails the communicator
+ * when it times out, and tells the peers: its counters are out of step
+ * with theirs.  A caller's fabep_wait on its own counter does not: a
+ * signal the caller's protocol never sent leaves the library's state
+ * as it was, and the caller may wait again or go on. */
+static int comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
+		     uint64_t target, uint64_t slots, size_t stride,
+		     uint64_t seq, int (*work)(void *), void *work_ctx,
+		     bool fatal)
 {
 	fep_fabric_t *fab = comm->fab;
 	char names[256];
@@ -548,6 +567,13 @@ int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
 			fep_err("%s: %s", what, fabep_strerror(ret));
 		}
 		return ret ? ret : wret;
+	}
+	if (!fatal) {
+		fep_err("%s: timed out after %d ms (counter %llu of %llu)", what,
+			comm->timeout_ms,
+			(unsigned long long)fep_counter_load(fab, ctr),
+			(unsigned long long)target);
+		return -ETIMEDOUT;
 	}
 	names[0] = '\0';
 	if (slots != UINT64_MAX) {
@@ -1618,8 +1644,8 @@ FEP_EXPORT int fabep_wait(fabep_comm_t *comm, fabep_off_t sig, uint64_t target)
 		return -EINVAL;
 	}
 	ret = fep_comm_usable(comm, "fabep_wait");
-	return ret ? ret : fep_comm_wait(comm, "fabep_wait", sig, target,
-					 UINT64_MAX, 0, 0);
+	return ret ? ret : comm_wait(comm, "fabep_wait", sig, target,
+				     UINT64_MAX, 0, 0, NULL, NULL, false);
 }
 
 FEP_EXPORT uint64_t fabep_counter_read(fabep_comm_t *comm, fabep_off_t sig)
