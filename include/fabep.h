@@ -623,8 +623,9 @@ typedef enum {
 typedef struct fabep_allreduce fabep_allreduce_t;
 
 /*
- * Symmetric-heap bytes one handle takes (with FABEP_AR_ONESTAGE_MAX as the
- * environment says now); add it to fabep_comm_attr_t.heap_size.  0 when
+ * Symmetric-heap bytes one handle takes (with FABEP_AR_ONESTAGE_MAX and
+ * FABEP_AR_HALVING_MAX as the environment says now); add it to
+ * fabep_comm_attr_t.heap_size.  0 when
  * an argument is out of range.
  */
 FABEP_API size_t fabep_allreduce_heap_bytes(size_t max_rows, size_t cols,

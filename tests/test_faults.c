@@ -1499,6 +1499,20 @@ static int args_rank(int rank, int size, void *arg)
 	p.eps = NAN;
 	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
 	p.eps = 1e-6f;
+	/* parameters that are not numbers, on one rank or all */
+	p.weight_offset = rank == 1 ? NAN : 0.0f;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	p.weight_offset = INFINITY;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	p.weight_offset = 0.0f;
+	p.scale_ub = rank == 1 ? NAN : 1000.0f;
+	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, &p, (uint8_t *)out, sc),
+	       -EINVAL);
+	p.scale_ub = 1000.0f;
+	/* out is the residual on one rank */
+	p.residual = rank == 1 ? (void *)out : NULL;
+	EXPECT(fabep_allreduce_rmsnorm(ar, in, A_ROWS, A_COLS, &p, out), -EINVAL);
+	p.residual = NULL;
 	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, &p, NULL, sc), -EINVAL);
 	EXPECT(fabep_allreduce_rmsnorm_fp8(ar, in, A_ROWS, A_COLS, &p, (uint8_t *)out, NULL),
 	       -EINVAL);

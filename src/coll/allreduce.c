@@ -90,6 +90,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -801,6 +802,14 @@ static const char *fep_ar_op_name(int op)
 	}
 }
 
+/* Whether [a, a + na) and [b, b + nb) share a byte. */
+static bool fep_ar_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+
+	return na && nb && x < y + nb && y < x + na;
+}
+
 /* Check the arguments; the caller's parameters are copied into *pin by
  * their size (fabep.h, "Extensible structs"). */
 static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
@@ -833,6 +842,21 @@ static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
 		if (!(p->eps >= 0.0f) || p->eps > 1e30f) {
 			fep_err("%s: eps %g is not a finite value >= 0", name,
 				(double)p->eps);
+			return -EINVAL;
+		}
+		if (!isfinite(p->weight_offset) || isnan(p->scale_ub)) {
+			fep_err("%s: %s %g is not a number", name,
+				isnan(p->scale_ub) ? "scale_ub" : "weight_offset",
+				(double)(isnan(p->scale_ub) ? p->scale_ub :
+					 p->weight_offset));
+			return -EINVAL;
+		}
+		/* the residual receives h while out receives y: on the
+		 * two-stage path in another order than on the others */
+		if (p->residual && rows && out &&
+		    fep_ar_overlap(p->residual, rows * cols * h->lay.esize, out,
+				   rows * cols * (op == FEP_AR_NORM_FP8 ? 1 : h->lay.esize))) {
+			fep_err("%s: out overlaps the residual", name);
 			return -EINVAL;
 		}
 	}
