@@ -120,8 +120,8 @@ class AllReduce(Handle):
         faults, clamped to the handle's; else the last call's.  A
         refusal takes the path these choose, as the other ranks do from
         theirs: from 4 ranks, ranks whose sizes fall on the two sides of
-        the log-step threshold leave the handle unusable
-        (fabep_allreduce(3))."""
+        the log-step threshold cost one more exchange to put the path's
+        counters back in step (fabep_allreduce(3))."""
         shape = getattr(x, "shape", None)
         try:
             rows, cols = (int(v) for v in shape)

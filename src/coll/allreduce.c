@@ -867,19 +867,59 @@ static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
 	return 0;
 }
 
+static uint64_t fep_ar_rd_ctr(const struct fabep_allreduce *h, int par, int k);
+
 /* A verdict of a call in which some ranks took the log-step path and
- * others the two-stage one (their rows differ): the log-step counters
- * are out of step now, so the handle is unusable, on every rank. */
+ * others phase 1 (their rows, cols or operations put them on different
+ * sides of a threshold, or a rank's bad arguments did): the log-step
+ * ranks left signals behind that no wait took, and waits that no signal
+ * met.  Every rank sees the flag in the same headers, so every rank owes
+ * the same repair after the verdict (fep_ar_resync). */
 static int fep_ar_logstep_lost(struct fabep_allreduce *h, bool logstep,
-			       int ret, const char *name)
+			       int ret)
 {
-	if (!logstep)
-		return ret;
-	fep_err("%s: ranks took different paths (rows or cols differ between "
-		"ranks, across the one-stage threshold): the handle is unusable "
-		"now (destroy it)", name);
-	h->broken = ret;
+	if (logstep)
+		h->rd_resync = true;
 	return ret;
+}
+
+/* The repair fep_ar_logstep_lost asked for: once each rank's operations
+ * are complete at their targets (quiet, then an agreement) the log-step
+ * counters hold all that call will ever add, and every rank's targets
+ * start again from them, read before any rank's next call may signal (a
+ * second agreement).  Where that fails too, the handle is unusable. */
+static int fep_ar_resync(struct fabep_allreduce *h, int ret, const char *name)
+{
+	fep_fabric_t *fab = h->comm->fab;
+	int p, k, sret;
+
+	if (!h->rd_resync)
+		return ret;
+	h->rd_resync = false;
+	sret = fep_fabric_quiet(fab);
+	if (!sret)
+		sret = fep_comm_agree(h->comm, 0);
+	/* signals counted by this rank's progress (CQ data) are in its
+	 * queues now: count them */
+	if (!sret)
+		sret = fep_fabric_progress_all(fab);
+	if (!sret) {
+		for (p = 0; p < 2; p++)
+			for (k = 0; k < h->lay.rd_n; k++)
+				h->rd_expect[p][k] = fep_counter_load(fab,
+					fep_ar_rd_ctr(h, p, k));
+		/* no peer's next call may signal before every rank has
+		 * read its counters */
+		sret = fep_comm_agree(h->comm, 0);
+		if (!sret)
+			return ret;
+	}
+	fep_err("%s: ranks took different paths (rows or cols differ between "
+		"ranks, across the one-stage threshold), and putting the "
+		"log-step counters back in step failed (%s): the handle is "
+		"unusable now (destroy it)", name, fabep_strerror(sret));
+	h->broken = ret ? ret : sret;
+	return ret ? ret : sret;
 }
 
 /* The verdict after phase 1: the same on every rank. */
@@ -920,7 +960,7 @@ static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mi
 						fabep_strerror(hd->status));
 				ret = hd->status;
 			}
-			return fep_ar_logstep_lost(h, logstep, ret, name);
+			return fep_ar_logstep_lost(h, logstep, ret);
 		}
 		if (mismatch < 0 && (hd->rows != mine->rows || hd->cols != mine->cols ||
 				     hd->op != mine->op))
@@ -933,7 +973,7 @@ static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mi
 			(unsigned long long)mine->rows, (unsigned long long)mine->cols,
 			mine->op, mismatch, (unsigned long long)hd->rows,
 			(unsigned long long)hd->cols, hd->op);
-		return fep_ar_logstep_lost(h, logstep, -FABEP_ERR_MISMATCH, name);
+		return fep_ar_logstep_lost(h, logstep, -FABEP_ERR_MISMATCH);
 	}
 	return 0;
 }
@@ -1018,8 +1058,8 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 		 * threshold ranks whose operations differ may take the
 		 * halving mode and the two-stage path, and then, as ranks
 		 * whose rows differ across it, every rank still sees the
-		 * mismatch (fep_ar_rd_cross) but the handle is unusable
-		 * after it */
+		 * mismatch (fep_ar_rd_cross), and the log-step counters are
+		 * put back in step after it (fep_ar_logstep_lost) */
 		bool fits = !__builtin_mul_overflow(cols, h->lay.esize, &rb) &&
 			    !__builtin_mul_overflow(rows, rb, &bytes);
 		bool small = !h->lay.two_stage ||
@@ -1357,8 +1397,8 @@ static int fep_ar_allgather(struct fep_ar_state *c)
  * phase 1: a rank here watches the phase-1 counter while it waits, and
  * when a phase-1 message comes it joins phase 1 with its header alone
  * (fep_ar_rd_cross), so that every rank reaches the same verdict; the
- * log-step counters are out of step after that, and the handle is
- * unusable. */
+ * log-step counters are out of step after that, until every rank puts
+ * them back (fep_ar_logstep_lost). */
 
 static uint64_t fep_ar_rd_ctr(const struct fabep_allreduce *h, int par, int k)
 {
@@ -1540,8 +1580,8 @@ static int fep_ar_rd_wait(struct fep_ar_state *c, int peer, int k, bool *cross)
 }
 
 /* A rank took the two-stage path: join its phase 1 with this rank's
- * header alone, flagged, and take phase 1's verdict (the handle is then
- * unusable, fep_ar_logstep_lost). */
+ * header alone, flagged, and take phase 1's verdict (which puts the
+ * log-step counters back in step, fep_ar_logstep_lost). */
 static int fep_ar_rd_cross(struct fep_ar_state *c)
 {
 	int ret;
@@ -1559,6 +1599,7 @@ static int fep_ar_rd_cross(struct fep_ar_state *c)
 	ret = fep_ar_verdict(c->h, &c->hdr,
 			     fep_heap_at(c->h->comm->fab, c->h->slots1[c->par]),
 			     c->name);
+	ret = fep_ar_resync(c->h, ret, c->name);
 	if (!ret) {  /* cannot be: this rank's flag differs from every op */
 		fep_err("%s: ranks took different paths", c->name);
 		ret = fep_ar_fail(c->h, -FABEP_ERR_PROTOCOL);
@@ -1842,7 +1883,7 @@ static int fep_ar_call(struct fabep_allreduce *h, int op, const void *in,
 		return ret;
 	/* 2. the verdict, the same on every rank */
 	slots = fep_heap_at(h->comm->fab, h->slots1[c.par]);
-	ret = fep_ar_verdict(h, &c.hdr, slots, c.name);
+	ret = fep_ar_resync(h, fep_ar_verdict(h, &c.hdr, slots, c.name), c.name);
 	if (ret)
 		return ret;
 	if (!rows)

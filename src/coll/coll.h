@@ -148,6 +148,7 @@ struct fabep_allreduce {
 	uint64_t rdslots;
 	uint64_t rdstage;
 	uint64_t rd_expect[2][FEP_AR_RD_MAX];
+	bool rd_resync;     /* ranks took different paths: fep_ar_resync owed */
 	int broken;             /* an earlier call failed mid-protocol */
 	bool direct;            /* phase 1 writes from the caller's input
 				   (fep_ar_direct_ok), not from staging */
