@@ -124,7 +124,7 @@ typedef enum {
 	FABEP_SIGNAL_FENCE,    /* FI_FENCE on the atomic */
 	FABEP_SIGNAL_DELIVERY, /* FI_DELIVERY_COMPLETE writes, reap, then atomic */
 	FABEP_SIGNAL_CQDATA,   /* fi_writedata, counted by the target's progress */
-	FABEP_SIGNAL_CMA,      /* shm only: plain writes, which shm's fast path
+	FABEP_SIGNAL_CMA       /* shm only: plain writes, which shm's fast path
 				  completes by the initiator's
 				  process_vm_writev; reap, then atomic */
 } fabep_signal_t;
@@ -325,7 +325,7 @@ FABEP_API int fabep_progress(fabep_comm_t *comm);
 typedef enum {
 	FABEP_ISA_SCALAR = 0,
 	FABEP_ISA_AVX2 = 1,   /* AVX2 + F16C + FMA */
-	FABEP_ISA_AVX512 = 2, /* AVX-512 F/BW/VL (+BF16 where present) */
+	FABEP_ISA_AVX512 = 2  /* AVX-512 F/BW/VL (+BF16 where present) */
 } fabep_isa_t;
 
 /* The level chosen at start-up (FABEP_ISA=scalar|avx2|avx512 forces one
@@ -376,7 +376,7 @@ typedef enum {
 	FABEP_MOE_FP8 = 2,
 	/* token_type only: e4m3fn rows the caller quantized, passed through
 	 * with its scales (same layout as FABEP_MOE_FP8's) */
-	FABEP_MOE_FP8_PREQUANT = 3,
+	FABEP_MOE_FP8_PREQUANT = 3
 } fabep_moe_type_t;
 
 #define FABEP_MOE_MAX_TOPK 32
@@ -617,7 +617,7 @@ FABEP_API int fabep_moe_timing(const fabep_moe_t *moe, fabep_moe_timing_t *out);
  */
 typedef enum {
 	FABEP_AR_F32 = 0,   /* float */
-	FABEP_AR_BF16 = 1,  /* bfloat16, as uint16_t bit patterns */
+	FABEP_AR_BF16 = 1   /* bfloat16, as uint16_t bit patterns */
 } fabep_ar_dtype_t;
 
 typedef struct fabep_allreduce fabep_allreduce_t;

@@ -9,7 +9,9 @@
 #  - every call in fabep.h has an installed man page;
 #  - every FABEP_* variable the library reads is in fabep(7);
 #  - the shared library exports exactly the calls of fabep.h, each with
-#    a FABEP_x.y symbol version.
+#    a FABEP_x.y symbol version;
+#  - fabep.h compiles alone, pedantic, as C89, C99, C11 and (where there is
+#    a C++ compiler) C++98, C++11 and C++17.
 # Runs from the build directory (srcdir: the source tree).
 top_builddir=${top_builddir:-.}
 srcdir=${srcdir:-.}
@@ -118,6 +120,24 @@ vars=$(grep -rhoE '"FABEP_[A-Z0-9_]+"' "$srcdir/src" --include='*.c' \
 for v in $vars; do
 	grep -q "$v" "$srcdir/man/fabep.7" || fail "$v is read but not in fabep(7)"
 done
+
+# --- the header builds in every dialect a user's program may use ---
+# (C89 and C++98 know no comma after an enum's last enumerator)
+cc=${CC:-cc}
+for std in c89 c99 c11; do
+	out=$(echo '#include <fabep.h>' | $cc -std=$std -Wall -Wextra -pedantic \
+		-Werror -I "$srcdir/include" -x c -fsyntax-only - 2>&1) ||
+		fail "fabep.h as $std: $out"
+done
+if command -v c++ >/dev/null 2>&1; then
+	for std in c++98 c++11 c++17; do
+		out=$(echo '#include <fabep.h>' | c++ -std=$std -Wall -Wextra \
+			-pedantic -Werror -I "$srcdir/include" -x c++ \
+			-fsyntax-only - 2>&1) || fail "fabep.h as $std: $out"
+	done
+else
+	echo "no c++ here: fabep.h not checked as C++"
+fi
 
 [ $fails = 0 ] && echo "PASS: options, versions, pages and variables agree"
 [ $fails = 0 ]
