@@ -107,6 +107,7 @@ struct shared {
 	pid_t pid[NRANKS];
 	int64_t t_fault_ns;  /* set by the victim just before it dies/stops */
 	int survivors_done;
+	int survivors_seen;  /* survivors that have seen the fault */
 	struct rank_res res[NRANKS];
 };
 
@@ -621,6 +622,18 @@ static int fault_rank(int rank, int size, void *arg)
 		p = fabep_last_error();
 		res->bar_said = strstr(p, "communicator is unusable") != NULL;
 		res->bar_stopped = strstr(p, "is stopped") != NULL;
+	}
+	/* a survivor's destroy ends its communicator without a goodbye
+	 * (it is unusable): one that has not seen the fault yet would
+	 * name that survivor instead of the victim, so none destroys
+	 * before all have seen it (or 20 s) */
+	if (!victim) {
+		int64_t dl_ns = now_ns() + 20000000000ll;
+
+		__atomic_add_fetch(&g_sh->survivors_seen, 1, __ATOMIC_SEQ_CST);
+		while (__atomic_load_n(&g_sh->survivors_seen, __ATOMIC_SEQ_CST) <
+		       NRANKS - 1 && now_ns() < dl_ns)
+			sleep_us(1000);
 	}
 	res->destroy_ret = world_close(&wd, &res->destroy_ms);
 	res->leaked = fep_test_leak_check();
@@ -1681,10 +1694,14 @@ static int poll_lost_rank(int rank, int size, void *arg)
 	a.threads = 1;
 	a.timeout_ms = POLL_TIMEOUT_MS;
 	EXPECT(fabep_comm_create(&a, &comm), 0);
-	EXPECT(fabep_barrier(comm), 0);
 	EXPECT(fabep_progress(comm), 0);
-	if (rank == 1)
+	EXPECT(fabep_barrier(comm), 0);
+	/* rank 0 is past the barrier's wait by then, however loaded the
+	 * host: what sees the death is its polling below */
+	if (rank == 1) {
+		sleep_us(300 * 1000);
 		raise(SIGKILL);
+	}
 	t0 = now_ns();
 	do {
 		ret = fabep_progress(comm);
