@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 # Install what fabep needs (Debian/Ubuntu), then configure and build it in
 # the source tree.  Safe to run again: installs only what is missing and
-# rebuilds only what changed.  Extra arguments go to ./configure.
+# rebuilds only what changed.  Extra arguments go to ./configure, which
+# then runs again on a tree already configured.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -27,5 +28,8 @@ if [ -n "$missing" ]; then
 		--no-install-recommends $missing
 fi
 [ -x configure ] || autoreconf -fi
-[ -f Makefile ] || ./configure "$@"
+# configure again where asked for something (arguments)
+if [ ! -f Makefile ] || [ $# -gt 0 ]; then
+	./configure "$@"
+fi
 make -j"$(nproc)"

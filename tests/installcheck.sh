@@ -94,21 +94,30 @@ int main(int argc, char **argv)
 	return ret ? 1 : 0;
 }
 EOF
-# shellcheck disable=SC2046 # pkg-config's flags are words
-$CC -o "$tmp/ar" "$tmp/ar.c" $("$PKG_CONFIG" --cflags fabep) \
-	$("$PKG_CONFIG" --libs fabep) || fail "a program against fabep.pc does not build"
-"$tmp/ar" "$VERSION" ||
-	fail "a program against the installed library failed"
-say "pkg-config: a program built, ran an allreduce on the installed library"
+# libfabep.a with fabep.pc's Libs.private, and libfabric shared:
+# `pkg-config --static` would take libfabric's own Libs.private, which on
+# Debian name PSM libraries that libfabric-dev does not bring (-lpsm2,
+# -lpsm_infinipath)
+priv=$(sed -n 's/^Libs.private: *//p' "$LIBDIR/pkgconfig/fabep.pc")
+static_libs="$LIBDIR/libfabep.a $("$PKG_CONFIG" --libs libfabric) $priv"
+# the flags a program links with: the shared library where it is
+# installed, else (--disable-shared) the static one
+if [ -e "$LIBDIR/libfabep.so" ]; then
+	libs=$("$PKG_CONFIG" --libs fabep)
+	# shellcheck disable=SC2046,SC2086 # pkg-config's flags are words
+	$CC -o "$tmp/ar" "$tmp/ar.c" $("$PKG_CONFIG" --cflags fabep) $libs ||
+		fail "a program against fabep.pc does not build"
+	"$tmp/ar" "$VERSION" ||
+		fail "a program against the installed library failed"
+	say "pkg-config: a program built, ran an allreduce on the installed library"
+else
+	libs=$static_libs
+	say "pkg-config: no shared library installed (--disable-shared)"
+fi
 if [ -f "$LIBDIR/libfabep.a" ]; then
-	# libfabep.a with fabep.pc's Libs.private, and libfabric shared:
-	# `pkg-config --static` would take libfabric's own Libs.private,
-	# which on Debian name PSM libraries that libfabric-dev does not
-	# bring (-lpsm2, -lpsm_infinipath)
-	priv=$(sed -n 's/^Libs.private: *//p' "$LIBDIR/pkgconfig/fabep.pc")
 	# shellcheck disable=SC2046,SC2086
 	$CC -o "$tmp/ar_static" "$tmp/ar.c" $("$PKG_CONFIG" --cflags fabep) \
-		"$LIBDIR/libfabep.a" $("$PKG_CONFIG" --libs libfabric) $priv ||
+		$static_libs ||
 		fail "a program against libfabep.a and fabep.pc's Libs.private does not build"
 	"$tmp/ar_static" "$VERSION" || fail "the program linked statically to libfabep failed"
 	say "libfabep.a: the same, with fabep.pc's Libs.private"
@@ -116,8 +125,9 @@ fi
 
 if [ -n "$MPICC" ] && [ -n "$MPIRUN" ] && [ -f "$EXAMPLEDIR/moe_mpi.c" ]; then
 	# shellcheck disable=SC2046
+	# shellcheck disable=SC2086
 	"$MPICC" -o "$tmp/moe_mpi" "$EXAMPLEDIR/moe_mpi.c" \
-		$("$PKG_CONFIG" --cflags fabep) $("$PKG_CONFIG" --libs fabep) -lm ||
+		$("$PKG_CONFIG" --cflags fabep) $libs -lm ||
 		fail "the installed example moe_mpi.c does not build with $MPICC"
 	root=
 	[ "$(id -u)" -eq 0 ] && root=--allow-run-as-root
