@@ -263,7 +263,11 @@ typedef uint64_t fabep_off_t;
  */
 FABEP_API int fabep_heap_alloc(fabep_comm_t *comm, size_t size, size_t align,
 			       fabep_off_t *off);
-/* Local address of a heap offset (NULL if out of range). */
+/* Local address of a heap offset (NULL unless within an allocation).
+ * Every offset and range the one-sided calls below take must lie within
+ * one allocation of fabep_heap_alloc (the rest of the heap is the
+ * library's own): a put or get's bytes outside one give -ERANGE, a
+ * counter outside one -EINVAL. */
 FABEP_API void *fabep_heap_ptr(fabep_comm_t *comm, fabep_off_t off);
 FABEP_API size_t fabep_heap_size(const fabep_comm_t *comm);
 
@@ -295,7 +299,7 @@ FABEP_API int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
  * fabep_flush().  The peer takes no part: the caller orders the read
  * after the peer's writes of those bytes (a counter the peer signals).
  * peer may be this rank.  -EINVAL for a peer out of range, -ERANGE for
- * a range outside either heap.
+ * a range not within one allocation on either side.
  */
 FABEP_API int fabep_get(fabep_comm_t *comm, int peer, fabep_off_t dst,
 			fabep_off_t src, size_t len);

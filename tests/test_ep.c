@@ -2712,7 +2712,7 @@ static int lie_capture_end(struct lie_capture *c, const char *a, const char *b)
  * then written into r's slot for the liar with the signals a run adds. */
 static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 {
-	uint8_t *st = fabep_heap_ptr(comm, fep_ep_dstage(m, 0, r));
+	uint8_t *st = fep_heap_at(comm->fab, fep_ep_dstage(m, 0, r));
 	uint64_t dst = fep_ep_dslot(m, 0, m->rank);
 	struct fep_ep_hdr h;
 	uint32_t rows[8];
@@ -2761,11 +2761,11 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 		len = (m->hdr_recs + 1) * m->rec_bytes;
 	/* the header (and record) on the header counter, the records'
 	 * chunks on theirs */
-	ret = fabep_put_signal(comm, r, dst, fep_ep_dstage(m, 0, r), len,
-			       fep_ep_hctr(m, 0), 1);
+	ret = fep_fab_put_signal(comm->fab, r, dst, fep_ep_dstage(m, 0, r), len,
+				 fep_ep_hctr(m, 0), 1);
 	if (!ret)
-		ret = fabep_put_signal(comm, r, dst, fep_ep_dstage(m, 0, r), 64,
-				       fep_ep_dctr(m, 0), m->dchunks - 1);
+		ret = fep_fab_put_signal(comm->fab, r, dst, fep_ep_dstage(m, 0, r), 64,
+					 fep_ep_dctr(m, 0), m->dchunks - 1);
 	return ret;
 }
 
@@ -2773,7 +2773,7 @@ static int lie_dispatch(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 static int lie_combine(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 {
 	struct fep_ep_set *s = &m->set[0];
-	uint8_t *st = fabep_heap_ptr(comm, fep_ep_cstage(m, r) + m->choff);
+	uint8_t *st = fep_heap_at(comm->fab, fep_ep_cstage(m, r) + m->choff);
 	/* the kind of run r asked for (rows or partial rows), one unit more */
 	uint32_t fl = s->crows[r] ? FEP_EP_HDR_ROWS : 0, count = s->rcount[r];
 	size_t i;
@@ -2783,10 +2783,9 @@ static int lie_combine(fabep_comm_t *comm, struct fabep_moe *m, int lie, int r)
 			count += s->src_info[3 * i] == r;
 	fep_ep_hdr_write(st, lie == LIE_C_SEQ ? s->seq + 1 : s->seq, 0, count + 1);
 	memcpy(st + offsetof(struct fep_ep_hdr, flags), &fl, 4);
-	return fabep_put_signal(comm, r, fep_ep_chdr(m, 0, m->rank),
-				fep_ep_cstage(m, r) + m->choff, FEP_EP_HDR,
-				fep_ep_cctr(m, 0),
-				m->cchunks);
+	return fep_fab_put_signal(comm->fab, r, fep_ep_chdr(m, 0, m->rank),
+				  fep_ep_cstage(m, r) + m->choff, FEP_EP_HDR,
+				  fep_ep_cctr(m, 0), m->cchunks);
 }
 
 static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
@@ -2835,9 +2834,11 @@ static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
 				goto out;
 		/* take in what the others write here */
 		ret = lie >= LIE_C_COUNT ?
-			fabep_wait(comm, fep_ep_cctr(m, 0),
-				   (uint64_t)(size - 1) * m->cchunks) :
-			fabep_wait(comm, fep_ep_hctr(m, 0), (uint64_t)(size - 1));
+			fep_comm_wait(comm, "liar", fep_ep_cctr(m, 0),
+				      (uint64_t)(size - 1) * m->cchunks,
+				      UINT64_MAX, 0, 0) :
+			fep_comm_wait(comm, "liar", fep_ep_hctr(m, 0),
+				      (uint64_t)(size - 1), UINT64_MAX, 0, 0);
 		if (!ret && lie < LIE_C_COUNT) {
 			/* the record signals the others' headers announce */
 			uint64_t want = 0;
@@ -2846,11 +2847,12 @@ static int lie_case(fabep_comm_t *comm, int rank, int size, int lie)
 			for (r = 0; r < size; r++) {
 				if (r == rank)
 					continue;
-				memcpy(&h, fabep_heap_ptr(comm, fep_ep_dhdr(m, 0, r)),
+				memcpy(&h, fep_heap_at(comm->fab, fep_ep_dhdr(m, 0, r)),
 				       sizeof(h));
 				want += h.chunks;
 			}
-			ret = fabep_wait(comm, fep_ep_dctr(m, 0), want);
+			ret = fep_comm_wait(comm, "liar", fep_ep_dctr(m, 0),
+					    want, UINT64_MAX, 0, 0);
 		}
 		if (ret)
 			goto out;

@@ -1298,6 +1298,24 @@ static int args_rank(int rank, int size, void *arg)
 					UINT64_MAX / 16), -ERANGE);
 		EXPECT(strstr(fabep_last_error(), "signal less at a time") != NULL, 1);
 	}
+	/* inside the heap but outside fabep_heap_alloc's ranges: offset 0
+	 * is the communicator's own (its barrier counters), off + 60
+	 * straddles two allocations; refused, nothing written */
+	EXPECT(off > 0 && ctr == off + 64, 1);
+	EXPECT(fabep_put(comm, 0, 0, off, 8), -ERANGE);
+	EXPECT(strstr(fabep_last_error(), "not within one allocation") != NULL, 1);
+	EXPECT(fabep_put(comm, 0, off, 0, 8), -ERANGE);
+	EXPECT(fabep_put(comm, 0, off + 60, off, 8), -ERANGE);
+	/* no bytes, no range: a signal-only put names any offset */
+	EXPECT(fabep_put_signal(comm, (rank + 1) % size, 0, 0, 0, ctr, 1), 0);
+	EXPECT(fabep_wait(comm, ctr, 1), 0);
+	EXPECT(fabep_get(comm, 0, off, 0, 8), -ERANGE);
+	EXPECT(fabep_get(comm, 0, 8, off, 8), -ERANGE);
+	EXPECT(fabep_put_signal(comm, 0, off, off, 8, 0, 1), -EINVAL);
+	EXPECT(fabep_wait(comm, 0, 0), -EINVAL);
+	EXPECT(fabep_heap_ptr(comm, 0), NULL);
+	EXPECT(fabep_heap_ptr(comm, off + 63) != NULL, 1);
+	EXPECT(fabep_heap_ptr(comm, ctr + 8), NULL);
 	EXPECT(fabep_flush(NULL), -EINVAL);
 	EXPECT(fabep_progress(NULL), -EINVAL);
 	EXPECT(fabep_wait(NULL, ctr, 0), -EINVAL);
@@ -1309,7 +1327,7 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_progress(comm), 0);
 	/* still usable: a put + signal round trip and a barrier */
 	EXPECT(fabep_put_signal(comm, (rank + 1) % size, off, off, 8, ctr, 1), 0);
-	EXPECT(fabep_wait(comm, ctr, 1), 0);
+	EXPECT(fabep_wait(comm, ctr, 2), 0);
 	EXPECT(fabep_flush(comm), 0);
 	EXPECT(fabep_barrier(comm), 0);
 

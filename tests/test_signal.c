@@ -2176,6 +2176,8 @@ static int args_rank(int rank, int size, void *arg)
 	if (fabep_heap_alloc(comm, 1ull << 40, 8, &off) != -FABEP_ERR_HEAP_FULL) return 9;
 	if (fabep_heap_alloc(comm, 8, 3, &off) != -EINVAL) return 10;
 	if (fabep_heap_ptr(comm, fabep_heap_size(comm)) != NULL) return 11;
+	/* the communicator's own words (offset 0) are not the caller's */
+	if (off == 0 || fabep_get(comm, 0, off, 0, 8) != -ERANGE) return 23;
 	if (fabep_barrier(NULL) != -EINVAL) return 12;
 	/* still usable after all that */
 	if (fabep_barrier(comm)) return 13;

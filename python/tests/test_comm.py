@@ -403,6 +403,11 @@ def _attr_body(me, n):
             comm.put(n, blk, blk, 8)          # no such rank
         with pytest.raises(fabep.RangeError):
             comm.put((me + 1) % n, comm.heap_size - 4, blk, 8)
+        with pytest.raises(fabep.RangeError, match="not within one allocation"):
+            comm.put((me + 1) % n, 0, blk, 8)  # the library's own words
+        with pytest.raises(fabep.RangeError):
+            comm.get((me + 1) % n, blk, blk.offset + 60, 8)  # two blocks
+        assert comm.counter(0) == 0
         with pytest.raises(fabep.InvalidArgumentError, match="counter"):
             comm.put_signal((me + 1) % n, blk, blk, 8, comm.heap_size)
         with pytest.raises(fabep.InvalidArgumentError):

@@ -1318,6 +1318,7 @@ static void fep_comm_free_scratch(fabep_comm_t *comm)
 	free(comm->xchg_puts);
 	free(comm->xchg_vals);
 	free(comm->boot_vals);
+	free(comm->ualloc);
 }
 
 FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
@@ -1541,15 +1542,70 @@ FEP_EXPORT int fabep_heap_alloc(fabep_comm_t *comm, size_t size, size_t align,
 		fep_err("fabep_heap_alloc: NULL communicator or offset");
 		return -EINVAL;
 	}
+	if (comm->nualloc == comm->cualloc) {
+		size_t c = comm->cualloc ? 2 * comm->cualloc : 16;
+		uint64_t *a = realloc(comm->ualloc, 2 * c * sizeof(*a));
+
+		if (!a) {
+			fep_err("fabep_heap_alloc: out of memory");
+			return -ENOMEM;
+		}
+		comm->ualloc = a;
+		comm->cualloc = c;
+	}
 	ret = fep_heap_alloc_(comm->fab, size, align, &o);
-	if (!ret)
-		*off = o;
-	return ret;
+	if (ret)
+		return ret;
+	comm->ualloc[2 * comm->nualloc] = o;
+	comm->ualloc[2 * comm->nualloc + 1] = o + size;
+	comm->nualloc++;
+	*off = o;
+	return 0;
+}
+
+/* Whether [off, off + len) lies within one range of fabep_heap_alloc
+ * (len 0: off within one, its end included). */
+static bool comm_user_range(const fabep_comm_t *comm, uint64_t off, size_t len)
+{
+	size_t lo = 0, hi = comm->nualloc;
+	const uint64_t *a = comm->ualloc;
+
+	/* the last range that starts at or below off */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (a[2 * mid] <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	/* ranges of 0 bytes share their start with the next one: any of
+	 * those starting at off will do, the last is the widest */
+	return lo && off <= a[2 * lo - 1] && len <= a[2 * lo - 1] - off;
+}
+
+/* 0, or -ERANGE with a message naming the call and the range.  No
+ * bytes touch nothing: a signal-only put may name any offset (the
+ * fabric still wants it inside the heap). */
+static int comm_range(const fabep_comm_t *comm, const char *call,
+		      const char *what, uint64_t off, size_t len)
+{
+	if (!len || comm_user_range(comm, off, len))
+		return 0;
+	if (!fep_heap_range_ok(comm->fab, off, len))
+		fep_err("%s: %zu bytes at %s offset %llu leave the heap (%zu "
+			"bytes)", call, len, what, (unsigned long long)off,
+			comm->fab->heap_size);
+	else
+		fep_err("%s: %zu bytes at %s offset %llu are not within one "
+			"allocation of fabep_heap_alloc", call, len, what,
+			(unsigned long long)off);
+	return -ERANGE;
 }
 
 FEP_EXPORT void *fabep_heap_ptr(fabep_comm_t *comm, fabep_off_t off)
 {
-	if (!comm || off >= comm->fab->heap_size)
+	if (!comm || !comm_user_range(comm, off, 1))
 		return NULL;
 	return fep_heap_at(comm->fab, off);
 }
@@ -1569,6 +1625,10 @@ FEP_EXPORT int fabep_put(fabep_comm_t *comm, int peer, fabep_off_t dst,
 		return -EINVAL;
 	}
 	ret = fep_comm_usable(comm, "fabep_put");
+	if (!ret)
+		ret = comm_range(comm, "fabep_put", "destination", dst, len);
+	if (!ret)
+		ret = comm_range(comm, "fabep_put", "source", src, len);
 	return ret ? ret : fep_fab_write(comm->fab, peer, dst, src, len, 0);
 }
 
@@ -1595,6 +1655,16 @@ FEP_EXPORT int fabep_put_signal(fabep_comm_t *comm, int peer, fabep_off_t dst,
 	ret = fep_comm_usable(comm, "fabep_put_signal");
 	if (!ret)
 		ret = fep_fab_user_add_ok(comm->fab, add);
+	if (!ret)
+		ret = comm_range(comm, "fabep_put_signal", "destination", dst, len);
+	if (!ret)
+		ret = comm_range(comm, "fabep_put_signal", "source", src, len);
+	if (!ret && !(sig & 7) && !comm_user_range(comm, sig, 8)) {
+		fep_err("fabep_put_signal: counter offset %llu is not within "
+			"one allocation of fabep_heap_alloc",
+			(unsigned long long)sig);
+		ret = -EINVAL;
+	}
 	return ret ? ret : fep_fab_put_signal(comm->fab, peer, dst, src, len, sig, add);
 }
 
@@ -1607,13 +1677,11 @@ FEP_EXPORT int fabep_get(fabep_comm_t *comm, int peer, fabep_off_t dst,
 		fep_err("fabep_get: NULL communicator");
 		return -EINVAL;
 	}
-	if (!fep_heap_range_ok(comm->fab, dst, len)) {
-		fep_err("fabep_get: %zu bytes at local offset %llu leave the heap "
-			"(%zu bytes)", len, (unsigned long long)dst,
-			comm->fab->heap_size);
-		return -ERANGE;
-	}
-	ret = fep_comm_usable(comm, "fabep_get");
+	ret = comm_range(comm, "fabep_get", "local", dst, len);
+	if (!ret)
+		ret = comm_range(comm, "fabep_get", "source", src, len);
+	if (!ret)
+		ret = fep_comm_usable(comm, "fabep_get");
 	return ret ? ret : fep_fab_read(comm->fab, peer, fep_heap_at(comm->fab, dst),
 					src, len);
 }
@@ -1638,9 +1706,10 @@ FEP_EXPORT int fabep_wait(fabep_comm_t *comm, fabep_off_t sig, uint64_t target)
 		fep_err("fabep_wait: NULL communicator");
 		return -EINVAL;
 	}
-	if ((sig & 7) || !fep_heap_range_ok(comm->fab, sig, 8)) {
-		fep_err("fabep_wait: counter offset %llu is not an 8-byte aligned "
-			"heap offset", (unsigned long long)sig);
+	if ((sig & 7) || !comm_user_range(comm, sig, 8)) {
+		fep_err("fabep_wait: counter offset %llu is not 8-byte aligned "
+			"within an allocation of fabep_heap_alloc",
+			(unsigned long long)sig);
 		return -EINVAL;
 	}
 	ret = fep_comm_usable(comm, "fabep_wait");
@@ -1650,7 +1719,7 @@ FEP_EXPORT int fabep_wait(fabep_comm_t *comm, fabep_off_t sig, uint64_t target)
 
 FEP_EXPORT uint64_t fabep_counter_read(fabep_comm_t *comm, fabep_off_t sig)
 {
-	if (!comm || (sig & 7) || !fep_heap_range_ok(comm->fab, sig, 8))
+	if (!comm || (sig & 7) || !comm_user_range(comm, sig, 8))
 		return 0;
 	return fep_counter_load(comm->fab, sig);
 }

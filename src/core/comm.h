@@ -77,6 +77,12 @@ struct fabep_comm {
 	 * the queues' warm-up (fep_comm_warm_queues) */
 	int queue_warm;
 	uint64_t warm_ctr;
+	/* fabep_heap_alloc's ranges [2i, 2i+1), in offset order (each
+	 * comes from the heap's end): the one-sided calls reach only
+	 * these, never the handles' blocks or the communicator's own
+	 * counters, which a stray offset would corrupt without a word */
+	uint64_t *ualloc;
+	size_t nualloc, cualloc;
 };
 
 /* The queues' warm-up sends each peer on each channel the endpoint's
