@@ -1095,9 +1095,21 @@ static int refuse_round(const struct params *p, fabep_moe_t *moe, int rank,
 	     "dispatch before a mismatched combine");
 	free(y);
 	y = experts(p, &rv);
+	/* and writes no row of out (none is summed early, fused, either) */
+	memset(out, 0xa5, (me->n + 1) * H * 4);
 	WANT(fabep_moe_combine(moe, y, H, bad ? FABEP_MOE_UNWEIGHTED : 0, out, H,
 			       NULL, NULL), -FABEP_ERR_MISMATCH,
 	     "combine with FABEP_MOE_UNWEIGHTED on one rank");
+	{
+		size_t i;
+
+		for (i = 0; i < (me->n + 1) * H * 4; i++)
+			if (((uint8_t *)out)[i] != 0xa5) {
+				fprintf(stderr, "rank %d: the mismatched combine "
+					"wrote byte %zu of out\n", rank, i);
+				goto out;
+			}
+	}
 	WANT(fabep_moe_combine(moe, y, H, 0, out, H, NULL, NULL), -EINVAL,
 	     "combine after the mismatched one");
 	/* 5. a backward refused on bad_rank (its n differs from the previous

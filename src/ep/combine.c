@@ -186,9 +186,14 @@ static int peers_in(struct red_ctx *c)
 		struct fep_ep_hdr h;
 
 		memcpy(&h, fep_heap_at(fab, fep_ep_chdr(m, c->b, r)), sizeof(h));
+		/* anything combine_recv would refuse (check_hdrs,
+		 * check_kinds, check_weighting) fuses nothing: out is
+		 * written only by a call that succeeds, a fabric failure of
+		 * its drain aside */
 		if (h.seq != c->s->seq || h.magic != FEP_EP_MAGIC || h.status ||
 		    h.count != c->s->cexp[r] ||
-		    !(h.flags & FEP_EP_HDR_ROWS) != !c->s->xrun[r])
+		    !(h.flags & FEP_EP_HDR_ROWS) != !c->s->xrun[r] ||
+		    !(h.flags & FEP_EP_HDR_UNWEIGHTED) != !m->cunw)
 			v = -1;
 	}
 	if (v > 0 && c->s->nx)
