@@ -51,8 +51,9 @@ def isa():
 
 
 def strerror(code):
-    """The text of a fabep error code."""
-    return _clib.fabep_strerror(code).decode(errors="replace")
+    """The text of a fabep error code (a C int)."""
+    from .comm import _cint
+    return _clib.fabep_strerror(_cint(code, "code")).decode(errors="replace")
 
 
 def shm_cleanup(pid):
@@ -62,8 +63,11 @@ def shm_cleanup(pid):
     how many it removed; raises InvalidArgumentError for a pid of 0 or
     less, and FabepError with code -EBUSY while a process with that pid
     is alive."""
-    from .errors import raise_for
-    ret = _clib.fabep_shm_cleanup(int(pid))
+    from .comm import _cint
+    from .errors import invalid, raise_for
+    if isinstance(pid, bool):
+        raise invalid("pid: expected a whole number, got %r" % (pid,))
+    ret = _clib.fabep_shm_cleanup(_cint(pid, "pid"))
     if ret < 0:
         raise_for(ret, "fabep_shm_cleanup")
     return ret

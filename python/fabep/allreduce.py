@@ -5,6 +5,7 @@ import operator
 
 from . import _lib
 from . import _tensor
+from .comm import _cint
 from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
     reraise_refused, serial
 
@@ -25,6 +26,8 @@ def _check_shape(max_rows, max_cols, dtype):
                 from None
         if v < 1:
             raise invalid("%s=%d: expected at least 1" % (k, v))
+        if v > 2**64 - 1:  # ctypes would keep the low bits
+            raise invalid("%s=%d: out of range" % (k, v))
 
 
 def _real(name, v):
@@ -88,8 +91,13 @@ class AllReduce(Handle):
         """Symmetric-heap bytes one handle takes (add it to Comm's
         heap_size)."""
         _check_shape(max_rows, max_cols, dtype)
-        return lib.fabep_allreduce_heap_bytes(max_rows, max_cols, _DT[dtype],
-                                              nranks)
+        n = lib.fabep_allreduce_heap_bytes(max_rows, max_cols, _DT[dtype],
+                                           _cint(nranks, "nranks"))
+        if not n:
+            raise invalid("AllReduce.heap_bytes: no handle of %d x %d %s on "
+                          "%d ranks (fabep_allreduce_heap_bytes gave 0)"
+                          % (max_rows, max_cols, dtype, nranks))
+        return n
 
     @property
     def onestage_max(self):

@@ -20,10 +20,14 @@ def _call(ret, what):
     return ret
 
 
-def _uint(v, name):
-    """v as a whole number >= 0 for a C integer argument: a float, a
-    negative value (which ctypes would wrap around) or anything else is
-    refused before the call."""
+INT_MAX = 2**31 - 1
+
+
+def _uint(v, name, top=2**64 - 1):
+    """v as a whole number from 0 to `top` for a C integer argument
+    (uint64_t or size_t by default, INT_MAX for an int): a float, a
+    negative value or one above top (which ctypes would wrap around
+    without a word) or anything else is refused before the call."""
     try:
         v = operator.index(v)
     except TypeError:
@@ -31,14 +35,28 @@ def _uint(v, name):
             from None
     if v < 0:
         raise invalid("%s: %d is negative" % (name, v))
+    if v > top:
+        raise invalid("%s: %d is above %d" % (name, v, top))
+    return v
+
+
+def _cint(v, name):
+    """v as a C int (negative allowed): refused when it does not fit."""
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise invalid("%s: expected a whole number, got %r" % (name, v)) \
+            from None
+    if not -INT_MAX - 1 <= v <= INT_MAX:
+        raise invalid("%s: %d does not fit a C int" % (name, v))
     return v
 
 
 def _signal_code(signal):
     if signal is None:
         return 0
-    if isinstance(signal, int):
-        return signal
+    if isinstance(signal, int) and not isinstance(signal, bool):
+        return _cint(signal, "signal")
     try:
         return _lib.SIGNALS.index(signal)
     except ValueError:
@@ -201,7 +219,11 @@ class Comm(Handle):
     with MoE.heap_bytes and AllReduce.heap_bytes), threads, numa_node
     (None or -1 = environment or default; 0 is node 0).  A value refused
     here is refused by the C call on every rank too, so no rank waits for
-    this one: this rank raises the reason, the others the error's class.
+    this one: this rank raises the reason (InvalidArgumentError), the
+    others PeerError ("a peer rank reported an error").  A rank or size
+    that is not a C int is refused too, but a rank that does not know
+    its place cannot answer the others' allgather: theirs fails on its
+    own.
 
     close() (or leaving a ``with`` block) destroys it; it is collective
     as long as every rank is alive.  A communicator is used by one thread
@@ -231,10 +253,13 @@ class Comm(Handle):
             self._cb_error = None
             self._cb = _lib.ALLGATHER_FN(self._allgather_cb)
             a.allgather = self._cb
-            a.rank = rank
-            a.nranks = size
         bad = None
         try:
+            if allgather is not None:
+                # inside the try: a refused rank or size still reaches
+                # the C call, which then fails on every rank
+                a.rank = _cint(rank, "rank")
+                a.nranks = _cint(size, "size")
             if allgather is None and (rank is not None or size is not None):
                 raise invalid("Comm: rank and size go with allgather; "
                               "without it the environment names the ranks")
@@ -247,13 +272,13 @@ class Comm(Handle):
             a.domain = self._domain
             a.signal = _signal_code(signal)
             if timeout_ms:
-                a.timeout_ms = _uint(timeout_ms, "timeout_ms")
+                a.timeout_ms = _uint(timeout_ms, "timeout_ms", INT_MAX)
             if heap_size:
                 a.heap_size = _uint(heap_size, "heap_size")
             if threads:
-                a.threads = _uint(threads, "threads")
+                a.threads = _uint(threads, "threads", INT_MAX)
             if numa_node is not None and numa_node != -1:
-                a.numa_node = _uint(numa_node, "numa_node")
+                a.numa_node = _uint(numa_node, "numa_node", INT_MAX)
         except (InvalidArgumentError, OverflowError) as e:
             # a strategy the C call refuses: it fails on every rank
             bad, a.signal = e, -1
@@ -280,6 +305,9 @@ class Comm(Handle):
         try:
             data = ctypes.string_at(sendbuf, length) if length else b""
             out = self._allgather_fn(data)
+            if not isinstance(out, (bytes, bytearray)):
+                raise TypeError("allgather returned %s, expected bytes"
+                                % type(out).__name__)
             if len(out) != length * self._size_arg:
                 raise ValueError("allgather returned %d bytes, expected %d"
                                  % (len(out), length * self._size_arg))
@@ -495,9 +523,10 @@ class Comm(Handle):
     @serial
     def put(self, peer, dst, src, nbytes):
         """Write nbytes from this rank's heap offset `src` to offset `dst`
-        on `peer` (offsets or HeapBlocks).  Returns once posted; call
-        flush() before reusing the source."""
-        ret = lib.fabep_put(self._handle(), _uint(peer, "peer"),
+        on `peer` (offsets or HeapBlocks; each side's bytes within one
+        block of heap_alloc, else fabep.RangeError).  Returns
+        once posted; call flush() before reusing the source."""
+        ret = lib.fabep_put(self._handle(), _uint(peer, "peer", INT_MAX),
                             _off(dst, "dst"), _off(src, "src"),
                             _uint(nbytes, "nbytes"))
         if ret:
@@ -508,7 +537,7 @@ class Comm(Handle):
         """put(), then add `add` to the uint64 counter at heap offset
         `sig` on `peer`: when the peer sees the counter move, the data is
         there.  nbytes may be 0 (signal only)."""
-        ret = lib.fabep_put_signal(self._handle(), _uint(peer, "peer"),
+        ret = lib.fabep_put_signal(self._handle(), _uint(peer, "peer", INT_MAX),
                                    _off(dst, "dst"), _off(src, "src"),
                                    _uint(nbytes, "nbytes"), _off(sig, "sig"),
                                    _uint(add, "add"))
@@ -522,7 +551,7 @@ class Comm(Handle):
         Returns once posted; the bytes are at dst after flush().  Order it
         after the peer's writes of those bytes (wait for a counter the
         peer signals); off shm the peer's progress serves it."""
-        ret = lib.fabep_get(self._handle(), _uint(peer, "peer"),
+        ret = lib.fabep_get(self._handle(), _uint(peer, "peer", INT_MAX),
                             _off(dst, "dst"), _off(src, "src"),
                             _uint(nbytes, "nbytes"))
         if ret:
@@ -549,7 +578,7 @@ class Comm(Handle):
 
     def counter(self, sig):
         """The local counter at heap offset `sig` now (0 for an offset
-        that is not 8-byte aligned or outside the heap, as
+        that is not 8-byte aligned or not within a block of heap_alloc, as
         fabep_counter_read(3))."""
         return lib.fabep_counter_read(self._handle(), _off(sig, "sig"))
 

@@ -7,6 +7,7 @@ import operator
 
 from . import _lib
 from . import _tensor
+from .comm import _cint
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
     raise_for, reraise_refused, logged, serial
 
@@ -246,10 +247,15 @@ class MoE(Handle):
                      ("hidden", hidden), ("max_tokens", max_tokens),
                      ("fp8_block", fp8_block), ("buffer_sets", buffer_sets)):
             try:
-                operator.index(v)
+                v = operator.index(v)
             except TypeError:
                 raise invalid("%s=%r: expected a whole number" % (k, v)) \
                     from None
+            # ctypes would keep the low bits of a larger value, and the
+            # C handle would differ from this object without a word
+            top = 2**64 - 1 if k == "hidden" else 2**31 - 1
+            if not (0 if k == "hidden" else -2**31) <= v <= top:
+                raise invalid("%s=%d: out of range" % (k, v))
         cfg.num_experts, cfg.top_k = num_experts, top_k
         cfg.hidden, cfg.max_tokens = hidden, max_tokens
         cfg.token_type = _type(token_type, "token_type", _TYPES)
@@ -285,7 +291,13 @@ class MoE(Handle):
         MoE()."""
         kw.pop("output", None)
         cfg = MoE._config(num_experts, top_k, hidden, max_tokens, **kw)
-        return lib.fabep_moe_heap_bytes(ctypes.byref(cfg), nranks)
+        n = lib.fabep_moe_heap_bytes(ctypes.byref(cfg),
+                                     _cint(nranks, "nranks"))
+        if not n:
+            raise invalid("MoE.heap_bytes: no handle of this configuration "
+                          "on %d ranks (fabep_moe_heap_bytes gave 0)"
+                          % nranks)
+        return n
 
     @serial
     def close(self):
@@ -459,7 +471,8 @@ class MoE(Handle):
         input dtype (rows possibly apart: write token t into x[t]) and,
         for fp8_prequant, scales [max_tokens, scales_per_row] (else None).
         Pass x[:n] (and scales[:n]) to dispatch_send.  Valid for that one
-        call.  Not for token_type "fp8" (NotSupportedError)."""
+        call.  Not for token_type "fp8" (NotSupportedError).  kind: "torch" or
+        "numpy" (default: the handle's output kind)."""
         h = self._handle()
         xp, stride = ctypes.c_void_p(), ctypes.c_size_t()
         sp, sstride = ctypes.c_void_p(), ctypes.c_size_t()
@@ -468,6 +481,8 @@ class MoE(Handle):
                                         ctypes.byref(sstride))
         if ret:
             raise_for(ret, "fabep_moe_send_buffer")
+        if kind not in (None, "torch", "numpy"):
+            raise invalid("kind=%r: expected 'torch' or 'numpy'" % (kind,))
         kind = kind or self._output or self._kind
         x = _tensor.view(kind, xp.value, (self.max_tokens, self.hidden),
                          self._x_dt, self, row_stride=stride.value)

@@ -281,6 +281,8 @@ def main(args=None):
     a = ap.parse_args(mine)
     if a.ranks < 1:
         ap.error("-n must be at least 1")
+    if not a.timeout >= 0 or a.timeout == float("inf"):  # NaN too
+        ap.error("-t must be a number of seconds, 0 or more")
     argv = list(a.program) + prog
     if a.module:
         argv = ["-m", a.module] + argv

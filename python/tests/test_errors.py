@@ -554,13 +554,47 @@ def _python_args_body(me, nranks):
         lambda: fabep.providers(max_count=0),
         lambda: fabep.AllReduce.heap_bytes(1, 4, 32, "fp16"),
         lambda: fabep.AllReduce.heap_bytes(1, -4, 32),
+        # values ctypes would wrap around without a word
+        lambda: comm.put(2**32, blk, blk, 8),
+        lambda: comm.put(0, 2**64, blk, 8),
+        lambda: comm.put(0, blk, blk, 2**64),
+        lambda: comm.wait(sig, 2**64),
+        lambda: comm.heap_alloc(2**64 + 8),
+        lambda: fabep.AllReduce.heap_bytes(1, 2**64 + 4, 32),
+        lambda: fabep.AllReduce.heap_bytes(2**32 + 1, 4, 32),
+        lambda: fabep.AllReduce.heap_bytes(-1, 4, 32),
+        lambda: fabep.MoE.heap_bytes(1, E, K, 2**64 + H, MAXT),
+        lambda: fabep.MoE.heap_bytes(-1, E, K, H, MAXT),
+        lambda: fabep.MoE.heap_bytes(2.5, E, K, H, MAXT),
+        lambda: fabep.strerror(2**40),
+        lambda: fabep.shm_cleanup(1.5),
+        lambda: fabep.shm_cleanup(True),
+        lambda: fabep.shm_cleanup(2**64 + os.getpid()),
+        lambda: fabep.Comm(allgather=lambda d: d, rank=0, size=1,
+                           heap_size=2**64 + 2**20),
+        lambda: fabep.Comm(allgather=lambda d: d, rank=0, size=1,
+                           timeout_ms=2**32 + 5),
+        lambda: fabep.Comm(allgather=lambda d: d, rank=0, size=1,
+                           signal=2**32 + 1),
+        lambda: fabep.Comm(allgather=lambda d: d, rank=2**32, size=1),
+        lambda: fabep.Comm(allgather=lambda d: d, rank=0.0, size=1),
+        lambda: fabep.MoE(comm, 2**32 + 4, K, H, MAXT),
+        lambda: fabep.MoE(comm, E, K, 2**64 + H, MAXT),
+        lambda: fabep.AllReduce(comm, 2**64 + 4, 32),
     ]
     for i, f in enumerate(bad):
         with pytest.raises(fabep.InvalidArgumentError):
             f()
     with pytest.raises(fabep.InvalidArgumentError, match="allgather"):
         fabep.Comm(rank=0, size=1)
+    # an allgather that returns no bytes: the callback's TypeError is
+    # the cause of the create's error
+    with pytest.raises(fabep.FabepError) as e:
+        fabep.Comm(allgather=lambda d: "x" * len(d), rank=0, size=1)
+    assert isinstance(e.value.__cause__, TypeError)
     moe = fabep.MoE(comm, E, K, H, MAXT)
+    with pytest.raises(fabep.InvalidArgumentError, match="kind"):
+        moe.send_buffer("bogus")
     with pytest.raises(fabep.InvalidArgumentError, match="there was none"):
         moe.combine_backward(torch.zeros(2, H, dtype=torch.bfloat16))
     moe.close()

@@ -282,6 +282,10 @@ def test_command_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fabep.run", "-n", "0", prog],
                        env=env, stderr=subprocess.DEVNULL)
     assert r.returncode == 2
+    for t in ("-1", "nan"):
+        r = subprocess.run([sys.executable, "-m", "fabep.run", "-t", t, "-n",
+                            "2", prog], env=env, stderr=subprocess.PIPE)
+        assert r.returncode == 2 and b"-t must be" in r.stderr
 
 
 _EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(
