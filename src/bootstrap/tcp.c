@@ -87,6 +87,10 @@ struct boot_tcp {
 	int broken;       /* sticky error after a failed exchange */
 	int *fds;         /* root: fds[r] for r >= 1; others: fds[0] = root */
 	uint8_t *gone;    /* per fds[] entry: said goodbye, or reported lost */
+	/* xfer_run's poll set and its transfers' indices, one per fds[]
+	 * entry: taken with fds, not on the stack at every rank count */
+	struct pollfd *pfd;
+	int *pidx;
 	uint8_t *midsend; /* per fds[] entry: a message partly sent on it */
 	/* root: the last hello of this job's protocol it refused (a world
 	 * size or rank that does not fit), for the timeout's message */
@@ -377,8 +381,8 @@ static int xfer_run(struct boot_tcp *t, struct boot_xfer *xs, int n,
 		    boot_check_fn check, void *arg, uint64_t deadline,
 		    const char *what, int *failed)
 {
-	struct pollfd pfd[n > 0 ? n : 1];
-	int idx[n > 0 ? n : 1];
+	struct pollfd *pfd = t->pfd;
+	int *idx = t->pidx;
 	int i, np, ret;
 
 	*failed = -1;
@@ -819,6 +823,8 @@ static void boot_tcp_destroy(fep_boot_t *b)
 	free(t->fds);
 	free(t->gone);
 	free(t->midsend);
+	free(t->pfd);
+	free(t->pidx);
 	free(t);
 }
 
@@ -1382,12 +1388,16 @@ static struct boot_tcp *boot_tcp_new(int rank, int size, int timeout_ms)
 		t->fds = malloc((size_t)n * sizeof(int));
 		t->gone = calloc((size_t)n, 1);
 		t->midsend = calloc((size_t)n, 1);
+		t->pfd = calloc((size_t)n, sizeof(*t->pfd));
+		t->pidx = calloc((size_t)n, sizeof(*t->pidx));
 	}
-	if (!t || !t->fds || !t->gone || !t->midsend) {
+	if (!t || !t->fds || !t->gone || !t->midsend || !t->pfd || !t->pidx) {
 		if (t) {
 			free(t->fds);
 			free(t->gone);
 			free(t->midsend);
+			free(t->pfd);
+			free(t->pidx);
 			free(t);
 		}
 		return NULL;

@@ -428,9 +428,10 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 		h->gamma32 = malloc(max_cols * sizeof(float));
 		h->ins = calloc((size_t)h->nthreads * (size_t)comm->size,
 				sizeof(void *));
+		h->rbase = calloc((size_t)comm->size, sizeof(void *));
 		h->puts = calloc(2 * (size_t)comm->size, sizeof(*h->puts));
 		h->scratch = aligned_alloc(64, (size_t)h->nthreads * h->scratch_bytes);
-		if (!h->gamma32 || !h->ins || !h->puts || !h->scratch) {
+		if (!h->gamma32 || !h->ins || !h->rbase || !h->puts || !h->scratch) {
 			fep_err("fabep_allreduce_create: out of memory");
 			status = -ENOMEM;
 		}
@@ -561,6 +562,7 @@ err:
 	if (h) {
 		free(h->gamma32);
 		free(h->ins);
+		free(h->rbase);
 		free(h->puts);
 		free(h->scratch);
 	}
@@ -579,6 +581,7 @@ FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 	fep_comm_block_free(h->comm, h->base, h->ctrs, !h->broken);
 	free(h->gamma32);
 	free(h->ins);
+	free(h->rbase);
 	free(h->puts);
 	free(h->scratch);
 	free(h);
@@ -1200,8 +1203,7 @@ static int fep_ar_reduce(struct fep_ar_state *c, const uint8_t *slots)
 	int P = h->comm->size, me = h->comm->rank, r, ret;
 	const float *gamma = NULL;
 	struct fep_ar_job job;
-	/* the per-thread pointer arrays of the job double as the row-0 list */
-	const void *base[P];
+	const void **base = h->rbase;
 	uint8_t *mine;
 	size_t q = c->q;
 

@@ -163,6 +163,9 @@ struct fabep_allreduce {
 	int nthreads;
 	float *gamma32;         /* max_cols */
 	const void **ins;       /* nthreads x ranks input pointers */
+	const void **rbase;     /* ranks: the reduction's row-0 list (on the
+				 * heap, not the caller's stack, at any rank
+				 * count) */
 	uint8_t *scratch;       /* nthreads x scratch_bytes */
 	size_t scratch_bytes;
 	struct fep_put *puts;   /* 2 x ranks */
