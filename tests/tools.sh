@@ -72,14 +72,44 @@ expect 2 "$bench" -o allreduce -f fp8pre && grep -q 'fp8pre is for' "$tmp.err" |
 expect 2 "$bench" --soak -1
 expect 2 "$bench" -o dispatch -k 33 && grep -q -- '-k (--topk)' "$tmp.err" ||
 	fail "fabep_bench -k 33: no message naming -k"
-expect 2 "$demo" -n 65 && grep -q 'at most 64 ranks' "$tmp.err" ||
+expect 2 "$demo" -n 65 && grep -q 'expected an integer from 1 to 64$' "$tmp.err" ||
 	fail "fabep_demo -n 65: no message"
 expect 2 "$demo" -k 33
 expect 2 "$demo" -n 2 -e 2 && grep -q -- '-k 4 is more than the 2 experts' "$tmp.err" ||
 	fail "fabep_demo: -k above the experts not refused"
 expect 2 "$demo" -n 1 -k 32 -e 1
-expect 2 "$demo" -t 0
+expect 2 "$demo" -t 0 && ! grep -q 'a list' "$tmp.err" ||
+	fail "fabep_demo -t 0: offers a list it does not take"
 expect 2 "$demo" extra
+# a long option with a value it does not take, or shortened to a prefix
+# of several: named as such, not as an unknown short option
+expect 2 "$info" --machine=1 &&
+	grep -q 'option --machine takes no argument' "$tmp.err" ||
+	fail "fabep_info --machine=1: no message naming --machine"
+for opt in --help=x --version=1 --check=1; do
+	expect 2 "$bench" $opt &&
+		grep -q "option ${opt%%=*} takes no argument" "$tmp.err" ||
+		fail "fabep_bench $opt: no message naming ${opt%%=*}"
+done
+expect 2 "$bench" --r 5 && grep -q 'option --r is ambiguous' "$tmp.err" ||
+	fail "fabep_bench --r 5: not called ambiguous"
+expect 2 "$bench" --soak 700000 && grep -q '604800 (7 days)' "$tmp.err" ||
+	fail "fabep_bench --soak 700000: the limit not named"
+# soak's default experts (4 per rank) bound a -k given: refused, not
+# run with fewer experts per token than asked
+expect 2 "$bench" --soak 1 -p shm -k 10 &&
+	grep -q -- "-k 10 is more than the -e 8 experts (soak's default" "$tmp.err" ||
+	fail "fabep_bench --soak 1 -k 10: not refused"
+# the kernels' bad command lines: message and usage, no second line
+for args in "-K nosuch -B 1M" "-B 1k"; do
+	# shellcheck disable=SC2086
+	expect 2 "$bench" $args && grep -q '^Usage: ' "$tmp.err" &&
+		! grep -q 'Invalid argument' "$tmp.err" ||
+		fail "fabep_bench $args: not told as a bad command line"
+done
+expect 2 "$bench" -o allreduce -p shm --rows 2147483647 --cols 2147483647 &&
+	grep -q 'shape is too large' "$tmp.err" ||
+	fail "fabep_bench: an allreduce shape past 2^40 bytes not refused"
 
 # --- fabep_info ---
 if expect 0 "$info"; then
@@ -456,6 +486,24 @@ expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch "$ben
 	grep -Eq '^dispatch +2 +1t +[0-9.]+ .* n/a +n/a$' "$tmp.out" ||
 	fail "fabep_bench -o scale without the baseline: no n/a row"
 expect 2 "$bench" -o dispatch -n 2,4
+# what scale passes on to its children's shell is quoted: a provider with
+# a quote in it reaches the child as that name (no such provider)
+mark=$tmp.injected
+expect 1 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch \
+	"$bench" -o scale -p "shm';touch\${IFS}$mark;'" -n 2 -t 1 -H 64 -k 2 \
+	-e 4 -I 1 -w 0 -m
+[ -e "$mark" ] && fail "fabep_bench -o scale: -p ran as a shell command"
+grep -q "provider \"shm';touch\${IFS}$mark;'\"" "$tmp.err" ||
+	fail "fabep_bench -o scale: -p with a quote did not reach the child as given"
+# the baseline runs the iterations and warm-up of fabep's part, whose
+# defaults differ from its own (allreduce of 2 x 64 fp32: 200 and 20)
+printf '#!/bin/sh\necho "$*" >>"%s"\nexit 1\n' "$tmp.mpiargs" >"$tmp.mpirun"
+chmod +x "$tmp.mpirun"
+expect 0 env FABEP_MPI_BENCH=/bin/true FABEP_MPIRUN="$tmp.mpirun" \
+	FABEP_BENCH_SCALE_PARTS=allreduce "$bench" -p shm -o scale -n 2 \
+	--rows 2 --cols 64 -m &&
+	grep -q -- '-o allreduce --rows 2 -I 200 -w 20 --cols 64 -m$' "$tmp.mpiargs" ||
+	fail "fabep_bench -o scale: the baseline not given fabep's counts: $(cat "$tmp.mpiargs" 2>/dev/null)"
 # the baseline's command line is checked before MPI starts
 if [ -x "$mpib" ]; then
 	for args in "-t 4294967297" "--cols 4294967312" "-I 0" "-w -1" \

@@ -38,6 +38,10 @@ struct bench_opts {
 
 /* Each part returns 0 on success, else a negative code (message printed). */
 int bench_kernels(const struct bench_opts *o, FILE *out);
+/* kernels: 0 when -K names a kernel (or none is given) and -B holds 16
+ * rows of -H; else -EINVAL and why, for fabep_bench to refuse the
+ * command line before the part runs */
+int bench_kernels_check(const struct bench_opts *o, char *why, size_t len);
 /* -o scale (utils/bench_scale.c): runs the other parts and the MPI
  * baseline over rank and token counts, here (no communicator). */
 int bench_scale(const struct bench_opts *o, FILE *out);
@@ -49,6 +53,17 @@ int bench_scale_want(const char *part);
 struct fabep_comm;
 int bench_coll(struct fabep_comm *comm, const struct bench_opts *o, FILE *out);
 size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks);
+/* allreduce, arnorm: the iterations and warm-up of -I and -w, or their
+ * defaults for an input of that many bytes (the scale part gives the MPI
+ * baseline the same): 200 below 1 MiB, where a call takes microseconds,
+ * 50 below 16 MiB, 20 above; warm-up a tenth of the iterations, at
+ * least 3. */
+long bench_coll_iters(const struct bench_opts *o, size_t bytes);
+long bench_coll_warmup(const struct bench_opts *o, long iters);
+/* allreduce, arnorm: whether an input of rows x cols values of es bytes
+ * is one fabep_allreduce takes: at most 2^40 bytes (beyond, creating
+ * the handle fails with -EOVERFLOW, and the heap's size would wrap) */
+int bench_coll_fits(size_t rows, size_t cols, size_t es);
 
 /* -o dispatch|combine|moe (utils/bench_moe.c): runs on every rank of comm;
  * rank 0 prints.  bench_moe_heap_bytes: the heap the communicator needs

@@ -215,6 +215,24 @@ static int raw_write(fabep_comm_t *comm, fabep_off_t src, fabep_off_t dst,
 
 static const size_t def_rows[] = { 1, 16, 128, 1024, 8192 };
 
+long bench_coll_iters(const struct bench_opts *o, size_t bytes)
+{
+	return o->iters > 0 ? o->iters :
+	       bytes < (1u << 20) ? 200 : bytes < (16u << 20) ? 50 : 20;
+}
+
+long bench_coll_warmup(const struct bench_opts *o, long iters)
+{
+	return o->warmup >= 0 ? o->warmup : iters / 10 > 3 ? iters / 10 : 3;
+}
+
+int bench_coll_fits(size_t rows, size_t cols, size_t es)
+{
+	size_t max = (size_t)1 << 40;
+
+	return rows && cols && es && cols <= max / es && rows <= max / es / cols;
+}
+
 size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks)
 {
 	size_t cols = o->cols > 0 ? (size_t)o->cols : 7168, rows = 8192;
@@ -426,9 +444,8 @@ static int bc_one(struct bc_run *R, FILE *out, size_t i, size_t rows,
 	const struct bench_opts *o = R->o;
 	fabep_comm_t *comm = R->comm;
 	size_t cols = R->b.cols, bytes = rows * cols * R->b.es;
-	long iters = o->iters > 0 ? o->iters :
-		     bytes < (1u << 20) ? 200 : bytes < (16u << 20) ? 50 : 20;
-	long warm = o->warmup >= 0 ? o->warmup : (iters / 10 > 3 ? iters / 10 : 3);
+	long iters = bench_coll_iters(o, bytes);
+	long warm = bench_coll_warmup(o, iters);
 	const char *path = R->size > 1 && bytes > bc_threshold(R) ?
 			   "two-stage" : R->size >= 4 ? "log-step" : "one-stage";
 	const char *chk = "off";

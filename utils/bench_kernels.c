@@ -396,36 +396,46 @@ static int run_kernel(struct kb *b, const struct bench_opts *o,
 	return ret;
 }
 
+int bench_kernels_check(const struct bench_opts *o, char *why, size_t len)
+{
+	size_t bytes = o->bytes ? o->bytes : 64 * MIB;
+	size_t hidden = o->hidden > 0 ? (size_t)o->hidden : 7168, i, n;
+
+	if (bytes / 16 / 4 < hidden) {
+		snprintf(why, len, "-B %zu is below 16 rows of hidden %zu (%zu bytes)",
+			 bytes, hidden, hidden * 4 * 16);
+		return -EINVAL;
+	}
+	if (!o->kernel)
+		return 0;
+	for (i = 0; i < FEP_ARRAY_SIZE(kernels); i++)
+		if (!strcmp(o->kernel, kernels[i].name))
+			return 0;
+	n = (size_t)snprintf(why, len, "no kernel '%s' for -K; one of:", o->kernel);
+	for (i = 0; i < FEP_ARRAY_SIZE(kernels) && n < len; i++)
+		n += (size_t)snprintf(why + n, len - n, " %s", kernels[i].name);
+	return -EINVAL;
+}
+
 int bench_kernels(const struct bench_opts *o, FILE *out)
 {
 	int iters = o->iters > 0 ? o->iters : 11;
 	int warmup = o->warmup >= 0 ? o->warmup : 2;
-	int counts[2], ncounts = 0, c, found = 0, ret = 0;
+	int counts[2], ncounts = 0, c, ret = 0;
 	fep_pool_t *all = NULL;
+	char why[1024];
 	struct kb b;
 	size_t i;
 
+	/* fabep_bench refuses these before it calls: a backstop */
+	if (bench_kernels_check(o, why, sizeof(why))) {
+		fprintf(stderr, "fabep_bench: kernels: %s\n", why);
+		return -EINVAL;
+	}
 	memset(&b, 0, sizeof(b));
 	b.bytes = o->bytes ? o->bytes : 64 * MIB;
 	b.hidden = o->hidden > 0 ? (size_t)o->hidden : 7168;
-	if (b.bytes < b.hidden * 4 * 16) {
-		fprintf(stderr, "fabep_bench: kernels: -B %zu is below 16 rows of "
-			"hidden %zu\n", b.bytes, b.hidden);
-		return -EINVAL;
-	}
 	b.bytes = b.bytes / (b.hidden * 4 * 16) * (b.hidden * 4 * 16);
-	if (o->kernel) {
-		for (i = 0; i < FEP_ARRAY_SIZE(kernels); i++)
-			found |= !strcmp(o->kernel, kernels[i].name);
-		if (!found) {
-			fprintf(stderr, "fabep_bench: kernels: no kernel '%s'; one of:",
-				o->kernel);
-			for (i = 0; i < FEP_ARRAY_SIZE(kernels); i++)
-				fprintf(stderr, " %s", kernels[i].name);
-			fprintf(stderr, "\n");
-			return -EINVAL;
-		}
-	}
 
 	/* -T N: 1 and N threads; default: 1 and the pool's default count */
 	ret = fep_pool_create(o->threads > 0 ? o->threads : 0, -1, 1, &all);

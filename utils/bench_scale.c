@@ -9,12 +9,15 @@
  * Every row is a run of its own: this program again (/proc/self/exe) with
  * -o dispatch|combine|allreduce|arnorm -n N -m, which forks N ranks and
  * prints one "key: value" line, and the baseline under mpirun with the
- * same shapes (fabep_mpi_bench, utils/fabep_mpi_bench.c).  The floor of
- * a dispatch or combine is the larger of the bench's ref_live_us (every
- * rank at once puts the bytes the phase sends) and floor_us (the least
- * local traffic of the phase at the memcpy rate of every rank at once);
- * of an allreduce, ref_median_us: every rank writing the bytes of the
- * input to the next at once.
+ * same shapes and the iterations and warm-up fabep's part takes for them
+ * (bench_moe_iters, bench_coll_iters: the baseline's own defaults
+ * differ), always given (fabep_mpi_bench, utils/fabep_mpi_bench.c).
+ * Every string in a command line is quoted for the shell (sh_word).
+ * The floor of a dispatch or combine is the larger of the bench's
+ * ref_live_us (every rank at once puts the bytes the phase sends) and
+ * floor_us (the least local traffic of the phase at the memcpy rate of
+ * every rank at once); of an allreduce, ref_median_us: every rank
+ * writing the bytes of the input to the next at once.
  *
  * --rounds R measures every row R times, fabep and the baseline in
  * turn, so that a load that comes and goes on a shared machine reaches
@@ -26,6 +29,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,26 +315,97 @@ static void print_row(FILE *out, const struct bench_opts *o,
 	fflush(out);
 }
 
-/* Options every child of this program takes over from ours. */
-static void common_args(const struct bench_opts *o, char *buf, size_t len)
-{
-	size_t n = 0;
+/* A command line for popen, which hands it to sh -c. */
+struct sh_cmd {
+	char buf[4 * PATH_MAX + 1024];
+	size_t n;
+	int over;  /* it did not fit: not to be run */
+};
 
-	buf[0] = '\0';
-#define ADD(...) do { if (n < len) n += (size_t)snprintf(buf + n, len - n, __VA_ARGS__); } while (0)
-	if (o->provider)
-		ADD(" -p '%s'", o->provider);
-	if (o->domain)
-		ADD(" -d '%s'", o->domain);
+static void sh_start(struct sh_cmd *c)
+{
+	c->buf[0] = '\0';
+	c->n = 0;
+	c->over = 0;
+}
+
+static void __attribute__((format(printf, 2, 3)))
+sh_add(struct sh_cmd *c, const char *fmt, ...)
+{
+	va_list ap;
+	int r;
+
+	if (c->over)
+		return;
+	va_start(ap, fmt);
+	r = vsnprintf(c->buf + c->n, sizeof(c->buf) - c->n, fmt, ap);
+	va_end(ap);
+	if (r < 0 || (size_t)r >= sizeof(c->buf) - c->n)
+		c->over = 1;
+	else
+		c->n += (size_t)r;
+}
+
+/* " 'word'": s as one single-quoted shell word, each ' in it written
+ * '\'' (end the quote, an escaped quote, quote again).  Every string
+ * that reaches the shell goes through here: a provider named
+ * "shm';cmd;'" must reach the child as that name, not run cmd. */
+static void sh_word(struct sh_cmd *c, const char *s)
+{
+	sh_add(c, " '");
+	for (; *s && !c->over; s++) {
+		if (*s == '\'')
+			sh_add(c, "'\\''");
+		else
+			sh_add(c, "%c", *s);
+	}
+	sh_add(c, "'");
+}
+
+/* Whether c fit; if not, says so (a row that cannot run fails). */
+static int sh_ok(const struct sh_cmd *c)
+{
+	if (c->over)
+		fprintf(stderr, "%s: -o scale: a command line of more than %zu "
+			"bytes: the options or paths are too long\n", tool_name,
+			sizeof(c->buf) - 1);
+	return !c->over;
+}
+
+/* The start of a row's two command lines: this program (its part's
+ * options follow) and the MPI baseline under mpirun (mpib, or nothing
+ * where there is none: the line is then not run). */
+static void sh_row_start(struct sh_cmd *cmd, struct sh_cmd *mcmd,
+			 const char *self, const char *mpirun,
+			 const char *mpiopt, const char *mpib)
+{
+	sh_start(cmd);
+	sh_word(cmd, self);
+	sh_start(mcmd);
+	sh_word(mcmd, mpirun);
+	sh_add(mcmd, "%s", mpiopt);
+	sh_word(mcmd, mpib ? mpib : "");
+}
+
+/* Options every child of this program takes over from ours. */
+static void common_args(const struct bench_opts *o, struct sh_cmd *c)
+{
+	if (o->provider) {
+		sh_add(c, " -p");
+		sh_word(c, o->provider);
+	}
+	if (o->domain) {
+		sh_add(c, " -d");
+		sh_word(c, o->domain);
+	}
 	if (o->iters)
-		ADD(" -I %d", o->iters);
+		sh_add(c, " -I %d", o->iters);
 	if (o->warmup >= 0)
-		ADD(" -w %d", o->warmup);
+		sh_add(c, " -w %d", o->warmup);
 	if (o->threads)
-		ADD(" -T %d", o->threads);
+		sh_add(c, " -T %d", o->threads);
 	if (o->check)
-		ADD(" --check");
-#undef ADD
+		sh_add(c, " --check");
 }
 
 int bench_scale(const struct bench_opts *o, FILE *out)
@@ -343,10 +418,11 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 	int cores = scale_cores(), failed = 0, i, j, p;
 	int rounds = o->rounds > 0 ? o->rounds : 1;
 	const char *mpib, *mpirun = find_mpirun();
-	char self[PATH_MAX], mbuf[PATH_MAX], args[512], cmd[3 * PATH_MAX + 1024];
-	char mcmd[3 * PATH_MAX + 1024];
-	char mpiopt[160], shape[96], cols[32], miters[64];
+	char self[PATH_MAX], mbuf[PATH_MAX];
+	struct sh_cmd cmd, mcmd;
+	char mpiopt[160], shape[96], cols[32];
 	const char *fmt = o->format ? o->format : "bf16";
+	size_t ncols = o->cols ? (size_t)o->cols : 7168;
 	ssize_t sl;
 	double ar_floor;
 	int mpi_moe;
@@ -361,16 +437,11 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 	mpib = find_mpi_bench(self, mbuf, sizeof(mbuf));
 	/* the baseline dispatches bf16 rows only */
 	mpi_moe = mpib && !strcmp(fmt, "bf16");
-	common_args(o, args, sizeof(args));
-	/* the shapes, for both; the baseline's iteration counts */
+	/* the shapes, for both (numbers only) */
 	snprintf(shape, sizeof(shape), "%s%.0d%s%.0d%s%.0d",
 		 o->hidden ? " -H " : "", o->hidden, o->topk ? " -k " : "", o->topk,
 		 o->experts ? " -e " : "", o->experts);
 	snprintf(cols, sizeof(cols), "%s%.0d", o->cols ? " --cols " : "", o->cols);
-	snprintf(miters, sizeof(miters), "%s%.0d%s%.0d", o->iters ? " -I " : "",
-		 o->iters, o->warmup >= 0 ? " -w " : "", o->warmup >= 0 ? o->warmup : 0);
-	if (o->warmup == 0)
-		snprintf(miters + strlen(miters), sizeof(miters) - strlen(miters), "0");
 
 	if (!o->machine) {
 		fprintf(out, "# %s -o scale: median us of each part (the slowest rank's "
@@ -408,15 +479,18 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				if (!bench_scale_want(r.part))
 					continue;
 
-				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d -t %d -f %s%s%s -m",
-					 self, r.part, n, tokens[j], fmt, args, shape);
+				sh_row_start(&cmd, &mcmd, self, mpirun, mpiopt, mpib);
+				sh_add(&cmd, " -o %s -n %d -t %d -f", r.part, n, tokens[j]);
+				sh_word(&cmd, fmt);
+				common_args(o, &cmd);
+				sh_add(&cmd, "%s -m", shape);
 				/* the iterations fabep's part takes */
-				if (mpi_moe)
-					snprintf(mcmd, sizeof(mcmd), "'%s'%s '%s' -o %s -t %d -I %d "
-						 "-w %d%s -m", mpirun, mpiopt, mpib, r.part, tokens[j],
-						 bench_moe_iters(o, tokens[j]),
-						 bench_moe_warmup(o, tokens[j]), shape);
-				run_rounds(&r, rounds, cmd, mpi_moe ? mcmd : NULL, 0);
+				sh_add(&mcmd, " -o %s -t %d -I %d -w %d%s -m", r.part,
+				       tokens[j], bench_moe_iters(o, tokens[j]),
+				       bench_moe_warmup(o, tokens[j]), shape);
+				if (!sh_ok(&cmd) || !sh_ok(&mcmd))
+					return -E2BIG;
+				run_rounds(&r, rounds, cmd.buf, mpi_moe ? mcmd.buf : NULL, 0);
 				failed |= r.failed;
 				print_row(out, o, &r, mpi_moe);
 			}
@@ -428,17 +502,24 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				 * once and not shown, where only arnorm is asked */
 				int floor_only = !p && !bench_scale_want("allreduce") &&
 						 bench_scale_want("arnorm");
+				/* the iterations fabep's part takes for this
+				 * input (fp32), given to the baseline as well */
+				long iters = bench_coll_iters(o, (size_t)rows[j] * ncols * 4);
 
 				if (!bench_scale_want(r.part) && !floor_only)
 					continue;
 
-				snprintf(cmd, sizeof(cmd), "'%s' -o %s -n %d --rows %d -f fp32%s%s -m",
-					 self, r.part, n, rows[j], args, cols);
-				if (mpib)
-					snprintf(mcmd, sizeof(mcmd), "'%s'%s '%s' -o %s --rows %d%s%s -m",
-						 mpirun, mpiopt, mpib, r.part, rows[j], miters, cols);
-				run_rounds(&r, floor_only ? 1 : rounds, cmd,
-					   mpib && !floor_only ? mcmd : NULL, ar_floor);
+				sh_row_start(&cmd, &mcmd, self, mpirun, mpiopt, mpib);
+				sh_add(&cmd, " -o %s -n %d --rows %d -f fp32", r.part, n,
+				       rows[j]);
+				common_args(o, &cmd);
+				sh_add(&cmd, "%s -m", cols);
+				sh_add(&mcmd, " -o %s --rows %d -I %ld -w %ld%s -m", r.part,
+				       rows[j], iters, bench_coll_warmup(o, iters), cols);
+				if (!sh_ok(&cmd) || !sh_ok(&mcmd))
+					return -E2BIG;
+				run_rounds(&r, floor_only ? 1 : rounds, cmd.buf,
+					   mpib && !floor_only ? mcmd.buf : NULL, ar_floor);
 				if (!p)
 					ar_floor = r.floor_us;
 				failed |= r.failed;

@@ -51,8 +51,10 @@ static void soak_config(const struct bench_opts *o, int nranks,
 {
 	fabep_moe_config_init(&c->moe);
 	c->moe.num_experts = o->experts > 0 ? o->experts : 4 * (nranks > 0 ? nranks : 1);
+	/* the default -k, not a -k given, fits the experts (fabep_bench
+	 * and soak_setup refuse one above them) */
 	c->moe.top_k = o->topk > 0 ? o->topk : 3;
-	if (c->moe.top_k > c->moe.num_experts)
+	if (o->topk <= 0 && c->moe.top_k > c->moe.num_experts)
 		c->moe.top_k = c->moe.num_experts;
 	c->moe.hidden = o->hidden > 0 ? (size_t)o->hidden : 256;
 	c->moe.max_tokens = o->tokens > 0 ? o->tokens : 64;
@@ -307,6 +309,11 @@ static int soak_setup(struct soak *S, fabep_comm_t *comm,
 	if (S->c.moe.num_experts % S->size) {
 		fprintf(stderr, "%s: soak: -e %d experts is not a multiple of %d ranks\n",
 			tool_name, S->c.moe.num_experts, S->size);
+		return -EINVAL;
+	}
+	if (S->c.moe.top_k > S->c.moe.num_experts) {
+		fprintf(stderr, "%s: soak: -k %d is more than the -e %d experts\n",
+			tool_name, S->c.moe.top_k, S->c.moe.num_experts);
 		return -EINVAL;
 	}
 	S->fp32 = S->c.moe.token_type == FABEP_MOE_FP32;

@@ -331,15 +331,19 @@ static int opt_int(const struct tool_desc *d, const struct tool_optdef *od,
 	errno = 0;
 	v = strtol(val, &end, 10);
 	if (errno || end == val || *end || v < min || v > max) {
-		snprintf(want, sizeof(want), "expected an integer from %ld to %ld",
-			 min, max);
+		if (min == max)
+			snprintf(want, sizeof(want), "expected %ld", min);
+		else
+			snprintf(want, sizeof(want), "expected an integer from "
+				 "%ld to %ld", min, max);
 		opt_bad(d, od, val, want);
 	}
 	return (int)v;
 }
 
 /* A comma-separated list of integers in [min, max] (a single value too);
- * returns the first. */
+ * returns the first.  The message offers a list only where the tool
+ * takes one (d->lists): elsewhere it would invite a second error. */
 static int opt_int_list(const struct tool_desc *d, const struct tool_optdef *od,
 			const char *val, long min, long max, int *list, int *n)
 {
@@ -348,6 +352,11 @@ static int opt_int_list(const struct tool_desc *d, const struct tool_optdef *od,
 	char *end;
 	long v;
 
+	if (!d->lists) {
+		list[0] = opt_int(d, od, val, min, max);
+		*n = 1;
+		return list[0];
+	}
 	*n = 0;
 	for (;;) {
 		errno = 0;
@@ -355,8 +364,8 @@ static int opt_int_list(const struct tool_desc *d, const struct tool_optdef *od,
 		if (errno || end == p || (*end && *end != ',') || v < min ||
 		    v > max || *n == TOOL_MAX_LIST) {
 			snprintf(want, sizeof(want), "expected an integer from %ld to "
-				 "%ld, or a list of at most %d (2,4,8)", min, max,
-				 TOOL_MAX_LIST);
+				 "%ld, or with %s a list of at most %d (2,4,8)", min,
+				 max, d->lists, TOOL_MAX_LIST);
 			opt_bad(d, od, val, want);
 		}
 		list[(*n)++] = (int)v;
@@ -376,6 +385,48 @@ static int opt_word(const char *val)
 		if (*p <= ' ' || *p > '~')
 			return 0;
 	return 1;
+}
+
+/*
+ * getopt_long refused a long option arg (argv[optind - 1]) that names one
+ * of ours: with a value the option does not take ("--machine=1", which it
+ * reports as the short option, "-m"), or as a prefix of more than one
+ * ("--r": --ranks, --rows, --rounds), which it reports as an unknown
+ * option.  Say which, and exit 2; return for anything else.  (optopt
+ * tells the cases apart: the option's id, or 0 when ambiguous.)
+ */
+static void opt_unknown(const struct tool_desc *d, const struct option *lo,
+			int nlong, const char *arg)
+{
+	char names[256];
+	size_t len, at = 0;
+	int i, match = -1, matches = 0;
+
+	if (!arg || strncmp(arg, "--", 2) || !arg[2])
+		return;
+	arg += 2;
+	len = strcspn(arg, "=");
+	names[0] = '\0';
+	for (i = 0; i < nlong; i++) {
+		if (strncmp(lo[i].name, arg, len))
+			continue;
+		if (strlen(lo[i].name) == len) {  /* exact: no ambiguity */
+			match = i;
+			matches = 1;
+			break;
+		}
+		match = i;
+		matches++;
+		if (at < sizeof(names))
+			at += (size_t)snprintf(names + at, sizeof(names) - at,
+					       "%s--%s", at ? ", " : "", lo[i].name);
+	}
+	if (matches == 1 && arg[len] == '=' && lo[match].has_arg == no_argument &&
+	    optopt == lo[match].val)
+		tool_usage_error(d, "option --%s takes no argument", lo[match].name);
+	if (matches > 1 && !optopt)
+		tool_usage_error(d, "option --%.*s is ambiguous: %s", (int)len, arg,
+				 names);
 }
 
 void tool_parse(const struct tool_desc *d, int argc, char **argv,
@@ -417,6 +468,7 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		int ret;
 
 		if (c == '?') {
+			opt_unknown(d, longopts, nlong, argv[optind - 1]);
 			if (optopt && optopt < 256)
 				tool_usage_error(d, "unknown option -%c", optopt);
 			tool_usage_error(d, "unknown option %s", argv[optind - 1]);
@@ -456,8 +508,10 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		case 'w': o->warmup = opt_int(d, od, val, 0, 1000000000); break;
 		case 'm': o->machine = 1; break;
 		case 'n':
-			o->nranks = opt_int_list(d, od, val, 1, 256, o->nranks_list,
-						 &o->n_nranks);
+			o->nranks = opt_int_list(d, od, val,
+						 d->ranks_max ? d->ranks_min : 1,
+						 d->ranks_max ? d->ranks_max : 256,
+						 o->nranks_list, &o->n_nranks);
 			break;
 		case 'T': o->threads = opt_int(d, od, val, 1, 4096); break;
 		case 'W': o->window = opt_int(d, od, val, 1, 65536); break;
@@ -500,8 +554,9 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 			errno = 0;
 			o->soak_s = strtod(val, &end);
 			if (errno || end == val || *end || !(o->soak_s > 0) ||
-			    o->soak_s > 86400 * 7)
-				opt_bad(d, od, val, "expected seconds, more than 0");
+			    o->soak_s > TOOL_MAX_SOAK_S)
+				opt_bad(d, od, val, "expected seconds, more than 0 "
+					"and at most 604800 (7 days)");
 			break;
 		}
 		case 'h':

@@ -37,6 +37,7 @@ enum {
 #define TOOL_MAX_SIZES 64
 #define TOOL_MAX_LIST 16      /* values in a -n, -t or --rows list */
 #define TOOL_MAX_ROUNDS 100   /* fabep_bench --rounds */
+#define TOOL_MAX_SOAK_S 604800 /* --soak: 7 days, in seconds */
 #define TOOL_DEFAULT_PORT 47592
 
 /* Everything any tool parses; each tool accepts a subset. */
@@ -91,6 +92,12 @@ struct tool_desc {
 	const struct tool_help *help; /* overrides, {0} terminated, or NULL */
 	int max_args;           /* positional arguments allowed */
 	const char *epilog;     /* printed after the options, or NULL */
+	/* -n's range (both 0: 1 to 256), checked while parsing, so that the
+	 * message names the tool's own limits */
+	int ranks_min, ranks_max;
+	/* where -n, -t and --rows take comma-separated lists ("-o scale"),
+	 * NULL: nowhere; only there does a bad value's message offer one */
+	const char *lists;
 };
 
 /*

@@ -108,7 +108,8 @@ static const struct tool_help bench_help[] = {
 	  "write: message sizes, one size, a comma-separated list (k, M, G "
 	  "suffixes) or all (powers of two, 1 to 4M); default 64k,1M,4M" },
 	{ 'W', NULL, "write: puts per window (default 64)" },
-	{ 'B', NULL, "kernels: input bytes per kernel (default 64M)" },
+	{ 'B', NULL, "kernels: input bytes per kernel, at least 16 rows of -H "
+		     "(default 64M)" },
 	{ 'K', NULL, "kernels: run only this kernel, e.g. bf16_to_f32, "
 		     "fp8_quant_bf16_b128, rmsnorm_bf16_fp8, topk8_sum_bf16 "
 		     "(an unknown name lists them all; default: all)" },
@@ -132,7 +133,8 @@ static const struct tool_help bench_help[] = {
 				   "(default 16,128,1024)" },
 	{ TOOL_OPT_SOAK, NULL,
 	  "without -o (or with -o soak): run dispatch + combine + allreduce "
-	  "with fresh random routing every round for SECONDS, checking every "
+	  "with fresh random routing every round for SECONDS (at most 604800: "
+	  "7 days), checking every "
 	  "result, and report rounds, errors and resident memory after the "
 	  "warm-up and at the end (exit 1 on an error or a growth above 8 MiB "
 	  "of newly allocated memory); "
@@ -158,6 +160,7 @@ static const struct tool_desc bench_desc = {
 	.accept = bench_accept,
 	.help = bench_help,
 	.max_args = 0,
+	.lists = "-o scale",
 	.epilog =
 		"The write part prints fabep_pingpong's table (bytes iters total time\n"
 		"MB/sec usec/xfer Mxfers/sec), or with -m one line per size: op, mode,\n"
@@ -429,7 +432,7 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 	};
 	size_t i;
 	int n, e, k;
-	bool moe;
+	bool moe, soak;
 
 	for (i = 0, u = use; i < sizeof(use) / sizeof(use[0]); i++, u++)
 		if (given[i] && !part_in(p, u->parts)) {
@@ -450,17 +453,50 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 		tool_usage_error(&bench_desc, "FABEP_BENCH_SCALE_PARTS=%s: not a "
 				 "comma-separated list of dispatch, combine, "
 				 "allreduce, arnorm", getenv("FABEP_BENCH_SCALE_PARTS"));
-	/* the MoE parts' shapes with their defaults (bench_cfg: -e 256,
-	 * -k 8); soak's defaults follow the ranks and always fit */
-	moe = part_in(p, "dispatch combine moe scale");
-	e = o->experts > 0 ? o->experts : moe ? 256 : 0;
-	k = o->topk > 0 ? o->topk : moe ? 8 : 0;
-	if (k > 0 && e > 0 && k > e)
-		tool_usage_error(&bench_desc, "-k %d is more than the -e %d experts%s",
-				 k, e, o->experts > 0 && o->topk > 0 ? "" :
-				 " (the default -e 256, -k 8)");
+	/* the allreduce's input with the part's default for what was not
+	 * given (rows: allreduce, arnorm 8192 at most, scale 1024, soak 48;
+	 * cols: 7168, soak 1024; fp32 but for allreduce and arnorm's bf16):
+	 * a shape fabep_allreduce cannot take is the command line's fault,
+	 * and is said so before the heap's size is reckoned from it */
+	if ((o->rows > 0 || o->cols > 0) && part_in(p, "allreduce arnorm soak scale")) {
+		bool soak_p = !strcmp(p, "soak");
+		size_t cols = o->cols > 0 ? (size_t)o->cols : soak_p ? 1024 : 7168;
+		size_t es = part_in(p, "allreduce arnorm") &&
+			    !(o->format && !strcmp(o->format, "fp32")) ? 2 : 4;
+		size_t rows = soak_p ? 48 : !strcmp(p, "scale") ? 1024 : 8192;
+
+		if (o->rows > 0)
+			for (i = 0, rows = 0; i < (size_t)(o->n_rows ? o->n_rows : 1); i++)
+				if ((size_t)o->rows_list[i] > rows)
+					rows = (size_t)o->rows_list[i];
+		if (!bench_coll_fits(rows, cols, es))
+			tool_usage_error(&bench_desc, "-o %s: the allreduce's shape is "
+					 "too large: %zu rows x %zu cols of %zu bytes pass "
+					 "2^40 bytes (1 TiB)", p, rows, cols, es);
+	}
 	/* the ranks main forks when -n is not given, outside a job */
 	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
+	/* the MoE parts' shapes with their defaults (bench_cfg: -e 256,
+	 * -k 8).  soak's defaults follow the ranks (-e 4 per rank, -k 3,
+	 * at most the experts): a -k given must fit them, as a soak that
+	 * quietly ran with fewer experts per token would test something
+	 * else than asked (under a launcher, the ranks and so the default
+	 * -e are known only to the part, which refuses it there) */
+	moe = part_in(p, "dispatch combine moe scale");
+	soak = !strcmp(p, "soak");
+	e = o->experts > 0 ? o->experts : moe ? 256 : soak ? 4 * n : 0;
+	k = o->topk > 0 ? o->topk : moe ? 8 : 0;
+	if (k > 0 && e > 0 && k > e) {
+		char why[64] = "";
+
+		if (soak && o->experts <= 0)
+			snprintf(why, sizeof(why), " (soak's default -e: 4 per "
+				 "rank, %d ranks)", n);
+		else if (o->experts <= 0 || o->topk <= 0)
+			snprintf(why, sizeof(why), " (the default -e 256, -k 8)");
+		tool_usage_error(&bench_desc, "-k %d is more than the -e %d "
+				 "experts%s", k, e, why);
+	}
 	if (e > 0 && n > 0 && part_in(p, "dispatch combine moe soak") && e % n)
 		tool_usage_error(&bench_desc, "-e %d experts are not a multiple of "
 				 "the %d ranks%s", e, n, o->experts > 0 ? "" :
@@ -541,15 +577,21 @@ int main(int argc, char **argv)
 			tool_name, part->name, part->what);
 		return TOOL_EXIT_FAIL;
 	}
+	if (!strcmp(part->name, "kernels")) {
+		/* an unknown -K, a -B too small for -H: a bad command line,
+		 * told as any other (message, usage, exit 2) */
+		char why[1024];
+
+		if (bench_kernels_check(&bo, why, sizeof(why)))
+			tool_usage_error(&bench_desc, "%s", why);
+	}
 	if (part->local) {
 		ret = part->local(&bo, stdout);
 		fflush(stdout);
 		if (ret) {
 			fprintf(stderr, "%s: -o %s: %s\n", tool_name, part->name,
 				fabep_strerror(ret));
-			/* -EINVAL: the command line (an unknown -K, a -B
-			 * too small for -H), said above */
-			return ret == -EINVAL ? TOOL_EXIT_USAGE : TOOL_EXIT_FAIL;
+			return TOOL_EXIT_FAIL;
 		}
 		return TOOL_EXIT_OK;
 	}

@@ -70,6 +70,8 @@ static const struct tool_desc pp_desc = {
 	.accept = pp_accept,
 	.help = pp_help,
 	.max_args = 1,
+	.ranks_min = 2,
+	.ranks_max = 2,
 	.epilog =
 		"Ranks: with neither -s nor HOST, two local ranks are forked (-n 2);\n"
 		"under mpirun or srun (2 ranks) each process is one rank.  Across hosts\n"
