@@ -100,6 +100,14 @@ expect 2 "$bench" --soak 700000 && grep -q '604800 (7 days)' "$tmp.err" ||
 expect 2 "$bench" --soak 1 -p shm -k 10 &&
 	grep -q -- "-k 10 is more than the -e 8 experts (soak's default" "$tmp.err" ||
 	fail "fabep_bench --soak 1 -k 10: not refused"
+# environment switches: a spelling other than the documented ones is
+# refused, not taken for on (zero copy) or for binding (FABEP_BIND)
+expect 2 env FABEP_BENCH_ZERO_COPY=no "$bench" -o dispatch -n 2 -p shm -I 1 &&
+	grep -q 'FABEP_BENCH_ZERO_COPY=no: expected 1 (on) or 0 (off)' "$tmp.err" ||
+	fail "FABEP_BENCH_ZERO_COPY=no: not refused"
+expect 2 env FABEP_BIND=off "$pp" -p shm &&
+	grep -q 'FABEP_BIND=off: the one value taken is none' "$tmp.err" ||
+	fail "FABEP_BIND=off: not refused"
 # the kernels' bad command lines: message and usage, no second line
 for args in "-K nosuch -B 1M" "-B 1k"; do
 	# shellcheck disable=SC2086

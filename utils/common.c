@@ -582,6 +582,27 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 			tool_usage_error(d, "invalid host '%s'", argv[optind]);
 		o->host = argv[optind];
 	}
+	/* the one value FABEP_BIND takes: another (off, None) would bind
+	 * the ranks while the user meant not to */
+	{
+		const char *b = getenv("FABEP_BIND");
+
+		if (b && *b && strcmp(b, "none"))
+			tool_usage_error(d, "FABEP_BIND=%s: the one value taken is "
+					 "none (forked ranks left unbound)", b);
+	}
+}
+
+int tool_env_switch(const struct tool_desc *d, const char *name)
+{
+	const char *v = getenv(name);
+
+	if (!v || !*v || !strcmp(v, "0"))
+		return 0;
+	if (!strcmp(v, "1"))
+		return 1;
+	tool_usage_error(d, "%s=%s: expected 1 (on) or 0 (off)", name, v);
+	return 0;
 }
 
 /* ------------------------------------------------------------------ */

@@ -115,6 +115,10 @@ void tool_usage(const struct tool_desc *d, FILE *f);
 void tool_usage_error(const struct tool_desc *d, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3), noreturn));
 
+/* An environment switch (unset, empty or 0: off; 1: on); any other
+ * value is a usage error (message + usage, exit 2). */
+int tool_env_switch(const struct tool_desc *d, const char *name);
+
 /* "64", "4k", "1M", "1G" (binary units).  0 or -EINVAL/-ERANGE. */
 int tool_parse_size(const char *s, size_t *out);
 /* "all" (1 B .. max, powers of two), a list "64,4k,1M", or one size. */

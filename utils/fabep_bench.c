@@ -449,6 +449,11 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 	if (o->format && (part_in(p, "allreduce arnorm soak")) &&
 	    strcmp(o->format, "bf16") && strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "-o %s takes -f bf16 or fp32", p);
+	/* the parts read these as on unless unset, empty or 0: any other
+	 * spelling (no, off) is refused here, not taken for on */
+	tool_env_switch(&bench_desc, "FABEP_BENCH_ZERO_COPY");
+	tool_env_switch(&bench_desc, "FABEP_BENCH_SEND_BUFFER");
+	tool_env_switch(&bench_desc, "FABEP_BENCH_PULL");
 	if (!strcmp(p, "scale") && !bench_scale_want(NULL))
 		tool_usage_error(&bench_desc, "FABEP_BENCH_SCALE_PARTS=%s: not a "
 				 "comma-separated list of dispatch, combine, "

@@ -279,6 +279,10 @@ def main(args=None):
                     "MODULE, the module's)")
     mine, prog = _split(sys.argv[1:] if args is None else list(args))
     a = ap.parse_args(mine)
+    bind = os.environ.get("FABEP_BIND")
+    if bind and bind != "none":  # as the C tools: not taken for "bind"
+        ap.error("FABEP_BIND=%s: the one value taken is none (ranks left "
+                 "unbound)" % bind)
     if a.ranks < 1:
         ap.error("-n must be at least 1")
     if not a.timeout >= 0 or a.timeout == float("inf"):  # NaN too

@@ -282,6 +282,9 @@ def test_command_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fabep.run", "-n", "0", prog],
                        env=env, stderr=subprocess.DEVNULL)
     assert r.returncode == 2
+    r = subprocess.run([sys.executable, "-m", "fabep.run", "-n", "2", prog],
+                       env=dict(env, FABEP_BIND="off"), stderr=subprocess.PIPE)
+    assert r.returncode == 2 and b"FABEP_BIND=off" in r.stderr
     for t in ("-1", "nan"):
         r = subprocess.run([sys.executable, "-m", "fabep.run", "-t", t, "-n",
                             "2", prog], env=env, stderr=subprocess.PIPE)

@@ -108,6 +108,11 @@ int fep_parse_hostport(const char *s, char *host, size_t hostlen, int *port)
 	}
 	if (he == hs || (size_t)(he - hs) >= hostlen)
 		return -EINVAL;
+	/* no host name holds a space: " 127.0.0.1" would fail later as a
+	 * host that does not resolve, without naming the variable */
+	for (const char *c = hs; c < he; c++)
+		if (isspace((unsigned char)*c))
+			return -EINVAL;
 	/* The port is plain decimal digits: no sign, space or 0x. */
 	if (!colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
 		return -EINVAL;
