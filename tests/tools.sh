@@ -494,6 +494,17 @@ expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch "$ben
 	grep -Eq '^dispatch +2 +1t +[0-9.]+ .* n/a +n/a$' "$tmp.out" ||
 	fail "fabep_bench -o scale without the baseline: no n/a row"
 expect 2 "$bench" -o dispatch -n 2,4
+# the experts bind only dispatch and combine: an allreduce row at a rank
+# count they do not divide runs, and so does its baseline
+if expect 0 env FABEP_BENCH_SCALE_PARTS=allreduce "$bench" -p shm -o scale \
+	-n 3 --rows 1 --cols 256 -I 2 -w 1 -m; then
+	grep -q '^op: scale part: allreduce .* result: ok' "$tmp.out" ||
+		fail "fabep_bench -o scale -n 3 (allreduce): no row"
+	if [ -x "$mpib" ]; then
+		grep -q 'mpi_us: -1' "$tmp.out" &&
+			fail "fabep_bench -o scale -n 3: the MPI allreduce did not run"
+	fi
+fi
 # what scale passes on to its children's shell is quoted: a provider with
 # a quote in it reaches the child as that name (no such provider)
 mark=$tmp.injected

@@ -506,7 +506,9 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 		tool_usage_error(&bench_desc, "-e %d experts are not a multiple of "
 				 "the %d ranks%s", e, n, o->experts > 0 ? "" :
 				 " (the default -e 256)");
-	for (i = 0; e > 0 && !strcmp(p, "scale") && i < (size_t)o->n_nranks; i++)
+	/* the experts matter only to the rows of dispatch and combine */
+	for (i = 0; e > 0 && !strcmp(p, "scale") && (bench_scale_want("dispatch") ||
+	     bench_scale_want("combine")) && i < (size_t)o->n_nranks; i++)
 		if (e % o->nranks_list[i])
 			tool_usage_error(&bench_desc, "-e %d experts are not a "
 					 "multiple of the -n %d ranks%s", e,
