@@ -1,11 +1,10 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """Collectives: allreduce, allreduce + RMSNorm (+ FP8)."""
 import ctypes
-import operator
 
 from . import _lib
 from . import _tensor
-from .comm import _cint
+from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
     reraise_refused, serial
 
@@ -19,15 +18,8 @@ def _check_shape(max_rows, max_cols, dtype):
     if dtype not in _DT:
         raise invalid("dtype=%r: expected bf16 or fp32" % (dtype,))
     for k, v in (("max_rows", max_rows), ("max_cols", max_cols)):
-        try:
-            v = operator.index(v)
-        except TypeError:
-            raise invalid("%s=%r: expected a whole number" % (k, v)) \
-                from None
-        if v < 1:
+        if _uint(v, k) < 1:
             raise invalid("%s=%d: expected at least 1" % (k, v))
-        if v > 2**64 - 1:  # ctypes would keep the low bits
-            raise invalid("%s=%d: out of range" % (k, v))
 
 
 def _real(name, v):

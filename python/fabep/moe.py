@@ -3,11 +3,10 @@
 import collections
 import ctypes
 import errno
-import operator
 
 from . import _lib
 from . import _tensor
-from .comm import _cint
+from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
     raise_for, reraise_refused, logged, serial
 
@@ -243,19 +242,14 @@ class MoE(Handle):
                 buffer_sets=0, zero_copy=False):
         cfg = _lib.MoeConfig()
         lib.fabep_moe_config_init(ctypes.byref(cfg))
+        # ctypes would keep the low bits of a value its field cannot
+        # hold, and the C handle would differ from this object without a
+        # word; a negative int is C's to refuse, on every rank
         for k, v in (("num_experts", num_experts), ("top_k", top_k),
-                     ("hidden", hidden), ("max_tokens", max_tokens),
-                     ("fp8_block", fp8_block), ("buffer_sets", buffer_sets)):
-            try:
-                v = operator.index(v)
-            except TypeError:
-                raise invalid("%s=%r: expected a whole number" % (k, v)) \
-                    from None
-            # ctypes would keep the low bits of a larger value, and the
-            # C handle would differ from this object without a word
-            top = 2**64 - 1 if k == "hidden" else 2**31 - 1
-            if not (0 if k == "hidden" else -2**31) <= v <= top:
-                raise invalid("%s=%d: out of range" % (k, v))
+                     ("max_tokens", max_tokens), ("fp8_block", fp8_block),
+                     ("buffer_sets", buffer_sets)):
+            _cint(v, k)
+        _uint(hidden, "hidden")
         cfg.num_experts, cfg.top_k = num_experts, top_k
         cfg.hidden, cfg.max_tokens = hidden, max_tokens
         cfg.token_type = _type(token_type, "token_type", _TYPES)
