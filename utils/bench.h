@@ -61,8 +61,10 @@ size_t bench_coll_heap_bytes(const struct bench_opts *o, int nranks);
 long bench_coll_iters(const struct bench_opts *o, size_t bytes);
 long bench_coll_warmup(const struct bench_opts *o, long iters);
 /* allreduce, arnorm: whether an input of rows x cols values of es bytes
- * is one fabep_allreduce takes: at most 2^40 bytes (beyond, creating
- * the handle fails with -EOVERFLOW, and the heap's size would wrap) */
+ * is one fabep_allreduce takes: at most 2^BENCH_COLL_MAX_LOG2 bytes
+ * (beyond, creating the handle fails with -EOVERFLOW, and the heap's
+ * size would wrap) */
+#define BENCH_COLL_MAX_LOG2 40
 int bench_coll_fits(size_t rows, size_t cols, size_t es);
 
 /* -o dispatch|combine|moe (utils/bench_moe.c): runs on every rank of comm;

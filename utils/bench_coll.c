@@ -228,7 +228,7 @@ long bench_coll_warmup(const struct bench_opts *o, long iters)
 
 int bench_coll_fits(size_t rows, size_t cols, size_t es)
 {
-	size_t max = (size_t)1 << 40;
+	size_t max = (size_t)1 << BENCH_COLL_MAX_LOG2;
 
 	return rows && cols && es && cols <= max / es && rows <= max / es / cols;
 }

@@ -55,12 +55,8 @@ static void bench_cfg(const struct bench_opts *o, fabep_moe_config_t *cfg)
 	cfg->top_k = o->topk > 0 ? o->topk : 8;
 	cfg->hidden = o->hidden > 0 ? (size_t)o->hidden : 7168;
 	cfg->max_tokens = o->tokens > 0 ? o->tokens : 128;
-	{
-		const char *z = getenv("FABEP_BENCH_ZERO_COPY");
-
-		if (z && *z && strcmp(z, "0"))
-			cfg->flags |= FABEP_MOE_ZERO_COPY;
-	}
+	if (tool_env_on("FABEP_BENCH_ZERO_COPY"))
+		cfg->flags |= FABEP_MOE_ZERO_COPY;
 	if (o->format && !strcmp(o->format, "fp8")) {
 		cfg->token_type = FABEP_MOE_FP8;
 		cfg->input_type = FABEP_MOE_BF16;
@@ -459,17 +455,13 @@ static int mb_setup(struct moe_bench *s)
 	int ret;
 
 	bench_cfg(s->o, cfg);
-	{
-		const char *e = getenv("FABEP_BENCH_SEND_BUFFER");
-
-		s->sbuf = e && *e && strcmp(e, "0") && cfg->token_type != FABEP_MOE_FP8;
-		e = getenv("FABEP_BENCH_PULL");
-		s->do_pull = e && *e && strcmp(e, "0");
-		if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &s->expert_us) < 0 ||
-		    fep_env_long("FABEP_BENCH_SLOW_US", 0, 10000000, &s->slow_us) < 0 ||
-		    fep_env_long("FABEP_BENCH_SLOW_RANK", 0, s->size - 1, &s->slow_rank) < 0)
-			return -EINVAL;  /* logged */
-	}
+	s->sbuf = tool_env_on("FABEP_BENCH_SEND_BUFFER") &&
+		  cfg->token_type != FABEP_MOE_FP8;
+	s->do_pull = tool_env_on("FABEP_BENCH_PULL");
+	if (fep_env_long("FABEP_BENCH_EXPERT_US", 0, 10000000, &s->expert_us) < 0 ||
+	    fep_env_long("FABEP_BENCH_SLOW_US", 0, 10000000, &s->slow_us) < 0 ||
+	    fep_env_long("FABEP_BENCH_SLOW_RANK", 0, s->size - 1, &s->slow_rank) < 0)
+		return -EINVAL;  /* logged */
 	s->n = (size_t)cfg->max_tokens;
 	s->H = cfg->hidden;
 	s->k = (size_t)cfg->top_k;

@@ -593,11 +593,18 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 	}
 }
 
+int tool_env_on(const char *name)
+{
+	const char *v = getenv(name);
+
+	return v && *v && strcmp(v, "0");
+}
+
 int tool_env_switch(const struct tool_desc *d, const char *name)
 {
 	const char *v = getenv(name);
 
-	if (!v || !*v || !strcmp(v, "0"))
+	if (!tool_env_on(name))
 		return 0;
 	if (!strcmp(v, "1"))
 		return 1;

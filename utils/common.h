@@ -118,6 +118,9 @@ void tool_usage_error(const struct tool_desc *d, const char *fmt, ...)
 /* An environment switch (unset, empty or 0: off; 1: on); any other
  * value is a usage error (message + usage, exit 2). */
 int tool_env_switch(const struct tool_desc *d, const char *name);
+/* Whether the switch is on, as tool_env_switch reads it (set, not empty
+ * and not 0), for the code that acts on a switch main checked. */
+int tool_env_on(const char *name);
 
 /* "64", "4k", "1M", "1G" (binary units).  0 or -EINVAL/-ERANGE. */
 int tool_parse_size(const char *s, size_t *out);

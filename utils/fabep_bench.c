@@ -477,7 +477,8 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 		if (!bench_coll_fits(rows, cols, es))
 			tool_usage_error(&bench_desc, "-o %s: the allreduce's shape is "
 					 "too large: %zu rows x %zu cols of %zu bytes pass "
-					 "2^40 bytes (1 TiB)", p, rows, cols, es);
+					 "2^%d bytes", p, rows, cols, es,
+					 BENCH_COLL_MAX_LOG2);
 	}
 	/* the ranks main forks when -n is not given, outside a job */
 	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
