@@ -661,7 +661,9 @@ FABEP_API int fabep_allreduce(fabep_allreduce_t *ar, const void *in,
 
 /* Parameters of the RMSNorm calls.  A p->size refused on one rank
  * (-EINVAL, or -E2BIG for unknown nonzero fields) gives that code on
- * every rank, as any bad argument does. */
+ * every rank, as any bad argument does; eps, weight_offset or scale_ub
+ * that differ between ranks give -FABEP_ERR_MISMATCH on every rank
+ * (gamma's and the residual's values are not compared). */
 typedef struct fabep_rmsnorm_params {
 	size_t size;          /* sizeof(fabep_rmsnorm_params_t): fabep_rmsnorm_params_init */
 	const void *gamma;    /* cols values of the handle's dtype */

@@ -1106,6 +1106,45 @@ static int err_rank(int rank, int size, void *arg)
 				: fabep_allreduce_rmsnorm_fp8(ar, in, rows, 8, &p, q, sc);
 		if (ret != -FABEP_ERR_MISMATCH)
 			FAILF("ops differ: %s", fabep_strerror(ret));
+		/* the norm's scalars on the last rank only: eps, weight_offset,
+		 * scale_ub; each refused on every rank and named */
+		for (int j = 0; j < 3; j++) {
+			fabep_rmsnorm_params_t d = p;
+
+			if (rank == size - 1 && j == 0)
+				d.eps = 1e-6f;
+			else if (rank == size - 1 && j == 1)
+				d.weight_offset = 1.0f;
+			else if (rank == size - 1)
+				d.scale_ub = 0.5f;
+			ret = fabep_allreduce_rmsnorm_fp8(ar, in, rows, 8, &d, q, sc);
+			if (ret != -FABEP_ERR_MISMATCH)
+				FAILF("norm scalar %d differs on rank %d: %s", j,
+				      size - 1, fabep_strerror(ret));
+			if (!strstr(fabep_last_error(), "eps, weight_offset or scale_ub"))
+				FAILF("norm scalar %d: the message does not say "
+				      "which: %s", j, fabep_last_error());
+		}
+		/* what means the same is the same: -0 as 0, no bound as no
+		 * bound, and scale_ub is not the bf16 norm's */
+		{
+			fabep_rmsnorm_params_t d = p;
+
+			if (rank == size - 1) {
+				d.weight_offset = -0.0f;
+				d.scale_ub = -1.0f;
+			}
+			ret = fabep_allreduce_rmsnorm_fp8(ar, in, rows, 8, &d, q, sc);
+			if (ret)
+				FAILF("FP8 norm, -0 offset and no bound on one rank: %s",
+				      fabep_strerror(ret));
+			if (rank == size - 1)
+				d.scale_ub = 0.5f;
+			ret = fabep_allreduce_rmsnorm(ar, in, rows, 8, &d, out);
+			if (ret)
+				FAILF("bf16 norm, scale_ub on one rank: %s",
+				      fabep_strerror(ret));
+		}
 		ret = fabep_allreduce(ar, in, out, rank == size - 1 ? 65 : rows, 8);
 		if (ret != -EINVAL)
 			FAILF("rows above the maximum on one rank: %s",

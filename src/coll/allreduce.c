@@ -925,6 +925,69 @@ static int fep_ar_resync(struct fabep_allreduce *h, int ret, const char *name)
 	return ret ? ret : sret;
 }
 
+/* The fingerprint of p's scalars (FEP_AR_PARM_SHIFT): each as the norm
+ * uses it (-0 as 0, scale_ub without a bound as 0), mixed so that any
+ * change of a bit moves about half of the 16 kept. */
+static uint32_t fep_ar_parm_tag(int op, const fabep_rmsnorm_params_t *p)
+{
+	float eps, wo, ub = 0.0f;
+	uint32_t u[3];
+	uint64_t x;
+
+	if (op == FEP_AR_SUM || !p)
+		return 0;
+	eps = p->eps + 0.0f;
+	wo = p->weight_offset + 0.0f;
+	if (op == FEP_AR_NORM_FP8 && p->scale_ub > 0.0f && isfinite(p->scale_ub))
+		ub = p->scale_ub;
+	memcpy(&u[0], &eps, 4);
+	memcpy(&u[1], &wo, 4);
+	memcpy(&u[2], &ub, 4);
+	x = ((uint64_t)u[0] << 32 | u[1]) ^ (uint64_t)u[2] * 0x9e3779b97f4a7c15ull;
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	x ^= x >> 33;
+	return (uint32_t)(x >> 48);
+}
+
+/* What a header's op says, for the messages: "rmsnorm_fp8 with residual,
+ * parameters 0x1a2b". */
+static const char *fep_ar_op_text(uint32_t op, char *buf, size_t n)
+{
+	uint32_t o = op & 0xff, tag = op >> FEP_AR_PARM_SHIFT;
+
+	snprintf(buf, n, "%s%s%s", o == FEP_AR_SUM ? "allreduce" :
+		 o == FEP_AR_NORM ? "rmsnorm" : o == FEP_AR_NORM_FP8 ?
+		 "rmsnorm_fp8" : "unknown operation",
+		 op & FEP_AR_F_RESIDUAL ? " with residual" : "",
+		 o == FEP_AR_SUM ? "" : ", parameters ");
+	if (o != FEP_AR_SUM) {
+		size_t l = strlen(buf);
+
+		snprintf(buf + l, n - l, "%#06x", tag);
+	}
+	return buf;
+}
+
+/* Ranks a and b called differently: the message every rank logs. */
+static void fep_ar_disagree(const char *name, int a, uint64_t arows,
+			    uint64_t acols, uint32_t aop, int b, uint64_t brows,
+			    uint64_t bcols, uint32_t bop)
+{
+	uint32_t mask = ~((uint32_t)0xffff << FEP_AR_PARM_SHIFT);
+	char ta[64], tb[64];
+
+	fep_err("%s: ranks disagree: rank %d passed %llu x %llu (%s), rank %d "
+		"passed %llu x %llu (%s)%s", name, a, (unsigned long long)arows,
+		(unsigned long long)acols, fep_ar_op_text(aop, ta, sizeof(ta)), b,
+		(unsigned long long)brows, (unsigned long long)bcols,
+		fep_ar_op_text(bop, tb, sizeof(tb)),
+		arows == brows && acols == bcols && (aop & mask) == (bop & mask) ?
+		": their eps, weight_offset or scale_ub differ" : "");
+}
+
 /* The verdict after phase 1: the same on every rank. */
 static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mine,
 			  const uint8_t *slots, const char *name)
@@ -971,11 +1034,8 @@ static int fep_ar_verdict(struct fabep_allreduce *h, const struct fep_ar_hdr *mi
 	}
 	if (mismatch >= 0) {
 		hd = (const struct fep_ar_hdr *)(slots + (size_t)mismatch * h->lay.blk1);
-		fep_err("%s: ranks disagree: rank %d passed %llu x %llu (op %#x), "
-			"rank %d passed %llu x %llu (op %#x)", name, comm->rank,
-			(unsigned long long)mine->rows, (unsigned long long)mine->cols,
-			mine->op, mismatch, (unsigned long long)hd->rows,
-			(unsigned long long)hd->cols, hd->op);
+		fep_ar_disagree(name, comm->rank, mine->rows, mine->cols, mine->op,
+				mismatch, hd->rows, hd->cols, hd->op);
 		return fep_ar_logstep_lost(h, logstep, -FABEP_ERR_MISMATCH);
 	}
 	return 0;
@@ -1088,7 +1148,8 @@ static int fep_ar_begin(struct fep_ar_state *c, struct fabep_allreduce *h,
 	c->hdr.rows = rows;
 	c->hdr.cols = cols;
 	c->hdr.status = status;
-	c->hdr.op = (uint32_t)op | (c->res ? FEP_AR_F_RESIDUAL : 0);
+	c->hdr.op = (uint32_t)op | (c->res ? FEP_AR_F_RESIDUAL : 0) |
+		    fep_ar_parm_tag(op, c->p) << FEP_AR_PARM_SHIFT;
 	c->cp.h = h;
 	c->cp.me = h->comm->rank;
 	c->cp.rb = c->rb;
@@ -1497,11 +1558,8 @@ static int fep_ar_rd_verdict(const struct fep_ar_state *c,
 		return v->status;
 	}
 	if (v->diff >= 0) {
-		fep_err("%s: ranks disagree: rank %d passed %llu x %llu (op %#x), "
-			"rank %d passed %llu x %llu (op %#x)", c->name, v->ref,
-			(unsigned long long)v->rows, (unsigned long long)v->cols,
-			v->op, v->diff, (unsigned long long)v->drows,
-			(unsigned long long)v->dcols, v->dop);
+		fep_ar_disagree(c->name, v->ref, v->rows, v->cols, v->op, v->diff,
+				v->drows, v->dcols, v->dop);
 		return -FABEP_ERR_MISMATCH;
 	}
 	return 0;

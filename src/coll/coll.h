@@ -44,7 +44,8 @@ struct fep_ar_hdr {
 	uint64_t rows;
 	uint64_t cols;
 	int32_t status;   /* 0, or the sender's negative error code */
-	uint32_t op;      /* enum fep_ar_op | FEP_AR_F_RESIDUAL */
+	uint32_t op;      /* enum fep_ar_op | FEP_AR_F_* | the parameters'
+			   * fingerprint << FEP_AR_PARM_SHIFT */
 	uint8_t pad[32];
 };
 
@@ -76,6 +77,13 @@ enum fep_ar_op {
  * the two-stage one (rows that differ between ranks) and joined phase 1
  * to agree on the verdict; the log-step counters are then out of step. */
 #define FEP_AR_F_LOGSTEP 0x200u
+/* Bits 16 to 31 of a header's op: a fingerprint of the RMSNorm calls'
+ * scalars (eps, weight_offset, and with FP8 output scale_ub), 0 for the
+ * plain sum: ranks that pass different ones would normalize the rows
+ * each owns differently, so they get -FABEP_ERR_MISMATCH as ranks that
+ * pass different shapes do, at no cost (gamma's and the residual's
+ * values are not compared: that would be a pass over them a call). */
+#define FEP_AR_PARM_SHIFT 16
 /* Log-step rounds at most: ranks up to 65536, the fold and its answer
  * for a rank count that is not a power of two, and as many again for
  * the allgather of the halving mode. */
