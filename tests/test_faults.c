@@ -1946,6 +1946,67 @@ START_TEST(wait_timeout)
 }
 END_TEST
 
+/* A barrier that times out on a late rank is finished by the next call:
+ * with 4 ranks (two rounds) ranks time out in either round, and their
+ * retries must meet the late rank's first barrier, after which barriers
+ * keep their meaning: every rank's stamp, put before a barrier, is there
+ * after it (a barrier abandoned mid-way would leave the later rounds'
+ * counters one short, and the retries would time out or pass early).
+ * destroy then says goodbye on every rank. */
+static int barrier_retry_rank(int rank, int size, void *arg)
+{
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_off_t slots = 0;
+	volatile uint64_t *seen;
+	uint64_t stamp;
+	int i, r, ret, timeouts = 0;
+
+	(void)arg;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 500;
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_heap_alloc(comm, 8 * (size_t)(size + 1), 64, &slots), 0);
+	seen = fabep_heap_ptr(comm, slots);
+	if (rank == size - 1)
+		usleep(1500 * 1000);
+	for (i = 0; (ret = fabep_barrier(comm)) == -ETIMEDOUT && i < 20; i++)
+		timeouts++;
+	EXPECT(ret, 0);
+	if (rank == 0 && !timeouts) {
+		fprintf(stderr, "rank 0: no barrier timed out waiting for rank %d\n",
+			size - 1);
+		return 90;
+	}
+	for (i = 1; i <= 5; i++) {
+		stamp = (uint64_t)i;
+		memcpy((void *)&seen[size], &stamp, 8);
+		for (r = 0; r < size; r++)
+			if (r != rank)
+				EXPECT(fabep_put(comm, r, slots + 8 * (uint64_t)rank,
+						 slots + 8 * (uint64_t)size, 8), 0);
+		EXPECT(fabep_barrier(comm), 0);
+		for (r = 0; r < size; r++)
+			if (r != rank && seen[r] < (uint64_t)i) {
+				fprintf(stderr, "rank %d: barrier %d passed before "
+					"rank %d's stamp arrived (%llu)\n", rank, i,
+					r, (unsigned long long)seen[r]);
+				return 91;
+			}
+	}
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+START_TEST(barrier_retry)
+{
+	fep_test_need_provider("shm");
+	fep_test_use_provider("shm");
+	fep_test_ranks_ok(4, 60, barrier_retry_rank, NULL);
+}
+END_TEST
+
 /* ---- fabep_last_error: the calling thread's error messages ---- */
 
 static void *last_error_thread(void *arg)
@@ -2392,6 +2453,7 @@ static Suite *suite(void)
 	ADD(tc, refused_alone);
 	ADD(tc, heap_rounded);
 	ADD(tc, wait_timeout);
+	ADD(tc, barrier_retry);
 	ADD(tc, last_error);
 	suite_add_tcase(s, tc);
 	return s;

@@ -533,11 +533,14 @@ int fep_comm_wait_with(fabep_comm_t *comm, const char *what, uint64_t ctr,
 			 work_ctx, true);
 }
 
-/* A wait of the library's own protocol (fatal) fails the communicator
- * when it times out, and tells the peers: its counters are out of step
- * with theirs.  A caller's fabep_wait on its own counter does not: a
- * signal the caller's protocol never sent leaves the library's state
- * as it was, and the caller may wait again or go on. */
+/* A wait of the library's own protocol (fatal) that times out marks the
+ * communicator failed (destroy then does not wait for a goodbye, as a
+ * peer may be gone: a later barrier that completes clears it), names
+ * the ranks that never signalled and says which ranks of this host are
+ * stopped; the handle whose counters it waited on is then out of step
+ * and says so itself.  A caller's fabep_wait on its own counter does
+ * none of this: a signal the caller's protocol never sent leaves the
+ * library's state as it was, and the caller may wait again or go on. */
 static int comm_wait(fabep_comm_t *comm, const char *what, uint64_t ctr,
 		     uint64_t target, uint64_t slots, size_t stride,
 		     uint64_t seq, int (*work)(void *), void *work_ctx,
@@ -697,26 +700,43 @@ void fep_comm_block_free(fabep_comm_t *comm, uint64_t off, uint64_t ctrs,
  * measures.  Round k's counter counts the barriers; a signal of the
  * next barrier that lands first only means its sender is past this one.
  * The previous calls' transfers are complete first, as for every
- * collective.
+ * collective.  A round that fails (a timeout: a peer late or stopped)
+ * leaves the barrier pending, and the next call finishes that one
+ * instead of starting another: were it abandoned, the signals of its
+ * later rounds would never go, and every later barrier of the peers
+ * that wait for them would pass one signal early or not at all.
  */
 static int fep_comm_barrier(fabep_comm_t *comm)
 {
 	fep_fabric_t *fab = comm->fab;
 	uint64_t seq;
-	int k, d, ret;
+	int k, d, k0 = 0, ret;
 
 	ret = fep_fabric_quiet(fab);
 	if (ret || comm->size == 1)
 		return ret;
-	seq = ++comm->dis_seq;
+	if (comm->dis_pend) {
+		k0 = comm->dis_pend - 1;
+		seq = comm->dis_seq;
+	} else {
+		seq = ++comm->dis_seq;
+		comm->dis_sent = false;
+	}
 	for (k = 0, d = 1; d < comm->size; k++, d *= 2) {
 		uint64_t ctr = comm->dis_ctr + 8 * (uint64_t)k;
 		int from = (comm->rank - d + comm->size) % comm->size;
 		char what[64];
 
-		ret = fep_fab_signal(fab, (comm->rank + d) % comm->size, ctr, 1);
-		if (ret)
-			return ret;
+		if (k < k0)
+			continue;
+		comm->dis_pend = k + 1;
+		if (k > k0 || !comm->dis_sent) {
+			comm->dis_sent = false;
+			ret = fep_fab_signal(fab, (comm->rank + d) % comm->size, ctr, 1);
+			if (ret)
+				return ret;
+			comm->dis_sent = true;
+		}
 		if (fep_counter_load(fab, ctr) >= seq)
 			continue;
 		snprintf(what, sizeof(what), "barrier: waiting for rank %d", from);
@@ -724,6 +744,11 @@ static int fep_comm_barrier(fabep_comm_t *comm)
 		if (ret)
 			return ret;
 	}
+	/* every rank entered this barrier, every write posted before it
+	 * is complete: no peer is gone, whatever a failed wait before
+	 * feared, so destroy says goodbye again */
+	comm->dis_pend = 0;
+	comm->failed = false;
 	return 0;
 }
 

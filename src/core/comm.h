@@ -73,6 +73,10 @@ struct fabep_comm {
 	 * barriers this rank has entered */
 	uint64_t dis_ctr;     /* [FEP_DIS_ROUNDS] */
 	uint64_t dis_seq;
+	/* a barrier that failed is pending at round dis_pend - 1 (0: none),
+	 * whose signal went out where dis_sent: the next call finishes it */
+	int dis_pend;
+	bool dis_sent;
 	/* FABEP_QUEUE_WARMUP (-1 never, 0 auto, 1 always), and the counter of
 	 * the queues' warm-up (fep_comm_warm_queues) */
 	int queue_warm;
