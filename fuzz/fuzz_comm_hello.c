@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
 /*
  * fuzz_comm_hello.c - what every rank sends at communicator creation
- * (struct fep_hello: host, provider, domain, signal, heap size, pid and
+ * (struct fep_hello: host, signal, heap size, channels, pid and
  * PID namespace, CPU set and cgroup CPU limit, a refusal's status), as
  * fep_comm_check_hellos (src/core/comm.c) compares and reports it.  The
  * bytes come from the bootstrap, so from a peer: nothing in them (strings

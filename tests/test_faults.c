@@ -2007,6 +2007,65 @@ START_TEST(barrier_retry)
 }
 END_TEST
 
+/* Each rank may ask for its own domain (a NIC of its own) and spell the
+ * provider its own way: what must agree is the provider opened.  tcp
+ * with rank 0 on "lo" and rank 1 on another tcp domain where there is
+ * one (else fabep's choice), rank 0 asking for "tcp" and rank 1 for
+ * "tcp;ofi_rxm": a put + signal round trip works.  Then rank 0 on tcp
+ * and rank 1 on sockets: every rank refuses, naming both providers, and
+ * a communicator on one provider works after it. */
+static int prov_domain_rank(int rank, int size, void *arg)
+{
+	fabep_provider_desc_t d[16];
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_off_t ctr = 0, off = 0;
+	const char *other = NULL;
+	int n = 0, i;
+
+	(void)arg;
+	for (i = 0; i < 16; i++) {
+		memset(&d[i], 0, sizeof(d[i]));
+		d[i].size = sizeof(d[i]);
+	}
+	if (!fabep_provider_list("tcp", d, 16, &n))
+		for (i = 0; i < n && !other; i++)
+			if (strcmp(d[i].domain, "lo"))
+				other = d[i].domain;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 10000;
+	a.provider = rank == 0 ? "tcp" : "tcp;ofi_rxm";
+	a.domain = rank == 0 ? "lo" : other;
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(strcmp(fabep_comm_domain(comm), rank == 0 ? "lo" :
+		      other ? other : fabep_comm_domain(comm)), 0);
+	EXPECT(fabep_heap_alloc(comm, 8, 8, &ctr), 0);
+	EXPECT(fabep_heap_alloc(comm, 64, 64, &off), 0);
+	EXPECT(fabep_put_signal(comm, (rank + 1) % size, off, off, 8, ctr, 1), 0);
+	EXPECT(fabep_wait(comm, ctr, 1), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = 10000;
+	a.provider = rank == 0 ? "tcp" : "sockets";
+	EXPECT(fabep_comm_create(&a, &comm), -FABEP_ERR_MISMATCH);
+	EXPECT(strstr(fabep_last_error(), "opened provider") != NULL, 1);
+	a.provider = "sockets";
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+START_TEST(provider_domain_per_rank)
+{
+	fep_test_need_provider("tcp");
+	fep_test_need_provider("sockets");
+	fep_test_ranks_ok(2, 90, prov_domain_rank, NULL);
+}
+END_TEST
+
 /* ---- fabep_last_error: the calling thread's error messages ---- */
 
 static void *last_error_thread(void *arg)
@@ -2454,6 +2513,7 @@ static Suite *suite(void)
 	ADD(tc, heap_rounded);
 	ADD(tc, wait_timeout);
 	ADD(tc, barrier_retry);
+	ADD(tc, provider_domain_per_rank);
 	ADD(tc, last_error);
 	suite_add_tcase(s, tc);
 	return s;

@@ -45,7 +45,8 @@ static const struct tool_optdef tool_optdefs[] = {
 	  "libfabric provider: shm, tcp, sockets, verbs, efa, ... "
 	  "(default: FABEP_PROVIDER, else fabep's choice)" },
 	{ 'd', "domain", "NAME",
-	  "domain (NIC) to use (default: FABEP_DOMAIN, else the provider's first)" },
+	  "domain (NIC) to use (default: FABEP_DOMAIN, else loopback on one "
+	  "host, a real interface across hosts)" },
 	{ 'I', "iterations", "N", "timed iterations per size" },
 	{ 'w', "warmup", "N", "untimed warm-up iterations per size" },
 	{ 'm', "machine", NULL,

@@ -30,8 +30,6 @@
 /* What every rank must agree on, compared at creation. */
 struct fep_hello {
 	char host[64];
-	char provider[64];
-	char domain[64];
 	int32_t signal;
 	int32_t status;
 	uint64_t heap_size;
@@ -844,11 +842,8 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 
 	/* Peers' strings come off the wire: end each before comparing or
 	 * printing it (found by fuzz/fuzz_comm_hello.c). */
-	for (r = 0; r < comm->size; r++) {
+	for (r = 0; r < comm->size; r++)
 		h[r].host[sizeof(h[r].host) - 1] = '\0';
-		h[r].provider[sizeof(h[r].provider) - 1] = '\0';
-		h[r].domain[sizeof(h[r].domain) - 1] = '\0';
-	}
 	/* a rank whose configuration was refused joined only to say so
 	 * (fep_comm_refuse) */
 	for (r = 0; r < comm->size; r++)
@@ -871,16 +866,17 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 				comm->local_rank++;
 			comm->local_size++;
 		}
-		if (strcmp(h[r].provider, h[0].provider) ||
-		    strcmp(h[r].domain, h[0].domain) ||
-		    h[r].signal != h[0].signal || h[r].heap_size != h[0].heap_size ||
+		/* the provider and domain asked for may differ: each rank
+		 * may name its own NIC, or leave the choice to fabep; the
+		 * provider opened is compared when the addresses are
+		 * (fep_fabric_connect) */
+		if (h[r].signal != h[0].signal || h[r].heap_size != h[0].heap_size ||
 		    h[r].channels != h[0].channels) {
 			fep_err("configuration differs between ranks: rank 0 has "
-				"provider \"%s\" domain \"%s\" signal %s heap %llu "
-				"channels %d, rank %d has \"%s\" \"%s\" %s %llu %d",
-				h[0].provider, h[0].domain, fep_signal_name(h[0].signal),
+				"signal %s heap %llu channels %d, rank %d has %s %llu %d",
+				fep_signal_name(h[0].signal),
 				(unsigned long long)h[0].heap_size, h[0].channels, r,
-				h[r].provider, h[r].domain, fep_signal_name(h[r].signal),
+				fep_signal_name(h[r].signal),
 				(unsigned long long)h[r].heap_size, h[r].channels);
 			return -FABEP_ERR_MISMATCH;
 		}
@@ -1097,8 +1093,6 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 
 	memset(&hello, 0, sizeof(hello));
 	fep_host_id(hello.host, sizeof(hello.host));
-	snprintf(hello.provider, sizeof(hello.provider), "%s", a->provider ? a->provider : "");
-	snprintf(hello.domain, sizeof(hello.domain), "%s", a->domain ? a->domain : "");
 	hello.signal = a->signal;
 	/* as the heap is mapped: whole pages */
 	hello.heap_size = FEP_ALIGN_UP(a->heap_size, FEP_HEAP_PAGE);

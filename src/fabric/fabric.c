@@ -896,6 +896,7 @@ int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *b)
 	b->heap_size = fab->heap_size;
 	b->key = fab->heap_key;
 	b->signal = (uint32_t)fab->signal;
+	snprintf(b->provider, sizeof(b->provider), "%s", fab->desc.provider);
 	if (fab->mr_mode & FI_MR_RAW) {
 		uint64_t base = 0;
 		size_t ksz = sizeof(b->raw_key);
@@ -929,6 +930,14 @@ int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs)
 			fep_err("rank %d has a heap of %llu bytes, this rank %zu: "
 				"FABEP_HEAP_SIZE must be the same everywhere", r,
 				(unsigned long long)b->heap_size, fab->heap_size);
+			return -FABEP_ERR_MISMATCH;
+		}
+		if (strncmp(b->provider, fab->desc.provider, sizeof(b->provider)) ||
+		    !memchr(b->provider, '\0', sizeof(b->provider))) {
+			fep_err("rank %d opened provider \"%.*s\", this rank \"%s\": "
+				"every rank must use the same provider (FABEP_PROVIDER "
+				"or attr.provider; the domain may differ)", r,
+				(int)sizeof(b->provider), b->provider, fab->desc.provider);
 			return -FABEP_ERR_MISMATCH;
 		}
 		if (b->signal != (uint32_t)fab->signal) {

@@ -79,6 +79,10 @@ struct fep_fab_blob {
 	uint32_t signal;
 	uint8_t raw_key[FEP_RAW_KEY_MAX];
 	uint8_t name[FEP_NAME_MAX];
+	/* the provider opened (fabric_attr->prov_name): the same on every
+	 * rank, whatever each asked for; the domain may differ (each rank
+	 * its own NIC) */
+	char provider[64];
 };
 
 struct fep_peer {
