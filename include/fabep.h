@@ -197,7 +197,8 @@ FABEP_API const char *fabep_comm_provider(const fabep_comm_t *comm);
 FABEP_API const char *fabep_comm_domain(const fabep_comm_t *comm);
 FABEP_API fabep_signal_t fabep_comm_signal(const fabep_comm_t *comm);
 FABEP_API const char *fabep_signal_name(fabep_signal_t sig);
-/* Parse "ordered"|"fence"|"delivery"|"cqdata"|"auto"; -EINVAL otherwise. */
+/* Parse "ordered"|"fence"|"delivery"|"cqdata"|"cma"|"auto"; -EINVAL
+ * otherwise. */
 FABEP_API int fabep_signal_parse(const char *name, fabep_signal_t *sig);
 
 /*
@@ -354,8 +355,10 @@ FABEP_API int fabep_comm_channels(const fabep_comm_t *comm);
  * weights (combine).  Experts are split in equal contiguous blocks: rank
  * r owns experts [r * E / size, (r + 1) * E / size).  See fabep_moe(3).
  *
- * Every call below that takes a handle is collective: every rank makes
- * the same sequence of calls.  Bad input on any rank (NULL buffers, more
+ * Create and every dispatch and combine call (and their halves) are
+ * collective: every rank makes the same sequence of them;
+ * fabep_moe_send_buffer, fabep_moe_timing and fabep_moe_destroy are
+ * local.  Bad input on any rank (NULL buffers, more
  * tokens than max_tokens, an expert id outside [-1, E), a routed slot's
  * weight that is not finite) is caught before a byte is sent; the rank
  * still completes the exchange with an error flag, and every rank returns
@@ -393,8 +396,11 @@ typedef struct fabep_moe_config {
 	int max_tokens;    /* most tokens any rank passes to one dispatch,
 			      1 .. 2^24, times the ranks below about 2^30 */
 	fabep_moe_type_t token_type;   /* what travels: FP32, BF16, FP8, FP8_PREQUANT */
-	fabep_moe_type_t input_type;   /* FP8: the caller's rows, FP32 or BF16 */
-	int fp8_block;     /* FP8: 0 = one scale per token, else a multiple of 16 */
+	/* FP8: the caller's rows, FP32 or BF16 (checked for every token type) */
+	fabep_moe_type_t input_type;
+	/* FP8: 0 = one scale per token, else a multiple of 16 (checked for
+	 * every token type) */
+	int fp8_block;
 	fabep_moe_type_t combine_type; /* FP32 or BF16: expert outputs and combine output */
 	int buffer_sets;   /* dispatches that may be outstanding; 0 = 2 */
 	unsigned flags;    /* FABEP_MOE_ZERO_COPY; 0 = default */

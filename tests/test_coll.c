@@ -1072,6 +1072,13 @@ static int err_rank(int rank, int size, void *arg)
 		ret = fabep_allreduce_create(comm, 1u << 20, 7168, FABEP_AR_BF16, &ar);
 		if (ret != -FABEP_ERR_HEAP_FULL)
 			FAILF("create past the heap: %s", fabep_strerror(ret));
+		/* a shape past 2^40 bytes: no heap size could hold it */
+		ret = fabep_allreduce_create(comm, 1u << 20, 1u << 20, FABEP_AR_F32, &ar);
+		if (ret != -EOVERFLOW ||
+		    fabep_allreduce_heap_bytes(1u << 20, 1u << 20, FABEP_AR_F32, size))
+			FAILF("create past 2^40 bytes: %s, heap bytes %zu",
+			      fabep_strerror(ret), fabep_allreduce_heap_bytes(1u << 20,
+				      1u << 20, FABEP_AR_F32, size));
 		ret = fabep_allreduce_create(comm, 64, 8, (fabep_ar_dtype_t)7, &ar);
 		if (ret != -EINVAL)
 			FAILF("create with a bad dtype: %s", fabep_strerror(ret));
@@ -1143,6 +1150,19 @@ static int err_rank(int rank, int size, void *arg)
 			ret = fabep_allreduce_rmsnorm(ar, in, rows, 8, &d, out);
 			if (ret)
 				FAILF("bf16 norm, scale_ub on one rank: %s",
+				      fabep_strerror(ret));
+			/* a NaN bound: the bf16 norm's to ignore, the FP8
+			 * norm's to refuse, on every rank */
+			d = p;
+			d.scale_ub = NAN;
+			ret = fabep_allreduce_rmsnorm(ar, in, rows, 8, &d, out);
+			if (ret)
+				FAILF("bf16 norm, NaN scale_ub: %s", fabep_strerror(ret));
+			if (rank != size - 1)
+				d.scale_ub = p.scale_ub;
+			ret = fabep_allreduce_rmsnorm_fp8(ar, in, rows, 8, &d, q, sc);
+			if (ret != -EINVAL)
+				FAILF("FP8 norm, NaN scale_ub on rank %d: %s", size - 1,
 				      fabep_strerror(ret));
 		}
 		ret = fabep_allreduce(ar, in, out, rank == size - 1 ? 65 : rows, 8);

@@ -1271,6 +1271,7 @@ static int args_rank(int rank, int size, void *arg)
 	EXPECT(fabep_heap_alloc(NULL, 8, 8, &off), -EINVAL);
 	EXPECT(fabep_heap_alloc(comm, 8, 8, NULL), -EINVAL);
 	EXPECT(fabep_heap_alloc(comm, 8, 3, &off), -EINVAL);
+	EXPECT(fabep_heap_alloc(comm, 8, 8192, &off), -EINVAL);
 	EXPECT(fabep_heap_alloc(comm, SIZE_MAX, 8, &off), -FABEP_ERR_HEAP_FULL);
 	EXPECT(fabep_heap_alloc(comm, 64, 64, &off), 0);
 	EXPECT(fabep_heap_alloc(comm, 8, 8, &ctr), 0);

@@ -843,15 +843,18 @@ static int fep_ar_check(struct fabep_allreduce *h, int op, const void *in,
 			return -EINVAL;
 		}
 		if (!(p->eps >= 0.0f) || p->eps > 1e30f) {
-			fep_err("%s: eps %g is not a finite value >= 0", name,
+			fep_err("%s: eps %g is not in [0, 1e30]", name,
 				(double)p->eps);
 			return -EINVAL;
 		}
-		if (!isfinite(p->weight_offset) || isnan(p->scale_ub)) {
-			fep_err("%s: %s %g is not a number", name,
-				isnan(p->scale_ub) ? "scale_ub" : "weight_offset",
-				(double)(isnan(p->scale_ub) ? p->scale_ub :
-					 p->weight_offset));
+		if (!isfinite(p->weight_offset)) {
+			fep_err("%s: weight_offset %g is not finite", name,
+				(double)p->weight_offset);
+			return -EINVAL;
+		}
+		/* scale_ub is the FP8 output's alone: the bf16 norm ignores it */
+		if (op == FEP_AR_NORM_FP8 && isnan(p->scale_ub)) {
+			fep_err("%s: scale_ub is not a number", name);
 			return -EINVAL;
 		}
 		/* the residual receives h while out receives y: on the
