@@ -218,6 +218,41 @@ wait $srv && fail "pingpong -o write: a server whose client was killed exited 0"
 [ $(($(date +%s) - t0)) -lt 20 ] || fail "pingpong -o write: a killed client found late"
 grep -q 'fabep_progress: a peer rank was lost' "$tmp.srv.err" ||
 	fail "pingpong -o write: a killed client not named as lost"
+# with neither -s nor HOST both ranks run here, and the first line says so
+expect 0 "$pp" -p shm -S 64 -I 5 && grep -q '^# fabep_pingpong: .*, two local ranks' "$tmp.out" ||
+	fail "pingpong: a local run does not say that it is one"
+# a client whose rank stops mid-run: the server's wait times out and it
+# ends without waiting for the stopped rank's goodbye as well
+port=$((port + 1))
+$to env FABEP_TIMEOUT_MS=3000 "$pp" -s -P $port -p tcp -S 64 -I 100000000 \
+	-w 1 >"$tmp.srv" 2>"$tmp.srv.err" &
+srv=$!
+FABEP_TIMEOUT_MS=3000 "$pp" -P $port -p tcp -S 64 -I 100000000 -w 1 \
+	127.0.0.1 >/dev/null 2>&1 &
+cli=$!
+sleep 2
+kids=$(cat /proc/$cli/task/*/children 2>/dev/null)
+# shellcheck disable=SC2086
+[ -n "$kids" ] && kill -STOP $kids
+wait $srv && fail "pingpong: a server whose client stopped exited 0"
+grep -q 'fabep_wait: timed out' "$tmp.srv.err" && ! grep -q 'destroy' "$tmp.srv.err" ||
+	{ fail "pingpong: a server whose client stopped did not end at its timeout"
+	  sed 's/^/    /' "$tmp.srv.err" | head -5; }
+# shellcheck disable=SC2086
+kill -KILL $cli $kids 2>/dev/null
+wait $cli 2>/dev/null
+# a server stopped while it waits for its client says so and ends by the
+# signal (a background job's SIGINT is ignored: SIGTERM)
+port=$((port + 1))
+"$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" 2>"$tmp.srv.err" &
+srv=$!
+sleep 1
+kill -TERM $srv
+wait $srv
+rc=$?
+[ $rc -eq 143 ] && grep -q 'Terminated: stopping the ranks' "$tmp.srv.err" ||
+	{ fail "pingpong -s: SIGTERM while it waits gave exit $rc"
+	  sed 's/^/    /' "$tmp.srv.err" | head -5; }
 port=$((port + 1))
 expect 1 env FABEP_TIMEOUT_MS=1000 "$pp" -P $((port + 1)) -S 64 -I 5 127.0.0.1 &&
 	grep -q "rendezvous root 127.0.0.1:$((port + 1)) never answered" "$tmp.err" ||

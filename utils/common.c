@@ -857,7 +857,9 @@ int tool_cores(void)
 	return n > 0 ? n : 1;
 }
 
-/* One rank, in this process: create the communicator, run, destroy. */
+/* One rank, in this process: create the communicator, run, destroy; a
+ * run that failed aborts instead, so that the peers see this rank gone at
+ * once rather than after waiting for its goodbye to their timeout. */
 static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 		    tool_rank_fn fn, void *arg)
 {
@@ -871,6 +873,10 @@ static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 		return ret;
 	}
 	ret = fn(comm, o, arg);
+	if (ret) {
+		fabep_comm_abort(comm);
+		return ret;
+	}
 	ret2 = fabep_comm_destroy(comm);
 	if (ret2 && !ret) {
 		fprintf(stderr, "%s: rank %d: fabep_comm_destroy: %s\n", tool_name,
@@ -924,6 +930,30 @@ static void forked_restore(const struct sigaction *old)
 
 	for (i = 0; i < sizeof(forked_sigs) / sizeof(forked_sigs[0]); i++)
 		sigaction(forked_sigs[i], &old[i], NULL);
+}
+
+/* In a rank's child: the launcher's signals back to their defaults; a
+ * launcher killed outright takes its ranks along (shm's own handler then
+ * removes their regions), and one already gone is not waited for. */
+static void rank_child_init(const struct sigaction *old_sa, pid_t parent)
+{
+	forked_restore(old_sa);
+	prctl(PR_SET_PDEATHSIG, SIGTERM);
+	if (getppid() != parent)
+		_exit(TOOL_EXIT_FAIL);
+}
+
+/* The launcher's signals restored; after a stop signal the launcher
+ * ends with that signal's status, by its default action, not by
+ * libfabric's handler (shm's exits with status 1). */
+static void forked_finish(const struct sigaction *old_sa)
+{
+	forked_restore(old_sa);
+	if (forked_stop) {
+		fflush(NULL);
+		signal((int)forked_stop, SIG_DFL);
+		raise((int)forked_stop);
+	}
 }
 
 /* A rank killed outright, reaped, and its shm regions removed (it
@@ -1010,14 +1040,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			char rs[16], ns[16];
 			int ret;
 
-			/* the launcher's signals back to their defaults; a
-			 * launcher killed outright takes its ranks along
-			 * (shm's own handler then removes their regions) */
-			forked_restore(old_sa);
-			prctl(PR_SET_PDEATHSIG, SIGTERM);
-			if (getppid() != parent)
-				_exit(TOOL_EXIT_FAIL);
-
+			rank_child_init(old_sa, parent);
 			snprintf(rs, sizeof(rs), "%d", r);
 			snprintf(ns, sizeof(ns), "%d", n);
 			setenv("FABEP_RANK", rs, 1);
@@ -1094,17 +1117,58 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 			nanosleep(&ts, NULL);
 		}
 	}
-	forked_restore(old_sa);
 	free(pids);
 	free(done);
-	if (forked_stop) {
-		/* end with the signal's status: by its default action, not
-		 * libfabric's handler (shm's exits with status 1) */
-		fflush(NULL);
-		signal((int)forked_stop, SIG_DFL);
-		raise((int)forked_stop);
-	}
+	forked_finish(old_sa);
 	return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
+}
+
+/* The one rank of a server or client (-s, HOST) in a child, as the
+ * forked ranks are: the provider libraries' signal handlers end a rank
+ * with status 1 and no word (some exit in theirs), so the tool catches
+ * SIGINT, SIGTERM and SIGHUP here, passes them on, says so, removes the
+ * child's shm regions and ends by the signal. */
+static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *attr,
+			  tool_rank_fn fn, void *arg)
+{
+	struct sigaction old_sa[sizeof(forked_sigs) / sizeof(forked_sigs[0])];
+	pid_t parent = getpid(), pid;
+	int status = 0, done = 0;
+
+	fflush(NULL);
+	forked_stop = 0;
+	forked_catch(old_sa);
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "%s: fork: %s\n", tool_name, strerror(errno));
+		forked_restore(old_sa);
+		return TOOL_EXIT_FAIL;
+	}
+	if (pid == 0) {
+		int ret;
+
+		rank_child_init(old_sa, parent);
+		ret = run_rank(attr, o, fn, arg);
+		fflush(NULL);
+		_exit(ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
+	}
+	/* the handlers have no SA_RESTART: a signal ends the wait */
+	while (!done) {
+		if (waitpid(pid, &status, 0) == pid) {
+			done = 1;
+		} else if (errno != EINTR) {
+			kill_reap(pid);
+			status = TOOL_EXIT_FAIL << 8;
+			done = 1;
+		} else if (forked_stop) {
+			forked_end(&pid, &done, 1, (int)forked_stop);
+		}
+	}
+	fabep_shm_cleanup(pid);
+	forked_finish(old_sa);
+	if (WIFSIGNALED(status))
+		describe_status(o->server ? 0 : 1, status);
+	return WIFEXITED(status) && !WEXITSTATUS(status) ? TOOL_EXIT_OK : TOOL_EXIT_FAIL;
 }
 
 int tool_run(const struct tool_desc *d, const struct tool_opts *o,
@@ -1142,9 +1206,21 @@ int tool_run(const struct tool_desc *d, const struct tool_opts *o,
 			snprintf(buf, sizeof(buf), "0.0.0.0:%d", port);
 			setenv("FABEP_ROOT", buf, 1);
 		}
-		if (o->server && !o->machine)
-			fprintf(stderr, "%s: server: waiting for a client on %s\n",
-				d->name, getenv("FABEP_ROOT"));
+		if (!o->machine) {
+			const char *t = getenv("FABEP_TIMEOUT_MS");
+			long ms = attr.timeout_ms > 0 ? attr.timeout_ms :
+				  t && *t ? strtol(t, NULL, 0) : 30000;
+
+			if (o->server)
+				fprintf(stderr, "%s: server: waiting for a client on %s "
+					"(for %ld ms: FABEP_TIMEOUT_MS)\n", d->name,
+					getenv("FABEP_ROOT"), ms);
+			else
+				fprintf(stderr, "%s: client: connecting to %s (for %ld "
+					"ms: FABEP_TIMEOUT_MS)\n", d->name,
+					getenv("FABEP_ROOT"), ms);
+		}
+		return run_supervised(o, &attr, fn, arg);
 	}
 	ret = run_rank(&attr, o, fn, arg);
 	return ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;

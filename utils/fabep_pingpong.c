@@ -366,9 +366,12 @@ static int pp_rank_op(fabep_comm_t *comm, const struct tool_opts *o,
 		return ret;
 	report = r.rank == 0 || o->host;
 	if (report && !o->machine) {
-		printf("# %s: op %s (%s), provider %s, domain %s, signal %s\n",
+		printf("# %s: op %s (%s), %s, provider %s, domain %s, signal %s\n",
 		       tool_name, pp_op_names[ctx->op],
 		       o->bandwidth ? "bandwidth" : "latency",
+		       o->server ? "server" : o->host ? "client" :
+		       o->nranks > 0 ? "two local ranks (no -s, no HOST)" :
+		       "a launcher's job",
 		       fabep_comm_provider(comm), fabep_comm_domain(comm),
 		       fabep_signal_name(fabep_comm_signal(comm)));
 		fflush(stdout);
