@@ -100,21 +100,21 @@ EOF
 # -lpsm_infinipath)
 priv=$(sed -n 's/^Libs.private: *//p' "$LIBDIR/pkgconfig/fabep.pc")
 static_libs="$LIBDIR/libfabep.a $("$PKG_CONFIG" --libs libfabric) $priv"
-# the flags a program links with: the shared library where it is
-# installed, else (--disable-shared) the static one
+# the README's line: the shared library where it is installed, else
+# (--disable-shared) libfabep.a, whose dependencies fabep.pc then names
+# in Libs
+libs=$("$PKG_CONFIG" --libs fabep)
+# shellcheck disable=SC2046,SC2086 # pkg-config's flags are words
+$CC -o "$tmp/ar" "$tmp/ar.c" $("$PKG_CONFIG" --cflags fabep) $libs ||
+	fail "a program against fabep.pc ($libs) does not build"
+"$tmp/ar" "$VERSION" ||
+	fail "a program against the installed library failed"
 if [ -e "$LIBDIR/libfabep.so" ]; then
-	libs=$("$PKG_CONFIG" --libs fabep)
-	# shellcheck disable=SC2046,SC2086 # pkg-config's flags are words
-	$CC -o "$tmp/ar" "$tmp/ar.c" $("$PKG_CONFIG" --cflags fabep) $libs ||
-		fail "a program against fabep.pc does not build"
-	"$tmp/ar" "$VERSION" ||
-		fail "a program against the installed library failed"
 	say "pkg-config: a program built, ran an allreduce on the installed library"
 else
-	libs=$static_libs
-	say "pkg-config: no shared library installed (--disable-shared)"
+	say "pkg-config: a program built on libfabep.a (--disable-shared), ran an allreduce"
 fi
-if [ -f "$LIBDIR/libfabep.a" ]; then
+if [ -e "$LIBDIR/libfabep.so" ] && [ -f "$LIBDIR/libfabep.a" ]; then
 	# shellcheck disable=SC2046,SC2086
 	$CC -o "$tmp/ar_static" "$tmp/ar.c" $("$PKG_CONFIG" --cflags fabep) \
 		$static_libs ||
