@@ -790,6 +790,12 @@ void fep_test_use_provider(const char *prov)
 		setenv("FI_SOCKETS_PE_WAITTIME", "0", 1);
 }
 
+void fep_test_on_provider(const char *prov)
+{
+	fep_test_need_provider(prov);
+	fep_test_use_provider(prov);
+}
+
 /* One line of Check's TAP log ("[not ]ok N - <file>:<tcase>:<test>:
  * <message>"), rewritten: a pass as "ok N - <tcase>:<test>", a case that
  * ended with fep_test_skip (a failure to Check) as "ok N - <tcase>:<test>

@@ -114,6 +114,21 @@ extern const char *const fep_test_providers[];
  * FI_SOCKETS_PE_WAITTIME=0 for sockets) in this process's environment. */
 void fep_test_use_provider(const char *prov);
 
+/* Skip the case unless `prov` is here (fep_test_need_provider), else
+ * use it (fep_test_use_provider). */
+void fep_test_on_provider(const char *prov);
+
+/* A case that runs fn(rank, size, arg) on `size` forked ranks of
+ * provider prov, skipped where prov is missing (fep_test_on_provider),
+ * failing as fep_test_ranks_ok. */
+#define FEP_TEST_RANKS_CASE(name, prov, size, timeout_s, fn, arg)          \
+	START_TEST(name)                                                   \
+	{                                                                  \
+		fep_test_on_provider(prov);                                \
+		fep_test_ranks_ok(size, timeout_s, fn, arg);               \
+	}                                                                  \
+	END_TEST
+
 /* Worker threads per rank for a test that does not ask for a number:
  * FEP_TEST_THREADS (1-64; CI's ThreadSanitizer run sets 2, so that every
  * multi-rank case runs its kernels on a pool), else dflt. */

@@ -564,8 +564,7 @@ static void run(const char *prov, int size, struct ar_run *t)
 {
 	int status[8], r;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	t->prov = prov;
 	share_init();
 	fep_test_run_ranks_status(size, 120, run_rank, t, status);
@@ -1197,8 +1196,7 @@ static void run_err(const char *prov, int size, int which)
 	struct err_run e = { prov, which };
 	int status[8], r;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	fep_test_run_ranks_status(size, 60, err_rank, &e, status);
 	for (r = 0; r < size; r++)
 		ck_assert_msg(status[r] == 0, "%s errors %d: rank %d exited %d: %s",

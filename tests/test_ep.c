@@ -1401,8 +1401,7 @@ static void run(const char *prov, int size, struct params *p)
 {
 	int status[8], r;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	if (p->refuse && !refuse_mark) {
 		void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
 			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -2200,8 +2199,7 @@ START_TEST(tcp2_drain)
 	struct marks d;
 	int status[2];
 
-	fep_test_need_provider("tcp");
-	fep_test_use_provider("tcp");
+	fep_test_on_provider("tcp");
 	marks_make(&d, "fep_drain");
 	fep_test_run_ranks_status(2, 120, drain_rank, &d, status);
 	marks_remove(&d);
@@ -2503,21 +2501,14 @@ out:
 	return rc;
 }
 
-START_TEST(cq4_shm2_slots)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(2, 120, slots_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(cq4_shm2_slots, "shm", 2, 120, slots_rank, NULL)
 
 START_TEST(shm2_heap_reuse)
 {
 	struct marks d;
 	int ret;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	marks_make(&d, "fep_reuse");
 	ret = fep_test_run_ranks(2, 120, reuse_rank, &d);
 	marks_remove(&d);
@@ -2918,13 +2909,7 @@ static int liar_rank(int rank, int size, void *arg)
 	return rc || ret;
 }
 
-START_TEST(shm3_lying_peer)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(3, 120, liar_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(shm3_lying_peer, "shm", 3, 120, liar_rank, NULL)
 
 /* Unknown config flags: no heap size, and fabep_moe_timing's NULL checks. */
 START_TEST(bad_flags)

@@ -690,8 +690,7 @@ static void run_fault(const char *prov, int op, int fault)
 	char row[512];
 	size_t l = 0;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	for (r = 0; r < 3; r++) {
 		int again = 0, q;
 
@@ -1019,8 +1018,7 @@ static void run_rdv(const char *prov, int mode)
 	int status[2], one = 1;
 	char *nl;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	if (!g_rdv) {
 		g_rdv = mmap(NULL, sizeof(*g_rdv), PROT_READ | PROT_WRITE,
 			     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -1648,8 +1646,7 @@ static int handles_rank(int rank, int size, void *arg)
 
 START_TEST(handles_with_comm)
 {
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	fep_test_ranks_ok(2, 60, handles_rank, NULL);
 	fep_test_ranks_ok(2, 60, handles_rank, (void *)1);
 }
@@ -1688,8 +1685,7 @@ static int late_rank(int rank, int size, void *arg)
 
 START_TEST(destroy_late)
 {
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	unsetenv("FABEP_TIMEOUT_MS");
 	fep_test_ranks_ok(2, 60, late_rank, NULL);
 }
@@ -1743,8 +1739,7 @@ static void run_poll_lost(const char *prov)
 {
 	int status[2];
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	setenv("FABEP_LOG", "error", 1);
 	ck_assert_msg(fep_test_run_ranks_status(2, 60, poll_lost_rank, NULL,
 						status) == 0 &&
@@ -1758,8 +1753,7 @@ START_TEST(poll_lost_tcp) { run_poll_lost("tcp"); } END_TEST
 
 static void run_args(const char *prov)
 {
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	setenv("FABEP_LOG", "error", 1);
 	fep_test_ranks_ok(2, 60, args_rank, NULL);
 }
@@ -1838,8 +1832,7 @@ START_TEST(refused_config)
 	};
 	size_t i;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	setenv("FABEP_LOG", "error", 1);
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		fep_test_ranks_ok(3, 60, refuse_rank, (void *)&cases[i]);
@@ -1900,13 +1893,7 @@ static int heap_round_rank(int rank, int size, void *arg)
 	return 0;
 }
 
-START_TEST(heap_rounded)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(2, 60, heap_round_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(heap_rounded, "shm", 2, 60, heap_round_rank, NULL)
 
 /* A caller's fabep_wait that times out on a counter its own protocol
  * never signalled leaves the communicator usable on every rank: the
@@ -1939,13 +1926,7 @@ static int wait_timeout_rank(int rank, int size, void *arg)
 	return 0;
 }
 
-START_TEST(wait_timeout)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(2, 60, wait_timeout_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(wait_timeout, "shm", 2, 60, wait_timeout_rank, NULL)
 
 /* A barrier that times out on a late rank is finished by the next call:
  * with 4 ranks (two rounds) ranks time out in either round, and their
@@ -2000,13 +1981,7 @@ static int barrier_retry_rank(int rank, int size, void *arg)
 	return 0;
 }
 
-START_TEST(barrier_retry)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(4, 60, barrier_retry_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(barrier_retry, "shm", 4, 60, barrier_retry_rank, NULL)
 
 /* Each rank may ask for its own domain (a NIC of its own) and spell the
  * provider its own way: what must agree is the provider opened.  tcp
@@ -2427,8 +2402,7 @@ static int abi_rank(int rank, int size, void *arg)
 
 START_TEST(abi_shm)
 {
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	setenv("FABEP_LOG", "error", 1);
 	fep_test_ranks_ok(2, 60, abi_rank, NULL);
 }

@@ -165,8 +165,7 @@ static void run_create(const char *prov, struct create_fault *f)
 {
 	char ch[16];
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	setenv("FABEP_LOG", "error", 1);
 	if (f->channels) {
 		snprintf(ch, sizeof(ch), "%d", f->channels);
@@ -515,8 +514,7 @@ static int alone_rank(int rank, int size, void *arg)
 
 START_TEST(moe_recv_alone)
 {
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	setenv("FABEP_LOG", "error", 1);
 	fep_test_ranks_ok(NRANKS, 60, alone_rank, NULL);
 }
@@ -524,8 +522,7 @@ END_TEST
 
 static void run_xfer(const char *prov, struct xfer_fault *f)
 {
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	setenv("FABEP_LOG", "error", 1);
 	if (f->signal)
 		setenv("FABEP_SIGNAL", f->signal, 1);

@@ -221,8 +221,7 @@ static void run_stress_slices(const char *prov, fabep_signal_t sig, int size,
 	struct stress st = { .signal = sig, .channels = channels, .threads = threads };
 	int status[8], r, ret;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	st.sizes = small_sizes;
 	st.nsizes = (int)(sizeof(small_sizes) / sizeof(small_sizes[0]));
 	st.rounds = small_rounds;
@@ -341,8 +340,7 @@ static void run_killed(const char *prov)
 	uint64_t t0, dt;
 	struct timespec ts;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	setenv("FABEP_TIMEOUT_MS", "2000", 1);
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	t0 = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
@@ -396,8 +394,7 @@ static void run_get_killed(const char *prov)
 {
 	int status[2];
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	setenv("FABEP_TIMEOUT_MS", "2000", 1);
 	fep_test_run_ranks_status(2, 60, get_killed_rank, NULL, status);
 	unsetenv("FABEP_TIMEOUT_MS");
@@ -485,13 +482,7 @@ static int cleanup_rank(int rank, int size, void *arg)
 	return 0;
 }
 
-START_TEST(shm_cleanup)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(1, 60, cleanup_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(shm_cleanup, "shm", 1, 60, cleanup_rank, NULL)
 START_TEST(killed_tcp) { run_killed("tcp"); } END_TEST
 START_TEST(killed_udp) { run_killed("udp"); } END_TEST
 START_TEST(killed_net) { run_killed("net"); } END_TEST
@@ -561,8 +552,7 @@ START_TEST(numa_node_env)
 	int expect = -EINVAL;
 	size_t i;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	setenv("FABEP_NUMA_NODE", "-1", 1);
 	fep_test_ranks_ok(1, 30, numa_default_rank, NULL);
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -692,8 +682,7 @@ START_TEST(cpus_crowd)
 	cpu_set_t all;
 	int n = 0, i;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	ck_assert_int_eq(sched_getaffinity(0, sizeof(all), &all), 0);
 	for (i = 0; i < CPU_SETSIZE; i++)
 		if (CPU_ISSET(i, &all))
@@ -742,8 +731,7 @@ START_TEST(cpus_own_cores)
 {
 	int core[4];
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	if (crowd_cores(core, 4) < 4)
 		fep_test_skip("fewer than 4 physical cores here");
 	{
@@ -939,13 +927,7 @@ static int cqdata_dc_rank(int rank, int size, void *arg)
 	return 0;
 }
 
-START_TEST(cqdata_delivery)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(2, 30, cqdata_dc_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(cqdata_delivery, "shm", 2, 30, cqdata_dc_rank, NULL)
 
 /* A rank that aborts its communicator (and lives on): the others, in a
  * barrier, fail with -FABEP_ERR_PEER_LOST naming it within a few
@@ -999,8 +981,7 @@ static int abort_rank(int rank, int size, void *arg)
 
 START_TEST(comm_abort)
 {
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	setenv("FABEP_LOG", "error", 1);
 	fep_test_ranks_ok(3, 60, abort_rank, NULL);
 	fabep_comm_abort(NULL);
@@ -1202,17 +1183,7 @@ static int rescue_rank(int rank, int size, void *arg)
 	return fabep_comm_destroy(comm) ? 1 : 0;
 }
 
-/* fn on 2 shm ranks, each returning 0 */
-#define SHM2_TEST(name, fn)                                             \
-	START_TEST(name)                                                \
-	{                                                               \
-		fep_test_need_provider("shm");                          \
-		fep_test_use_provider("shm");                           \
-		fep_test_ranks_ok(2, 60, fn, NULL); \
-	}                                                               \
-	END_TEST
-
-SHM2_TEST(channels_rescue, rescue_rank)
+FEP_TEST_RANKS_CASE(channels_rescue, "shm", 2, 60, rescue_rank, NULL)
 
 /* fabep_barrier: no rank leaves a barrier before every rank has entered
  * it.  Each rank marks its entry (in memory shared by the forked ranks)
@@ -1269,8 +1240,7 @@ START_TEST(barrier_order)
 	size_t len = BARRIER_ROUNDS * 8 * sizeof(uint64_t);
 	unsigned i;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	b.entered = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	ck_assert_ptr_ne((void *)b.entered, MAP_FAILED);
@@ -1356,7 +1326,7 @@ static int leave_rank(int rank, int size, void *arg)
 	return fabep_comm_destroy(comm) ? 1 : 0;
 }
 
-SHM2_TEST(peer_leaves_after_signal, leave_rank)
+FEP_TEST_RANKS_CASE(peer_leaves_after_signal, "shm", 2, 60, leave_rank, NULL)
 
 /* The fabric's reads of a peer's heap and puts from a pointer outside the
  * heap (the allreduce's direct path), under every strategy shm offers
@@ -1470,8 +1440,7 @@ START_TEST(shm_reads)
 	};
 	unsigned i;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		ck_assert_msg(fep_test_run_ranks(2, 60, reads_rank, (void *)&sigs[i]) == 0,
 			      "signal %s: %s", fabep_signal_name(sigs[i]),
@@ -1600,8 +1569,7 @@ static void run_joined(const char *prov, const char *channels)
 {
 	int status[2], r;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	fep_test_run_ranks_status(2, 60, joined_rank, (void *)channels, status);
 	if (status[0] == 77)
 		fep_test_skip("%s: signal cqdata not supported", prov);
@@ -1708,8 +1676,7 @@ static void run_gets(const char *prov, fabep_signal_t sig, int size, int rounds)
 	struct get_case gc = { sig, rounds };
 	int status[4], r;
 
-	fep_test_need_provider(prov);
-	fep_test_use_provider(prov);
+	fep_test_on_provider(prov);
 	fep_test_run_ranks_status(size, 120, gets_rank, &gc, status);
 	if (status[0] == 77)
 		fep_test_skip("%s: signal %s not supported", prov, fabep_signal_name(sig));
@@ -1990,8 +1957,7 @@ static void run_cma_pair(fep_test_rank_fn fn)
 {
 	int status[2], r;
 
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	(void)fep_test_run_ranks_status(2, 60, fn, NULL, status);
 	if (status[0] == 77 || status[1] == 77)
 		fep_test_skip("shm does not offer signal strategy cma");
@@ -2186,13 +2152,7 @@ static int args_rank(int rank, int size, void *arg)
 	return fabep_comm_destroy(comm) ? 16 : 0;
 }
 
-START_TEST(bad_args)
-{
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
-	fep_test_ranks_ok(2, 60, args_rank, NULL);
-}
-END_TEST
+FEP_TEST_RANKS_CASE(bad_args, "shm", 2, 60, args_rank, NULL)
 
 START_TEST(strerror_all)
 {
@@ -2301,8 +2261,7 @@ static int agree_rank(int rank, int size, void *arg)
 
 START_TEST(shm_agree_rounds)
 {
-	fep_test_need_provider("shm");
-	fep_test_use_provider("shm");
+	fep_test_on_provider("shm");
 	fep_test_ranks_ok(2, 120, agree_rank, NULL);
 	fep_test_ranks_ok(3, 120, agree_rank, NULL);
 }
