@@ -33,6 +33,7 @@
 #include "config.h"
 
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -48,7 +49,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include "fabep.h"
 #include "harness.h"
@@ -2408,6 +2411,143 @@ START_TEST(abi_shm)
 }
 END_TEST
 
+/* ---- the caller's signal dispositions ---- */
+
+/* Whether a library whose file name starts with `name` is mapped into
+ * this process (its line in /proc/self/maps). */
+static int lib_mapped(const char *name)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[4096];
+	int found = 0;
+
+	if (!f)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f)) {
+		const char *b = strrchr(line, '/');
+
+		found = b && !strncmp(b + 1, name, strlen(name));
+	}
+	fclose(f);
+	return found;
+}
+
+/* Whether the handler of sig at start is neither the default nor
+ * libinfinipath's (a sanitizer's runtime claims SIGSEGV, for one):
+ * raising it then tells nothing about what libfabep did. */
+static int handled_by_another(int sig)
+{
+	struct sigaction sa;
+	Dl_info di;
+	void *h;
+
+	if (sigaction(sig, NULL, &sa))
+		return 0;
+	h = sa.sa_flags & SA_SIGINFO ? (void *)sa.sa_sigaction :
+				       (void *)sa.sa_handler;
+	if (h == (void *)SIG_DFL)
+		return 0;
+	return !(dladdr(h, &di) && di.dli_fname &&
+		 strstr(di.dli_fname, "/libinfinipath.so"));
+}
+
+/* The process this test program becomes with FEP_TEST_RAISE=sig (main):
+ * a fresh one, whose dispositions are what loading libfabep left (the
+ * test's own process has Check's handlers for SIGINT and SIGTERM).  With
+ * FEP_TEST_RAISE_COMM set it first opens a communicator of one rank on
+ * shm.  Then it raises sig; 0 if it lived on, 77 where another party's
+ * handler has the signal (handled_by_another). */
+static int raise_main(int sig)
+{
+	struct rlimit no_core = { 0, 0 };
+
+	(void)setrlimit(RLIMIT_CORE, &no_core);
+	if (handled_by_another(sig))
+		return 77;
+	if (getenv("FEP_TEST_RAISE_COMM")) {
+		fabep_comm_attr_t attr;
+		fabep_comm_t *comm = NULL;
+
+		fabep_comm_attr_init(&attr);
+		attr.allgather = copy_allgather;  /* a world of one */
+		attr.rank = 0;
+		attr.nranks = 1;
+		attr.threads = 1;
+		attr.provider = "shm";
+		if (fabep_comm_create(&attr, &comm))
+			return 3;
+		/* shm's own handler, if any, removes its files and ends the
+		 * process by the signal, with the handler it found */
+		raise(sig);
+		fabep_comm_destroy(comm);
+		return 0;
+	}
+	raise(sig);
+	return 0;
+}
+
+/* This program run again with FEP_TEST_RAISE=sig: how it ended, as
+ * "signal N" or "exit N". */
+static void raise_in_child(int sig, int comm, char *how, size_t len)
+{
+	int st = 0;
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (!pid) {
+		char v[16];
+
+		snprintf(v, sizeof(v), "%d", sig);
+		setenv("FEP_TEST_RAISE", v, 1);
+		if (comm)
+			setenv("FEP_TEST_RAISE_COMM", "1", 1);
+		execl("/proc/self/exe", "test_faults", (char *)NULL);
+		_exit(126);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	if (comm)  /* what the killed communicator left in /dev/shm */
+		(void)fabep_shm_cleanup(pid);
+	if (WIFSIGNALED(st))
+		snprintf(how, len, "signal %d", WTERMSIG(st));
+	else
+		snprintf(how, len, "exit %d", WEXITSTATUS(st));
+}
+
+/* libfabric's psm provider (Debian's, Ubuntu's) loads libinfinipath,
+ * whose handler for SIGINT, SIGTERM, SIGABRT, ... calls exit(1).
+ * Linked with libfabep, a process still ends by the signal it got, as
+ * it would without: when libfabep loads, and after a communicator's
+ * fabric is open. */
+START_TEST(psm_signals)
+{
+	static const int sigs[] = { SIGINT, SIGTERM, SIGABRT, SIGSEGV };
+	size_t i;
+	int comm, tried = 0;
+
+	if (!lib_mapped("libinfinipath.so"))
+		fep_test_skip("libinfinipath (libfabric's psm provider) is not "
+			      "loaded here: no handlers of its own to undo");
+	fep_test_need_provider("shm");
+	for (comm = 0; comm < 2; comm++)
+		for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+			char how[32], want[32];
+
+			raise_in_child(sigs[i], comm, how, sizeof(how));
+			if (!strcmp(how, "exit 77"))
+				continue;  /* a sanitizer's, say */
+			tried++;
+			snprintf(want, sizeof(want), "signal %d", sigs[i]);
+			ck_assert_msg(!strcmp(how, want), "%s raised %s ended the "
+				      "process with %s, not by the signal",
+				      strsignal(sigs[i]), comm ? "with a "
+				      "communicator" : "at start", how);
+		}
+	if (!tried)
+		fep_test_skip("every signal tried has a handler of another "
+			      "party here");
+}
+END_TEST
+
 /* FEP_FAULTS_ONLY=substring runs only the tests whose names contain it. */
 #define ADD(tc, t)                                                     \
 	do {                                                           \
@@ -2476,6 +2616,7 @@ static Suite *suite(void)
 
 	tc = tcase_create("arguments");
 	tcase_set_timeout(tc, 90);
+	ADD(tc, psm_signals);
 	ADD(tc, args_shm);
 	ADD(tc, args_tcp);
 	ADD(tc, abi_shm);
@@ -2496,5 +2637,9 @@ static Suite *suite(void)
 
 int main(void)
 {
+	const char *raise_sig = getenv("FEP_TEST_RAISE");
+
+	if (raise_sig)  /* psm_signals' fresh process */
+		return raise_main(atoi(raise_sig));
 	return fep_test_run_suite(suite());
 }

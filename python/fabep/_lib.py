@@ -20,6 +20,7 @@ callback) takes the GIL back while it runs.
 import ctypes
 import ctypes.util
 import os
+import signal
 
 c_int = ctypes.c_int
 c_uint = ctypes.c_uint
@@ -46,11 +47,43 @@ def _candidates():
         yield found
 
 
+# struct sigaction as bytes (larger than any libc's): saved and set back
+# whole; its first member is the handler
+_SIGACTION = ctypes.c_char * 512
+_libc = ctypes.CDLL(None)
+_libc.sigaction.argtypes = [c_int, c_void_p, c_void_p]
+_libc.sigaction.restype = c_int
+
+
+def keep_signals(fn, *args):
+    """fn(*args), with the process's signal handlers kept as they were.
+    libfabric's psm provider (Debian's and Ubuntu's builds) loads
+    libinfinipath, which installs a handler of its own for SIGINT,
+    SIGTERM, SIGSEGV, ... that calls exit(1); libfabep then puts the
+    default action back (fabep(7)).  Both would take Python's handlers
+    (KeyboardInterrupt, faulthandler, a handler of the program's own):
+    every handler that changed inside fn is set back as it was."""
+    size = ctypes.sizeof(c_void_p)
+    before = {}
+    for sig in signal.valid_signals():
+        sa = _SIGACTION()
+        if _libc.sigaction(int(sig), None, sa) == 0:
+            before[int(sig)] = sa
+    try:
+        return fn(*args)
+    finally:
+        for sig, sa in before.items():
+            now = _SIGACTION()
+            if (_libc.sigaction(sig, None, now) == 0 and
+                    now.raw[:size] != sa.raw[:size]):
+                _libc.sigaction(sig, sa, None)
+
+
 def _load():
     errors = []
     for path in _candidates():
         try:
-            return ctypes.CDLL(path)
+            return keep_signals(ctypes.CDLL, path)
         except OSError as e:
             errors.append("%s: %s" % (path, e))
     raise ImportError("fabep: libfabep not found (%s); install the C library "

@@ -283,7 +283,10 @@ class Comm(Handle):
             # a strategy the C call refuses: it fails on every rank
             bad, a.signal = e, -1
         h = ctypes.c_void_p()
-        ret = lib.fabep_comm_create(ctypes.byref(a), ctypes.byref(h))
+        # a provider loaded by the fabric's opening may bring
+        # libinfinipath's handlers (_lib.keep_signals)
+        ret = _lib.keep_signals(lib.fabep_comm_create, ctypes.byref(a),
+                                ctypes.byref(h))
         if bad is not None:
             if ret == 0:  # cannot happen: C refuses signal -1
                 lib.fabep_comm_abort(h)

@@ -23,6 +23,48 @@ def test_library_queries():
     assert fabep.strerror(-110)
 
 
+_SIGNALS = r"""
+import os, signal, sys, time
+import fabep
+if sys.argv[1] == "comm":
+    comm = fabep.Comm.from_env()
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+    print("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(5)
+"""
+
+
+@pytest.mark.parametrize("when", ["import", "comm"])
+def test_signals_kept(when):
+    """Neither loading the library (whose libfabric may load
+    libinfinipath, which takes SIGINT, SIGTERM, ... with handlers that
+    call exit(1)) nor opening a communicator takes the interpreter's
+    signals: Ctrl-C still raises KeyboardInterrupt, SIGTERM still ends
+    the process by the signal."""
+    import signal
+    import subprocess
+    import sys
+    import fabep
+    env = dict(os.environ)
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(fabep.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for k in ("FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_ROOT"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-c", _SIGNALS, when], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=60)
+    out = p.stdout.decode()
+    assert out.strip() == "KeyboardInterrupt", (out, p.stderr.decode())
+    assert p.returncode == -signal.SIGTERM, (p.returncode, p.stderr.decode())
+
+
 def _heap_body(me, n, kind):
     import fabep
     with fabep.Comm.from_env() as comm:

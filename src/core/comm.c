@@ -1132,6 +1132,7 @@ static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	fp.numa_node = a->numa_node;
 	fp.cma_peers = cma_peers;
 	status = blobs ? fep_fabric_open(&fp, &comm->fab) : -ENOMEM;
+	(void)fep_signals_restore();  /* a provider loaded just now */
 	if (!status)
 		fep_fabric_set_alive(comm->fab, fep_comm_alive, fep_comm_tell_stopped, comm);
 	memset(&blob, 0, sizeof(blob));

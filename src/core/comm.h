@@ -171,4 +171,9 @@ void fep_comm_handle_add(fabep_comm_t *comm, struct fep_comm_handle *h,
 			 void (*destroy)(struct fep_comm_handle *h));
 void fep_comm_handle_del(struct fep_comm_handle *h);
 
+/* Put the default action back for every signal whose handler lies in
+ * libinfinipath (libfabric's psm provider installs one that calls exit;
+ * signals.c); the number of signals restored. */
+int fep_signals_restore(void);
+
 #endif
