@@ -82,6 +82,9 @@ def providers(name=None, max_count=32):
     if not isinstance(max_count, int) or max_count < 1:
         raise invalid("max_count=%r: expected a whole number, at least 1"
                       % (max_count,))
+    if name is not None and not isinstance(name, str):
+        raise invalid("name=%r: expected a provider's name or None"
+                      % (name,))
     descs = (_lib.ProviderDesc * max_count)()
     descs[0].size = ctypes.sizeof(_lib.ProviderDesc)  # the stride
     count = ctypes.c_int()
@@ -103,10 +106,12 @@ def providers(name=None, max_count=32):
     return out
 
 
+# fabep.TimeoutError stays out of `import *`: there it would hide the
+# built-in TimeoutError (its base class) from `except TimeoutError`.
 __all__ = ["Comm", "HeapBlock", "MoE", "RecvView", "Timing", "AllReduce",
            "FabepError", "InvalidArgumentError", "RangeError",
            "MessageSizeError", "NoMemoryError", "NotSupportedError",
-           "TimeoutError", "MismatchError", "PeerError", "PeerLostError",
+           "MismatchError", "PeerError", "PeerLostError",
            "ProtocolError", "NoProviderError", "NoSignalError",
            "HeapFullError", "BusyError", "StaleViewError", "InUseError", "version", "isa",
            "strerror", "providers", "shm_cleanup"]

@@ -15,7 +15,7 @@ _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
 def _check_shape(max_rows, max_cols, dtype):
     """A handle's sizes and dtype, before any C call (ctypes would wrap
     a negative size around)."""
-    if dtype not in _DT:
+    if not isinstance(dtype, str) or dtype not in _DT:
         raise invalid("dtype=%r: expected bf16 or fp32" % (dtype,))
     for k, v in (("max_rows", max_rows), ("max_cols", max_cols)):
         if _uint(v, k) < 1:

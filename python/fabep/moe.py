@@ -8,9 +8,11 @@ from . import _lib
 from . import _tensor
 from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
-    raise_for, reraise_refused, logged, serial
+    raise_for, reraise_refused, logged, serial, error_class
 
 lib = _lib.lib
+# C's code for a handle that cannot be used any more (fep_ep_usable)
+_PEER_LOST = -(_lib.ERR_BASE + 1 + _lib.ERR_NAMES.index("PEER_LOST"))
 
 _TYPES = {"fp32": _lib.MOE_FP32, "bf16": _lib.MOE_BF16, "fp8": _lib.MOE_FP8,
           "fp8_prequant": _lib.MOE_FP8_PREQUANT}
@@ -33,7 +35,7 @@ time (ns) and the bytes each wrote to other ranks (fabep_moe_timing)."""
 
 
 def _type(name, what, allowed):
-    if name not in allowed:
+    if not isinstance(name, str) or name not in allowed:
         raise invalid("%s=%r: expected one of %s" % (
             what, name, ", ".join(allowed)))
     return _TYPES[name]
@@ -226,6 +228,10 @@ class MoE(Handle):
         self._received = collections.deque()  # (n, rows) received, uncombined
         self._csent = collections.deque()     # (n, rows) per combine sent
         self._sendbuf = None
+        # the C call whose outcome an exception hid (_begin): set before
+        # each C call of a dispatch or combine, cleared once what it did is
+        # recorded above
+        self._unknown = None
         h = ctypes.c_void_p()
         with self._guard.held("MoE"):
             ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
@@ -305,6 +311,25 @@ class MoE(Handle):
         self.comm._release(self._key)
         logged()  # not raised: its messages must not reach a later error
 
+    def _handle(self):
+        h = super()._handle()
+        if self._unknown:
+            raise error_class(_PEER_LOST)(_PEER_LOST, (
+                "%s: an exception (a signal handler's, such as "
+                "KeyboardInterrupt) ended %s as its C call returned, so what "
+                "that call did is unknown here and the handle is unusable: "
+                "close it (the peers' next call may time out)")
+                % (self._what, self._unknown))
+        return h
+
+    def _begin(self, what):
+        """Before a C call whose outcome the bookkeeping after it records:
+        Python raises a pending signal handler's exception (Ctrl-C's
+        KeyboardInterrupt) as the call returns, before that bookkeeping,
+        so the mark stays until the caller clears it (self._unknown =
+        None) and, where it stays, later calls refuse (_handle)."""
+        self._unknown = what
+
     # -- input checks ---------------------------------------------------------
     def _check_dispatch(self, x, topk_ids, topk_weights, scales):
         if topk_ids is None:
@@ -370,8 +395,11 @@ class MoE(Handle):
     def _refuse_dispatch(self, err):
         """Pass a refusal found here to every rank: the C dispatch with
         tokens but no rows fails with -EINVAL on every rank."""
+        rp = ctypes.byref(self._recv)
+        self._begin("dispatch")
         ret = lib.fabep_moe_dispatch(self._h, None, None, 1, _NO_IDS_PTR,
-                                     None, ctypes.byref(self._recv))
+                                     None, rp)
+        self._unknown = None
         self._gen += 1
         if ret == 0:  # cannot happen: C refuses NULL rows
             raise err
@@ -406,12 +434,15 @@ class MoE(Handle):
         xp, sp, ip, wp = args
         self._gen += 1
         self._sendbuf = None  # valid for one call (send_buffer)
-        ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp,
-                                     ctypes.byref(self._recv))
+        rp = ctypes.byref(self._recv)
+        self._begin("dispatch")
+        ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp, rp)
+        if not ret:
+            self._last_n = n
+            self._received.append((n, self._recv.rows))
+        self._unknown = None
         if ret:
             raise_for(ret, "fabep_moe_dispatch")
-        self._last_n = n
-        self._received.append((n, self._recv.rows))
         return self._view()
 
     @serial
@@ -429,14 +460,17 @@ class MoE(Handle):
             self._refuse_dispatch(e)
         self._gen += 1
         self._sendbuf = None
+        self._begin("dispatch_send")
         ret = lib.fabep_moe_dispatch_send(h, args[0], args[1], n, args[2],
                                           args[3])
+        if not ret:
+            self._sent.append(n)
+        self._unknown = None
         if ret:
             # a refused send half has completed the call with every
             # rank (the peers' dispatch_recv raises the same error):
             # nothing is owed
             raise_for(ret, "fabep_moe_dispatch_send")
-        self._sent.append(n)
         return None
 
     @serial
@@ -445,12 +479,16 @@ class MoE(Handle):
         the RecvView."""
         h = self._handle()
         self._gen += 1
-        ret = lib.fabep_moe_dispatch_recv(h, ctypes.byref(self._recv))
+        rp = ctypes.byref(self._recv)
+        self._begin("dispatch_recv")
+        ret = lib.fabep_moe_dispatch_recv(h, rp)
         n = self._sent.popleft() if self._sent else 0
+        if not ret:
+            self._last_n = n  # a refused dispatch's routing is not kept
+            self._received.append((n, self._recv.rows))
+        self._unknown = None
         if ret:
             raise_for(ret, "fabep_moe_dispatch_recv")
-        self._last_n = n  # a refused dispatch's routing is not kept
-        self._received.append((n, self._recv.rows))
         return self._view()
 
     def _view(self):
@@ -511,11 +549,14 @@ class MoE(Handle):
 
     def _refuse_combine(self, err):
         self._gen += 1
+        no_cb = _lib.ROW_FN()
+        self._begin("combine")
         ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None, 0,
-                                    _lib.ROW_FN(), None)
+                                    no_cb, None)
         # a refused combine leaves its dispatch received on every rank
         if ret and ret != -errno.EINVAL and self._received:
             self._received.popleft()
+        self._unknown = None
         if ret and ret != err.code:
             raise_for(ret, "fabep_moe_combine")
         logged()  # the C call's own messages: err says why
@@ -547,12 +588,14 @@ class MoE(Handle):
             self._refuse_combine(e)
         cb, holder = self._row_cb(row_callback, out)
         self._gen += 1
-        ret = lib.fabep_moe_combine(h, yp, ld_y, 0 if weighted else
-                                    _lib.MOE_UNWEIGHTED, op, ld_out, cb, None)
+        flags = 0 if weighted else _lib.MOE_UNWEIGHTED
+        self._begin("combine")
+        ret = lib.fabep_moe_combine(h, yp, ld_y, flags, op, ld_out, cb, None)
         # a refused combine (-EINVAL on every rank) leaves its dispatch
         # received, for the next combine
         if self._received and ret != -errno.EINVAL:
             self._received.popleft()
+        self._unknown = None
         if ret:
             raise_for(ret, "fabep_moe_combine")
         if holder and holder[0] is not None:
@@ -574,16 +617,19 @@ class MoE(Handle):
         except InvalidArgumentError as e:
             self._refuse_combine(e)
         self._gen += 1
-        ret = lib.fabep_moe_combine_send(h, yp, ld_y, 0 if weighted else
-                                         _lib.MOE_UNWEIGHTED)
-        if ret:
+        flags = 0 if weighted else _lib.MOE_UNWEIGHTED
+        self._begin("combine_send")
+        ret = lib.fabep_moe_combine_send(h, yp, ld_y, flags)
+        if not ret:
+            self._csent.append(self._received.popleft() if self._received
+                               else (0, 0))
+        elif ret != -errno.EINVAL and self._received:
             # as in dispatch_send: a refused send half owes nothing, and
             # a refused combine (-EINVAL) keeps its dispatch received
-            if ret != -errno.EINVAL and self._received:
-                self._received.popleft()
+            self._received.popleft()
+        self._unknown = None
+        if ret:
             raise_for(ret, "fabep_moe_combine_send")
-        self._csent.append(self._received.popleft() if self._received
-                           else (0, 0))
         self._ylike = _tensor.kind_of(y) or self._kind
 
     @serial
@@ -598,11 +644,13 @@ class MoE(Handle):
                                                           self._kind))
         cb, holder = self._row_cb(row_callback, out)
         self._gen += 1
+        self._begin("combine_recv")
         ret = lib.fabep_moe_combine_recv(h, op, ld_out, cb, None)
         sent = self._csent.popleft() if self._csent else None
         if ret == -errno.EINVAL and sent:
             # refused on some rank: the dispatch stays received
             self._received.appendleft(sent)
+        self._unknown = None
         if ret:
             raise_for(ret, "fabep_moe_combine_recv")
         if holder and holder[0] is not None:

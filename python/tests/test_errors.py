@@ -4,6 +4,7 @@ none waits; the handle works again afterwards; a killed, stalled or
 stopped rank gives an error that names it."""
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -446,6 +447,11 @@ def _create_refused_body(me, nranks, what):
         elif what == "moe_output":
             fabep.MoE(comm, E, K, H, MAXT,
                       output="tensorflow" if bad else None)
+        elif what == "moe_type":  # not even hashable
+            fabep.MoE(comm, E, K, H, MAXT,
+                      token_type=["bf16"] if bad else "bf16")
+        elif what == "allreduce_type":
+            fabep.AllReduce(comm, 4, H, dtype=["fp32"] if bad else "fp32")
         else:
             fabep.AllReduce(comm, 4, H, dtype="fp16" if bad else "bf16")
     except fabep.FabepError as e:
@@ -466,12 +472,72 @@ def _create_refused_body(me, nranks, what):
 
 
 @pytest.mark.parametrize("what", ["comm", "moe", "moe_size", "moe_output",
-                                  "allreduce"])
+                                  "moe_type", "allreduce", "allreduce_type"])
 def test_create_refused_on_one_rank(what):
     res = ranks.run(2, _create_refused_body, what,
                     env={"FABEP_TIMEOUT_MS": "30000"})
     assert res[1] == "InvalidArgumentError"
     assert res[0] in ("InvalidArgumentError", "PeerError"), res
+
+
+class _Alarm(Exception):
+    pass
+
+
+def _interrupted_body(me, nranks, call):
+    """A signal handler's exception raised as a dispatch or combine
+    returns (rank 0's SIGALRM while it waits for a late rank 1): what
+    that call did is unknown to the package, which then refuses the
+    handle's calls rather than guess (a combine sized from a wrong guess
+    would let the library write past its output); closing it works, and
+    a new handle does."""
+    import signal
+    import fabep
+    comm = fabep.Comm(heap_size=64 << 20)
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    x, ids, w = tokens(me, 4, H, E, K, 7)
+    if call == "combine":
+        v = moe.dispatch(x.bfloat16(), ids, w)
+        y = v.x.clone()
+    comm.barrier()
+    if me == 0:
+        def alarm(sig, frame):
+            raise _Alarm()
+        signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            if call == "dispatch":
+                moe.dispatch(x.bfloat16(), ids, w)
+            else:
+                moe.combine(y)
+        except _Alarm:
+            pass
+        else:
+            raise AssertionError("no alarm")
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        with pytest.raises(fabep.PeerLostError, match="unknown here"):
+            moe.combine(torch.zeros(0, H, dtype=torch.bfloat16))
+        with pytest.raises(fabep.PeerLostError, match="unusable"):
+            moe.dispatch(x.bfloat16(), ids, w)
+    else:
+        time.sleep(1.0)
+        if call == "dispatch":
+            moe.dispatch(x.bfloat16(), ids, w)
+        else:
+            moe.combine(y)
+    moe.close()
+    comm.barrier()
+    moe = fabep.MoE(comm, E, K, H, MAXT)
+    v = moe.dispatch(x.bfloat16(), ids, w)
+    out = moe.combine(v.x.clone())
+    moe.close()
+    comm.close()
+    return tuple(out.shape)
+
+
+@pytest.mark.parametrize("call", ["dispatch", "combine"])
+def test_interrupted_call(call):
+    assert ranks.run(2, _interrupted_body, call) == [(4, H), (4, H)]
 
 
 def _sendbuf_body(me, nranks):
