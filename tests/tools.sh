@@ -118,6 +118,43 @@ done
 expect 2 "$bench" -o allreduce -p shm --rows 2147483647 --cols 2147483647 &&
 	grep -q 'shape is too large' "$tmp.err" ||
 	fail "fabep_bench: an allreduce shape past 2^40 bytes not refused"
+# numbers as written: no sign or blank in front, no value twice
+for args in "-t +8" "-t ' 8'" "-n 2,2 -o scale" "-o write -S 64,64"; do
+	eval "set -- $args"
+	expect 2 "$bench" "$@" || fail "fabep_bench $args: not refused"
+done
+expect 2 "$bench" --soak 0x10 || fail "fabep_bench --soak 0x10: not refused"
+expect 2 "$demo" -t ' 8' || fail "fabep_demo -t ' 8': not refused"
+# MoE shapes the library refuses, before any rank starts
+for args in "-H 16777217 -t 1" "-f fp8 -H 100"; do
+	# shellcheck disable=SC2086
+	expect 2 "$bench" -o dispatch -n 2 -p shm $args &&
+		grep -q 'fabep makes no MoE handle' "$tmp.err" ||
+		fail "fabep_bench -o dispatch $args: not refused before the ranks"
+done
+# the bench's numeric variables and switches: malformed, or for a part
+# that does not read them, refused
+expect 2 env FABEP_BENCH_EXPERT_US=abc "$bench" -o combine -n 2 -p shm &&
+	grep -q 'FABEP_BENCH_EXPERT_US=abc: expected a whole number' "$tmp.err" ||
+	fail "FABEP_BENCH_EXPERT_US=abc: not refused"
+expect 2 env FABEP_BENCH_SLOW_RANK=2 "$bench" -o combine -n 2 -p shm ||
+	fail "FABEP_BENCH_SLOW_RANK=2 with 2 ranks: not refused"
+expect 2 env FABEP_BENCH_EXPERT_US=5 "$bench" -o allreduce -p shm &&
+	grep -q 'FABEP_BENCH_EXPERT_US is for -o dispatch, combine' "$tmp.err" ||
+	fail "FABEP_BENCH_EXPERT_US with -o allreduce: not refused"
+expect 2 env FABEP_BENCH_PULL=1 "$bench" -o dispatch -p shm ||
+	fail "FABEP_BENCH_PULL=1 with -o dispatch: not refused"
+expect 2 env FABEP_BENCH_SEND_BUFFER=1 "$bench" -o dispatch -f fp8 -p shm ||
+	fail "FABEP_BENCH_SEND_BUFFER=1 with -f fp8: not refused"
+expect 2 env FABEP_MPI_BENCH=/nonexistent "$bench" -o scale -n 2 -t 1 &&
+	grep -q 'FABEP_MPI_BENCH=/nonexistent: not an executable' "$tmp.err" ||
+	fail "FABEP_MPI_BENCH=/nonexistent: not refused"
+# a baseline that runs and fails fails the run (exit 1), its row saying so
+expect 1 env FABEP_BENCH_SCALE_PARTS=dispatch FABEP_MPIRUN=/bin/false \
+	FABEP_MPI_BENCH=/bin/true "$bench" -o scale -n 2 -t 1 -I 3 -w 1 -p shm -m &&
+	grep -q 'mpi_us: -1' "$tmp.out" &&
+	grep -q 'the MPI baseline failed in 1 row' "$tmp.err" ||
+	fail "fabep_bench -o scale with a failing baseline: not a failure"
 
 # --- fabep_info ---
 if expect 0 "$info"; then
@@ -275,12 +312,12 @@ fi
 expect 0 "$demo" --ranks 3 --tokens 9 --hidden 100 --topk 3 --experts 7 \
 	--iterations 4 --provider shm &&
 	grep -q '^result: correct$' "$tmp.out" &&
-	grep -q '^# fabep_demo: 3 ranks on [0-9]* cores, shm (signal [a-z]*), 4 layers$' \
+	grep -q '^# fabep_demo: 3 ranks on [0-9]* cores\?, shm (signal [a-z]*), 4 layers$' \
 		"$tmp.out" &&
 	grep -q '^# up to 9 tokens per rank, hidden 100, top-3 of 9 experts' \
 		"$tmp.out" || fail "fabep_demo with long options: not correct"
 
-# fabep_demo with a rank killed mid-run: the demo names it, says WRONG,
+# fabep_demo with a rank killed mid-run: the demo names it, says failed,
 # exits 1, and removes the shm region the dead rank left
 demo_rank_pid() { # PARENT: a child of PARENT that has its shm region
 	for s in /proc/[0-9]*/status; do
@@ -321,9 +358,9 @@ else
 	fi
 	wait "$dp"
 	rc=$?
-	[ $rc -eq 1 ] && grep -q '^result: WRONG' "$tmp.out" &&
+	[ $rc -eq 1 ] && grep -q '^result: failed' "$tmp.out" &&
 		grep -q 'fabep_demo: rank [0-9] killed by signal 9' "$tmp.err" ||
-		{ fail "fabep_demo with a rank killed: exit $rc, want 1 and WRONG"
+		{ fail "fabep_demo with a rank killed: exit $rc, want 1 and failed"
 		  sed 's/^/    /' "$tmp.out" "$tmp.err" | tail -8; }
 	ls /dev/shm | grep -q "^$vp:" &&
 		fail "fabep_demo: the killed rank's shm region is left: $(ls /dev/shm | grep "^$vp:")"
@@ -473,9 +510,9 @@ expect 0 "$bench" -p shm -o dispatch -n 2 -t 4 -H 256 -e 8 -I 3 -w 1 --no-ref &&
 	fail "fabep_bench -o dispatch --no-ref: no table"
 expect 2 "$bench" -o allreduce --no-ref && grep -q -- '--no-ref is for' "$tmp.err" ||
 	fail "fabep_bench -o allreduce --no-ref: no message"
-expect 1 env FABEP_BENCH_SLOW_RANK=4 FABEP_BENCH_SLOW_US=10 "$bench" -p shm \
+expect 2 env FABEP_BENCH_SLOW_RANK=4 FABEP_BENCH_SLOW_US=10 "$bench" -p shm \
 	-o dispatch -n 4 -t 8 -H 256 -e 16 -I 2 -m &&
-	grep -q 'FABEP_BENCH_SLOW_RANK="4" is not an integer in \[0, 3\]' "$tmp.err" ||
+	grep -q 'FABEP_BENCH_SLOW_RANK=4: expected a whole number from 0 to 3' "$tmp.err" ||
 	fail "fabep_bench: FABEP_BENCH_SLOW_RANK past the ranks not refused"
 
 # a floor far above the write (copy mode, top-16, rows of 4096: 8 rows per
@@ -524,7 +561,7 @@ if expect 0 "$bench" -p shm -o scale -n 2 -t 2 --rows 2 -H 256 -k 2 -e 8 \
 			fail "fabep_bench -o scale: the MPI baseline did not run"
 	fi
 fi
-expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch "$bench" -p shm -o scale -n 2 -t 1 \
+expect 0 env FABEP_MPI_BENCH=none FABEP_BENCH_SCALE_PARTS=dispatch "$bench" -p shm -o scale -n 2 -t 1 \
 	-H 64 -k 2 -e 4 -I 2 -w 0 &&
 	grep -Eq '^dispatch +2 +1t +[0-9.]+ .* n/a +n/a$' "$tmp.out" ||
 	fail "fabep_bench -o scale without the baseline: no n/a row"
@@ -543,17 +580,18 @@ fi
 # what scale passes on to its children's shell is quoted: a provider with
 # a quote in it reaches the child as that name (no such provider)
 mark=$tmp.injected
-expect 1 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=dispatch \
+expect 1 env FABEP_MPI_BENCH=none FABEP_BENCH_SCALE_PARTS=dispatch \
 	"$bench" -o scale -p "shm';touch\${IFS}$mark;'" -n 2 -t 1 -H 64 -k 2 \
 	-e 4 -I 1 -w 0 -m
 [ -e "$mark" ] && fail "fabep_bench -o scale: -p ran as a shell command"
 grep -q "provider \"shm';touch\${IFS}$mark;'\"" "$tmp.err" ||
 	fail "fabep_bench -o scale: -p with a quote did not reach the child as given"
 # the baseline runs the iterations and warm-up of fabep's part, whose
-# defaults differ from its own (allreduce of 2 x 64 fp32: 200 and 20)
+# defaults differ from its own (allreduce of 2 x 64 fp32: 200 and 20);
+# this mpirun prints no row, so the baseline fails and so does the run
 printf '#!/bin/sh\necho "$*" >>"%s"\nexit 1\n' "$tmp.mpiargs" >"$tmp.mpirun"
 chmod +x "$tmp.mpirun"
-expect 0 env FABEP_MPI_BENCH=/bin/true FABEP_MPIRUN="$tmp.mpirun" \
+expect 1 env FABEP_MPI_BENCH=/bin/true FABEP_MPIRUN="$tmp.mpirun" \
 	FABEP_BENCH_SCALE_PARTS=allreduce "$bench" -p shm -o scale -n 2 \
 	--rows 2 --cols 64 -m &&
 	grep -q -- '-o allreduce --rows 2 -I 200 -w 20 --cols 64 -m$' "$tmp.mpiargs" ||
@@ -567,7 +605,7 @@ if [ -x "$mpib" ]; then
 	done
 fi
 # the parts' list: names with spaces around them, nothing else
-expect 0 env FABEP_MPI_BENCH=/nonexistent FABEP_BENCH_SCALE_PARTS=" combine, dispatch" \
+expect 0 env FABEP_MPI_BENCH=none FABEP_BENCH_SCALE_PARTS=" combine, dispatch" \
 	"$bench" -p shm -o scale -n 2 -t 1 -H 64 -k 2 -e 4 -I 2 -w 0 &&
 	[ "$(grep -Ec '^(dispatch|combine) +2 +1t ' "$tmp.out")" = 2 ] ||
 	fail "fabep_bench -o scale: FABEP_BENCH_SCALE_PARTS with spaces: not 2 rows"

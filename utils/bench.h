@@ -47,6 +47,9 @@ int bench_kernels_check(const struct bench_opts *o, char *why, size_t len);
 int bench_scale(const struct bench_opts *o, FILE *out);
 /* FABEP_BENCH_SCALE_PARTS names part (NULL: the variable is valid) */
 int bench_scale_want(const char *part);
+/* bench_moe_check for every rank and token count of the dispatch and
+ * combine rows o asks for. */
+int bench_scale_check(const struct bench_opts *o, char *why, size_t len);
 /* -o allreduce|arnorm (utils/bench_coll.c): runs on every rank of comm;
  * rank 0 prints.  bench_coll_heap_bytes: the heap the communicator needs
  * for it (fabep_comm_attr_t.heap_size). */
@@ -73,6 +76,10 @@ int bench_coll_fits(size_t rows, size_t cols, size_t es);
 #include "fabep.h"
 int bench_moe(fabep_comm_t *comm, const struct bench_opts *o, FILE *out);
 size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks);
+/* Whether the library takes a MoE handle of o's shape on nranks ranks,
+ * within fabep's largest heap: 0, or a code with the reason in why. */
+int bench_moe_check(const struct bench_opts *o, int nranks, char *why,
+		    size_t len);
 /* dispatch, combine, moe: the iterations and warm-up of -I and -w, or
  * their defaults for that many tokens per rank (the scale part gives the
  * MPI baseline the same): 200 and 20 up to 8 tokens, where a call takes

@@ -86,6 +86,32 @@ size_t bench_moe_heap_bytes(const struct bench_opts *o, int nranks)
 	       (4u << 20);
 }
 
+int bench_moe_check(const struct bench_opts *o, int nranks, char *why,
+		    size_t len)
+{
+	fabep_moe_config_t cfg;
+	size_t heap;
+
+	bench_cfg(o, &cfg);
+	if (!fabep_moe_heap_bytes(&cfg, nranks)) {
+		snprintf(why, len, "-o %s: fabep makes no MoE handle of hidden %zu, "
+			 "top-%d of %d experts, %d token%s, -f %s on %d ranks "
+			 "(fabep_moe_create(3) gives the limits)", o->op,
+			 cfg.hidden, cfg.top_k, cfg.num_experts, cfg.max_tokens,
+			 cfg.max_tokens == 1 ? "" : "s",
+			 o->format ? o->format : "bf16", nranks);
+		return -EINVAL;
+	}
+	heap = bench_moe_heap_bytes(o, nranks);
+	if (heap > ((size_t)1 << 40)) {
+		snprintf(why, len, "-o %s: hidden %zu and %d tokens on %d ranks need "
+			 "a heap of %zu bytes, more than fabep's 1 TiB", o->op,
+			 cfg.hidden, cfg.max_tokens, nranks, heap);
+		return -E2BIG;
+	}
+	return 0;
+}
+
 int bench_moe_iters(const struct bench_opts *o, int tokens)
 {
 	return o->iters > 0 ? o->iters : tokens <= 8 ? 200 : 20;
@@ -1161,15 +1187,18 @@ static void mb_report_alone(struct moe_bench *s, FILE *out)
 			rk_us(s, s->rk_min), rk_us(s, s->rk_med),
 			rk_us(s, s->rk_max), s->rk_at);
 	} else {
-		fprintf(out, "# %s -o %s --no-ref: provider %s, %d ranks, %d "
-			"threads, %d channels, rank 0's figures; bytes = what "
+		fprintf(out, "# %s -o %s --no-ref: provider %s, %d rank%s, %d "
+			"thread%s, %d channel%s, rank 0's figures; bytes = what "
 			"rank 0 put to other ranks; no references measured\n",
 			tool_name, o->op, fabep_comm_provider(comm), s->size,
-			fabep_comm_threads(comm), fabep_comm_channels(comm));
-		fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %6s\n",
+			s->size == 1 ? "" : "s", fabep_comm_threads(comm),
+			fabep_comm_threads(comm) == 1 ? "" : "s",
+			fabep_comm_channels(comm),
+			fabep_comm_channels(comm) == 1 ? "" : "s");
+		fprintf(out, "%-9s %-5s %7s %8s %4s %7s %12s %11s %11s %8s %6s\n",
 			"op", "fmt", "tokens", "hidden", "topk", "exp", "bytes",
 			"median_us", "min_us", "GB/s", "check");
-		fprintf(out, "%-9s %-5s %7zu %6zu %4zu %5d %12zu %11.1f %11.1f "
+		fprintf(out, "%-9s %-5s %7zu %8zu %4zu %7d %12zu %11.1f %11.1f "
 			"%8.3f %6s\n", o->op, fmt, s->n, s->H, s->k,
 			s->cfg.num_experts, s->bytes, med, mn, gbps, chk);
 		mb_rank_line(s, out);
@@ -1259,17 +1288,20 @@ static void mb_report(struct moe_bench *s, FILE *out)
 			rk_us(s, s->rk_min), rk_us(s, s->rk_med),
 			rk_us(s, s->rk_max), s->rk_at);
 	else {
-		fprintf(out, "# %s -o %s: provider %s, %d ranks, %d threads, "
-			"%d channels, rank 0's figures; bytes = what rank 0 "
+		fprintf(out, "# %s -o %s: provider %s, %d rank%s, %d thread%s, "
+			"%d channel%s, rank 0's figures; bytes = what rank 0 "
 			"put to other ranks; ref = fabep_put of the same bytes "
 			"(one write per peer, on one channel)\n", tool_name,
 			o->op, fabep_comm_provider(comm), s->size,
-			fabep_comm_threads(comm), fabep_comm_channels(comm));
-		fprintf(out, "%-9s %-5s %7s %6s %4s %5s %12s %11s %11s %8s %8s "
+			s->size == 1 ? "" : "s", fabep_comm_threads(comm),
+			fabep_comm_threads(comm) == 1 ? "" : "s",
+			fabep_comm_channels(comm),
+			fabep_comm_channels(comm) == 1 ? "" : "s");
+		fprintf(out, "%-9s %-5s %7s %8s %4s %7s %12s %11s %11s %8s %8s "
 			"%6s %6s\n", "op", "fmt", "tokens", "hidden", "topk",
 			"exp", "bytes", "median_us", "min_us", "GB/s", "ref_GB/s",
 			"ratio", "check");
-		fprintf(out, "%-9s %-5s %7zu %6zu %4zu %5d %12zu %11.1f %11.1f "
+		fprintf(out, "%-9s %-5s %7zu %8zu %4zu %7d %12zu %11.1f %11.1f "
 			"%8.3f %8.3f %6.3f %6s\n", o->op, fmt, s->n, s->H, s->k,
 			s->cfg.num_experts, bytes, med, mn, gbps, rgbps,
 			rgbps > 0 ? gbps / rgbps : 0, chk);

@@ -200,14 +200,15 @@ static int executable(const char *path)
 	return path && *path && access(path, X_OK) == 0;
 }
 
-/* The baseline next to this program, else FABEP_MPI_BENCH; NULL: none. */
+/* FABEP_MPI_BENCH (none: no baseline), else the baseline next to this
+ * program; NULL: none. */
 static const char *find_mpi_bench(const char *self, char *buf, size_t len)
 {
 	const char *env = getenv("FABEP_MPI_BENCH");
 	const char *slash;
 
-	if (env && *env)
-		return executable(env) ? env : NULL;
+	if (env && *env)  /* none: no baseline (fabep_bench checked the rest) */
+		return strcmp(env, "none") && executable(env) ? env : NULL;
 #ifdef FABEP_HAVE_MPI_BENCH
 	slash = strrchr(self, '/');
 	if (slash && (size_t)(slash - self) + 20 < len) {
@@ -408,6 +409,27 @@ static void common_args(const struct bench_opts *o, struct sh_cmd *c)
 		sh_add(c, " --check");
 }
 
+int bench_scale_check(const struct bench_opts *o, char *why, size_t len)
+{
+	const int *ranks = o->n_ranks ? o->ranks_list : def_ranks;
+	const int *tokens = o->n_tokens ? o->tokens_list : def_tokens;
+	int nr = o->n_ranks ? o->n_ranks : 4, nt = o->n_tokens ? o->n_tokens : 4;
+	struct bench_opts row = *o;
+	int i, j, ret;
+
+	if (!bench_scale_want("dispatch") && !bench_scale_want("combine"))
+		return 0;
+	for (i = 0; i < nr; i++)
+		for (j = 0; j < nt; j++) {
+			row.op = "scale";
+			row.tokens = tokens[j];
+			ret = bench_moe_check(&row, ranks[i], why, len);
+			if (ret)
+				return ret;
+		}
+	return 0;
+}
+
 int bench_scale(const struct bench_opts *o, FILE *out)
 {
 	const int *ranks = o->n_ranks ? o->ranks_list : def_ranks;
@@ -415,7 +437,7 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 	const int *rows = o->n_rows ? o->rows_list : def_rows;
 	int nr = o->n_ranks ? o->n_ranks : 4, nt = o->n_tokens ? o->n_tokens : 4;
 	int nrows = o->n_rows ? o->n_rows : 3;
-	int cores = scale_cores(), failed = 0, i, j, p;
+	int cores = scale_cores(), failed = 0, mpi_bad = 0, i, j, p;
 	int rounds = o->rounds > 0 ? o->rounds : 1;
 	const char *mpib, *mpirun = find_mpirun();
 	char self[PATH_MAX], mbuf[PATH_MAX];
@@ -491,7 +513,8 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 				if (!sh_ok(&cmd) || !sh_ok(&mcmd))
 					return -E2BIG;
 				run_rounds(&r, rounds, cmd.buf, mpi_moe ? mcmd.buf : NULL, 0);
-				failed |= r.failed;
+				failed += r.failed;
+				mpi_bad += mpi_moe && r.mpi_failed;
 				print_row(out, o, &r, mpi_moe);
 			}
 		for (j = 0; j < nrows; j++)
@@ -522,11 +545,22 @@ int bench_scale(const struct bench_opts *o, FILE *out)
 					   mpib && !floor_only ? mcmd.buf : NULL, ar_floor);
 				if (!p)
 					ar_floor = r.floor_us;
-				failed |= r.failed;
+				failed += r.failed;
 				if (floor_only)
 					continue;
+				mpi_bad += mpib && r.mpi_failed;
 				print_row(out, o, &r, mpib != NULL);
 			}
 	}
-	return failed ? -EIO : 0;
+	/* a baseline that ran and failed leaves the comparison asked for
+	 * undone: the run fails, as where fabep's part failed */
+	if (failed)
+		fprintf(stderr, "%s: -o scale: fabep's part failed in %d row%s "
+			"(its messages are above)\n", tool_name, failed,
+			failed > 1 ? "s" : "");
+	if (mpi_bad)
+		fprintf(stderr, "%s: -o scale: the MPI baseline failed in %d row%s "
+			"(mpi_us: failed; its messages are above)\n", tool_name,
+			mpi_bad, mpi_bad > 1 ? "s" : "");
+	return failed || mpi_bad ? -EIO : 0;
 }

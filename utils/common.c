@@ -269,6 +269,9 @@ int tool_parse_sizes(const char *s, size_t max, size_t *sizes, int *n)
 	if (!cnt || s[strlen(s) - 1] == ',' || s[0] == ',' || strstr(s, ",,"))
 		return -EINVAL;
 	qsort(sizes, cnt, sizeof(*sizes), size_cmp);
+	for (int i = 1; i < cnt; i++)
+		if (sizes[i] == sizes[i - 1])
+			return -EEXIST;  /* one size twice: measured twice */
 	*n = cnt;
 	return 0;
 }
@@ -322,6 +325,14 @@ opt_bad(const struct tool_desc *d, const struct tool_optdef *od,
 			 want);
 }
 
+/* Whether p starts a number as written on a command line: a digit, or a
+ * minus sign and a digit (strtol would also take blanks and a '+'). */
+static int num_start(const char *p)
+{
+	return (*p >= '0' && *p <= '9') ||
+	       (*p == '-' && p[1] >= '0' && p[1] <= '9');
+}
+
 static int opt_int(const struct tool_desc *d, const struct tool_optdef *od,
 		   const char *val, long min, long max)
 {
@@ -331,7 +342,7 @@ static int opt_int(const struct tool_desc *d, const struct tool_optdef *od,
 
 	errno = 0;
 	v = strtol(val, &end, 10);
-	if (errno || end == val || *end || v < min || v > max) {
+	if (!num_start(val) || errno || end == val || *end || v < min || v > max) {
 		if (min == max)
 			snprintf(want, sizeof(want), "expected %ld", min);
 		else
@@ -360,15 +371,23 @@ static int opt_int_list(const struct tool_desc *d, const struct tool_optdef *od,
 	}
 	*n = 0;
 	for (;;) {
+		int i;
+
 		errno = 0;
 		v = strtol(p, &end, 10);
-		if (errno || end == p || (*end && *end != ',') || v < min ||
-		    v > max || *n == TOOL_MAX_LIST) {
+		if (!num_start(p) || errno || end == p || (*end && *end != ',') ||
+		    v < min || v > max || *n == TOOL_MAX_LIST) {
 			snprintf(want, sizeof(want), "expected an integer from %ld to "
 				 "%ld, or with %s a list of at most %d (2,4,8)", min,
 				 max, d->lists, TOOL_MAX_LIST);
 			opt_bad(d, od, val, want);
 		}
+		/* a value twice would only measure its rows twice */
+		for (i = 0; i < *n; i++)
+			if (list[i] == v) {
+				snprintf(want, sizeof(want), "%ld is in the list twice", v);
+				opt_bad(d, od, val, want);
+			}
 		list[(*n)++] = (int)v;
 		if (!*end)
 			break;
@@ -540,6 +559,8 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 				opt_bad(d, od, val, "sizes go from 1 to 1G");
 			if (ret == -E2BIG)
 				opt_bad(d, od, val, "at most 64 sizes");
+			if (ret == -EEXIST)
+				opt_bad(d, od, val, "a size is in the list twice");
 			if (ret)
 				opt_bad(d, od, val,
 					"expected a size (64, 4k, 1M), a list 64,4k,1M, or all");
@@ -552,9 +573,11 @@ void tool_parse(const struct tool_desc *d, int argc, char **argv,
 		case TOOL_OPT_SOAK: {
 			char *end;
 
+			/* decimal seconds: strtod would take hex and blanks */
 			errno = 0;
 			o->soak_s = strtod(val, &end);
-			if (errno || end == val || *end || !(o->soak_s > 0) ||
+			if (!num_start(val) || strpbrk(val, "xXpP") || errno ||
+			    end == val || *end || !(o->soak_s > 0) ||
 			    o->soak_s > TOOL_MAX_SOAK_S)
 				opt_bad(d, od, val, "expected seconds, more than 0 "
 					"and at most 604800 (7 days)");

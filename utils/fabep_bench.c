@@ -16,9 +16,11 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "utils/common.h"
 #include "utils/bench.h"
@@ -129,8 +131,11 @@ static const struct tool_help bench_help[] = {
 	  "check results (write: the receiver compares the data after each size; "
 	  "dispatch, combine, moe: the combine outputs; allreduce, arnorm: one "
 	  "more call per shape against a reference in double)" },
-	{ TOOL_OPT_ROWS, "N|LIST", "rows of the allreduce input; scale: a list "
-				   "(default 16,128,1024)" },
+	{ TOOL_OPT_ROWS, "N|LIST", "rows of the allreduce input (default: 1, 16, "
+				   "128, 1024 and 8192, one shape each; soak: at "
+				   "most 48); scale: a list (default 16,128,1024)" },
+	{ TOOL_OPT_COLS, NULL, "columns of the allreduce input (default 7168; "
+			       "soak: at most 1024)" },
 	{ TOOL_OPT_SOAK, NULL,
 	  "without -o (or with -o soak): run dispatch + combine + allreduce "
 	  "with fresh random routing every round for SECONDS (at most 604800: "
@@ -208,7 +213,8 @@ static const struct tool_desc bench_desc = {
 		"phase's bytes, and floor_us, its least local traffic at memcpy's rate;\n"
 		"allreduce, arnorm: the raw write of the input's bytes, every rank at\n"
 		"once), median / floor, MPI's\n"
-		"median and MPI / fabep (n/a without the baseline).  --rounds N runs\n"
+		"median and MPI / fabep (n/a without the baseline; mpi_us failed where\n"
+		"it ran and failed, and the run exits 1).  --rounds N runs\n"
 		"each row N times, fabep and the baseline in turn: the medians of the\n"
 		"rounds, the median of their speedups, and (with N > 1) its range.\n"
 		"With -m: op (scale), part, ranks, tokens or rows, median_us,\n"
@@ -226,17 +232,20 @@ static const struct tool_desc bench_desc = {
 		"\n"
 		"Environment: FABEP_BENCH_SCALE_PARTS (scale: a comma-separated\n"
 		"subset of dispatch,combine,allreduce,arnorm), FABEP_MPI_BENCH and\n"
-		"FABEP_MPIRUN (scale: the baseline and mpirun to use),\n"
+		"FABEP_MPIRUN (scale: the baseline and mpirun to use; none: no\n"
+		"baseline),\n"
 		"FABEP_BENCH_ZERO_COPY=1 (MoE handle with\n"
 		"FABEP_MOE_ZERO_COPY), FABEP_BENCH_SEND_BUFFER=1 (dispatch takes its\n"
 		"tokens from fabep_moe_send_buffer, filled before the timed call),\n"
 		"FABEP_BENCH_EXPERT_US=N (an untimed pause of N us before each combine:\n"
 		"the experts' compute, fabep's threads idle), FABEP_BENCH_PULL=1\n"
-		"(combine: also pull_us, every rank fetching its tokens' rows from\n"
-		"the peers with fabep_get, a row a read, and summing them in cache),\n"
-		"FABEP_BENCH_SLOW_US=N with FABEP_BENCH_SLOW_RANK=R (rank R's clock\n"
-		"runs N us on after each timed call: a slow rank, which slowest_rank\n"
-		"must name).\n"
+		"(combine, moe: also pull_us, every rank fetching its tokens' rows\n"
+		"from the peers with fabep_get, a row a read, and summing them in\n"
+		"cache), FABEP_BENCH_SLOW_US=N with FABEP_BENCH_SLOW_RANK=R (rank R's\n"
+		"clock runs N us on after each timed call: a slow rank, which\n"
+		"slowest_rank must name), FABEP_BIND=none (forked ranks unbound).\n"
+		"A bench variable set for a part that does not read it, or to a value\n"
+		"it does not take, is a bad command line.\n"
 		"\n"
 		"Exit status: 0 success, 1 a run failed or a check found an error,\n"
 		"2 bad command line.\n",
@@ -393,6 +402,50 @@ static bool part_in(const char *name, const char *list)
 	return false;
 }
 
+/* The bench's own switches and the parts that read them */
+static const struct {
+	const char *name, *parts;
+} env_use[] = {
+	{ "FABEP_BENCH_ZERO_COPY", "dispatch combine moe scale" },
+	{ "FABEP_BENCH_SEND_BUFFER", "dispatch combine moe scale" },
+	{ "FABEP_BENCH_PULL", "combine moe" },
+};
+
+/* The bench's numeric variables: 0 to max (-1: to the ranks - 1) */
+static const struct {
+	const char *name;
+	long max;
+} env_num[] = {
+	{ "FABEP_BENCH_EXPERT_US", 10000000 },
+	{ "FABEP_BENCH_SLOW_US", 10000000 },
+	{ "FABEP_BENCH_SLOW_RANK", -1 },
+};
+
+/* A list of parts "a b c" as it reads in a message: "a, b, c" */
+static const char *parts_text(const char *parts, char *buf, size_t len)
+{
+	size_t k = 0;
+
+	for (; *parts && k + 3 < len; parts++)
+		if (*parts == ' ') {
+			buf[k++] = ',';
+			buf[k++] = ' ';
+		} else {
+			buf[k++] = *parts;
+		}
+	buf[k] = 0;
+	return buf;
+}
+
+static void __attribute__((noreturn))
+env_unused(const char *name, const char *parts, const char *p)
+{
+	char list[128];
+
+	tool_usage_error(&bench_desc, "%s is for -o %s, not -o %s (unset it)",
+			 name, parts_text(parts, list, sizeof(list)), p);
+}
+
 /* An option the part would not use is refused, as a mistyped one is:
  * a run that silently ignored it would measure something else than
  * asked.  So are shapes that cannot run, before any rank starts. */
@@ -436,24 +489,63 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 
 	for (i = 0, u = use; i < sizeof(use) / sizeof(use[0]); i++, u++)
 		if (given[i] && !part_in(p, u->parts)) {
-			char list[96];
-			size_t k;
+			char list[128];
 
-			snprintf(list, sizeof(list), "%s", u->parts);
-			for (k = 0; list[k]; k++)  /* "a b c" reads "a, b, c" */
-				if (list[k] == ' ')
-					list[k] = ',';
 			tool_usage_error(&bench_desc, "%s is for -o %s, not -o %s",
-					 u->opt, list, p);
+					 u->opt, parts_text(u->parts, list, sizeof(list)),
+					 p);
 		}
 	if (o->format && (part_in(p, "allreduce arnorm soak")) &&
 	    strcmp(o->format, "bf16") && strcmp(o->format, "fp32"))
 		tool_usage_error(&bench_desc, "-o %s takes -f bf16 or fp32", p);
 	/* the parts read these as on unless unset, empty or 0: any other
-	 * spelling (no, off) is refused here, not taken for on */
-	tool_env_switch(&bench_desc, "FABEP_BENCH_ZERO_COPY");
-	tool_env_switch(&bench_desc, "FABEP_BENCH_SEND_BUFFER");
-	tool_env_switch(&bench_desc, "FABEP_BENCH_PULL");
+	 * spelling (no, off) is refused here, not taken for on; so is one
+	 * the part would not read, as an unused option is (scale passes
+	 * them to its dispatch and combine rows) */
+	for (i = 0; i < sizeof(env_use) / sizeof(env_use[0]); i++)
+		if (tool_env_switch(&bench_desc, env_use[i].name) &&
+		    !part_in(p, env_use[i].parts))
+			env_unused(env_use[i].name, env_use[i].parts, p);
+	if (tool_env_on("FABEP_BENCH_SEND_BUFFER") && o->format &&
+	    !strcmp(o->format, "fp8"))
+		tool_usage_error(&bench_desc, "FABEP_BENCH_SEND_BUFFER=1: -f fp8 "
+				 "quantizes the caller's rows on the way, from no "
+				 "send buffer (bf16, fp8pre and fp32 have one)");
+	/* the numbers the MoE parts read, checked before any rank starts */
+	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
+	for (i = 0; i < sizeof(env_num) / sizeof(env_num[0]); i++) {
+		const char *v = getenv(env_num[i].name);
+		long max = env_num[i].max;
+		char *end;
+		long x;
+
+		if (!v || !*v)
+			continue;
+		if (!part_in(p, "dispatch combine moe scale"))
+			env_unused(env_num[i].name, "dispatch combine moe scale", p);
+		/* the slow rank: one of the ranks (any under a launcher, where
+		 * the part checks it; scale: of its smallest -n) */
+		if (max < 0) {
+			int least = n;
+
+			for (k = 0; !strcmp(p, "scale") && k < o->n_nranks; k++)
+				if (!k || o->nranks_list[k] < least)
+					least = o->nranks_list[k];
+			max = least > 0 ? least - 1 : INT_MAX;
+		}
+		errno = 0;
+		x = strtol(v, &end, 10);
+		if (!(*v >= '0' && *v <= '9') || errno || *end || x > max)
+			tool_usage_error(&bench_desc, "%s=%s: expected a whole "
+					 "number from 0 to %ld", env_num[i].name, v,
+					 max);
+	}
+	if (!strcmp(p, "scale") && getenv("FABEP_MPI_BENCH") &&
+	    *getenv("FABEP_MPI_BENCH") && strcmp(getenv("FABEP_MPI_BENCH"), "none") &&
+	    access(getenv("FABEP_MPI_BENCH"), X_OK))
+		tool_usage_error(&bench_desc, "FABEP_MPI_BENCH=%s: not an executable "
+				 "file (%s; none runs no baseline)",
+				 getenv("FABEP_MPI_BENCH"), strerror(errno));
 	if (!strcmp(p, "scale") && !bench_scale_want(NULL))
 		tool_usage_error(&bench_desc, "FABEP_BENCH_SCALE_PARTS=%s: not a "
 				 "comma-separated list of dispatch, combine, "
@@ -585,17 +677,30 @@ int main(int argc, char **argv)
 			tool_name, part->name, part->what);
 		return TOOL_EXIT_FAIL;
 	}
-	if (!strcmp(part->name, "kernels")) {
-		/* an unknown -K, a -B too small for -H: a bad command line,
-		 * told as any other (message, usage, exit 2) */
+	{
+		/* an unknown -K, a -B too small for -H, a MoE shape the
+		 * library refuses: a bad command line, told as any other
+		 * (message, usage, exit 2) before any rank starts; under a
+		 * launcher the ranks are known only to the part */
 		char why[1024];
+		int n = o->nranks ? o->nranks : tool_in_job() ? 0 :
+			part->default_ranks;
 
-		if (bench_kernels_check(&bo, why, sizeof(why)))
+		if (!strcmp(part->name, "kernels") &&
+		    bench_kernels_check(&bo, why, sizeof(why)))
+			tool_usage_error(&bench_desc, "%s", why);
+		if (part_in(part->name, "dispatch combine moe") && n > 0 &&
+		    bench_moe_check(&bo, n, why, sizeof(why)))
+			tool_usage_error(&bench_desc, "%s", why);
+		if (!strcmp(part->name, "scale") &&
+		    bench_scale_check(&bo, why, sizeof(why)))
 			tool_usage_error(&bench_desc, "%s", why);
 	}
 	if (part->local) {
 		ret = part->local(&bo, stdout);
 		fflush(stdout);
+		if (ret == -EIO && !strcmp(part->name, "scale"))
+			return TOOL_EXIT_FAIL;  /* its rows said what failed */
 		if (ret) {
 			fprintf(stderr, "%s: -o %s: %s\n", tool_name, part->name,
 				fabep_strerror(ret));
