@@ -511,8 +511,9 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 		tool_usage_error(&bench_desc, "FABEP_BENCH_SEND_BUFFER=1: -f fp8 "
 				 "quantizes the caller's rows on the way, from no "
 				 "send buffer (bf16, fp8pre and fp32 have one)");
-	/* the numbers the MoE parts read, checked before any rank starts */
+	/* the ranks main forks when -n is not given, outside a job */
 	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
+	/* the numbers the MoE parts read, checked before any rank starts */
 	for (i = 0; i < sizeof(env_num) / sizeof(env_num[0]); i++) {
 		const char *v = getenv(env_num[i].name);
 		long max = env_num[i].max;
@@ -572,8 +573,6 @@ static void bench_check_opts(const struct tool_opts *o, const char *p)
 					 "2^%d bytes", p, rows, cols, es,
 					 BENCH_COLL_MAX_LOG2);
 	}
-	/* the ranks main forks when -n is not given, outside a job */
-	n = o->nranks ? o->nranks : tool_in_job() ? 0 : 2;
 	/* the MoE parts' shapes with their defaults (bench_cfg: -e 256,
 	 * -k 8).  soak's defaults follow the ranks (-e 4 per rank, -k 3,
 	 * at most the experts): a -k given must fit them, as a soak that
