@@ -24,6 +24,7 @@ _BAD_FLAGS = 0x40000000
 _NO_IDS = (ctypes.c_int32 * _lib.MOE_MAX_TOPK)(*([-1] * _lib.MOE_MAX_TOPK))
 _NO_IDS_PTR = ctypes.addressof(_NO_IDS)
 _NO_ROW_FN = _lib.ROW_FN()
+_EINVAL = -errno.EINVAL
 
 # errors of a send half found in its input after the call counted: the
 # exchange still runs to its receive half (the caller's pending checks
@@ -228,6 +229,7 @@ class MoE(Handle):
         self._received = collections.deque()  # (n, rows) received, uncombined
         self._csent = collections.deque()     # (n, rows) per combine sent
         self._sendbuf = None
+        self._ft = None  # torch dtypes of the fast paths (_fast_types)
         # the C call whose outcome an exception hid (_begin): set before
         # each C call of a dispatch or combine, cleared once what it did is
         # recorded above
@@ -241,6 +243,7 @@ class MoE(Handle):
             self._h = h.value
             self._key = comm._adopt(self, "fabep_moe_destroy", h.value)
         self._recv = _lib.new_output(_lib.MoeRecv)
+        self._recv_ref = ctypes.byref(self._recv)
 
     @staticmethod
     def _config(num_experts, top_k, hidden, max_tokens, token_type="bf16",
@@ -331,6 +334,61 @@ class MoE(Handle):
         self._unknown = what
 
     # -- input checks ---------------------------------------------------------
+    def _fast_types(self):
+        """(int32, float32, the rows' input dtype, combine_type) as torch
+        dtypes, once torch is loaded: what the fast paths compare with."""
+        ft = self._ft
+        if ft is None:
+            tt = _tensor._TORCH
+            ft = self._ft = (tt["i32"], tt["fp32"], tt[self._x_dt],
+                             tt[self.combine_type])
+        return ft
+
+    def _fast_dispatch(self, x, ids, w, scales):
+        """(pointers, n) where the inputs are what a server passes on
+        every call: contiguous torch CPU tensors (not subclasses) of the
+        expected dtypes and shapes, weights given, a token type without
+        the caller's scales, x not the send buffer's rows.  Else None, and
+        _check_dispatch, which takes every case and names what is wrong,
+        decides."""
+        T = _tensor._TENSOR  # None until torch is loaded
+        if type(ids) is not T or type(x) is not T or type(w) is not T or \
+                scales is not None or self._sendbuf is not None or \
+                self._x_dt == "u8":  # fp8_prequant: scales required
+            return None
+        i32, f32, xdt, _ = self._ft or self._fast_types()
+        s = ids.shape
+        if len(s) != 2 or s[1] != self.top_k:
+            return None
+        n = s[0]
+        if n > self.max_tokens or ids.dtype is not i32 or \
+                x.dtype is not xdt or w.dtype is not f32 or \
+                x.shape != (n, self.hidden) or w.shape != s or \
+                not (ids.is_cpu and x.is_cpu and w.is_cpu and
+                     ids.is_contiguous() and x.is_contiguous() and
+                     w.is_contiguous()):
+            return None
+        return (x.data_ptr(), None, ids.data_ptr() or _NO_IDS_PTR,
+                w.data_ptr()), n
+
+    def _fast_combine(self, y, out):
+        """(y's pointer, out's pointer) where both are contiguous torch CPU
+        tensors (not subclasses) of combine_type and the shapes of the
+        dispatch being combined; else None (_check_y and _check_out
+        decide)."""
+        T = _tensor._TENSOR
+        if type(y) is not T or type(out) is not T or not self._received:
+            return None
+        cdt = (self._ft or self._fast_types())[3]
+        n, rows = self._received[0]
+        if y.dtype is not cdt or out.dtype is not cdt or \
+                y.shape != (rows, self.hidden) or \
+                out.shape != (n, self.hidden) or \
+                not (y.is_cpu and out.is_cpu and y.is_contiguous() and
+                     out.is_contiguous()):
+            return None
+        return y.data_ptr(), out.data_ptr()
+
     def _check_dispatch(self, x, topk_ids, topk_weights, scales):
         if topk_ids is None:
             if not hasattr(self, "_last_n"):
@@ -426,17 +484,24 @@ class MoE(Handle):
         topk_weights: fp32 [n, top_k] or None (all 1).  0 <= n <=
         max_tokens.  The inputs may be reused as soon as this returns.
         """
-        h = self._handle()
-        try:
-            args, n = self._check_dispatch(x, topk_ids, topk_weights, scales)
-        except InvalidArgumentError as e:
-            self._refuse_dispatch(e)
+        h = self._h
+        if h is None or self._unknown is not None:
+            self._handle()  # raises
+        fast = self._fast_dispatch(x, topk_ids, topk_weights, scales)
+        if fast is not None:
+            args, n = fast
+            self._kind = self._output or "torch"
+        else:
+            try:
+                args, n = self._check_dispatch(x, topk_ids, topk_weights,
+                                               scales)
+            except InvalidArgumentError as e:
+                self._refuse_dispatch(e)
         xp, sp, ip, wp = args
         self._gen += 1
         self._sendbuf = None  # valid for one call (send_buffer)
-        rp = ctypes.byref(self._recv)
-        self._begin("dispatch")
-        ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp, rp)
+        self._unknown = "dispatch"  # self._begin, inlined on this path
+        ret = lib.fabep_moe_dispatch(h, xp, sp, n, ip, wp, self._recv_ref)
         if not ret:
             self._last_n = n
             self._received.append((n, self._recv.rows))
@@ -579,21 +644,31 @@ class MoE(Handle):
         An argument refused on any rank raises InvalidArgumentError on
         every rank and leaves the dispatch to be combined again.
         """
-        h = self._handle()
-        n = self._received[0][0] if self._received else 0
-        try:
-            yp, ld_y = self._check_y(y)
-            out, op, ld_out = self._check_out(out, n, y)
-        except InvalidArgumentError as e:
-            self._refuse_combine(e)
-        cb, holder = self._row_cb(row_callback, out)
+        h = self._h
+        if h is None or self._unknown is not None:
+            self._handle()  # raises
+        fast = self._fast_combine(y, out)
+        if fast is not None:
+            yp, op = fast
+            ld_y = ld_out = self.hidden
+        else:
+            n = self._received[0][0] if self._received else 0
+            try:
+                yp, ld_y = self._check_y(y)
+                out, op, ld_out = self._check_out(out, n, y)
+            except InvalidArgumentError as e:
+                self._refuse_combine(e)
+        if row_callback is None:
+            cb, holder = _NO_ROW_FN, None
+        else:
+            cb, holder = self._row_cb(row_callback, out)
         self._gen += 1
         flags = 0 if weighted else _lib.MOE_UNWEIGHTED
-        self._begin("combine")
+        self._unknown = "combine"  # self._begin, inlined on this path
         ret = lib.fabep_moe_combine(h, yp, ld_y, flags, op, ld_out, cb, None)
         # a refused combine (-EINVAL on every rank) leaves its dispatch
         # received, for the next combine
-        if self._received and ret != -errno.EINVAL:
+        if self._received and ret != _EINVAL:
             self._received.popleft()
         self._unknown = None
         if ret:

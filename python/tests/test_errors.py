@@ -78,21 +78,41 @@ def _bad_body(me, nranks, kind, bad_rank):
             v = moe.dispatch(conv(xb), conv(ids), conv(w))
             y = v.x.clone() if kind == "torch" else v.x.copy()
             moe.combine(y)
-    # combine with a bad y on one rank: the same error everywhere, and
-    # the dispatch stays for the combine again with a good y
+    # combine with a bad y or out on one rank: the same error everywhere,
+    # and the dispatch stays for the combine again with good ones
+    # (combine_send takes no out)
+    def zeros(rows, cols, dt=torch.bfloat16):
+        return conv(torch.zeros(rows, cols, dtype=dt))
+    bad_combine = [
+        ("y columns", lambda r: (zeros(r, H + 1), zeros(4, H)), "shape"),
+        ("y rows", lambda r: (zeros(r + 1, H), zeros(4, H)), "shape"),
+        ("y dtype", lambda r: (zeros(r, H, torch.float32), zeros(4, H)),
+         "dtype"),
+        ("y in-row stride", lambda r: (zeros(r, 2 * H)[:, ::2], zeros(4, H)),
+         "contiguous"),
+        ("out dtype", lambda r: (zeros(r, H), zeros(4, H, torch.float32)),
+         "dtype"),
+        ("out rows", lambda r: (zeros(r, H), zeros(5, H)), "shape"),
+        ("out in-row stride", lambda r: (zeros(r, H), zeros(4, 2 * H)[:, ::2]),
+         "contiguous")]
     for half in (False, True):
-        v = moe.dispatch(conv(xb), conv(ids), conv(w))
-        y = v.x.clone() if kind == "torch" else v.x.copy()
-        bad = conv(torch.zeros(v.rows, H + 1).bfloat16()) \
-            if me == bad_rank else y
-        with pytest.raises(fabep.InvalidArgumentError):
-            if half:
-                moe.combine_send(bad)
-                moe.combine_recv()
-            else:
-                moe.combine(bad)
-        out = moe.combine(y)
-        assert out.shape[0] == 4
+        for name, make, text in bad_combine:
+            if half and name.startswith("out"):
+                continue
+            v = moe.dispatch(conv(xb), conv(ids), conv(w))
+            y = v.x.clone() if kind == "torch" else v.x.copy()
+            bad, bad_out = make(v.rows) if me == bad_rank else \
+                (y, zeros(4, H))
+            with pytest.raises(fabep.InvalidArgumentError) as ei:
+                if half:
+                    moe.combine_send(bad)
+                    moe.combine_recv()
+                else:
+                    moe.combine(bad, out=bad_out)
+            if me == bad_rank:
+                assert text in str(ei.value), (name, str(ei.value))
+            out = moe.combine(y)
+            assert out.shape[0] == 4
     # combine_recv's output is checked on this rank alone, before
     # anything is consumed: the combine stays pending, a retry works
     v = moe.dispatch(conv(xb), conv(ids), conv(w))

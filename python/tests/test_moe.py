@@ -37,7 +37,14 @@ def _inputs(nranks, seed, token_type):
     return out
 
 
+class _Sub(torch.Tensor):
+    """A tensor subclass (as nn.Parameter is): the binding's full checks
+    take it, where plain tensors take its fast path."""
+
+
 def _conv(t, kind):
+    if kind == "subclass":
+        return t.as_subclass(_Sub)
     return to_numpy(t) if kind == "numpy" else t
 
 
@@ -108,13 +115,20 @@ def _moe_body(me, nranks, kind, prov=None):
         else:
             x_in, scales = _conv(xs, kind), None
         v = moe.dispatch(x_in, _conv(ids, kind), _conv(w, kind), scales=scales)
-        assert isinstance(v.x, torch.Tensor if kind == "torch" else np.ndarray)
+        assert isinstance(v.x, np.ndarray if kind == "numpy" else
+                          torch.Tensor)
         got, eids = _check_dispatch(me, nranks, inp, v, token_type, kind, zc)
         # the expert outputs, in the order the dispatch delivered (zero
         # copy: the rows of x in row_index order)
         y, yf = _expert_out(got, eids, combine_type, kind)
-        out = moe.combine(y)
-        assert isinstance(out, torch.Tensor if kind == "torch" else np.ndarray)
+        # the caller's out on every other configuration, else a new one
+        out_in = _conv(torch.full((NTOK[me], H), float("nan"), dtype={
+            "bf16": torch.bfloat16, "fp32": torch.float32}[combine_type]),
+            kind) if checked % 2 else None
+        out = moe.combine(y, out=out_in)
+        assert out_in is None or out is out_in
+        assert isinstance(out, np.ndarray if kind == "numpy" else
+                          torch.Tensor)
         assert tuple(out.shape) == (NTOK[me], H)
         ref = reference_combine(val, ids, w)
         refabs = reference_combine(val.abs(), ids, w.abs())
@@ -135,7 +149,7 @@ def _moe_body(me, nranks, kind, prov=None):
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4])
-@pytest.mark.parametrize("kind", ["torch", "numpy"])
+@pytest.mark.parametrize("kind", ["torch", "numpy", "subclass"])
 def test_dispatch_combine(nranks, kind):
     assert ranks.run(nranks, _moe_body, kind) == [5] * nranks
 
