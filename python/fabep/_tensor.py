@@ -151,6 +151,18 @@ def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
     return r
 
 
+def plain_ptr(a, tdt, shape):
+    """a.data_ptr() where `a` is what most calls pass: a contiguous CPU
+    torch tensor (not a subclass) of torch dtype tdt and of `shape`,
+    checked in one read each.  Else None, and check(), which takes every
+    case and names what is wrong, decides.  The caller has loaded torch
+    (tdt is a torch dtype)."""
+    if type(a) is _TENSOR and a.dtype is tdt and a.shape == shape and \
+            a.is_cpu and a.is_contiguous():
+        return a.data_ptr()
+    return None
+
+
 def _want(dt, kind):
     if kind == "torch":
         _torch()

@@ -68,6 +68,8 @@ class AllReduce(Handle):
             reraise_refused("AllReduce", e)
         self.max_rows, self.max_cols = max_rows, max_cols
         self._last = (1, max_cols)   # the last call's rows and cols
+        self._tdt = None             # torch dtypes of the fast path (_fast)
+        self._p = _lib.rmsnorm_params()  # the norms' parameters, refilled
         h = ctypes.c_void_p()
         with self._guard.held("AllReduce"):
             ret = lib.fabep_allreduce_create(comm._handle(), max_rows,
@@ -155,11 +157,68 @@ class AllReduce(Handle):
         a = _tensor.check(x, "x", (self.dtype,), ndim=2)
         return a
 
+    def _fast(self, x, out, out_dt=0):
+        """(x's address, its shape, out, out's address) where x is a plain
+        contiguous CPU torch tensor of the handle's dtype with two
+        dimensions and out is None (a new one is made), x itself or a
+        plain tensor of x's shape, of the handle's dtype (out_dt 0) or
+        uint8 (1); else None, and the full checks decide.  A new out is
+        made only once x has passed."""
+        if type(x) is not _tensor._TENSOR:
+            return None
+        tdt = self._tdt
+        if tdt is None:
+            tt = _tensor._TORCH
+            tdt = self._tdt = (tt[self.dtype], tt["u8"], tt["fp32"])
+        s = x.shape
+        if x.dtype is not tdt[0] or len(s) != 2 or not (
+                x.is_cpu and x.is_contiguous()):
+            return None
+        if out is None:
+            out = _tensor.empty("torch", s, ("u8" if out_dt else self.dtype))
+            return x.data_ptr(), s, out, out.data_ptr()
+        if out is x and not out_dt:
+            p = x.data_ptr()
+            return p, s, x, p
+        op = _tensor.plain_ptr(out, tdt[out_dt], s)
+        if op is None:
+            return None
+        return x.data_ptr(), s, out, op
+
+    def _fast_params(self, s, gamma, eps, weight_offset, scale_ub,
+                     residual):
+        """The norm's parameters where gamma and residual (or None) are
+        plain tensors as _fast takes them and the scalars floats; else
+        None (_params decides)."""
+        tdt = self._tdt
+        g = _tensor.plain_ptr(gamma, tdt[0], (s[1],))
+        if g is None or type(eps) is not float or \
+                type(weight_offset) is not float or \
+                type(scale_ub) is not float:
+            return None
+        r = None
+        if residual is not None:
+            r = _tensor.plain_ptr(residual, tdt[0], s)
+            if r is None:
+                return None
+        p = self._p
+        p.gamma, p.residual = g, r
+        p.eps, p.weight_offset, p.scale_ub = eps, weight_offset, scale_ub
+        return p
+
     @serial
     def allreduce(self, x, out=None):
         """out[rows, cols] = the sum over ranks of x[rows, cols].
         Collective.  out may be x (in place) or None (a new tensor)."""
         h = self._handle()
+        f = self._fast(x, out)
+        if f is not None:
+            xp, s, out, op = f
+            self._last = s
+            ret = lib.fabep_allreduce(h, xp, op, s[0], s[1])
+            if ret:
+                raise_for(ret, "fabep_allreduce")
+            return out
         try:
             a = self._input(x)
             if out is None:
@@ -176,8 +235,8 @@ class AllReduce(Handle):
 
     def _params(self, a, gamma, eps, weight_offset, scale_ub, residual):
         g = _tensor.check(gamma, "gamma", (self.dtype,), (a.shape[1],))
-        p = _lib.rmsnorm_params()
-        p.gamma = g.ptr
+        p = self._p
+        p.gamma, p.residual = g.ptr, None
         p.eps = _real("eps", eps)
         p.weight_offset = _real("weight_offset", weight_offset)
         p.scale_ub = _real("scale_ub", scale_ub)
@@ -196,6 +255,17 @@ class AllReduce(Handle):
         gamma: [cols]; residual: None or [rows, cols] (the same on every
         rank), overwritten with h.  out may be x or None.  Collective."""
         h = self._handle()
+        f = self._fast(x, out)
+        p = None if f is None else self._fast_params(
+            f[1], gamma, eps, weight_offset, 1.0, residual)
+        if p is not None:
+            xp, s, out, op = f
+            self._last = s
+            ret = lib.fabep_allreduce_rmsnorm(h, xp, s[0], s[1],
+                                              ctypes.byref(p), op)
+            if ret:
+                raise_for(ret, "fabep_allreduce_rmsnorm")
+            return out
         try:
             a = self._input(x)
             p = self._params(a, gamma, eps, weight_offset, 1.0, residual)
@@ -221,6 +291,24 @@ class AllReduce(Handle):
         Returns (out uint8 [rows, cols], scales fp32 [rows]), the same on
         every rank.  Collective."""
         h = self._handle()
+        f = self._fast(x, out, 1)
+        p = None if f is None else self._fast_params(
+            f[1], gamma, eps, weight_offset, scale_ub, residual)
+        sp = None
+        if p is not None:
+            xp, s, out, op = f
+            if scales is None:
+                scales = _tensor.empty("torch", (s[0],), "fp32")
+                sp = scales.data_ptr()
+            else:
+                sp = _tensor.plain_ptr(scales, self._tdt[2], (s[0],))
+        if sp is not None:
+            self._last = s
+            ret = lib.fabep_allreduce_rmsnorm_fp8(h, xp, s[0], s[1],
+                                                  ctypes.byref(p), op, sp)
+            if ret:
+                raise_for(ret, "fabep_allreduce_rmsnorm_fp8")
+            return out, scales
         try:
             a = self._input(x)
             p = self._params(a, gamma, eps, weight_offset, scale_ub, residual)

@@ -109,14 +109,19 @@ def run(n, fn, *args, timeout=60, env=None, allow_killed=False):
                 except OSError:
                     pass
                 _cleanup(pid)
-    results = []
+    results, errs = [], []
     for r, o in enumerate(out):
         if isinstance(o, Killed):
             if not allow_killed:
-                raise RankFailed("rank %d killed by signal %d" % (r, o.sig))
+                errs.append("rank %d killed by signal %d" % (r, o.sig))
             results.append(o)
         elif o[0] == "err":
-            raise RankFailed("rank %d: %s\n%s" % (r, o[1], o[2]))
+            errs.append("rank %d: %s\n%s" % (r, o[1], o[2]))
         else:
             results.append(o[1])
+    if errs:
+        # every failed rank's story, the cause first: a rank whose peer
+        # failed reports only that it lost it
+        errs.sort(key=lambda e: "PeerLostError" in e.split("\n")[0])
+        raise RankFailed("\n".join(errs))
     return results

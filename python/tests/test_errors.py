@@ -215,9 +215,10 @@ def _readonly(shape):
 
 
 def _ar_refuse_body(me, nranks):
-    """Each allreduce call refused on rank 1 (x's dtype, x not a
-    tensor, gamma's shape, out's dtype, eps not a number, a read-only
-    residual or scales, which the library writes), with inputs above the
+    """Each allreduce call refused on rank 1 (x, gamma, out, residual and
+    scales of a wrong dtype, shape, device or layout, x not a tensor,
+    eps not a number, a read-only residual or scales, which the library
+    writes), with inputs above the
     log-step threshold, where every other rank takes the two-stage path:
     the refusal must take it too, else the handle is unusable."""
     import fabep
@@ -233,28 +234,61 @@ def _ar_refuse_body(me, nranks):
         "fp8": lambda x, g_, o, kw: ar.allreduce_rmsnorm_fp8(x, g_, out=o,
                                                              **kw),
     }
-    bads = [("dtype_x", lambda: (a.bfloat16(), g, None, {})),
-            ("list_x", lambda: (a.tolist(), g, None, {})),
-            ("gamma", lambda: (a, torch.ones(cols + 1), None, {})),
-            ("out", lambda: (a, g, torch.empty(rows, cols,
-                                               dtype=torch.float64), {})),
-            ("eps", lambda: (a, g, None, {"eps": None})),
-            ("residual", lambda: (a, g, None,
-                                  {"residual": _readonly((rows, cols))})),
-            ("scales", lambda: (a, g, None, {"scales": _readonly(rows)}))]
+    def strided(*shape, dtype=torch.float32):  # every other value
+        return torch.ones(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+
+    def out_dt(c):
+        return torch.uint8 if c == "fp8" else torch.float32
+    # (name, arguments for call c, what the refusing rank's message
+    # names); the strided tensors and out=x are for the fast path's checks
+    bads = [("dtype_x", lambda c: (a.bfloat16(), g, None, {}), "x"),
+            ("list_x", lambda c: (a.tolist(), g, None, {}), "x"),
+            ("device_x", lambda c: (a.to("meta"), g, None, {}), "device"),
+            ("strided_x", lambda c: (strided(rows, cols), g, None, {}),
+             "contiguous"),
+            ("gamma", lambda c: (a, torch.ones(cols + 1), None, {}),
+             "gamma"),
+            ("gamma_dtype", lambda c: (a, g.double(), None, {}), "gamma"),
+            ("gamma_device", lambda c: (a, g.to("meta"), None, {}),
+             "gamma: tensor on device meta"),
+            ("gamma_strided", lambda c: (a, strided(cols), None, {}),
+             "gamma: not contiguous"),
+            ("out", lambda c: (a, g, torch.empty(rows, cols,
+                                                 dtype=torch.float64), {}),
+             "out"),
+            ("out_strided", lambda c: (
+                a, g, strided(rows, cols, dtype=out_dt(c)), {}),
+             "out: not contiguous"),
+            ("out_rows", lambda c: (
+                a, g, torch.empty(rows - 1, cols, dtype=out_dt(c)), {}),
+             "out: shape"),
+            ("out_x", lambda c: (a, g, a, {}), "out: dtype"),
+            ("eps", lambda c: (a, g, None, {"eps": None}), "eps"),
+            ("residual", lambda c: (a, g, None,
+                                    {"residual": _readonly((rows, cols))}),
+             "residual"),
+            ("residual_strided", lambda c: (
+                a, g, None, {"residual": strided(rows, cols)}),
+             "residual: not contiguous"),
+            ("scales", lambda c: (a, g, None, {"scales": _readonly(rows)}),
+             "scales"),
+            ("scales_strided", lambda c: (
+                a, g, None, {"scales": strided(rows)}),
+             "scales: not contiguous")]
     seen = 0
     for cname, call in calls.items():
-        for bname, make in bads:
-            if cname == "plain" and bname in ("gamma", "eps", "residual"):
+        for bname, make, text in bads:
+            if cname == "plain" and bname.startswith(
+                    ("gamma", "eps", "residual")):
                 continue
-            if cname != "fp8" and bname == "scales":
+            if cname != "fp8" and bname in ("scales", "scales_strided",
+                                            "out_x"):
                 continue
-            args = make() if me == 1 else (a, g, None, {})
+            args = make(cname) if me == 1 else (a, g, None, {})
             with pytest.raises(fabep.InvalidArgumentError) as ei:
                 call(*args)
             if me == 1:
-                assert ("x" if bname.endswith("_x") else bname) in \
-                    str(ei.value), (cname, bname, str(ei.value))
+                assert text in str(ei.value), (cname, bname, str(ei.value))
             # the handle works again on every rank
             assert float(ar.allreduce(a)[0, 0]) == nranks, (cname, bname)
             seen += 1
@@ -264,7 +298,7 @@ def _ar_refuse_body(me, nranks):
 
 def test_allreduce_refusal_keeps_the_handle():
     """From 4 ranks: a refusal above the log-step threshold."""
-    assert ranks.run(4, _ar_refuse_body) == [16] * 4
+    assert ranks.run(4, _ar_refuse_body) == [38] * 4
 
 
 def _moe_args_body(me, nranks):
