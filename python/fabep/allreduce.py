@@ -70,6 +70,7 @@ class AllReduce(Handle):
         self._last = (1, max_cols)   # the last call's rows and cols
         self._tdt = None             # torch dtypes of the fast path (_fast)
         self._p = _lib.rmsnorm_params()  # the norms' parameters, refilled
+        self._pref = ctypes.byref(self._p)
         h = ctypes.c_void_p()
         with self._guard.held("AllReduce"):
             ret = lib.fabep_allreduce_create(comm._handle(), max_rows,
@@ -262,7 +263,7 @@ class AllReduce(Handle):
             xp, s, out, op = f
             self._last = s
             ret = lib.fabep_allreduce_rmsnorm(h, xp, s[0], s[1],
-                                              ctypes.byref(p), op)
+                                              self._pref, op)
             if ret:
                 raise_for(ret, "fabep_allreduce_rmsnorm")
             return out
@@ -305,7 +306,7 @@ class AllReduce(Handle):
         if sp is not None:
             self._last = s
             ret = lib.fabep_allreduce_rmsnorm_fp8(h, xp, s[0], s[1],
-                                                  ctypes.byref(p), op, sp)
+                                                  self._pref, op, sp)
             if ret:
                 raise_for(ret, "fabep_allreduce_rmsnorm_fp8")
             return out, scales
