@@ -13,6 +13,7 @@ Library-owned memory comes out as numpy arrays or torch tensors that
 view it (torch bf16 through an int16 view, since torch 1.13 has no
 uint16); each keeps the object that owns the memory alive.
 """
+import ctypes
 import sys
 
 import numpy as np
@@ -23,6 +24,9 @@ _NP = {"fp32": np.dtype(np.float32), "bf16": np.dtype(np.uint16),
        "u8": np.dtype(np.uint8), "i32": np.dtype(np.int32),
        "u32": np.dtype(np.uint32)}
 _NP_NAME = {v: k for k, v in _NP.items()}
+# the numpy type a torch view of library memory is made through, where
+# torch has no type of those bits (bf16 reinterpreted after, u32 as i32)
+_BITS = {"bf16": np.dtype(np.int16), "u32": np.dtype(np.int32)}
 _TORCH = {}
 _TORCH_NAME = {}
 
@@ -185,37 +189,34 @@ def empty(kind, shape, dt):
     return np.empty(shape, dtype=_NP[dt])
 
 
-class _Owner:
-    """Exposes library memory through the array interface; numpy keeps it
-    as the base of the array, so the owner outlives every view."""
-    __slots__ = ("__array_interface__", "owner")
-
-    def __init__(self, addr, shape, typestr, strides, owner):
-        self.__array_interface__ = {"data": (addr, False), "shape": shape,
-                                    "typestr": typestr, "strides": strides,
-                                    "version": 3}
-        self.owner = owner
-
-
 def view(kind, addr, shape, dt, owner, row_stride=None):
     """A view of library memory at `addr` without a copy.
 
     row_stride (bytes) gives 2-D rows farther apart than their length.
-    `owner` is kept alive by the view.
+    `owner` is kept alive by the view: the numpy array's base is a ctypes
+    array over the memory that holds it (and torch keeps the numpy
+    array).
     """
-    npdt = _NP[dt]
+    torch_bits = kind == "torch" and dt in _BITS
+    npdt = _BITS[dt] if torch_bits else _NP[dt]
     if not addr or 0 in shape:
         a = np.zeros(shape, dtype=npdt)
     else:
+        isz = npdt.itemsize
         strides = None
         if row_stride is not None and len(shape) == 2:
-            strides = (row_stride, npdt.itemsize)
-        a = np.asarray(_Owner(addr, tuple(shape), npdt.str, strides, owner))
+            strides = (row_stride, isz)
+            nbytes = (shape[0] - 1) * row_stride + shape[1] * isz
+        else:
+            nbytes = isz
+            for d in shape:
+                nbytes *= d
+        buf = (ctypes.c_char * nbytes).from_address(addr)
+        buf.owner = owner
+        a = np.ndarray(shape, npdt, buf, 0, strides)
     if kind != "torch":
         return a
     torch = _torch()
     if dt == "bf16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    if dt == "u32":
-        return torch.from_numpy(a.view(np.int32))
+        return torch.from_numpy(a).view(torch.bfloat16)
     return torch.from_numpy(a)

@@ -158,9 +158,9 @@ class RecvView:
 
     def offsets(self):
         """row_offsets as a list of Python ints (for slicing by expert)."""
-        return [int(v) for v in _tensor.view(
+        return _tensor.view(
             "numpy", self._rec.row_offsets, (self.local_experts + 1,), "u32",
-            self._moe)] if self.valid() else self.row_offsets
+            self._moe).tolist() if self.valid() else self.row_offsets
 
     def __repr__(self):
         return "<fabep.RecvView rows=%d%s>" % (

@@ -254,3 +254,45 @@ def _halves_body(me, nranks, kind):
 @pytest.mark.parametrize("kind", ["torch", "numpy"])
 def test_halves_buffers_backward_lifetime(nranks, kind):
     assert all(ranks.run(nranks, _halves_body, kind))
+
+
+def _keepalive_body(me, nranks, kind):
+    """A view of library memory keeps what owns that memory alive: the
+    receive view's arrays and the send buffer their MoE handle, a heap
+    block's array its communicator, after the caller has dropped both."""
+    import gc
+    import weakref
+    import fabep
+
+    def make():
+        comm = fabep.Comm.from_env()
+        moe = fabep.MoE(comm, E, K, H, MAXT)
+        x, ids, w = tokens(me, 4, H, E, K, 7, unrouted=0)
+        xb = x.bfloat16()
+        v = moe.dispatch(_conv(xb, kind), _conv(ids, kind), _conv(w, kind))
+        blk = comm.heap_alloc(64)
+        b = blk.numpy() if kind == "numpy" else blk.torch()
+        b[:] = 7
+        sb = moe.send_buffer(kind)[0]
+        return (v.x, v.weights, sb, b, weakref.ref(moe), weakref.ref(comm),
+                to_torch(v.x).clone())
+    rows, weights, sb, b, moe_ref, comm_ref, want = make()
+    gc.collect()
+    assert moe_ref() is not None and comm_ref() is not None
+    assert torch.equal(to_torch(rows), want)
+    assert tuple(weights.shape) == (want.shape[0],)
+    assert int(b[63]) == 7
+    sb[0, 0] = sb[0, 0]  # the send buffer is still mapped and writable
+    del rows, weights, sb
+    gc.collect()
+    assert moe_ref() is None  # the last view of the handle is gone
+    assert comm_ref() is not None  # the heap block's array keeps it
+    del b
+    gc.collect()
+    assert comm_ref() is None
+    return True
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_views_keep_their_owner(kind):
+    assert ranks.run(1, _keepalive_body, kind) == [True]
