@@ -33,12 +33,13 @@ _TORCH_NAME = {}
 
 ITEMSIZE = {"fp32": 4, "bf16": 2, "u8": 1, "i32": 4, "u32": 4}
 _TENSOR = None   # torch.Tensor, once torch is loaded
+_STRIDED = None  # torch.strided, the layout of dense tensors
 
 
 def _torch():
     """torch, imported on first use: a numpy-only program never pays for
     importing it, and a torch tensor means torch is already loaded."""
-    global _TENSOR
+    global _TENSOR, _STRIDED
     t = sys.modules.get("torch")
     if t is None:
         import torch as t
@@ -46,6 +47,7 @@ def _torch():
         _TORCH.update({"fp32": t.float32, "bf16": t.bfloat16, "u8": t.uint8,
                        "i32": t.int32})
         _TORCH_NAME.update({v: k for k, v in _TORCH.items()})
+        _STRIDED = t.strided
         _TENSOR = t.Tensor
     return t
 
@@ -100,6 +102,13 @@ def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
         if not a.is_cpu:
             raise _bad("%s: tensor on device %s; fabep works on CPU tensors"
                        % (name, a.device))
+        if a.layout is not _STRIDED:
+            raise _bad("%s: a %s tensor; fabep takes dense (strided) "
+                       "tensors" % (name, a.layout))
+        if a.is_neg() or a.is_conj():
+            raise _bad("%s: a view with torch's negative or conjugate bit "
+                       "set, whose memory holds other values; pass "
+                       "resolve_neg() / resolve_conj() of it" % name)
         dt = _TORCH_NAME.get(a.dtype)
         shp = a.shape
         if dt in dtypes and a.is_contiguous() and (
@@ -162,8 +171,11 @@ def plain_ptr(a, tdt, shape):
     case and names what is wrong, decides.  The caller has loaded torch
     (tdt is a torch dtype)."""
     if type(a) is _TENSOR and a.dtype is tdt and a.shape == shape and \
-            a.is_cpu and a.is_contiguous():
-        return a.data_ptr()
+            a.is_cpu and a.is_contiguous() and not a.is_neg():
+        try:
+            return a.data_ptr()
+        except RuntimeError:  # no storage (sparse, mkldnn): check() refuses
+            pass
     return None
 
 

@@ -40,8 +40,9 @@ class AllReduce(Handle):
     Sums are taken in fp32 and rounded once, so every rank gets bitwise
     the same result: in rank order, or for small calls from 4 ranks in
     the fixed tree order of the log-step path (fabep_allreduce(3)).
-    Inputs are checked for dtype, shape, contiguity and device; a
-    refusal is passed to the C call (as a missing buffer, with the rows
+    Inputs are checked for dtype, shape, contiguity, device and layout
+    (dense, without torch's negative or conjugate bit); a refusal is
+    passed to the C call (as a missing buffer, with the rows
     and cols of the refused input, or else of the last call) so every
     rank raises InvalidArgumentError, none waits and the handle stays
     usable.  Outputs are the caller's (`out`) or new tensors of the kind
@@ -173,18 +174,21 @@ class AllReduce(Handle):
             tdt = self._tdt = (tt[self.dtype], tt["u8"], tt["fp32"])
         s = x.shape
         if x.dtype is not tdt[0] or len(s) != 2 or not (
-                x.is_cpu and x.is_contiguous()):
+                x.is_cpu and x.is_contiguous()) or x.is_neg():
+            return None
+        try:
+            xp = x.data_ptr()
+        except RuntimeError:  # no storage (sparse, mkldnn): check() refuses
             return None
         if out is None:
             out = _tensor.empty("torch", s, ("u8" if out_dt else self.dtype))
-            return x.data_ptr(), s, out, out.data_ptr()
+            return xp, s, out, out.data_ptr()
         if out is x and not out_dt:
-            p = x.data_ptr()
-            return p, s, x, p
+            return xp, s, x, xp
         op = _tensor.plain_ptr(out, tdt[out_dt], s)
         if op is None:
             return None
-        return x.data_ptr(), s, out, op
+        return xp, s, out, op
 
     def _fast_params(self, s, gamma, eps, weight_offset, scale_ub,
                      residual):

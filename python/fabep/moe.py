@@ -186,7 +186,8 @@ class MoE(Handle):
     view's arrays (default: the kind of the last dispatch's input).
 
     Inputs are torch CPU tensors or numpy arrays, checked for dtype,
-    shape, contiguity and device before anything is sent; a refusal is
+    shape, contiguity, device and layout (dense, without torch's
+    negative or conjugate bit) before anything is sent; a refusal is
     passed to the C call so that every rank raises the same error class
     (the refusing rank with the reason, the others with the code) and
     none waits.  Nothing is copied on the way in.
@@ -366,10 +367,14 @@ class MoE(Handle):
                 x.shape != (n, self.hidden) or w.shape != s or \
                 not (ids.is_cpu and x.is_cpu and w.is_cpu and
                      ids.is_contiguous() and x.is_contiguous() and
-                     w.is_contiguous()):
+                     w.is_contiguous()) or \
+                ids.is_neg() or x.is_neg() or w.is_neg():
             return None
-        return (x.data_ptr(), None, ids.data_ptr() or _NO_IDS_PTR,
-                w.data_ptr()), n
+        try:
+            return (x.data_ptr(), None, ids.data_ptr() or _NO_IDS_PTR,
+                    w.data_ptr()), n
+        except RuntimeError:  # no storage (sparse, mkldnn): check() refuses
+            return None
 
     def _fast_combine(self, y, out):
         """(y's pointer, out's pointer) where both are contiguous torch CPU
@@ -385,9 +390,12 @@ class MoE(Handle):
                 y.shape != (rows, self.hidden) or \
                 out.shape != (n, self.hidden) or \
                 not (y.is_cpu and out.is_cpu and y.is_contiguous() and
-                     out.is_contiguous()):
+                     out.is_contiguous()) or y.is_neg() or out.is_neg():
             return None
-        return y.data_ptr(), out.data_ptr()
+        try:
+            return y.data_ptr(), out.data_ptr()
+        except RuntimeError:  # no storage (sparse, mkldnn): check() refuses
+            return None
 
     def _check_dispatch(self, x, topk_ids, topk_weights, scales):
         if topk_ids is None:

@@ -20,7 +20,18 @@ def _bad_inputs(kind):
     """(name, mutate(x, ids, w) -> (x, ids, w), expected class name)."""
     def conv(t):
         return to_numpy(t) if kind == "numpy" else t
-    return [
+    torch_only = [] if kind == "numpy" else [
+        # tensors whose memory does not hold their values as laid out
+        ("sparse_x", lambda x, i, w: (x.to_sparse(), i, w),
+         "InvalidArgumentError", "sparse_coo"),
+        ("sparse_w", lambda x, i, w: (x, i, w.to_sparse()),
+         "InvalidArgumentError", "sparse_coo"),
+        ("neg_view_x", lambda x, i, w: (torch._neg_view(x), i, w),
+         "InvalidArgumentError", "negative or conjugate"),
+        ("neg_view_ids", lambda x, i, w: (x, torch._neg_view(i), w),
+         "InvalidArgumentError", "negative or conjugate"),
+    ]
+    return torch_only + [
         ("dtype_x", lambda x, i, w: (conv(x.float()), conv(i), conv(w)),
          "InvalidArgumentError", "dtype"),
         ("dtype_ids", lambda x, i, w: (conv(x), conv(i.long()), conv(w)),
@@ -95,6 +106,15 @@ def _bad_body(me, nranks, kind, bad_rank):
         ("out rows", lambda r: (zeros(r, H), zeros(5, H)), "shape"),
         ("out in-row stride", lambda r: (zeros(r, H), zeros(4, 2 * H)[:, ::2]),
          "contiguous")]
+    if kind == "torch":
+        bad_combine += [
+            ("y neg view", lambda r: (torch._neg_view(zeros(r, H)),
+                                      zeros(4, H)), "negative"),
+            ("out neg view", lambda r: (zeros(r, H),
+                                        torch._neg_view(zeros(4, H))),
+             "negative"),
+            ("y sparse", lambda r: (zeros(r, H).to_sparse(), zeros(4, H)),
+             "sparse")]
     for half in (False, True):
         for name, make, text in bad_combine:
             if half and name.startswith("out"):
@@ -146,8 +166,9 @@ def _bad_body(me, nranks, kind, bad_rank):
                                                   (3, 1, "torch"),
                                                   (2, 1, "numpy")])
 def test_bad_input_same_error_everywhere(nranks, bad_rank, kind):
+    # 8 cases, 4 more of torch alone, each by the whole call and halves
     assert ranks.run(nranks, _bad_body, kind, bad_rank, timeout=90) == \
-        [16] * nranks
+        [24 if kind == "torch" else 16] * nranks
 
 
 def _lost_body(me, nranks, mode, pidfile):
@@ -244,6 +265,19 @@ def _ar_refuse_body(me, nranks):
     bads = [("dtype_x", lambda c: (a.bfloat16(), g, None, {}), "x"),
             ("list_x", lambda c: (a.tolist(), g, None, {}), "x"),
             ("device_x", lambda c: (a.to("meta"), g, None, {}), "device"),
+            ("sparse_x", lambda c: (a.to_sparse(), g, None, {}),
+             "sparse_coo"),
+            ("neg_x", lambda c: (torch._neg_view(a), g, None, {}),
+             "negative or conjugate"),
+            ("neg_gamma", lambda c: (a, torch._neg_view(g), None, {}),
+             "gamma: a view with torch's negative"),
+            ("sparse_out", lambda c: (
+                a, g, torch.zeros(rows, cols, dtype=out_dt(c)).to_sparse(),
+                {}), "out: a torch.sparse_coo"),
+            ("neg_residual", lambda c: (
+                a, g, None, {"residual": torch._neg_view(torch.ones(rows,
+                                                                    cols))}),
+             "residual: a view with torch's negative"),
             ("strided_x", lambda c: (strided(rows, cols), g, None, {}),
              "contiguous"),
             ("gamma", lambda c: (a, torch.ones(cols + 1), None, {}),
@@ -279,7 +313,8 @@ def _ar_refuse_body(me, nranks):
     for cname, call in calls.items():
         for bname, make, text in bads:
             if cname == "plain" and bname.startswith(
-                    ("gamma", "eps", "residual")):
+                    ("gamma", "eps", "residual", "neg_gamma",
+                     "neg_residual")):
                 continue
             if cname != "fp8" and bname in ("scales", "scales_strided",
                                             "out_x"):
@@ -298,7 +333,7 @@ def _ar_refuse_body(me, nranks):
 
 def test_allreduce_refusal_keeps_the_handle():
     """From 4 ranks: a refusal above the log-step threshold."""
-    assert ranks.run(4, _ar_refuse_body) == [38] * 4
+    assert ranks.run(4, _ar_refuse_body) == [51] * 4
 
 
 def _moe_args_body(me, nranks):
