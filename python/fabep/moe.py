@@ -71,9 +71,6 @@ class RecvView:
 
     _SCALARS = ("local_experts", "first_expert", "scales_per_row",
                 "row_stride", "scale_stride")
-    _ARRAYS = ("x", "scales", "row_offsets", "expert_ids", "expert_counts",
-               "src_info", "weights", "row_index")
-
     __slots__ = ("_moe", "_gen", "_kind", "_rec", "_cache", "rows",
                  "local_experts", "first_expert", "scales_per_row",
                  "row_stride", "scale_stride")
@@ -87,23 +84,27 @@ class RecvView:
         self.rows = rec.rows
 
     def __getattr__(self, name):
-        if name in RecvView._SCALARS:
-            # read from the record on first use, while the view is valid
+        # called for what is not set yet: the scalars before their first
+        # read, and every array (made once, then kept in _cache)
+        make = _MAKE.get(name)
+        if make is None:
+            if name not in RecvView._SCALARS:
+                raise AttributeError(name)
             if self._cache is None:
                 self._scalars()
             return object.__getattribute__(self, name)
-        if name not in RecvView._ARRAYS:
-            raise AttributeError(name)
-        if not self.valid():
+        m = self._moe
+        if self._gen != m._gen or m._h is None:
             raise StaleViewError(
                 "RecvView.%s: the view's MoE handle has made a call since "
                 "this dispatch (or was closed); its rows are no longer "
                 "this dispatch's" % name)
-        if self._cache is None:
-            self._scalars()
         c = self._cache
+        if c is None:
+            self._scalars()
+            c = self._cache
         if name not in c:
-            c[name] = self._make(name)
+            c[name] = make(self, m, self._rec, self._kind)
         return c[name]
 
     def _scalars(self):
@@ -130,32 +131,6 @@ class RecvView:
                            m)
         return int(idx.max()) + 1
 
-    def _make(self, name):
-        m, r, k, le = self._moe, self._rec, self._kind, self.local_experts
-        if name == "x":
-            return _tensor.view(k, r.x, (self._slots(), m.hidden), m._row_dt,
-                                m, row_stride=r.row_stride or None)
-        if name == "scales":
-            if not self.scales_per_row:
-                return None
-            if not r.scales:  # no rows here: an empty array all the same
-                return _tensor.view(k, 0, (0, self.scales_per_row), "fp32", m)
-            return _tensor.view(k, r.scales, (self._slots(),
-                                              self.scales_per_row), "fp32", m,
-                                row_stride=4 * (r.scale_stride or
-                                                self.scales_per_row))
-        if name == "row_offsets":
-            return _tensor.view(k, r.row_offsets, (le + 1,), "u32", m)
-        if name == "expert_ids":
-            return _tensor.view(k, r.expert_ids, (le,), "i32", m)
-        if name == "expert_counts":
-            return _tensor.view(k, r.expert_counts, (le,), "u32", m)
-        if name == "src_info":
-            return _tensor.view(k, r.src_info, (self.rows, 3), "i32", m)
-        if name == "weights":
-            return _tensor.view(k, r.weights, (self.rows,), "fp32", m)
-        return _tensor.view(k, r.row_index, (self.rows,), "i32", m)
-
     def offsets(self):
         """row_offsets as a list of Python ints (for slicing by expert)."""
         return _tensor.view(
@@ -165,6 +140,38 @@ class RecvView:
     def __repr__(self):
         return "<fabep.RecvView rows=%d%s>" % (
             self.rows, "" if self.valid() else " stale")
+
+
+def _make_scales(v, m, r, k):
+    if not v.scales_per_row:
+        return None
+    if not r.scales:  # no rows here: an empty array all the same
+        return _tensor.view(k, 0, (0, v.scales_per_row), "fp32", m)
+    return _tensor.view(k, r.scales, (v._slots(), v.scales_per_row), "fp32",
+                        m, row_stride=4 * (v.scale_stride or
+                                           v.scales_per_row))
+
+
+# RecvView's arrays: name -> make(view, handle, record, kind); the view's
+# scalars are read before any of them is made
+_MAKE = {
+    "x": lambda v, m, r, k: _tensor.view(k, r.x, (v._slots(), m.hidden),
+                                         m._row_dt, m,
+                                         row_stride=v.row_stride or None),
+    "scales": _make_scales,
+    "row_offsets": lambda v, m, r, k: _tensor.view(
+        k, r.row_offsets, (v.local_experts + 1,), "u32", m),
+    "expert_ids": lambda v, m, r, k: _tensor.view(
+        k, r.expert_ids, (v.local_experts,), "i32", m),
+    "expert_counts": lambda v, m, r, k: _tensor.view(
+        k, r.expert_counts, (v.local_experts,), "u32", m),
+    "src_info": lambda v, m, r, k: _tensor.view(k, r.src_info, (v.rows, 3),
+                                                "i32", m),
+    "weights": lambda v, m, r, k: _tensor.view(k, r.weights, (v.rows,),
+                                               "fp32", m),
+    "row_index": lambda v, m, r, k: _tensor.view(k, r.row_index, (v.rows,),
+                                                 "i32", m),
+}
 
 
 class MoE(Handle):

@@ -223,7 +223,9 @@ def _halves_body(me, nranks, kind):
     x1 = v1.x
     moe.combine(y)
     with pytest.raises(fabep.StaleViewError):
-        v1.x
+        v1.x  # read before the call
+    with pytest.raises(fabep.StaleViewError):
+        v1.weights  # not read before
     assert not v1.valid()
     x2 = _conv(torch.zeros(n, H).bfloat16(), kind)
     moe.dispatch(x2, ids_in, w_in)
