@@ -23,11 +23,16 @@ def _call(ret, what):
 INT_MAX = 2**31 - 1
 
 
-def _uint(v, name, top=2**64 - 1):
+_U64 = 2**64 - 1
+
+
+def _uint(v, name, top=_U64):
     """v as a whole number from 0 to `top` for a C integer argument
     (uint64_t or size_t by default, INT_MAX for an int): a float, a
     negative value or one above top (which ctypes would wrap around
     without a word) or anything else is refused before the call."""
+    if type(v) is int and 0 <= v <= top:  # most calls: one test
+        return v
     try:
         v = operator.index(v)
     except TypeError:
@@ -176,6 +181,8 @@ class HeapBlock:
 
 
 def _off(x, name="offset"):
+    if type(x) is int and 0 <= x <= _U64:  # most calls: one test
+        return x
     return x.offset if isinstance(x, HeapBlock) else _uint(x, name)
 
 
