@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FABEP_VERSION_MAJOR 0
-#define FABEP_VERSION_MINOR 3
+#define FABEP_VERSION_MINOR 4
 #define FABEP_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ */
@@ -71,6 +71,12 @@ FABEP_API const char *fabep_strerror(int err);
  * per line; "" if none.  The text stays valid until the thread logs its
  * next error.  See fabep_last_error(3). */
 FABEP_API const char *fabep_last_error(void);
+
+/* quiet != 0: the calling thread's log lines are no longer printed to
+ * standard error (its error messages are still kept for
+ * fabep_last_error()); 0: printed as FABEP_LOG says, the default.  Returns
+ * the thread's previous setting, 0 or 1.  See fabep_log_quiet(3). */
+FABEP_API int fabep_log_quiet(int quiet);
 
 /* The version of the library linked at run time, "MAJOR.MINOR.PATCH". */
 FABEP_API const char *fabep_version(void);

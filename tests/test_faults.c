@@ -2126,6 +2126,67 @@ START_TEST(last_error)
 }
 END_TEST
 
+static void *log_quiet_thread(void *arg)
+{
+	(void)arg;
+	/* not muted: the main thread's setting is its own */
+	(void)fabep_heap_alloc(NULL, 8, 8, NULL);
+	return NULL;
+}
+
+/* fabep_log_quiet: a muted thread's errors are kept for fabep_last_error
+ * but not printed; other threads print as FABEP_LOG says */
+START_TEST(log_quiet)
+{
+	char out[4096];
+	pthread_t t;
+	FILE *f;
+	size_t n;
+	int err_fd;
+
+	setenv("FABEP_LOG", "error", 1);
+	f = tmpfile();
+	ck_assert_ptr_nonnull(f);
+	fflush(stderr);
+	err_fd = dup(2);
+	ck_assert_int_ge(err_fd, 0);
+	ck_assert_int_eq(dup2(fileno(f), 2), 2);
+
+	(void)fabep_last_error();
+	ck_assert_int_eq(fabep_barrier(NULL), -EINVAL);       /* printed */
+	ck_assert_int_eq(fabep_log_quiet(1), 0);
+	ck_assert_int_eq(fabep_put(NULL, 0, 0, 0, 8), -EINVAL); /* kept only */
+	fep_warn("a muted warning");
+	ck_assert_int_eq(pthread_create(&t, NULL, log_quiet_thread, NULL), 0);
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_int_eq(fabep_log_quiet(7), 1);              /* still muted */
+	ck_assert_int_eq(fabep_wait(NULL, 0, 0), -EINVAL);    /* kept only */
+	ck_assert_int_eq(fabep_log_quiet(0), 1);
+	ck_assert_int_eq(fabep_flush(NULL), -EINVAL);         /* printed */
+	ck_assert_int_eq(fabep_log_quiet(0), 0);
+
+	fflush(stderr);
+	ck_assert_int_eq(dup2(err_fd, 2), 2);
+	close(err_fd);
+	rewind(f);
+	n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = '\0';
+	fclose(f);
+	ck_assert_str_eq(fabep_last_error(),
+			 "fabep_barrier: NULL communicator\n"
+			 "fabep_put: NULL communicator\n"
+			 "fabep_wait: NULL communicator\n"
+			 "fabep_flush: NULL communicator");
+	ck_assert_ptr_nonnull(strstr(out, "fabep_barrier: NULL communicator"));
+	ck_assert_ptr_nonnull(strstr(out,
+		"fabep_heap_alloc: NULL communicator or offset"));
+	ck_assert_ptr_nonnull(strstr(out, "fabep_flush: NULL communicator"));
+	ck_assert_ptr_null(strstr(out, "fabep_put"));
+	ck_assert_ptr_null(strstr(out, "fabep_wait"));
+	ck_assert_ptr_null(strstr(out, "muted warning"));
+}
+END_TEST
+
 /* ---- the size field of caller-allocated structs (fabep.h) ---- */
 
 /* A caller's struct of `size` bytes: the library's layout `src` (known
@@ -2631,6 +2692,7 @@ static Suite *suite(void)
 	ADD(tc, barrier_retry);
 	ADD(tc, provider_domain_per_rank);
 	ADD(tc, last_error);
+	ADD(tc, log_quiet);
 	suite_add_tcase(s, tc);
 	return s;
 }

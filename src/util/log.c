@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only */
-/* log.c - leveled logging to stderr, level from FABEP_LOG; the calling
- * thread's error messages for fabep_last_error(). */
+/* log.c - leveled logging to stderr, level from FABEP_LOG, muted per
+ * thread by fabep_log_quiet(); the calling thread's error messages for
+ * fabep_last_error(). */
 #include "config.h"
 
 #include <stdio.h>
@@ -73,6 +74,18 @@ void fep_log_adopt(const char *text)
 	}
 }
 
+/* Set by fabep_log_quiet(): this thread's lines are not printed (its
+ * error messages are still kept). */
+static __thread bool log_quiet;
+
+FEP_EXPORT int fabep_log_quiet(int quiet)
+{
+	int prev = log_quiet;
+
+	log_quiet = quiet != 0;
+	return prev;
+}
+
 FEP_EXPORT const char *fabep_last_error(void)
 {
 	if (last_error.taken || !last_error.len)
@@ -143,7 +156,7 @@ void fep_log(int level, const char *file, int line, const char *fmt, ...)
 	va_end(ap);
 	if (level == FEP_LOG_ERROR)
 		last_error_add(buf + n);
-	if (fep_log_level() < level)
+	if (log_quiet || fep_log_level() < level)
 		return;
 	if (fep_log_level() >= FEP_LOG_DEBUG) {
 		size_t l = strlen(buf);
