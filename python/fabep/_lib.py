@@ -95,11 +95,11 @@ lib = _load()
 lib.fabep_version.restype = c_char_p
 lib.fabep_version.argtypes = []
 VERSION = lib.fabep_version().decode()
-if tuple(int(v) for v in VERSION.split(".")[:2]) < (0, 3):
-    raise ImportError("fabep: %s is libfabep %s; this package needs 0.3 or "
+if tuple(int(v) for v in VERSION.split(".")[:2]) < (0, 4):
+    raise ImportError("fabep: %s is libfabep %s; this package needs 0.4 or "
                       "later (structs that open with their size, and "
-                      "fabep_get, fabep_comm_abort, fabep_last_error)" % (
-                          lib._name, VERSION))
+                      "fabep_get, fabep_comm_abort, fabep_last_error, "
+                      "fabep_log_quiet)" % (lib._name, VERSION))
 
 
 # Every struct the caller allocates opens with `size_t size` (fabep 0.2):
@@ -238,6 +238,7 @@ def _decl(name, res, *args):
 P = c_void_p
 _decl("fabep_strerror", c_char_p, c_int)
 _decl("fabep_last_error", c_char_p)
+_decl("fabep_log_quiet", c_int, c_int)
 _decl("fabep_version", c_char_p)
 _decl("fabep_comm_attr_init", None, POINTER(CommAttr))
 _decl("fabep_comm_create", c_int, POINTER(CommAttr), POINTER(P))

@@ -6,7 +6,7 @@ from . import _lib
 from . import _tensor
 from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
-    reraise_refused, serial
+    quiet, reraise_refused, serial
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
@@ -61,7 +61,7 @@ class AllReduce(Handle):
             # the C create with a dtype it refuses fails on every rank,
             # so none waits for this one; this rank raises the reason
             h = ctypes.c_void_p()
-            with self._guard.held("AllReduce"):
+            with self._guard.held("AllReduce"), quiet():
                 ret = lib.fabep_allreduce_create(comm._handle(), 1, 1, -1,
                                                  ctypes.byref(h))
             if ret == 0:  # cannot happen
@@ -139,12 +139,12 @@ class AllReduce(Handle):
         (_shape): every rank fails with -EINVAL, none waits, the handle
         stays usable; this rank raises its own reason."""
         rows, cols = self._shape(x)
-        if call == "plain":
-            ret = lib.fabep_allreduce(self._h, None, None, rows, cols)
-        else:
-            p = _lib.rmsnorm_params()
-            p.scale_ub = 1.0
-            if call == "fp8":
+        p = _lib.rmsnorm_params()
+        p.scale_ub = 1.0
+        with quiet():
+            if call == "plain":
+                ret = lib.fabep_allreduce(self._h, None, None, rows, cols)
+            elif call == "fp8":
                 ret = lib.fabep_allreduce_rmsnorm_fp8(
                     self._h, None, rows, cols, ctypes.byref(p), None, None)
             else:

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """The communicator: bootstrap, the symmetric heap, one-sided puts."""
+import contextlib
 import ctypes
 import operator
 import os
@@ -9,7 +10,7 @@ import weakref
 from . import _lib
 from . import _tensor
 from .errors import FabepError, Guard, Handle, InvalidArgumentError, \
-    invalid, raise_for, reraise_refused, serial
+    invalid, quiet, raise_for, reraise_refused, serial
 
 lib = _lib.lib
 
@@ -292,8 +293,10 @@ class Comm(Handle):
         h = ctypes.c_void_p()
         # a provider loaded by the fabric's opening may bring
         # libinfinipath's handlers (_lib.keep_signals)
-        ret = _lib.keep_signals(lib.fabep_comm_create, ctypes.byref(a),
-                                ctypes.byref(h))
+        # a refusal's C call: its complaint (signal -1) is not the reason
+        with quiet() if bad is not None else contextlib.nullcontext():
+            ret = _lib.keep_signals(lib.fabep_comm_create, ctypes.byref(a),
+                                    ctypes.byref(h))
         if bad is not None:
             if ret == 0:  # cannot happen: C refuses signal -1
                 lib.fabep_comm_abort(h)

@@ -145,6 +145,20 @@ def logged():
     return _lib.lib.fabep_last_error().decode(errors="replace")
 
 
+@contextlib.contextmanager
+def quiet():
+    """Mute the calling thread's library log lines (fabep_log_quiet(3))
+    for a C call made to pass a refusal of this package's to every rank:
+    that call's complaint (a NULL buffer, an unknown flag) is not the
+    reason, which the exception names.  Its messages are still kept, for
+    reraise_refused or raise_for to read."""
+    was = _lib.lib.fabep_log_quiet(1)
+    try:
+        yield
+    finally:
+        _lib.lib.fabep_log_quiet(was)
+
+
 def reraise_refused(what, err):
     """Raise err, an argument refused in Python, once the C call that
     passes the refusal to every rank has failed: that call's messages

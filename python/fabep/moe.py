@@ -8,7 +8,7 @@ from . import _lib
 from . import _tensor
 from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
-    raise_for, reraise_refused, logged, serial, error_class
+    raise_for, reraise_refused, logged, quiet, serial, error_class
 
 lib = _lib.lib
 # C's code for a handle that cannot be used any more (fep_ep_usable)
@@ -288,7 +288,7 @@ class MoE(Handle):
         lib.fabep_moe_config_init(ctypes.byref(cfg))
         cfg.token_type = -1
         h = ctypes.c_void_p()
-        with self._guard.held("MoE"):
+        with self._guard.held("MoE"), quiet():
             ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
                                        ctypes.byref(h))
         if ret == 0:  # cannot happen: C refuses token_type -1
@@ -470,8 +470,9 @@ class MoE(Handle):
         tokens but no rows fails with -EINVAL on every rank."""
         rp = ctypes.byref(self._recv)
         self._begin("dispatch")
-        ret = lib.fabep_moe_dispatch(self._h, None, None, 1, _NO_IDS_PTR,
-                                     None, rp)
+        with quiet():
+            ret = lib.fabep_moe_dispatch(self._h, None, None, 1,
+                                         _NO_IDS_PTR, None, rp)
         self._unknown = None
         self._gen += 1
         if ret == 0:  # cannot happen: C refuses NULL rows
@@ -631,8 +632,9 @@ class MoE(Handle):
         self._gen += 1
         no_cb = _lib.ROW_FN()
         self._begin("combine")
-        ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None, 0,
-                                    no_cb, None)
+        with quiet():
+            ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None,
+                                        0, no_cb, None)
         # a refused combine leaves its dispatch received on every rank
         if ret and ret != -errno.EINVAL and self._received:
             self._received.popleft()

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """Inputs every rank can regenerate for every other rank, and scalar
 references of dispatch, combine and FP8."""
+import os
+import sys
+import tempfile
+
 import numpy as np
 import torch
 
@@ -79,3 +83,23 @@ def reference_combine(x, ids, w, weighted=True):
                 out[t] += (float(w[t, k]) if weighted else 1.0) * \
                     x[t].double() * (1 + e / 64)
     return out
+
+
+class Stderr:
+    """What this process writes to file descriptor 2 (the library's log
+    lines) inside the block, in .text after it."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self._f = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._f.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._f.seek(0)
+        self.text = self._f.read().decode(errors="replace")
+        self._f.close()
