@@ -164,6 +164,13 @@ def check(a, name, dtypes, shape=None, ndim=None, rows_strided=False,
     return r
 
 
+def torch_dtypes(*names):
+    """The torch dtypes of names ("bf16", "fp32", "u8", ...) as a tuple,
+    for the fast paths to compare with by identity; only once torch is
+    loaded (_TENSOR set), which a torch tensor passed in implies."""
+    return tuple(_TORCH[n] for n in names)
+
+
 def plain_ptr(a, tdt, shape):
     """a.data_ptr() where `a` is what most calls pass: a contiguous CPU
     torch tensor (not a subclass) of torch dtype tdt and of `shape`,

@@ -170,8 +170,7 @@ class AllReduce(Handle):
             return None
         tdt = self._tdt
         if tdt is None:
-            tt = _tensor._TORCH
-            tdt = self._tdt = (tt[self.dtype], tt["u8"], tt["fp32"])
+            tdt = self._tdt = _tensor.torch_dtypes(self.dtype, "u8", "fp32")
         s = x.shape
         if x.dtype is not tdt[0] or len(s) != 2 or not (
                 x.is_cpu and x.is_contiguous()) or x.is_neg():

@@ -347,9 +347,8 @@ class MoE(Handle):
         dtypes, once torch is loaded: what the fast paths compare with."""
         ft = self._ft
         if ft is None:
-            tt = _tensor._TORCH
-            ft = self._ft = (tt["i32"], tt["fp32"], tt[self._x_dt],
-                             tt[self.combine_type])
+            ft = self._ft = _tensor.torch_dtypes("i32", "fp32", self._x_dt,
+                                                 self.combine_type)
         return ft
 
     def _fast_dispatch(self, x, ids, w, scales):
