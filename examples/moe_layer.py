@@ -8,7 +8,9 @@ top_k of E experts per token; the experts are SwiGLU MLPs
 (y = W2 (silu(W1 x) * (W3 x))) with random weights, E / ranks of them
 on each rank.  fabep dispatches the tokens, each rank runs its experts
 on the rows of each local expert (RecvView.row_offsets), and fabep
-combines the outputs with the router weights.
+combines the outputs with the router weights.  With --zero-copy the
+rows stay where they landed and each expert gathers its input through
+RecvView.row_index, as the gloo layer below gathers by expert id.
 
 The same layer then runs a second way, the way a Python program does it
 today: torch.distributed.all_to_all_single on gloo (each (token, expert)
@@ -61,6 +63,10 @@ def parse():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-gloo", action="store_true",
                     help="skip the all_to_all_single comparison")
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="leave the rows where they landed: each expert "
+                         "gathers its input by RecvView.row_index, as the "
+                         "gloo layer gathers by expert id")
     return ap.parse_args()
 
 
@@ -121,12 +127,17 @@ def fabep_layer(moe, x, ids, w, local, first):
     v = moe.dispatch(x, ids, w)
     t1 = time.perf_counter()
     rows = v.x
-    y = torch.empty_like(rows)
+    y = torch.empty(v.rows, x.shape[1], dtype=rows.dtype)
     offs = v.offsets()
+    # zero-copy: rows are the receive slots, expert-major row r is
+    # rows[row_index[r]]; y is expert-major either way
+    idx = v.row_index.long() if moe.zero_copy else None
     for i in range(v.local_experts):
-        if offs[i + 1] > offs[i]:
-            y[offs[i]:offs[i + 1]] = expert(rows[offs[i]:offs[i + 1]],
-                                            local[first + i])
+        lo, hi = offs[i], offs[i + 1]
+        if hi > lo:
+            xe = rows[lo:hi] if idx is None else \
+                rows.index_select(0, idx[lo:hi])
+            y[lo:hi] = expert(xe, local[first + i])
     t2 = time.perf_counter()
     out = moe.combine(y)
     t3 = time.perf_counter()
@@ -242,7 +253,8 @@ def main():
     wr = router_weights(a)
     x = tokens_of(rank, a)
     ids, w = router(x, wr, a.top_k)
-    moe = fabep.MoE(comm, a.experts, a.top_k, a.hidden, a.tokens)
+    moe = fabep.MoE(comm, a.experts, a.top_k, a.hidden, a.tokens,
+                    zero_copy=a.zero_copy)
 
     # the two ways alternate, iteration by iteration, so that a busy
     # machine slows both alike
@@ -254,10 +266,20 @@ def main():
         fn()
         return time.perf_counter() - t0
 
+    ys = {}
+
     def fab_comm():
-        # dispatch + combine alone: the expert outputs are the rows
+        # dispatch + combine alone: the expert outputs are the rows (or,
+        # zero-copy, rows of the same count that stand in for them)
         v = moe.dispatch(x, ids, w)
-        moe.combine(v.x)
+        if not moe.zero_copy:
+            moe.combine(v.x)
+            return
+        y = ys.get(v.rows)
+        if y is None:
+            y = ys[v.rows] = torch.zeros(v.rows, a.hidden,
+                                         dtype=torch.bfloat16)
+        moe.combine(y)
 
     for i in range(a.warmup + a.iters):
         keep = i >= a.warmup
@@ -315,9 +337,10 @@ def main():
     f_comm, f_total = med(fab, 1), med(fab, 2)
     if rank == 0:
         print("moe_layer: %d ranks, %d tokens per rank, hidden %d, top-%d of "
-              "%d experts, ffn %d, %s" % (nranks, a.tokens, a.hidden,
-                                          a.top_k, a.experts, a.ffn,
-                                          comm.provider))
+              "%d experts, ffn %d, %s%s" % (nranks, a.tokens, a.hidden,
+                                            a.top_k, a.experts, a.ffn,
+                                            comm.provider, ", zero-copy"
+                                            if a.zero_copy else ""))
         print("fabep: %.3f ms per layer, dispatch + combine %.3f ms (%.0f%% "
               "of the layer)" % (f_total * 1e3, f_comm * 1e3,
                                  100 * f_comm / f_total))

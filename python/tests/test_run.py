@@ -298,10 +298,12 @@ _SMALL = ["--hidden", "256", "--experts", "16", "--top-k", "4", "--tokens",
           "8", "--ffn", "8", "--iters", "2", "--warmup", "1"]
 
 
-def test_example_layer(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--zero-copy"]])
+def test_example_layer(mode):
     """examples/moe_layer.py on 2 ranks, small, its output checked against
-    one process; gloo's store must find its own port even where the one
-    after FABEP_ROOT's is taken."""
+    one process (zero-copy: each expert gathers its rows by row_index);
+    gloo's store must find its own port even where the one after
+    FABEP_ROOT's is taken."""
     pytest.importorskip("torch.distributed")
     example = _EXAMPLE
     busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -313,7 +315,7 @@ def test_example_layer(tmp_path):
             [sys.executable, "-m", "fabep.run", "-n", "2", "--root",
              "127.0.0.1:%d" % port, example, "--hidden", "256", "--experts",
              "16", "--top-k", "4", "--tokens", "8", "--ffn", "8", "--iters",
-             "2", "--warmup", "1"], env=_env(), capture_output=True,
+             "2", "--warmup", "1"] + mode, env=_env(), capture_output=True,
             text=True, timeout=300)
     finally:
         busy.close()
