@@ -6,7 +6,7 @@ from . import _lib
 from . import _tensor
 from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, invalid, raise_for, logged, \
-    quiet, reraise_refused, serial
+    refuse, serial
 
 lib = _lib.lib
 _DT = {"fp32": _lib.AR_F32, "bf16": _lib.AR_BF16}
@@ -61,12 +61,10 @@ class AllReduce(Handle):
             # the C create with a dtype it refuses fails on every rank,
             # so none waits for this one; this rank raises the reason
             h = ctypes.c_void_p()
-            with self._guard.held("AllReduce"), quiet():
-                ret = lib.fabep_allreduce_create(comm._handle(), 1, 1, -1,
-                                                 ctypes.byref(h))
-            if ret == 0:  # cannot happen
-                lib.fabep_allreduce_destroy(h)
-            reraise_refused("AllReduce", e)
+            with self._guard.held("AllReduce"):
+                refuse("AllReduce", e, lambda: lib.fabep_allreduce_create(
+                    comm._handle(), 1, 1, -1, ctypes.byref(h)),
+                    lambda ret: ret == 0 and lib.fabep_allreduce_destroy(h))
         self.max_rows, self.max_cols = max_rows, max_cols
         self._last = (1, max_cols)   # the last call's rows and cols
         self._tdt = None             # torch dtypes of the fast path (_fast)
@@ -141,19 +139,18 @@ class AllReduce(Handle):
         rows, cols = self._shape(x)
         p = _lib.rmsnorm_params()
         p.scale_ub = 1.0
-        with quiet():
-            if call == "plain":
-                ret = lib.fabep_allreduce(self._h, None, None, rows, cols)
-            elif call == "fp8":
-                ret = lib.fabep_allreduce_rmsnorm_fp8(
+        if call == "plain":
+            def c():
+                return lib.fabep_allreduce(self._h, None, None, rows, cols)
+        elif call == "fp8":
+            def c():
+                return lib.fabep_allreduce_rmsnorm_fp8(
                     self._h, None, rows, cols, ctypes.byref(p), None, None)
-            else:
-                ret = lib.fabep_allreduce_rmsnorm(self._h, None, rows, cols,
-                                                  ctypes.byref(p), None)
-        if ret and ret != err.code:
-            raise_for(ret, "fabep_allreduce")
-        logged()  # the C call's own messages: err says why
-        raise err
+        else:
+            def c():
+                return lib.fabep_allreduce_rmsnorm(self._h, None, rows, cols,
+                                                   ctypes.byref(p), None)
+        refuse("AllReduce", err, c, c_name="fabep_allreduce")
 
     def _input(self, x):
         a = _tensor.check(x, "x", (self.dtype,), ndim=2)

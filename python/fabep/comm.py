@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """The communicator: bootstrap, the symmetric heap, one-sided puts."""
-import contextlib
 import ctypes
 import operator
 import os
@@ -10,7 +9,7 @@ import weakref
 from . import _lib
 from . import _tensor
 from .errors import FabepError, Guard, Handle, InvalidArgumentError, \
-    invalid, quiet, raise_for, reraise_refused, serial
+    invalid, raise_for, refuse, serial
 
 lib = _lib.lib
 
@@ -291,16 +290,16 @@ class Comm(Handle):
             # a strategy the C call refuses: it fails on every rank
             bad, a.signal = e, -1
         h = ctypes.c_void_p()
-        # a provider loaded by the fabric's opening may bring
-        # libinfinipath's handlers (_lib.keep_signals)
-        # a refusal's C call: its complaint (signal -1) is not the reason
-        with quiet() if bad is not None else contextlib.nullcontext():
-            ret = _lib.keep_signals(lib.fabep_comm_create, ctypes.byref(a),
-                                    ctypes.byref(h))
-        if bad is not None:
-            if ret == 0:  # cannot happen: C refuses signal -1
-                lib.fabep_comm_abort(h)
-            reraise_refused("Comm", bad)
+
+        def create():
+            # a provider loaded by the fabric's opening may bring
+            # libinfinipath's handlers (_lib.keep_signals)
+            return _lib.keep_signals(lib.fabep_comm_create, ctypes.byref(a),
+                                     ctypes.byref(h))
+        if bad is not None:  # C refuses signal -1 on every rank
+            refuse("Comm", bad, create,
+                   lambda ret: ret == 0 and lib.fabep_comm_abort(h))
+        ret = create()
         if ret < 0:
             err = self._cb_error if self._cb is not None else None
             try:

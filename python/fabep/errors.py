@@ -148,10 +148,8 @@ def logged():
 @contextlib.contextmanager
 def quiet():
     """Mute the calling thread's library log lines (fabep_log_quiet(3))
-    for a C call made to pass a refusal of this package's to every rank:
-    that call's complaint (a NULL buffer, an unknown flag) is not the
-    reason, which the exception names.  Its messages are still kept, for
-    reraise_refused or raise_for to read."""
+    for the block; the messages are still kept for logged() and
+    raise_for to read."""
     was = _lib.lib.fabep_log_quiet(1)
     try:
         yield
@@ -159,12 +157,26 @@ def quiet():
         _lib.lib.fabep_log_quiet(was)
 
 
-def reraise_refused(what, err):
-    """Raise err, an argument refused in Python, once the C call that
-    passes the refusal to every rank has failed: that call's messages
-    are dropped (err says why), and ctypes' OverflowError becomes
-    InvalidArgumentError."""
-    logged()
+def refuse(what, err, call, settle=None, c_name=None):
+    """Pass err, an input this package refused, to every rank, and raise.
+
+    call() makes the C call that fails with -EINVAL on every rank for
+    such an input (a NULL buffer, a type -1), so that none waits for
+    this one.  It runs with this thread's log lines muted: its complaint
+    is not the reason, which err names.  settle(ret), when given, does
+    the handle's bookkeeping with the call's return value (0 cannot
+    happen; settle frees what such a call would have made).
+
+    Raised: err, ctypes' OverflowError becoming InvalidArgumentError;
+    with c_name, the C error instead where the call failed with another
+    code than err's (a peer lost meanwhile)."""
+    with quiet():
+        ret = call()
+    if settle is not None:
+        settle(ret)
+    if c_name is not None and ret and ret != getattr(err, "code", ret):
+        raise_for(ret, c_name)
+    logged()  # the call's own messages: err says why
     if isinstance(err, OverflowError):
         raise invalid("%s: %s" % (what, err)) from None
     raise err

@@ -8,7 +8,7 @@ from . import _lib
 from . import _tensor
 from .comm import _cint, _uint
 from .errors import Handle, InvalidArgumentError, StaleViewError, invalid, \
-    raise_for, reraise_refused, logged, quiet, serial, error_class
+    raise_for, refuse, logged, serial, error_class
 
 lib = _lib.lib
 # C's code for a handle that cannot be used any more (fep_ep_usable)
@@ -288,12 +288,10 @@ class MoE(Handle):
         lib.fabep_moe_config_init(ctypes.byref(cfg))
         cfg.token_type = -1
         h = ctypes.c_void_p()
-        with self._guard.held("MoE"), quiet():
-            ret = lib.fabep_moe_create(comm._handle(), ctypes.byref(cfg),
-                                       ctypes.byref(h))
-        if ret == 0:  # cannot happen: C refuses token_type -1
-            lib.fabep_moe_destroy(h)
-        reraise_refused("MoE", err)
+        with self._guard.held("MoE"):
+            refuse("MoE", err, lambda: lib.fabep_moe_create(
+                comm._handle(), ctypes.byref(cfg), ctypes.byref(h)),
+                lambda ret: ret == 0 and lib.fabep_moe_destroy(h))
 
     @staticmethod
     def heap_bytes(nranks, num_experts, top_k, hidden, max_tokens, **kw):
@@ -469,17 +467,13 @@ class MoE(Handle):
         tokens but no rows fails with -EINVAL on every rank."""
         rp = ctypes.byref(self._recv)
         self._begin("dispatch")
-        with quiet():
-            ret = lib.fabep_moe_dispatch(self._h, None, None, 1,
-                                         _NO_IDS_PTR, None, rp)
-        self._unknown = None
-        self._gen += 1
-        if ret == 0:  # cannot happen: C refuses NULL rows
-            raise err
-        if ret != err.code:
-            raise_for(ret, "fabep_moe_dispatch")
-        logged()  # the C call's own messages: err says why
-        raise err
+
+        def settle(ret):
+            self._unknown = None
+            self._gen += 1
+        refuse("dispatch", err, lambda: lib.fabep_moe_dispatch(
+            self._h, None, None, 1, _NO_IDS_PTR, None, rp), settle,
+            "fabep_moe_dispatch")
 
     @property
     def _prev_n(self):
@@ -628,20 +622,21 @@ class MoE(Handle):
         return out, a.ptr, a.ld
 
     def _refuse_combine(self, err):
+        """Pass a refusal found here to every rank: the C combine with
+        flags it refuses fails with -EINVAL on every rank."""
         self._gen += 1
         no_cb = _lib.ROW_FN()
         self._begin("combine")
-        with quiet():
-            ret = lib.fabep_moe_combine(self._h, None, 0, _BAD_FLAGS, None,
-                                        0, no_cb, None)
-        # a refused combine leaves its dispatch received on every rank
-        if ret and ret != -errno.EINVAL and self._received:
-            self._received.popleft()
-        self._unknown = None
-        if ret and ret != err.code:
-            raise_for(ret, "fabep_moe_combine")
-        logged()  # the C call's own messages: err says why
-        raise err
+
+        def settle(ret):
+            # a refused combine leaves its dispatch received on every
+            # rank; another failure (a peer lost) ends it
+            if ret and ret != -errno.EINVAL and self._received:
+                self._received.popleft()
+            self._unknown = None
+        refuse("combine", err, lambda: lib.fabep_moe_combine(
+            self._h, None, 0, _BAD_FLAGS, None, 0, no_cb, None), settle,
+            "fabep_moe_combine")
 
     @serial
     def combine(self, y, out=None, weighted=True, row_callback=None):
