@@ -143,6 +143,9 @@ void fep_log(int level, const char *file, int line, const char *fmt, ...)
 
 	if (level < FEP_LOG_ERROR || level > FEP_LOG_DEBUG)
 		level = FEP_LOG_ERROR;
+	/* an error's text is kept for fabep_last_error() even unprinted */
+	if (level != FEP_LOG_ERROR && (log_quiet || fep_log_level() < level))
+		return;
 	if (log_rank >= 0)
 		n = snprintf(buf, sizeof(buf), "fabep[%d:%d] %s: ", log_rank,
 			     (int)getpid(), names[level]);
