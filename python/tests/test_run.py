@@ -313,10 +313,8 @@ def test_example_layer(mode):
     try:
         p = subprocess.run(
             [sys.executable, "-m", "fabep.run", "-n", "2", "--root",
-             "127.0.0.1:%d" % port, example, "--hidden", "256", "--experts",
-             "16", "--top-k", "4", "--tokens", "8", "--ffn", "8", "--iters",
-             "2", "--warmup", "1"] + mode, env=_env(), capture_output=True,
-            text=True, timeout=300)
+             "127.0.0.1:%d" % port, example] + _SMALL + mode, env=_env(),
+            capture_output=True, text=True, timeout=300)
     finally:
         busy.close()
     assert p.returncode == 0, p.stdout + p.stderr
