@@ -10,7 +10,8 @@ bench=$top_builddir/utils/fabep_bench
 demo=$top_builddir/utils/fabep_demo
 tmp=${TMPDIR:-/tmp}/fabep-tools.$$
 fails=0
-trap 'rm -f "$tmp".*' EXIT
+wsrv=  # the server of no timeout below, ended with the script
+trap 'rm -f "$tmp".*; [ -z "$wsrv" ] || kill $wsrv 2>/dev/null' EXIT
 
 for t in "$info" "$pp" "$bench" "$demo"; do
 	if [ ! -x "$t" ]; then
@@ -207,6 +208,14 @@ done
 # provider fabep picks (shm: both on one host), then tcp; a client whose
 # server is not there fails within the timeout, naming the address
 port=$((30000 + $$ % 20000))
+# a server given no timeout waits for its client until interrupted, as
+# fi_pingpong's does, in attempts of the library's 30 s: a client that
+# comes after the first attempt is served (checked at the end)
+wport=$((port + 40))
+wstart=$(date +%s)
+$to env -u FABEP_TIMEOUT_MS "$pp" -s -P $wport -p tcp -S 64 -I 5 \
+	>"$tmp.wsrv" 2>"$tmp.wsrv.err" &
+wsrv=$!
 for prov in "" tcp; do
 	port=$((port + 1))
 	popt=${prov:+-p $prov}
@@ -652,6 +661,20 @@ for args in "-o kernels --soak 1" "-o allreduce --soak 1" "-o dispatch -S 4k" \
 	# shellcheck disable=SC2086
 	expect 2 "$bench" $args
 done
+
+# the server of no timeout, started above: its first attempt is over
+left=$((wstart + 33 - $(date +%s)))
+[ "$left" -gt 0 ] && sleep "$left"
+expect 0 env FABEP_TIMEOUT_MS=20000 "$pp" -P $wport -p tcp -S 64 -I 5 \
+	127.0.0.1 || fail "pingpong: no client served 33 s after a server of no timeout"
+wait $wsrv || fail "pingpong -s of no timeout: server exited $?"
+wsrv=
+grep -q 'waiting for a client on .*(until interrupted)' "$tmp.wsrv.err" ||
+	fail "pingpong -s of no timeout: does not say it waits until interrupted"
+grep -q '^64  *5 ' "$tmp.wsrv" || {
+	fail "pingpong -s of no timeout: no result row"
+	sed 's/^/    /' "$tmp.wsrv" "$tmp.wsrv.err" | head -10
+}
 
 if [ "$fails" -ne 0 ]; then
 	echo "$fails failures"
