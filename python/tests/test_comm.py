@@ -57,12 +57,18 @@ def test_signals_kept(when):
         [pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for k in ("FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_ROOT"):
         env.pop(k, None)
-    p = subprocess.run([sys.executable, "-c", _SIGNALS, when], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=60)
-    out = p.stdout.decode()
-    assert out.strip() == "KeyboardInterrupt", (out, p.stderr.decode())
-    assert p.returncode == -signal.SIGTERM, (p.returncode, p.stderr.decode())
+    p = subprocess.Popen([sys.executable, "-c", _SIGNALS, when], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+        # a process that ends by a signal leaves its shm regions
+        fabep.shm_cleanup(p.pid)
+    out = out.decode()
+    assert out.strip() == "KeyboardInterrupt", (out, err.decode())
+    assert p.returncode == -signal.SIGTERM, (p.returncode, err.decode())
 
 
 def _heap_body(me, n, kind):
