@@ -886,7 +886,14 @@ int tool_cores(void)
  * attempt starts. */
 #define SERVER_AGAIN 75
 
-static int server_waits;
+/* Whether this rank is such a server: as fi_pingpong's, unless a timeout
+ * was asked for. */
+static int server_waits(const struct tool_opts *o, const fabep_comm_attr_t *attr)
+{
+	const char *t = getenv("FABEP_TIMEOUT_MS");
+
+	return o->server && attr->timeout_ms <= 0 && !(t && *t);
+}
 
 /* Whether the failed creation's messages say that no client arrived:
  * the rendezvous root's "rank 1 never connected ... (0 of 1 arrived)". */
@@ -905,7 +912,7 @@ static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 	fabep_comm_t *comm = NULL;
 	int ret, ret2;
 
-	if (server_waits) {
+	if (server_waits(o, attr)) {
 		/* an attempt's messages are printed only if it failed for
 		 * another reason than an absent client */
 		(void)fabep_last_error();
@@ -1267,15 +1274,11 @@ int tool_run(const struct tool_desc *d, const struct tool_opts *o,
 			snprintf(buf, sizeof(buf), "0.0.0.0:%d", port);
 			setenv("FABEP_ROOT", buf, 1);
 		}
-		/* as fi_pingpong's: until interrupted, unless a timeout
-		 * was asked for */
-		server_waits = o->server && attr.timeout_ms <= 0 &&
-			       !(tmo && *tmo);
 		if (!o->machine) {
 			long ms = attr.timeout_ms > 0 ? attr.timeout_ms :
 				  tmo && *tmo ? strtol(tmo, NULL, 0) : 30000;
 
-			if (server_waits)
+			if (server_waits(o, &attr))
 				fprintf(stderr, "%s: server: waiting for a client on %s "
 					"(until interrupted)\n", d->name,
 					getenv("FABEP_ROOT"));
