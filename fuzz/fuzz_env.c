@@ -27,6 +27,7 @@ static const char *const fuzz_vars[] = {
 	"FABEP_PROVIDER", "FABEP_DOMAIN", "FABEP_SIGNAL", "FABEP_TIMEOUT_MS",
 	"FABEP_HEAP_SIZE", "FABEP_THREADS", "FABEP_NUMA_NODE",
 	"FABEP_AR_ONESTAGE_MAX", "FABEP_AR_HALVING_MAX",
+	"FABEP_RENDEZVOUS_TIMEOUT_MS",
 };
 #define FUZZ_NVARS ((int)(sizeof(fuzz_vars) / sizeof(fuzz_vars[0])))
 
@@ -107,6 +108,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 	FUZZ_CHECK(ret <= 0);
 	if (!ret) {
 		FUZZ_CHECK(a.timeout_ms >= 1 && a.timeout_ms <= 86400000);
+		FUZZ_CHECK(a.rendezvous_timeout_ms == -1 ||
+			   (a.rendezvous_timeout_ms >= 1 &&
+			    a.rendezvous_timeout_ms <= 86400000));
 		FUZZ_CHECK(a.heap_size >= (1ul << 16) && a.heap_size <= (1ul << 40));
 		FUZZ_CHECK(a.threads >= 0 && a.threads <= 1024);
 		FUZZ_CHECK(a.numa_node >= -1 && a.numa_node <= 4095);

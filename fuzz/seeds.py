@@ -63,7 +63,8 @@ V = ["FABEP_RANK", "FABEP_WORLD_SIZE", "FABEP_LOCAL_RANK", "FABEP_LOCAL_SIZE",
      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
      "FABEP_PROVIDER", "FABEP_DOMAIN", "FABEP_SIGNAL", "FABEP_TIMEOUT_MS",
      "FABEP_HEAP_SIZE", "FABEP_THREADS", "FABEP_NUMA_NODE",
-     "FABEP_AR_ONESTAGE_MAX"]
+     "FABEP_AR_ONESTAGE_MAX", "FABEP_AR_HALVING_MAX",
+     "FABEP_RENDEZVOUS_TIMEOUT_MS"]
 
 
 def env(pairs):
@@ -90,6 +91,8 @@ put("fuzz_env", "attrs", env([("FABEP_PROVIDER", "tcp"), ("FABEP_DOMAIN", "lo"),
                              ("FABEP_HEAP_SIZE", "64MiB"),
                              ("FABEP_THREADS", "4"), ("FABEP_NUMA_NODE", "0"),
                              ("FABEP_AR_ONESTAGE_MAX", "32k")]))
+put("fuzz_env", "rendezvous", env([("FABEP_TIMEOUT_MS", "500"),
+                                  ("FABEP_RENDEZVOUS_TIMEOUT_MS", "-1")]))
 
 # ---- fuzz_comm_hello: struct fep_hello (host, provider, domain: 64 each;
 # int32 signal, int32 status, uint64 heap_size; native order) ----

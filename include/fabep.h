@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define FABEP_VERSION_MAJOR 0
-#define FABEP_VERSION_MINOR 4
+#define FABEP_VERSION_MINOR 5
 #define FABEP_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------ */
@@ -157,6 +157,13 @@ typedef struct fabep_comm_attr {
 	 * FABEP_NUMA_NODE (-1 = the NIC's node, or the caller's for shm). */
 	int threads;
 	int numa_node;
+
+	/* How long creation's TCP rendezvous (FABEP_ROOT) waits for every
+	 * rank to arrive: FABEP_RENDEZVOUS_TIMEOUT_MS, else timeout_ms; -1
+	 * waits without a limit, as a server for clients that come when
+	 * their operator starts them.  Every later wait keeps timeout_ms.
+	 * Not used with an allgather callback (its own waits decide). */
+	int rendezvous_timeout_ms;
 } fabep_comm_attr_t;
 
 /* Fill attr with defaults (everything from the environment) and set

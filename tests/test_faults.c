@@ -35,6 +35,7 @@
 #include <check.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <math.h>
@@ -1217,6 +1218,37 @@ static int args_rank(int rank, int size, void *arg)
 			EXPECT(strstr(fabep_last_error(), "is not") != NULL, 1);
 		}
 	}
+	/* the rendezvous's limit: -1 (none) or 1 to a day, in the field
+	 * and in its variable (0 there is refused: the field's 0 means
+	 * "not set") */
+	{
+		static const int bad_rdv[] = { -2, INT_MIN, 86400001 };
+		static const char *bad_var[] = { "0", "-2", "abc", "86400001" };
+		size_t i;
+
+		for (i = 0; i < sizeof(bad_rdv) / sizeof(bad_rdv[0]); i++) {
+			fabep_comm_attr_init(&a);
+			a.allgather = copy_allgather;
+			a.rank = 0;
+			a.nranks = 1;
+			a.rendezvous_timeout_ms = bad_rdv[i];
+			(void)fabep_last_error();
+			EXPECT(fabep_comm_create(&a, &comm), -EINVAL);
+			EXPECT(strstr(fabep_last_error(), "rendezvous_timeout_ms") != NULL, 1);
+		}
+		for (i = 0; i < sizeof(bad_var) / sizeof(bad_var[0]); i++) {
+			fabep_comm_attr_init(&a);
+			a.allgather = copy_allgather;
+			a.rank = 0;
+			a.nranks = 1;
+			setenv("FABEP_RENDEZVOUS_TIMEOUT_MS", bad_var[i], 1);
+			(void)fabep_last_error();
+			n = fabep_comm_create(&a, &comm);
+			unsetenv("FABEP_RENDEZVOUS_TIMEOUT_MS");
+			EXPECT(n, -EINVAL);
+			EXPECT(strstr(fabep_last_error(), "FABEP_RENDEZVOUS_TIMEOUT_MS") != NULL, 1);
+		}
+	}
 	/* an allgather callback with a rank outside [0, nranks) */
 	fabep_comm_attr_init(&a);
 	a.allgather = copy_allgather;
@@ -1691,6 +1723,75 @@ START_TEST(destroy_late)
 	fep_test_on_provider("shm");
 	unsetenv("FABEP_TIMEOUT_MS");
 	fep_test_ranks_ok(2, 60, late_rank, NULL);
+}
+END_TEST
+
+/* The rendezvous's own limit (rendezvous_timeout_ms,
+ * FABEP_RENDEZVOUS_TIMEOUT_MS): rank 1 comes RDV_LATE_MS after rank 0,
+ * longer than the calls' timeout.  RDV_ATTR: a limit in the attribute
+ * lets it in, and the calls keep their timeout (rank 0's barrier without
+ * rank 1 fails at about RDV_CALL_MS); RDV_FOREVER: the variable's -1
+ * (no limit) lets it in; RDV_DEFAULT: without either the rendezvous
+ * keeps the calls' timeout and both ranks fail with -ETIMEDOUT, rank 0
+ * naming the rank that never came. */
+#define RDV_CALL_MS 500
+#define RDV_LATE_MS 1500
+enum { RDV_ATTR, RDV_FOREVER, RDV_DEFAULT };
+
+static int rdv_limit_rank(int rank, int size, void *arg)
+{
+	int mode = (int)(intptr_t)arg;
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	int64_t t0, ms;
+	int ret;
+
+	(void)size;
+	fabep_comm_attr_init(&a);
+	a.threads = 1;
+	a.timeout_ms = RDV_CALL_MS;
+	if (mode == RDV_ATTR)
+		a.rendezvous_timeout_ms = 20000;
+	if (mode == RDV_FOREVER)
+		setenv("FABEP_RENDEZVOUS_TIMEOUT_MS", "-1", 1);
+	else
+		unsetenv("FABEP_RENDEZVOUS_TIMEOUT_MS");
+	if (rank == 1)
+		sleep_us(RDV_LATE_MS * 1000L);
+	(void)fabep_last_error();
+	ret = fabep_comm_create(&a, &comm);
+	if (mode == RDV_DEFAULT) {
+		EXPECT(ret, -ETIMEDOUT);
+		if (rank == 0)
+			EXPECT(strstr(fabep_last_error(), "rank 1 never connected within 500 ms") != NULL, 1);
+		return 0;
+	}
+	EXPECT(ret, 0);
+	if (mode == RDV_ATTR) {
+		/* the calls' timeout is still RDV_CALL_MS: rank 0's barrier,
+		 * which rank 1 never enters, fails after it */
+		if (rank == 0) {
+			t0 = now_ns();
+			ret = fabep_barrier(comm);
+			ms = (now_ns() - t0) / 1000000;
+			EXPECT(ret, -ETIMEDOUT);
+			EXPECT(ms >= RDV_CALL_MS - 50 && ms < 2 * RDV_CALL_MS + 500, 1);
+		} else {
+			sleep_us(3 * RDV_CALL_MS * 1000L);
+		}
+		fabep_comm_abort(comm);
+		return 0;
+	}
+	EXPECT(fabep_barrier(comm), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+START_TEST(rendezvous_limit)
+{
+	fep_test_on_provider("shm");
+	unsetenv("FABEP_TIMEOUT_MS");
+	fep_test_ranks_ok(2, 30, rdv_limit_rank, (void *)(intptr_t)_i);
 }
 END_TEST
 
@@ -2684,6 +2785,9 @@ static Suite *suite(void)
 	ADD(tc, args_tcp);
 	ADD(tc, abi_shm);
 	ADD(tc, destroy_late);
+	if (!getenv("FEP_FAULTS_ONLY") || strstr("rendezvous_limit",
+						 getenv("FEP_FAULTS_ONLY")))
+		tcase_add_loop_test(tc, rendezvous_limit, RDV_ATTR, RDV_DEFAULT + 1);
 	ADD(tc, poll_lost_shm);
 	ADD(tc, poll_lost_tcp);
 	ADD(tc, handles_with_comm);

@@ -209,11 +209,12 @@ done
 # server is not there fails within the timeout, naming the address
 port=$((30000 + $$ % 20000))
 # a server given no timeout waits for its client until interrupted, as
-# fi_pingpong's does, in attempts of the library's 30 s: a client that
-# comes after the first attempt is served (checked at the end)
+# fi_pingpong's does (a rendezvous without a limit): a client that comes
+# after the library's default timeout of 30 s is served (checked at the
+# end)
 wport=$((port + 40))
 wstart=$(date +%s)
-$to env -u FABEP_TIMEOUT_MS "$pp" -s -P $wport -p tcp -S 64 -I 5 \
+$to env -u FABEP_TIMEOUT_MS -u FABEP_RENDEZVOUS_TIMEOUT_MS "$pp" -s -P $wport -p tcp -S 64 -I 5 \
 	>"$tmp.wsrv" 2>"$tmp.wsrv.err" &
 wsrv=$!
 for prov in "" tcp; do
@@ -662,7 +663,7 @@ for args in "-o kernels --soak 1" "-o allreduce --soak 1" "-o dispatch -S 4k" \
 	expect 2 "$bench" $args
 done
 
-# the server of no timeout, started above: its first attempt is over
+# the server of no timeout, started above: past the default timeout
 left=$((wstart + 33 - $(date +%s)))
 [ "$left" -gt 0 ] && sleep "$left"
 expect 0 env FABEP_TIMEOUT_MS=20000 "$pp" -P $wport -p tcp -S 64 -I 5 \

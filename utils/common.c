@@ -880,27 +880,15 @@ int tool_cores(void)
 	return n > 0 ? n : 1;
 }
 
-/* A server that waits for its client until interrupted (run_supervised)
- * makes its rendezvous in attempts of FABEP_TIMEOUT_MS; the child of an
- * attempt that no client reached ends with this status, and the next
- * attempt starts. */
-#define SERVER_AGAIN 75
-
-/* Whether this rank is such a server: as fi_pingpong's, unless a timeout
- * was asked for. */
+/* Whether this rank is a server that waits for its client until
+ * interrupted, as fi_pingpong's does: unless a timeout was asked for. */
 static int server_waits(const struct tool_opts *o, const fabep_comm_attr_t *attr)
 {
 	const char *t = getenv("FABEP_TIMEOUT_MS");
+	const char *r = getenv("FABEP_RENDEZVOUS_TIMEOUT_MS");
 
-	return o->server && attr->timeout_ms <= 0 && !(t && *t);
-}
-
-/* Whether the failed creation's messages say that no client arrived:
- * the rendezvous root's "rank 1 never connected ... (0 of 1 arrived)". */
-static int no_client(int ret, const char *errors)
-{
-	return ret == -ETIMEDOUT && strstr(errors, "never connected") &&
-	       strstr(errors, "(0 of 1 arrived)");
+	return o->server && attr->timeout_ms <= 0 && !attr->rendezvous_timeout_ms &&
+	       !(t && *t) && !(r && *r);
 }
 
 /* One rank, in this process: create the communicator, run, destroy; a
@@ -912,23 +900,7 @@ static int run_rank(const fabep_comm_attr_t *attr, const struct tool_opts *o,
 	fabep_comm_t *comm = NULL;
 	int ret, ret2;
 
-	if (server_waits(o, attr)) {
-		/* an attempt's messages are printed only if it failed for
-		 * another reason than an absent client */
-		(void)fabep_last_error();
-		fabep_log_quiet(1);
-		ret = fabep_comm_create(attr, &comm);
-		fabep_log_quiet(0);
-		if (ret) {
-			const char *e = fabep_last_error();
-
-			if (no_client(ret, e))
-				return SERVER_AGAIN;
-			fprintf(stderr, "%s%s", e, *e ? "\n" : "");
-		}
-	} else {
-		ret = fabep_comm_create(attr, &comm);
-	}
+	ret = fabep_comm_create(attr, &comm);
 	if (ret) {
 		fprintf(stderr, "%s: rank %s: fabep_comm_create: %s\n", tool_name,
 			job_rank(), fabep_strerror(ret));
@@ -1199,38 +1171,34 @@ static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *at
 
 	forked_stop = 0;
 	forked_catch(old_sa);
-	do {
-		fflush(NULL);
-		pid = fork();
-		if (pid < 0) {
-			fprintf(stderr, "%s: fork: %s\n", tool_name, strerror(errno));
-			forked_restore(old_sa);
-			return TOOL_EXIT_FAIL;
-		}
-		if (pid == 0) {
-			int ret;
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "%s: fork: %s\n", tool_name, strerror(errno));
+		forked_restore(old_sa);
+		return TOOL_EXIT_FAIL;
+	}
+	if (pid == 0) {
+		int ret;
 
-			rank_child_init(old_sa, parent);
-			ret = run_rank(attr, o, fn, arg);
-			fflush(NULL);
-			_exit(ret == SERVER_AGAIN ? SERVER_AGAIN :
-			      ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
+		rank_child_init(old_sa, parent);
+		ret = run_rank(attr, o, fn, arg);
+		fflush(NULL);
+		_exit(ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
+	}
+	/* the handlers have no SA_RESTART: a signal ends the wait */
+	for (done = 0; !done;) {
+		if (waitpid(pid, &status, 0) == pid) {
+			done = 1;
+		} else if (errno != EINTR) {
+			kill_reap(pid);
+			status = TOOL_EXIT_FAIL << 8;
+			done = 1;
+		} else if (forked_stop) {
+			forked_end(&pid, &done, 1, (int)forked_stop);
 		}
-		/* the handlers have no SA_RESTART: a signal ends the wait */
-		for (done = 0; !done;) {
-			if (waitpid(pid, &status, 0) == pid) {
-				done = 1;
-			} else if (errno != EINTR) {
-				kill_reap(pid);
-				status = TOOL_EXIT_FAIL << 8;
-				done = 1;
-			} else if (forked_stop) {
-				forked_end(&pid, &done, 1, (int)forked_stop);
-			}
-		}
-		fabep_shm_cleanup(pid);
-	} while (!forked_stop && WIFEXITED(status) &&
-		 WEXITSTATUS(status) == SERVER_AGAIN);
+	}
+	fabep_shm_cleanup(pid);
 	forked_finish(old_sa);
 	if (WIFSIGNALED(status))
 		describe_status(o->server ? 0 : 1, status);
@@ -1261,6 +1229,7 @@ int tool_run(const struct tool_desc *d, const struct tool_opts *o,
 
 	if (o->server || o->host) {
 		const char *tmo = getenv("FABEP_TIMEOUT_MS");
+		const char *rdv = getenv("FABEP_RENDEZVOUS_TIMEOUT_MS");
 
 		setenv("FABEP_RANK", o->server ? "0" : "1", 1);
 		setenv("FABEP_WORLD_SIZE", "2", 1);
@@ -1274,22 +1243,28 @@ int tool_run(const struct tool_desc *d, const struct tool_opts *o,
 			snprintf(buf, sizeof(buf), "0.0.0.0:%d", port);
 			setenv("FABEP_ROOT", buf, 1);
 		}
+		if (server_waits(o, &attr))
+			attr.rendezvous_timeout_ms = -1;
 		if (!o->machine) {
-			long ms = attr.timeout_ms > 0 ? attr.timeout_ms :
+			/* the rendezvous's limit, as the library takes it */
+			const char *var = rdv && *rdv ? "FABEP_RENDEZVOUS_TIMEOUT_MS" :
+					  "FABEP_TIMEOUT_MS";
+			long ms = attr.rendezvous_timeout_ms ? attr.rendezvous_timeout_ms :
+				  rdv && *rdv ? strtol(rdv, NULL, 0) :
+				  attr.timeout_ms > 0 ? attr.timeout_ms :
 				  tmo && *tmo ? strtol(tmo, NULL, 0) : 30000;
+			char lim[96];
 
-			if (server_waits(o, &attr))
-				fprintf(stderr, "%s: server: waiting for a client on %s "
-					"(until interrupted)\n", d->name,
-					getenv("FABEP_ROOT"));
-			else if (o->server)
-				fprintf(stderr, "%s: server: waiting for a client on %s "
-					"(for %ld ms: FABEP_TIMEOUT_MS)\n", d->name,
-					getenv("FABEP_ROOT"), ms);
+			if (ms < 0)
+				snprintf(lim, sizeof(lim), "until interrupted");
 			else
-				fprintf(stderr, "%s: client: connecting to %s (for %ld "
-					"ms: FABEP_TIMEOUT_MS)\n", d->name,
-					getenv("FABEP_ROOT"), ms);
+				snprintf(lim, sizeof(lim), "for %ld ms: %s", ms, var);
+			if (o->server)
+				fprintf(stderr, "%s: server: waiting for a client on %s "
+					"(%s)\n", d->name, getenv("FABEP_ROOT"), lim);
+			else
+				fprintf(stderr, "%s: client: connecting to %s (%s)\n",
+					d->name, getenv("FABEP_ROOT"), lim);
 		}
 		return run_supervised(o, &attr, fn, arg);
 	}

@@ -95,11 +95,12 @@ lib = _load()
 lib.fabep_version.restype = c_char_p
 lib.fabep_version.argtypes = []
 VERSION = lib.fabep_version().decode()
-if tuple(int(v) for v in VERSION.split(".")[:2]) < (0, 4):
-    raise ImportError("fabep: %s is libfabep %s; this package needs 0.4 or "
-                      "later (structs that open with their size, and "
+if tuple(int(v) for v in VERSION.split(".")[:2]) < (0, 5):
+    raise ImportError("fabep: %s is libfabep %s; this package needs 0.5 or "
+                      "later (structs that open with their size, "
                       "fabep_get, fabep_comm_abort, fabep_last_error, "
-                      "fabep_log_quiet)" % (lib._name, VERSION))
+                      "fabep_log_quiet, and the attribute "
+                      "rendezvous_timeout_ms)" % (lib._name, VERSION))
 
 
 # Every struct the caller allocates opens with `size_t size` (fabep 0.2):
@@ -122,6 +123,7 @@ class CommAttr(ctypes.Structure):
         ("heap_size", c_size_t),
         ("threads", c_int),
         ("numa_node", c_int),
+        ("rendezvous_timeout_ms", c_int),
     ]
 
 

@@ -224,7 +224,11 @@ class Comm(Handle):
     default): provider ("shm", "tcp", ...), domain, signal ("ordered",
     "fence", "delivery", "cqdata", "cma"), timeout_ms, heap_size (bytes; size it
     with MoE.heap_bytes and AllReduce.heap_bytes), threads, numa_node
-    (None or -1 = environment or default; 0 is node 0).  A value refused
+    (None or -1 = environment or default; 0 is node 0),
+    rendezvous_timeout_ms (how long the FABEP_ROOT rendezvous waits for
+    every rank: FABEP_RENDEZVOUS_TIMEOUT_MS, else timeout_ms; -1 = no
+    limit, for ranks that start minutes apart; later calls keep
+    timeout_ms).  A value refused
     here is refused by the C call on every rank too, so no rank waits for
     this one: this rank raises the reason (InvalidArgumentError), the
     others PeerError ("a peer rank reported an error").  A rank or size
@@ -243,7 +247,7 @@ class Comm(Handle):
 
     def __init__(self, *, allgather=None, rank=None, size=None, provider=None,
                  domain=None, signal=None, timeout_ms=0, heap_size=0,
-                 threads=0, numa_node=-1):
+                 threads=0, numa_node=-1, rendezvous_timeout_ms=0):
         self._h = None
         self._guard = Guard()
         self._handles = weakref.WeakSet()
@@ -286,6 +290,11 @@ class Comm(Handle):
                 a.threads = _uint(threads, "threads", INT_MAX)
             if numa_node is not None and numa_node != -1:
                 a.numa_node = _uint(numa_node, "numa_node", INT_MAX)
+            if rendezvous_timeout_ms == -1:
+                a.rendezvous_timeout_ms = -1
+            elif rendezvous_timeout_ms:
+                a.rendezvous_timeout_ms = _uint(rendezvous_timeout_ms,
+                                                "rendezvous_timeout_ms", INT_MAX)
         except (InvalidArgumentError, OverflowError) as e:
             # a strategy the C call refuses: it fails on every rank
             bad, a.signal = e, -1

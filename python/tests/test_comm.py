@@ -429,6 +429,28 @@ def test_signal_cma():
                                        ["refused", "refused"])
 
 
+def _rdv_body(me, n):
+    """rendezvous_timeout_ms bounds creation's rendezvous apart from the
+    calls' timeout: rank 1 comes 1.5 s late, past timeout_ms (0.4 s),
+    and is let in (rank 0 with a limit of 20 s, rank 1 with none); a
+    value out of range is refused on every rank."""
+    import time
+    import fabep
+    with pytest.raises(fabep.InvalidArgumentError,
+                       match="rendezvous_timeout_ms"):
+        fabep.Comm.from_env(rendezvous_timeout_ms=-2)
+    if me == 1:
+        time.sleep(1.5)
+    with fabep.Comm.from_env(timeout_ms=400,
+                             rendezvous_timeout_ms=-1 if me else 20000) as comm:
+        comm.barrier()
+    return True
+
+
+def test_rendezvous_timeout():
+    assert ranks.run(2, _rdv_body) == [True, True]
+
+
 def _attr_body(me, n):
     """Comm's keyword arguments reach the library, its queries answer,
     the one-sided calls' errors arrive as their classes, and a wait that

@@ -95,6 +95,12 @@ int fep_boot_env_read(struct fep_boot_env *env);
  */
 int fep_boot_tcp_create(int rank, int size, const char *root_host,
 			int root_port, int timeout_ms, fep_boot_t **out);
+/* The same with the rendezvous bounded by rdv_ms instead (-1: no limit,
+ * the ranks wait for each other until they all come or a signal ends
+ * them); the calls after it keep timeout_ms. */
+int fep_boot_tcp_create_rdv(int rank, int size, const char *root_host,
+			    int root_port, int timeout_ms, int rdv_ms,
+			    fep_boot_t **out);
 
 /* Over a caller's allgather callback (barrier = allgather of one byte). */
 int fep_boot_callback_create(int rank, int size, fabep_allgather_fn fn,

@@ -9,7 +9,8 @@
  * rank, world size, sequence number, payload length, all big-endian)
  * that the receiver checks before it reads a payload byte.  All sockets
  * are non-blocking and every wait is a poll() bounded by the call's
- * deadline, so no call blocks longer than timeout_ms.  Once a call fails
+ * deadline, so no call blocks longer than timeout_ms (the rendezvous:
+ * longer than its own limit, which may be none).  Once a call fails
  * mid-exchange the byte streams are out of step, so the bootstrap is
  * marked broken and every later call fails with the same code.
  *
@@ -96,6 +97,9 @@ struct boot_tcp {
 	 * size or rank that does not fit), for the timeout's message */
 	int refused_code;
 	char refused[BOOT_MAX_TEXT];
+	/* the limit of the wait under way, for its messages: the
+	 * rendezvous's (-1: none), then the calls' timeout_ms */
+	int limit_ms;
 };
 
 static const char *boot_type_name(unsigned type)
@@ -179,9 +183,18 @@ static void err_decode(const uint8_t *p, struct boot_err *e)
 
 /* ---- time ---- */
 
+/* timeout_ms < 0: no deadline (UINT64_MAX, which ms_left caps) */
 static uint64_t deadline_after(int timeout_ms)
 {
+	if (timeout_ms < 0)
+		return UINT64_MAX;
 	return fep_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+/* deadline + ms, no deadline staying none */
+static uint64_t deadline_plus(uint64_t deadline, int ms)
+{
+	return deadline == UINT64_MAX ? deadline : deadline + (uint64_t)ms * 1000000ull;
 }
 
 /* Milliseconds left until deadline (rounded up), 0 once passed. */
@@ -426,7 +439,7 @@ static int xfer_run(struct boot_tcp *t, struct boot_xfer *xs, int n,
 					sizeof(list) - off, "%s%d",
 					i ? ", " : "", xs[idx[i]].peer);
 			fep_err("bootstrap %s: timed out after %d ms waiting "
-				"for rank%s %s%s", what, t->base.timeout_ms,
+				"for rank%s %s%s", what, t->limit_ms,
 				np > 1 ? "s" : "", list,
 				t->base.rank ? " (the rendezvous root, which "
 				"waits for every rank)" : "");
@@ -1047,7 +1060,7 @@ static int boot_root_rendezvous(struct boot_tcp *t, uint64_t deadline)
 					   "root %s:%d: rank%s %s never connected "
 					   "within %d ms (%d of %d arrived)",
 					   t->host, t->port, missing > 1 ? "s" : "",
-					   list, t->base.timeout_ms,
+					   list, t->limit_ms,
 					   size - 1 - missing, size - 1);
 
 			/* the refusal, as far as it fits (a message cut
@@ -1334,7 +1347,7 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 		if (!ms_left(deadline)) {
 			fep_err("bootstrap: rendezvous root %s:%d never "
 				"answered within %d ms (last error: %s)",
-				t->host, t->port, t->base.timeout_ms,
+				t->host, t->port, t->limit_ms,
 				gai_said ? gai_strerror(gai_said) : strerror(err));
 			if (res)
 				freeaddrinfo(res);
@@ -1361,13 +1374,13 @@ static int boot_rank_rendezvous(struct boot_tcp *t, uint64_t deadline)
 	x.fd = fd;
 	x.peer = 0;
 	ret = xfer_run(t, &x, 1, welcome_check, NULL,
-		       deadline + BOOT_VERDICT_GRACE_MS * 1000000ull, "rendezvous",
+		       deadline_plus(deadline, BOOT_VERDICT_GRACE_MS), "rendezvous",
 		       &failed);
 	if (ret == -ETIMEDOUT) {
 		fep_err("bootstrap: connected to the rendezvous root %s:%d, "
 			"but the world of %d ranks was not complete within "
 			"%d ms", t->host, t->port, t->base.size,
-			t->base.timeout_ms);
+			t->limit_ms);
 	}
 	if (ret)
 		goto err;
@@ -1407,6 +1420,7 @@ static struct boot_tcp *boot_tcp_new(int rank, int size, int timeout_ms)
 	t->base.rank = rank;
 	t->base.size = size;
 	t->base.timeout_ms = timeout_ms;
+	t->limit_ms = timeout_ms;
 	t->base.allgather = boot_tcp_allgather;
 	t->base.barrier = boot_tcp_barrier;
 	t->base.destroy = boot_tcp_destroy;
@@ -1416,6 +1430,14 @@ static struct boot_tcp *boot_tcp_new(int rank, int size, int timeout_ms)
 
 int fep_boot_tcp_create(int rank, int size, const char *root_host,
 			int root_port, int timeout_ms, fep_boot_t **out)
+{
+	return fep_boot_tcp_create_rdv(rank, size, root_host, root_port,
+				       timeout_ms, timeout_ms, out);
+}
+
+int fep_boot_tcp_create_rdv(int rank, int size, const char *root_host,
+			    int root_port, int timeout_ms, int rdv_ms,
+			    fep_boot_t **out)
 {
 	struct boot_tcp *t;
 	uint64_t deadline;
@@ -1433,6 +1455,11 @@ int fep_boot_tcp_create(int rank, int size, const char *root_host,
 	}
 	if (timeout_ms <= 0) {
 		fep_err("bootstrap: timeout %d ms must be positive", timeout_ms);
+		return -EINVAL;
+	}
+	if (rdv_ms <= 0 && rdv_ms != -1) {
+		fep_err("bootstrap: rendezvous timeout %d ms must be positive, "
+			"or -1 for none", rdv_ms);
 		return -EINVAL;
 	}
 	if (size > 1 && (!root_host || !*root_host ||
@@ -1458,9 +1485,11 @@ int fep_boot_tcp_create(int rank, int size, const char *root_host,
 	}
 
 	if (size > 1) {
-		deadline = deadline_after(timeout_ms);
+		t->limit_ms = rdv_ms;
+		deadline = deadline_after(rdv_ms);
 		ret = rank == 0 ? boot_root_rendezvous(t, deadline)
 				: boot_rank_rendezvous(t, deadline);
+		t->limit_ms = timeout_ms;
 		if (ret) {
 			boot_tcp_destroy(&t->base);
 			return ret;

@@ -94,6 +94,38 @@ static int fep_attr_check(const fabep_comm_attr_t *a)
 			FEP_NUMA_MAX);
 		return -EINVAL;
 	}
+	if (a->rendezvous_timeout_ms < -1 ||
+	    a->rendezvous_timeout_ms > FEP_TIMEOUT_MAX_MS) {
+		fep_err("fabep_comm_create: rendezvous_timeout_ms %d is not 1 to "
+			"%d, or -1 for no limit (0: FABEP_RENDEZVOUS_TIMEOUT_MS "
+			"or timeout_ms)", a->rendezvous_timeout_ms,
+			FEP_TIMEOUT_MAX_MS);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The rendezvous's limit when the attribute leaves it (0):
+ * FABEP_RENDEZVOUS_TIMEOUT_MS (-1 or 1 to the maximum), else the calls'
+ * timeout_ms.  0 or -EINVAL (logged). */
+static int fep_rdv_from_env(fabep_comm_attr_t *a)
+{
+	long v;
+	int ret;
+
+	if (a->rendezvous_timeout_ms)
+		return 0;
+	a->rendezvous_timeout_ms = a->timeout_ms;
+	ret = fep_env_long("FABEP_RENDEZVOUS_TIMEOUT_MS", -1, FEP_TIMEOUT_MAX_MS, &v);
+	if (ret < 0)
+		return ret;
+	if (ret && !v) {
+		fep_err("FABEP_RENDEZVOUS_TIMEOUT_MS=\"0\" refused: 1 to %d ms, "
+			"or -1 for no limit", FEP_TIMEOUT_MAX_MS);
+		return -EINVAL;
+	}
+	if (ret)
+		a->rendezvous_timeout_ms = (int)v;
 	return 0;
 }
 
@@ -126,6 +158,9 @@ static int fep_attr_from_env(fabep_comm_attr_t *a)
 		if (ret)
 			a->timeout_ms = (int)v;
 	}
+	ret = fep_rdv_from_env(a);
+	if (ret)
+		return ret;
 	if (!a->heap_size) {
 		a->heap_size = FEP_DEFAULT_HEAP;
 		ret = fep_env_size("FABEP_HEAP_SIZE", FEP_HEAP_MIN, FEP_HEAP_MAX, &sz);
@@ -337,8 +372,9 @@ static int fep_comm_boot(const fabep_comm_attr_t *a, fabep_comm_t *comm)
 			env.size);
 		return -EINVAL;
 	}
-	ret = fep_boot_tcp_create(env.rank, env.size, env.root_host,
-				  env.root_port, a->timeout_ms, &comm->boot);
+	ret = fep_boot_tcp_create_rdv(env.rank, env.size, env.root_host,
+				      env.root_port, a->timeout_ms,
+				      a->rendezvous_timeout_ms, &comm->boot);
 	/* a refused local pair: booted all the same, so that the caller
 	 * tells the others (fep_comm_tell_refusal) instead of leaving them
 	 * to wait for this rank until their timeout */
@@ -1325,6 +1361,11 @@ static void fep_comm_refuse(const fabep_comm_attr_t *a, int status)
 		if (fep_env_long("FABEP_TIMEOUT_MS", 1, FEP_TIMEOUT_MAX_MS, &v) > 0)
 			b.timeout_ms = (int)v;
 	}
+	if (b.rendezvous_timeout_ms < -1 ||
+	    b.rendezvous_timeout_ms > FEP_TIMEOUT_MAX_MS)
+		b.rendezvous_timeout_ms = 0;
+	if (fep_rdv_from_env(&b))
+		b.rendezvous_timeout_ms = b.timeout_ms;
 	(void)fep_comm_boot(&b, comm);
 	if (comm->boot)  /* booted, the local pair perhaps refused too */
 		fep_comm_tell_refusal(comm, status);
