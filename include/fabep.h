@@ -196,7 +196,7 @@ FABEP_API void fabep_comm_abort(fabep_comm_t *comm);
 /* For launchers: remove the shared-memory regions that process `pid` of
  * this host left behind when it died without destroying its
  * communicators (killed, or crashed): libfabric's shm names them
- * /dev/shm/<pid>:<domain>:<endpoint>.  Call it after reaping a rank
+ * /dev/shm/<pid>:<uid>:<endpoint>.  Call it after reaping a rank
  * (0 removed where it destroyed them).  Returns how many it removed,
  * -EINVAL for pid <= 0,
  * -EBUSY while a process with that pid exists (its regions may be in

@@ -436,7 +436,7 @@ static int fep_ops_create(fep_fabric_t *fab)
 }
 
 /*
- * shm (1.17) names its region /dev/shm/<pid>:<domain>:<endpoint> and fails
+ * shm names its region /dev/shm/<pid>:<uid>:<endpoint> (1.17 to 1.22) and fails
  * with -FI_EBUSY when that name exists.  A process killed before it closed
  * its endpoint leaves its region behind, and a later process that gets the
  * same pid then cannot open shm, and the region's memory stays taken.  A
