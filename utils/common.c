@@ -61,7 +61,9 @@ static const struct tool_optdef tool_optdefs[] = {
 	{ 'W', "window", "N", "transfers per window with -b (default 64)" },
 	{ 's', "server", NULL,
 	  "server: be rank 0 of 2 and wait for a client on 0.0.0.0:PORT when "
-	  "-P is given, else on FABEP_ROOT, else on 0.0.0.0:47592" },
+	  "-P is given, else on FABEP_ROOT, else on 0.0.0.0:47592, until "
+	  "interrupted unless FABEP_RENDEZVOUS_TIMEOUT_MS or FABEP_TIMEOUT_MS "
+	  "is set" },
 	{ 'P', "port", "PORT",
 	  "rendezvous port for -s and HOST (default 47592)" },
 	{ 'T', "threads", "N", "worker threads per rank (default: FABEP_THREADS, else fabep's choice)" },
