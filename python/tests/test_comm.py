@@ -41,7 +41,7 @@ time.sleep(5)
 
 
 @pytest.mark.parametrize("when", ["import", "comm"])
-def test_signals_kept(when):
+def test_signals_kept(when, sigint_default):
     """Neither loading the library (whose libfabric may load
     libinfinipath, which takes SIGINT, SIGTERM, ... with handlers that
     call exit(1)) nor opening a communicator takes the interpreter's

@@ -200,7 +200,7 @@ def _gone(pid):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_launcher_signal_stops_the_ranks(tmp_path, sig):
+def test_launcher_signal_stops_the_ranks(tmp_path, sig, sigint_default):
     """A signal sent to the launcher alone: the ranks are stopped and
     their shm regions removed, and the launcher ends by that signal."""
     prog = _script(tmp_path, """
