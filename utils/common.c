@@ -1165,7 +1165,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
  * SIGINT, SIGTERM and SIGHUP here, passes them on, says so, removes the
  * child's shm regions and ends by the signal. */
 static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *attr,
-			  tool_rank_fn fn, void *arg)
+			  const char *hello, tool_rank_fn fn, void *arg)
 {
 	struct sigaction old_sa[sizeof(forked_sigs) / sizeof(forked_sigs[0])];
 	pid_t parent = getpid(), pid;
@@ -1173,6 +1173,10 @@ static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *at
 
 	forked_stop = 0;
 	forked_catch(old_sa);
+	/* said once the handlers are in: a signal sent when this line is
+	 * seen is handled as documented */
+	if (hello)
+		fputs(hello, stderr);
 	fflush(NULL);
 	pid = fork();
 	if (pid < 0) {
@@ -1232,6 +1236,7 @@ int tool_run(const struct tool_desc *d, const struct tool_opts *o,
 	if (o->server || o->host) {
 		const char *tmo = getenv("FABEP_TIMEOUT_MS");
 		const char *rdv = getenv("FABEP_RENDEZVOUS_TIMEOUT_MS");
+		char hello[512];
 
 		setenv("FABEP_RANK", o->server ? "0" : "1", 1);
 		setenv("FABEP_WORLD_SIZE", "2", 1);
@@ -1262,13 +1267,14 @@ int tool_run(const struct tool_desc *d, const struct tool_opts *o,
 			else
 				snprintf(lim, sizeof(lim), "for %ld ms: %s", ms, var);
 			if (o->server)
-				fprintf(stderr, "%s: server: waiting for a client on %s "
-					"(%s)\n", d->name, getenv("FABEP_ROOT"), lim);
+				snprintf(hello, sizeof(hello), "%s: server: waiting for "
+					 "a client on %s (%s)\n", d->name,
+					 getenv("FABEP_ROOT"), lim);
 			else
-				fprintf(stderr, "%s: client: connecting to %s (%s)\n",
-					d->name, getenv("FABEP_ROOT"), lim);
+				snprintf(hello, sizeof(hello), "%s: client: connecting "
+					 "to %s (%s)\n", d->name, getenv("FABEP_ROOT"), lim);
 		}
-		return run_supervised(o, &attr, fn, arg);
+		return run_supervised(o, &attr, o->machine ? NULL : hello, fn, arg);
 	}
 	ret = run_rank(&attr, o, fn, arg);
 	return ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
