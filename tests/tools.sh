@@ -334,7 +334,7 @@ port=$((port + 1))
 srv=$!
 wait_for "$tmp.srv.err" 'waiting for a client' 60 $srv
 kill -TERM $srv
-wait $srv
+wait $srv 2>/dev/null
 rc=$?
 [ $rc -eq 143 ] && grep -q 'Terminated: stopping the ranks' "$tmp.srv.err" ||
 	{ fail "pingpong -s: SIGTERM while it waits gave exit $rc"
@@ -423,10 +423,10 @@ vp=$(rank_with_region "$dp")
 if [ -z "$vp" ]; then
 	fail "fabep_pingpong: no rank with an shm region within 30 s"
 	kill -KILL "$dp" 2>/dev/null
-	wait "$dp"
+	wait "$dp" 2>/dev/null
 else
 	kill -TERM "$dp"
-	wait "$dp"
+	wait "$dp" 2>/dev/null
 	rc=$?
 	n=0
 	while kill -0 "$vp" 2>/dev/null && [ $n -lt 50 ]; do

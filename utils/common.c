@@ -1192,16 +1192,23 @@ static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *at
 		fflush(NULL);
 		_exit(ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
 	}
-	/* the handlers have no SA_RESTART: a signal ends the wait */
+	/* Polled, not a blocking waitpid: a signal caught before the wait
+	 * begins would leave a blocking wait to the rank's own end. A
+	 * caught signal also cuts the sleep short. */
 	for (done = 0; !done;) {
-		if (waitpid(pid, &status, 0) == pid) {
+		struct timespec ts = { 0, 20000000 };
+		pid_t got = waitpid(pid, &status, WNOHANG);
+
+		if (got == pid) {
 			done = 1;
-		} else if (errno != EINTR) {
+		} else if (got < 0 && errno != EINTR) {
 			kill_reap(pid);
 			status = TOOL_EXIT_FAIL << 8;
 			done = 1;
 		} else if (forked_stop) {
 			forked_end(&pid, &done, 1, (int)forked_stop);
+		} else {
+			nanosleep(&ts, NULL);
 		}
 	}
 	fabep_shm_cleanup(pid);
