@@ -110,6 +110,7 @@ ns_of() {
 }
 
 fails=0
+log=
 port=$((20000 + $$ % 20000))
 
 # start_ranks NAME TIMEOUT_S ARGS...: every rank in its namespace, in the
@@ -135,7 +136,7 @@ start_ranks() {
 			env FABEP_RANK=$r FABEP_WORLD_SIZE=$ranks \
 			FABEP_ROOT="$net.1:$port" FABEP_PROVIDER=$prov \
 			FABEP_TIMEOUT_MS=20000 FABEP_HEAP_SIZE=256M FABEP_THREADS=1 \
-			"$bench" "$@" >"$tmp.$name.$r.out" 2>"$tmp.$name.$r.err" &
+			${log:+FABEP_LOG=$log} "$bench" "$@" >"$tmp.$name.$r.out" 2>"$tmp.$name.$r.err" &
 		pids="$pids $!"
 		r=$((r + 1))
 	done
@@ -236,10 +237,19 @@ prov=tcp
 kill_case() { # VICTIM
 	victim=$1
 	name=kill$victim
+	log=info
 	start_ranks "$name" 120 --soak 100 -m
+	log=
 	# the victim: the process of rank $victim in its namespace, once the
-	# soak runs (its rounds take a few ms)
-	sleep 3
+	# soak runs (its rounds take a few ms): its communicator is made
+	# (the library's info line, after the exchange with every rank)
+	n=0
+	while [ $n -lt 600 ] &&
+		! grep -q "rank $victim of $ranks: " "$tmp.$name.$victim.err" 2>/dev/null; do
+		sleep 0.1
+		n=$((n + 1))
+	done
+	sleep 1
 	vp=
 	for p in $(ip netns pids "${tag}h$(ns_of $victim)"); do
 		tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null |
