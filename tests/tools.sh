@@ -306,6 +306,21 @@ grep -q 'fabep_progress: a peer rank was lost' "$tmp.srv.err" ||
 # with neither -s nor HOST both ranks run here, and the first line says so
 expect 0 "$pp" -p shm -S 64 -I 5 && grep -q '^# fabep_pingpong: .*, two local ranks' "$tmp.out" ||
 	fail "pingpong: a local run does not say that it is one"
+# a launcher whose parent ignores SIGCHLD (inherited across exec; the
+# kernel would reap its ranks at once) still waits for its ranks and
+# reports how each ended
+nochld='$SIG{CHLD} = "IGNORE"; exec @ARGV or die "exec: $!"'
+expect 0 perl -e "$nochld" "$pp" -p shm -S 64 -I 5 ||
+	fail "pingpong: a local run with SIGCHLD ignored"
+expect 1 perl -e "$nochld" "$bench" -p nosuchprov -o moe -n 2 -t 1 -I 1 -w 0 &&
+	[ "$(grep -c 'exited with status 1' "$tmp.err")" -eq 2 ] ||
+	fail "bench: failed ranks with SIGCHLD ignored not reported"
+port=$((port + 1))
+$to perl -e "$nochld" "$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" 2>"$tmp.srv.err" &
+srv=$!
+expect 0 perl -e "$nochld" "$pp" -P $port -p tcp -S 64 -I 5 127.0.0.1 ||
+	fail "pingpong: a client with SIGCHLD ignored"
+wait $srv || fail "pingpong -s: a server with SIGCHLD ignored exited $?"
 # a client whose rank stops mid-run: the server's wait times out and it
 # ends without waiting for the stopped rank's goodbye as well
 port=$((port + 1))

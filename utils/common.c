@@ -944,10 +944,22 @@ static void forked_on_signal(int sig)
 
 static const int forked_sigs[] = { SIGTERM, SIGHUP, SIGINT };
 
+/* SIGCHLD as the launcher found it: ignored (SIG_IGN or SA_NOCLDWAIT,
+ * inherited from a parent that set it) makes the kernel reap the ranks
+ * at once, and waitpid then has no status to give and no child to wait
+ * for, so the launcher sets the default while its ranks run. */
+static struct sigaction forked_chld_old;
+
 static void forked_catch(struct sigaction *old)
 {
 	struct sigaction sa;
 	size_t i;
+
+	sigaction(SIGCHLD, NULL, &forked_chld_old);
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_DFL;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGCHLD, &sa, NULL);
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = forked_on_signal;
@@ -963,6 +975,8 @@ static void forked_catch(struct sigaction *old)
 static void forked_restore(const struct sigaction *old)
 {
 	size_t i;
+
+	sigaction(SIGCHLD, &forked_chld_old, NULL);
 
 	for (i = 0; i < sizeof(forked_sigs) / sizeof(forked_sigs[0]); i++)
 		sigaction(forked_sigs[i], &old[i], NULL);
@@ -1030,15 +1044,93 @@ static void forked_end(const pid_t *pids, int *done, int n, int sig)
 		}
 }
 
+/* Waits for the ranks pids[0..n), numbered from first, to end.  Polled,
+ * not a blocking waitpid: a stop signal caught before a wait begins
+ * would wait for a rank's own end, so each poll looks at forked_stop
+ * and a caught signal cuts the sleep between polls short.  Each rank
+ * reaped has its shm regions removed (one that died, or exited without
+ * destroying its communicator, leaves them).  A failed rank is named
+ * (exits only with describe_exits: a rank that exits with a failure has
+ * said why itself) and the others get 5 s to end; timeout_s > 0 kills
+ * those still running after it.  Returns 1 where a rank failed or the
+ * ranks were stopped, else 0. */
+static int forked_wait(const pid_t *pids, int *done, int n, int first,
+		       int timeout_s, int describe_exits)
+{
+	uint64_t deadline = tool_now_ns() + (uint64_t)timeout_s * 1000000000ull;
+	uint64_t grace = 0;
+	int left = n, failed = 0;
+
+	while (left > 0) {
+		uint64_t now = tool_now_ns();
+		int reaped = 0;
+
+		for (int r = 0; r < n; r++) {
+			int status;
+			pid_t got;
+
+			if (done[r])
+				continue;
+			got = waitpid(pids[r], &status, WNOHANG);
+			if (got < 0 && errno != EINTR) {
+				/* gone, and its status with it: not ours to kill
+				 * (its pid may have been reused) */
+				fprintf(stderr, "%s: rank %d: waitpid: %s\n", tool_name,
+					first + r, strerror(errno));
+				status = -1;
+			} else if (got != pids[r]) {
+				continue;
+			}
+			done[r] = 1;
+			left--;
+			reaped = 1;
+			fabep_shm_cleanup(pids[r]);
+			if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status)) {
+				if (status != -1 && (describe_exits || !WIFEXITED(status)))
+					describe_status(first + r, status);
+				if (!failed)
+					grace = now + 5000000000ull;
+				failed = 1;
+			}
+		}
+		if (!left)
+			break;
+		if (forked_stop) {
+			forked_end(pids, done, n, (int)forked_stop);
+			return 1;
+		}
+		if ((timeout_s > 0 && now > deadline) || (grace && now > grace)) {
+			for (int r = 0; r < n; r++) {
+				if (done[r])
+					continue;
+				kill_reap(pids[r]);
+				done[r] = 1;
+				if (now > deadline && timeout_s > 0)
+					fprintf(stderr, "%s: rank %d still running after %d s: killed\n",
+						tool_name, first + r, timeout_s);
+				else
+					fprintf(stderr, "%s: rank %d still running 5 s after a rank failed: killed\n",
+						tool_name, first + r);
+			}
+			return 1;
+		}
+		if (!reaped) {
+			struct timespec ts = { 0, 5000000 };
+
+			nanosleep(&ts, NULL);
+		}
+	}
+	return failed;
+}
+
 static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 		      int timeout_s, tool_rank_fn fn, void *arg)
 {
 	struct sigaction old_sa[sizeof(forked_sigs) / sizeof(forked_sigs[0])];
 	pid_t parent = getpid();
-	int n = o->nranks, left = n, failed = 0, port;
+	int n = o->nranks, failed, port;
 	pid_t *pids = calloc(n, sizeof(*pids));
 	int *done = calloc(n, sizeof(*done));
-	uint64_t deadline, grace = 0;
 	char root[64];
 
 	if (!pids || !done) {
@@ -1099,60 +1191,7 @@ static int run_forked(const struct tool_opts *o, const fabep_comm_attr_t *attr,
 		pids[r] = pid;
 	}
 
-	deadline = tool_now_ns() + (uint64_t)timeout_s * 1000000000ull;
-	while (left > 0) {
-		uint64_t now = tool_now_ns();
-		int reaped = 0;
-
-		for (int r = 0; r < n; r++) {
-			int status;
-
-			if (done[r] || waitpid(pids[r], &status, WNOHANG) != pids[r])
-				continue;
-			done[r] = 1;
-			left--;
-			reaped = 1;
-			/* a rank that died, or exited without destroying its
-			 * communicator, leaves its shm regions behind */
-			fabep_shm_cleanup(pids[r]);
-			if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-				describe_status(r, status);
-				if (!failed)
-					grace = now + 5000000000ull;
-				failed = 1;
-			}
-		}
-		if (!left)
-			break;
-		if (forked_stop) {
-			forked_end(pids, done, n, (int)forked_stop);
-			left = 0;
-			failed = 1;
-			break;
-		}
-		if (now > deadline || (grace && now > grace)) {
-			for (int r = 0; r < n; r++) {
-				if (done[r])
-					continue;
-				kill_reap(pids[r]);
-				done[r] = 1;
-				left--;
-				if (now > deadline)
-					fprintf(stderr, "%s: rank %d still running after %d s: killed\n",
-						tool_name, r, timeout_s);
-				else
-					fprintf(stderr, "%s: rank %d still running 5 s after a rank failed: killed\n",
-						tool_name, r);
-			}
-			failed = 1;
-			break;
-		}
-		if (!reaped) {
-			struct timespec ts = { 0, 5000000 };
-
-			nanosleep(&ts, NULL);
-		}
-	}
+	failed = forked_wait(pids, done, n, 0, timeout_s, 1);
 	free(pids);
 	free(done);
 	forked_finish(old_sa);
@@ -1169,7 +1208,7 @@ static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *at
 {
 	struct sigaction old_sa[sizeof(forked_sigs) / sizeof(forked_sigs[0])];
 	pid_t parent = getpid(), pid;
-	int status = 0, done = 0;
+	int done = 0, failed;
 
 	forked_stop = 0;
 	forked_catch(old_sa);
@@ -1192,30 +1231,9 @@ static int run_supervised(const struct tool_opts *o, const fabep_comm_attr_t *at
 		fflush(NULL);
 		_exit(ret ? TOOL_EXIT_FAIL : TOOL_EXIT_OK);
 	}
-	/* Polled, not a blocking waitpid: a signal caught before the wait
-	 * begins would leave a blocking wait to the rank's own end. A
-	 * caught signal also cuts the sleep short. */
-	for (done = 0; !done;) {
-		struct timespec ts = { 0, 20000000 };
-		pid_t got = waitpid(pid, &status, WNOHANG);
-
-		if (got == pid) {
-			done = 1;
-		} else if (got < 0 && errno != EINTR) {
-			kill_reap(pid);
-			status = TOOL_EXIT_FAIL << 8;
-			done = 1;
-		} else if (forked_stop) {
-			forked_end(&pid, &done, 1, (int)forked_stop);
-		} else {
-			nanosleep(&ts, NULL);
-		}
-	}
-	fabep_shm_cleanup(pid);
+	failed = forked_wait(&pid, &done, 1, o->server ? 0 : 1, 0, 0);
 	forked_finish(old_sa);
-	if (WIFSIGNALED(status))
-		describe_status(o->server ? 0 : 1, status);
-	return WIFEXITED(status) && !WEXITSTATUS(status) ? TOOL_EXIT_OK : TOOL_EXIT_FAIL;
+	return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
 }
 
 int tool_run(const struct tool_desc *d, const struct tool_opts *o,
