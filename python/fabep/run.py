@@ -161,6 +161,13 @@ def launch(nranks, argv, timeout=0, root=None, env=None, quiet=False):
         pass
     stop = []
     old = {}
+    # SIGCHLD ignored (inherited from a parent that set it) makes the
+    # kernel reap the ranks at once, and Popen then reads every rank's
+    # status as 0, a failed one too: the default while the ranks run
+    try:
+        old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
     for sig in _STOP_SIGNALS:
         try:
             if signal.getsignal(sig) == signal.SIG_IGN:

@@ -160,6 +160,33 @@ time.sleep(60)
     assert time.monotonic() - t0 < 20
 
 
+def test_sigchld_ignored(tmp_path):
+    """A launcher whose SIGCHLD is ignored (as a parent may leave it)
+    still sees how each rank ended, and leaves SIGCHLD as it found it."""
+    prog = _script(tmp_path, """
+import os, sys
+sys.exit(3 if os.environ["FABEP_RANK"] == "1" else 0)
+""")
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert frun.launch(2, [prog], quiet=True) == 3
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+    # and from the command line, under a parent that ignores it
+    if shutil.which("perl") is None:
+        pytest.skip("no perl to start the launcher with SIGCHLD ignored")
+    ok = tmp_path / "ok.py"
+    ok.write_text("print('ok')\n")
+    for prog, want in ((prog, 3), (str(ok), 0)):
+        rc = subprocess.run(
+            ["perl", "-e", '$SIG{CHLD} = "IGNORE"; exec @ARGV or die',
+             sys.executable, "-m", "fabep.run", "-n", "2", prog],
+            env=_env(), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, timeout=60).returncode
+        assert rc == want
+
+
 def test_signal_and_timeout(tmp_path):
     prog = _script(tmp_path, """
 import os, signal, time
