@@ -28,6 +28,7 @@ ranks=4
 net=10.231.0
 soak_s=${NETNS_SOAK_SECONDS:-4}
 tmp=${TMPDIR:-/tmp}/fabep-netns.$$
+. "$(dirname "$0")/lib.sh"
 pids=
 made=
 
@@ -243,12 +244,7 @@ kill_case() { # VICTIM
 	# the victim: the process of rank $victim in its namespace, once the
 	# soak runs (its rounds take a few ms): its communicator is made
 	# (the library's info line, after the exchange with every rank)
-	n=0
-	while [ $n -lt 600 ] &&
-		! grep -q "rank $victim of $ranks: " "$tmp.$name.$victim.err" 2>/dev/null; do
-		sleep 0.1
-		n=$((n + 1))
-	done
+	wait_for "$tmp.$name.$victim.err" "rank $victim of $ranks: " 60
 	sleep 1
 	vp=
 	for p in $(ip netns pids "${tag}h$(ns_of $victim)"); do

@@ -9,6 +9,7 @@ pp=$top_builddir/utils/fabep_pingpong
 bench=$top_builddir/utils/fabep_bench
 demo=$top_builddir/utils/fabep_demo
 tmp=${TMPDIR:-/tmp}/fabep-tools.$$
+. "$(dirname "$0")/lib.sh"
 fails=0
 wsrv=  # the server of no timeout below, ended with the script
 trap 'rm -f "$tmp".*; [ -z "$wsrv" ] || kill $wsrv 2>/dev/null' EXIT
@@ -32,21 +33,6 @@ export FABEP_TIMEOUT_MS
 fail() {
 	echo "FAIL: $*"
 	fails=$((fails + 1))
-}
-
-# Wait up to $3 s for a line matching $2 in file $1 while process $4
-# lives: a case that acts on a process at a stage of its run waits for
-# that stage (slow starts, as under a sanitizer beside other tests, make
-# a fixed sleep too short).
-wait_for() {
-	n=0
-	while [ $n -lt $(($3 * 10)) ]; do
-		grep -q "$2" "$1" 2>/dev/null && return 0
-		kill -0 "$4" 2>/dev/null || break
-		sleep 0.1
-		n=$((n + 1))
-	done
-	grep -q "$2" "$1" 2>/dev/null
 }
 
 # Exit status of a command ($1 = expected, rest = command), output kept.
