@@ -1687,6 +1687,94 @@ START_TEST(handles_with_comm)
 }
 END_TEST
 
+/* A child of fork() after the communicator was made: every call on the
+ * communicator or its handles fails at once with -EPERM saying why,
+ * destroy and abort included, and touches nothing of the parent's (a
+ * call sent on the copies would land in the peer as rank 0's, a goodbye
+ * would end its communicator): the parent and its peer go on, their
+ * results checked, and destroy cleanly. */
+static int forked_child(fabep_comm_t *comm, fabep_moe_t *moe,
+			fabep_allreduce_t *ar, fabep_off_t ctr)
+{
+	int rank = 0;  /* for EXPECT */
+	float in[A_COLS], out[A_COLS];
+	int64_t t0 = now_ns();
+
+	memset(in, 0, sizeof(in));
+	EXPECT(fabep_barrier(comm), -EPERM);
+	EXPECT(strstr(fabep_last_error(), "child of a fork()") != NULL, 1);
+	EXPECT(fabep_put(comm, 1, ctr, ctr, 64), -EPERM);
+	EXPECT(fabep_wait(comm, ctr, 1), -EPERM);
+	EXPECT(fabep_progress(comm), -EPERM);
+	EXPECT(fabep_allreduce(ar, in, out, 1, A_COLS), -EPERM);
+	EXPECT(fabep_moe_destroy(moe), -EPERM);
+	EXPECT(fabep_allreduce_destroy(ar), -EPERM);
+	EXPECT(fabep_comm_destroy(comm), -EPERM);
+	fabep_comm_abort(comm);
+	EXPECT(fabep_barrier(comm), -EPERM);  /* still refused, not freed */
+	EXPECT((now_ns() - t0) < 2000000000LL, 1);
+	return 0;
+}
+
+static int forked_rank(int rank, int size, void *arg)
+{
+	fabep_moe_config_t cfg;
+	fabep_comm_attr_t a;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_t *moe = NULL;
+	fabep_allreduce_t *ar = NULL;
+	float in[A_COLS], out[A_COLS];
+	int i, round, status;
+	fabep_off_t ctr;
+	pid_t pid;
+
+	(void)arg;
+	fabep_moe_config_init(&cfg);
+	cfg.num_experts = 2 * size;
+	cfg.top_k = 2;
+	cfg.hidden = 256;
+	cfg.max_tokens = 16;
+	fabep_comm_attr_init(&a);
+	a.threads = 2;
+	a.timeout_ms = 10000;
+	a.heap_size = fabep_moe_heap_bytes(&cfg, size) +
+		      fabep_allreduce_heap_bytes(1, A_COLS, FABEP_AR_F32, size) +
+		      (1u << 20);
+	EXPECT(fabep_comm_create(&a, &comm), 0);
+	EXPECT(fabep_moe_create(comm, &cfg, &moe), 0);
+	EXPECT(fabep_allreduce_create(comm, 1, A_COLS, FABEP_AR_F32, &ar), 0);
+	EXPECT(fabep_heap_alloc(comm, 64, 64, &ctr), 0);
+	EXPECT(fabep_barrier(comm), 0);
+	if (rank == 0) {
+		fflush(NULL);
+		pid = fork();
+		EXPECT(pid >= 0, 1);
+		if (pid == 0)
+			_exit(forked_child(comm, moe, ar, ctr));
+		EXPECT(waitpid(pid, &status, 0), pid);
+		if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+			fprintf(stderr, "rank 0: the forked child ended with status "
+				"0x%x\n", status);
+			return 2;
+		}
+	}
+	for (round = 0; round < 3; round++) {
+		for (i = 0; i < A_COLS; i++)
+			in[i] = (float)(rank + 1) * (float)(i + round);
+		EXPECT(fabep_allreduce(ar, in, out, 1, A_COLS), 0);
+		for (i = 0; i < A_COLS; i++)
+			EXPECT(out[i] == 3.0f * (float)(i + round), 1);
+		EXPECT(fabep_barrier(comm), 0);
+	}
+	EXPECT(fabep_moe_destroy(moe), 0);
+	EXPECT(fabep_allreduce_destroy(ar), 0);
+	EXPECT(fabep_comm_destroy(comm), 0);
+	return 0;
+}
+
+FEP_TEST_RANKS_CASE(forked_shm, "shm", 2, 60, forked_rank, NULL)
+FEP_TEST_RANKS_CASE(forked_tcp, "tcp", 2, 60, forked_rank, NULL)
+
 /* A rank that reaches destroy late, within the communicator's timeout
  * but past 5 s: every rank's destroy waits for it and succeeds. */
 #define LATE_TIMEOUT_MS 20000
@@ -2791,6 +2879,8 @@ static Suite *suite(void)
 	ADD(tc, poll_lost_shm);
 	ADD(tc, poll_lost_tcp);
 	ADD(tc, handles_with_comm);
+	ADD(tc, forked_shm);
+	ADD(tc, forked_tcp);
 	ADD(tc, refused_config);
 	ADD(tc, refused_alone);
 	ADD(tc, heap_rounded);

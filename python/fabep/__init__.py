@@ -23,8 +23,9 @@ that memory, and an array used after them reads unmapped memory.
 Every foreign call releases the GIL (ctypes.CDLL), so waits on the
 fabric let other Python threads run.  A communicator and its handles are
 used by one thread at a time: another thread's call meanwhile raises
-InUseError.  ``python3 -m fabep.run -n 4
-script.py`` starts local ranks.
+InUseError.  They belong to the process that made them: in a child of
+os.fork() after that, every call on them raises ForkedError.
+``python3 -m fabep.run -n 4 script.py`` starts local ranks.
 """
 from ._lib import VERSION as __version__  # noqa: F401
 from ._lib import lib as _clib
@@ -33,7 +34,8 @@ from .errors import (FabepError, InvalidArgumentError,  # noqa: F401
                      MessageSizeError, NoMemoryError, NotSupportedError,
                      TimeoutError, MismatchError, PeerError, PeerLostError,
                      ProtocolError, NoProviderError, NoSignalError,
-                     HeapFullError, BusyError, StaleViewError, InUseError)
+                     HeapFullError, BusyError, StaleViewError, InUseError,
+                     ForkedError)
 from .comm import Comm, HeapBlock  # noqa: F401
 from .moe import MoE, RecvView, Timing  # noqa: F401
 from .allreduce import AllReduce  # noqa: F401
@@ -113,5 +115,6 @@ __all__ = ["Comm", "HeapBlock", "MoE", "RecvView", "Timing", "AllReduce",
            "MessageSizeError", "NoMemoryError", "NotSupportedError",
            "MismatchError", "PeerError", "PeerLostError",
            "ProtocolError", "NoProviderError", "NoSignalError",
-           "HeapFullError", "BusyError", "StaleViewError", "InUseError", "version", "isa",
+           "HeapFullError", "BusyError", "StaleViewError", "InUseError",
+           "ForkedError", "version", "isa",
            "strerror", "providers", "shm_cleanup"]

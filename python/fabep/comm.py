@@ -9,7 +9,7 @@ import weakref
 from . import _lib
 from . import _tensor
 from .errors import FabepError, Guard, Handle, InvalidArgumentError, \
-    invalid, raise_for, refuse, serial
+    invalid, logged, raise_for, refuse, serial
 
 lib = _lib.lib
 
@@ -441,14 +441,20 @@ class Comm(Handle):
         closed here, or None if it was."""
         if self._h is None:
             return None
+        # a handle's error (in a child of fork(), ForkedError) is the
+        # communicator's too: its own destroy below raises it
         for hnd in list(self._handles):
-            hnd.close()
+            try:
+                hnd.close()
+            except FabepError:
+                pass
         # the C handles of objects the garbage collector takes with this
         # one (a reference cycle): their weak references are gone before
         # any finalizer runs, and theirs may run after this one
         for destroy, h in reversed(list(self._live.values())):
             getattr(lib, destroy)(h)
         self._live.clear()
+        logged()  # the handles' messages: not the communicator's error's
         h, self._h = self._h, None
         return h
 
@@ -463,10 +469,11 @@ class Comm(Handle):
 
     def _release(self, key):
         """Free the C handle registered under key, unless close() has
-        (each is freed once, before the communicator)."""
+        (each is freed once, before the communicator).  Raises the C
+        call's error (a child of fork() may not free the parent's)."""
         item = self._live.pop(key, None)
         if item is not None:
-            getattr(lib, item[0])(item[1])
+            _call(getattr(lib, item[0])(item[1]), item[0])
 
     # -- queries --------------------------------------------------------------
     @property

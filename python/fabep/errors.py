@@ -100,6 +100,13 @@ class BusyError(FabepError):
     """All buffer sets hold dispatches not yet combined."""
 
 
+class ForkedError(FabepError, RuntimeError):
+    """-EPERM: a call in a child of fork() on a communicator made before
+    the fork, or on a handle made on it (close included): they belong to
+    the parent, whose endpoints and connections would carry the child's
+    traffic.  A child makes a communicator of its own."""
+
+
 class InUseError(FabepError, RuntimeError):
     """-EBUSY: a call on a communicator, or on a handle made on it, while
     another thread is inside one of theirs: a communicator and its
@@ -125,6 +132,7 @@ _BY_CODE = {
     errno.ENOTSUP: NotSupportedError,
     errno.ENOSYS: NotSupportedError,
     errno.ETIMEDOUT: TimeoutError,
+    errno.EPERM: ForkedError,
 }
 for _i, _name in enumerate(_lib.ERR_NAMES):
     _BY_CODE[_lib.ERR_BASE + 1 + _i] = {

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: BSD-2-Clause OR GPL-2.0-only
 """The communicator: bootstrap from the environment, torchrun's variables
 and a torch.distributed group; the heap and one-sided calls; the GIL."""
+import errno
 import os
 import threading
 import time
@@ -498,6 +499,53 @@ def _attr_body(me, n):
 
 def test_comm_attributes_and_one_sided_errors():
     assert all(ranks.run(2, _attr_body))
+
+
+def _forked_body(me, n):
+    """A child of fork() after the communicator was made: its calls on
+    the communicator and its handles, close included, raise ForkedError
+    at once; the parent and its peers go on as before."""
+    import fabep
+    comm = fabep.Comm.from_env(provider="shm", threads=1)
+    ar = fabep.AllReduce(comm, 1, 64, "fp32")
+    x = np.full((1, 64), me + 1, dtype=np.float32)
+    comm.barrier()
+    if me == 0:
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(rfd)
+            said = []
+            for name, call in (("barrier", comm.barrier),
+                               ("allreduce", lambda: ar.allreduce(x)),
+                               ("AllReduce.close", ar.close),
+                               ("close", comm.close)):
+                try:
+                    call()
+                    said.append("%s: no error" % name)
+                except fabep.ForkedError as e:
+                    if e.code != -errno.EPERM or "fork()" not in str(e):
+                        said.append("%s: %r" % (name, e))
+                except BaseException as e:  # noqa: B902 - told the parent
+                    said.append("%s: %r" % (name, e))
+            os.write(wfd, "\n".join(said).encode())
+            os._exit(0)
+        os.close(wfd)
+        with os.fdopen(rfd, "rb") as f:
+            said = f.read().decode()
+        os.waitpid(pid, 0)
+        assert said == "", said
+    for _ in range(3):
+        out = ar.allreduce(x)
+        assert np.array_equal(out, np.full((1, 64), n * (n + 1) / 2,
+                                           dtype=np.float32))
+        comm.barrier()
+    comm.close()
+    return True
+
+
+def test_forked_child():
+    assert ranks.run(2, _forked_body) == [True, True]
 
 
 def test_closed_handles():

@@ -573,8 +573,14 @@ err:
 
 FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 {
+	int ret;
+
 	if (!h)
 		return 0;
+	/* a child of a fork after its communicator was made leaves it be */
+	ret = fep_comm_forked(h->comm, "fabep_allreduce_destroy");
+	if (ret)
+		return ret;
 	fep_comm_handle_del(&h->link);
 	/* the block is free for a later handle unless a call failed (a peer's
 	 * write may still land in it) */

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sched.h>
+#include <pthread.h>
 #include <numa.h>
 
 #include "core/comm.h"
@@ -261,9 +262,47 @@ void fep_comm_fail(fabep_comm_t *comm, int code)
 				    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
+/* A communicator belongs to the process that made it: its endpoints,
+ * shm regions, bootstrap connections and worker threads are that
+ * process's.  A child of fork() has copies of the handles but not the
+ * threads, and what it sent on the copies would land in the peers as
+ * the parent's (counts and signals out of step, a goodbye to the peers
+ * that ends the parent's communicator), so it may neither use nor
+ * destroy a communicator made before the fork.  fep_fork_gen counts
+ * the forks that led to this process; a handle made before one is
+ * refused with -EPERM.  getpid() alone would not do: a grandchild may
+ * get the pid of a process long gone. */
+static unsigned fep_fork_gen;
+static pthread_once_t fep_fork_once = PTHREAD_ONCE_INIT;
+
+static void fep_fork_child(void)
+{
+	__atomic_add_fetch(&fep_fork_gen, 1, __ATOMIC_RELAXED);
+}
+
+static void fep_fork_watch(void)
+{
+	(void)pthread_atfork(NULL, NULL, fep_fork_child);
+}
+
+int fep_comm_forked(const fabep_comm_t *comm, const char *what)
+{
+	if (comm->fork_gen == __atomic_load_n(&fep_fork_gen, __ATOMIC_RELAXED))
+		return 0;
+	fep_err("%s: the communicator was made by process %d; process %d, a "
+		"child of a fork() after it, can neither use nor destroy it (the "
+		"parent's endpoints and connections would carry its traffic): "
+		"make one of its own", what, (int)comm->pid, (int)getpid());
+	return -EPERM;
+}
+
 int fep_comm_usable(fabep_comm_t *comm, const char *what)
 {
-	int code = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE);
+	int code = fep_comm_forked(comm, what);
+
+	if (code)
+		return code;
+	code = __atomic_load_n(&comm->broken, __ATOMIC_ACQUIRE);
 
 	if (!code)
 		code = fep_fabric_tx_error(comm->fab);
@@ -1416,6 +1455,9 @@ FEP_EXPORT int fabep_comm_create(const fabep_comm_attr_t *attr,
 		return -ENOMEM;
 	}
 	comm->handles.prev = comm->handles.next = &comm->handles;
+	(void)pthread_once(&fep_fork_once, fep_fork_watch);
+	comm->fork_gen = __atomic_load_n(&fep_fork_gen, __ATOMIC_RELAXED);
+	comm->pid = getpid();
 	comm->timeout_ms = a.timeout_ms;
 	comm->queue_warm = queue_warm;
 	ret = fep_comm_boot(&a, comm);
@@ -1538,16 +1580,24 @@ static int fep_comm_end(fabep_comm_t *comm, bool abort)
 	return ret;
 }
 
+/* In a child of a fork after its creation nothing is touched (the
+ * memory is this process's copy, freed when it ends; the rest is the
+ * parent's), and the handles made on it stay as they are. */
 FEP_EXPORT int fabep_comm_destroy(fabep_comm_t *comm)
 {
+	int ret;
+
 	if (!comm)
 		return 0;
+	ret = fep_comm_forked(comm, "fabep_comm_destroy");
+	if (ret)
+		return ret;
 	return fep_comm_end(comm, false);
 }
 
 FEP_EXPORT void fabep_comm_abort(fabep_comm_t *comm)
 {
-	if (comm)
+	if (comm && !fep_comm_forked(comm, "fabep_comm_abort"))
 		(void)fep_comm_end(comm, true);
 }
 

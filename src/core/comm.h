@@ -44,6 +44,8 @@ struct fabep_comm {
 	 * rank is gone (fep_comm_fail): every later call that involves the
 	 * peers refuses with it, as with an error the fabric keeps */
 	int broken;
+	pid_t pid;            /* the process that made it */
+	unsigned fork_gen;    /* fep_fork_gen when it was made */
 	pid_t *peer_pid;      /* [size]: pid of a rank on this host and PID
 				 namespace (the liveness check; negated once
 				 it was reported gone), else 0 */
@@ -117,6 +119,7 @@ bool fep_comm_cma_crowded(const fabep_comm_t *comm);
  * with `what` ("...: the communicator is unusable after an earlier
  * failure"), also when its fabric keeps a transfer's error. */
 int fep_comm_usable(fabep_comm_t *comm, const char *what);
+int fep_comm_forked(const fabep_comm_t *comm, const char *what);
 
 /*
  * Wait until the local counter at `ctr` reaches `target`.  On timeout,

@@ -557,8 +557,14 @@ err:
 
 FEP_EXPORT int fabep_moe_destroy(fabep_moe_t *m)
 {
+	int ret;
+
 	if (!m)
 		return 0;
+	/* a child of a fork after its communicator was made leaves it be */
+	ret = fep_comm_forked(m->comm, "fabep_moe_destroy");
+	if (ret)
+		return ret;
 	fep_comm_handle_del(&m->link);
 	/* the block is free for a later handle once no peer can write to it
 	 * any more: every call of this handle completed, none failed */
