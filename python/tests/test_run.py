@@ -325,6 +325,27 @@ _SMALL = ["--hidden", "256", "--experts", "16", "--top-k", "4", "--tokens",
           "8", "--ffn", "8", "--iters", "2", "--warmup", "1"]
 
 
+def _port_pair():
+    """A socket listening on port P + 1, and P, free a moment ago: the
+    kernel chose P + 1 alone, and P may be held (an outgoing connection's
+    port), so P is tried too."""
+    for _ in range(100):
+        busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1] - 1
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            busy.close()
+            continue
+        finally:
+            probe.close()
+        busy.listen(1)
+        return busy, port
+    raise AssertionError("no free port next to a free one on 127.0.0.1")
+
+
 @pytest.mark.parametrize("mode", [[], ["--zero-copy"]])
 def test_example_layer(mode):
     """examples/moe_layer.py on 2 ranks, small, its output checked against
@@ -333,10 +354,7 @@ def test_example_layer(mode):
     FABEP_ROOT's is taken."""
     pytest.importorskip("torch.distributed")
     example = _EXAMPLE
-    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    busy.bind(("127.0.0.1", 0))
-    port = busy.getsockname()[1] - 1
-    busy.listen(1)
+    busy, port = _port_pair()
     try:
         p = subprocess.run(
             [sys.executable, "-m", "fabep.run", "-n", "2", "--root",
