@@ -1691,8 +1691,9 @@ END_TEST
  * communicator or its handles fails at once with -EPERM saying why,
  * destroy and abort included, and touches nothing of the parent's (a
  * call sent on the copies would land in the peer as rank 0's, a goodbye
- * would end its communicator): the parent and its peer go on, their
- * results checked, and destroy cleanly. */
+ * would end its communicator); a communicator the child makes itself
+ * works.  The parent and its peer go on, their results checked, and
+ * destroy cleanly. */
 static int forked_child(fabep_comm_t *comm, fabep_moe_t *moe,
 			fabep_allreduce_t *ar, fabep_off_t ctr)
 {
@@ -1713,6 +1714,34 @@ static int forked_child(fabep_comm_t *comm, fabep_moe_t *moe,
 	fabep_comm_abort(comm);
 	EXPECT(fabep_barrier(comm), -EPERM);  /* still refused, not freed */
 	EXPECT((now_ns() - t0) < 2000000000LL, 1);
+	{
+		/* and a communicator of its own works (one rank) */
+		fabep_comm_t *own = NULL;
+		fabep_allreduce_t *oar = NULL;
+		fabep_comm_attr_t a;
+		char root[32];
+		int i;
+
+		snprintf(root, sizeof(root), "127.0.0.1:%d", fep_test_free_port());
+		setenv("FABEP_ROOT", root, 1);
+		setenv("FABEP_RANK", "0", 1);
+		setenv("FABEP_WORLD_SIZE", "1", 1);
+		unsetenv("FABEP_LOCAL_RANK");
+		unsetenv("FABEP_LOCAL_SIZE");
+		fabep_comm_attr_init(&a);
+		a.threads = 1;
+		a.heap_size = fabep_allreduce_heap_bytes(1, A_COLS, FABEP_AR_F32, 1) +
+			      (1u << 20);
+		EXPECT(fabep_comm_create(&a, &own), 0);
+		EXPECT(fabep_allreduce_create(own, 1, A_COLS, FABEP_AR_F32, &oar), 0);
+		for (i = 0; i < A_COLS; i++)
+			in[i] = (float)i;
+		EXPECT(fabep_allreduce(oar, in, out, 1, A_COLS), 0);
+		EXPECT(out[A_COLS - 1] == (float)(A_COLS - 1), 1);
+		EXPECT(fabep_barrier(own), 0);
+		EXPECT(fabep_allreduce_destroy(oar), 0);
+		EXPECT(fabep_comm_destroy(own), 0);
+	}
 	return 0;
 }
 
