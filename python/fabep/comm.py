@@ -249,6 +249,7 @@ class Comm(Handle):
                  domain=None, signal=None, timeout_ms=0, heap_size=0,
                  threads=0, numa_node=-1, rendezvous_timeout_ms=0):
         self._h = None
+        self._pid = os.getpid()  # a child of fork() leaves it to this one
         self._guard = Guard()
         self._handles = weakref.WeakSet()
         self._live = {}   # key: (destroy function's name, C handle)
@@ -426,6 +427,10 @@ class Comm(Handle):
 
     def __del__(self):
         if getattr(self, "_h", None) is None:
+            return
+        # in a child of fork(), the parent's: its close would only be
+        # refused (ForkedError) and log that it was
+        if getattr(self, "_pid", None) != os.getpid():
             return
         try:
             # the interpreter ends after an exception nothing caught

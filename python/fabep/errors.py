@@ -22,6 +22,7 @@ import builtins
 import contextlib
 import errno
 import functools
+import os
 import threading
 
 from . import _lib
@@ -267,7 +268,11 @@ class Handle:
         self.close()
 
     def __del__(self):
-        # in use by another thread: its communicator's close frees it
+        # in use by another thread: its communicator's close frees it;
+        # in a child of fork(), the parent's (as Comm.__del__)
+        comm = getattr(self, "comm", None)
+        if getattr(comm, "_pid", None) not in (None, os.getpid()):
+            return
         if getattr(self, "_h", None) is not None:
             try:
                 self.close()
