@@ -1005,13 +1005,13 @@ static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 				fep_k_dtype_t out_dt, size_t cols, int with_res,
 				int gcase, int scase)
 {
-	const size_t rows = 9, ld = cols + 3;
+	const size_t rows = 10, ld = cols + 3;
 	size_t es = fep_k_dtype_size(in_dt), os = fep_k_dtype_size(out_dt);
 	float *v = xmalloc(rows * ld * 4), *gamma = xmalloc(cols * 4);
 	void *in = xmalloc(rows * ld * es), *rs = xmalloc(rows * ld * es);
 	void *rv = xmalloc(rows * ld * es);
 	void *o_s = xmalloc(rows * ld * os), *o_v = xmalloc(rows * ld * os);
-	float ss[9], sv[9];
+	float ss[10], sv[10];
 	fep_k_rmsnorm_args_t a = {
 		.in = in, .in_dt = in_dt, .ld_in = ld, .residual = with_res ? rs : NULL,
 		.ld_res = ld, .gamma = gamma, .eps = gcase == 0 ? 0.0f : 1e-6f,
@@ -1060,6 +1060,10 @@ static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 			else if (r == 8) /* with the huge gamma, h * g is finite
 					  * and y overflows */
 				x = i == cols / 2 ? 0.75f : x * 1e-6f;
+			else if (r == 9) /* magnitudes 2^-12..2^12: the sum of
+					  * squares rounds at almost every
+					  * add, so its order shows in inv */
+				x = ldexpf(x, (int)(rnd32() % 25) - 12);
 			v[r * ld + i] = x;
 		}
 	for (i = 0; i < rows * ld; i++) {
@@ -1103,7 +1107,7 @@ static void check_rmsnorm_edges(fabep_isa_t isa, fep_k_dtype_t in_dt,
 
 START_TEST(test_rmsnorm_edges)
 {
-	static const size_t cols[] = { 7, 33, 100, 2880, 7168, 9000 };
+	static const size_t cols[] = { 7, 33, 96, 100, 2880, 7168, 9000 };
 	size_t k;
 	int idt, odt, res, g, s;
 
@@ -1119,6 +1123,97 @@ START_TEST(test_rmsnorm_edges)
 									(fep_k_dtype_t)idt,
 									(fep_k_dtype_t)odt,
 									cols[k], res, g, s);
+}
+END_TEST
+
+/* Rows of the order test below with a value of the last partial
+ * block of 64 each. */
+static size_t tail_rows(size_t n)
+{
+	return n >= 64 ? n % 64 : 0;
+}
+
+/* The order of the sum of squares, which every level must follow
+ * (kernels.h): rows of random values of magnitudes 2^-8..2^8, whose
+ * sums of squares round at almost every add, so that any element
+ * summed out of its place moves a row's sum, and with it the FP8 scale
+ * and the fp32 output, more often than not; 16 rows a shape, of
+ * lengths with every kind of head and tail of the 32- and 64-value
+ * blocks. */
+START_TEST(test_rmsnorm_order)
+{
+	static const size_t cols[] = { 7, 33, 64, 96, 100, 130, 2880, 7168, 9000 };
+	const size_t rows = 16;
+	size_t k, r, i;
+	int idt, odt, res;
+
+	FOR_VECTOR_LEVELS(isa)
+	for (k = 0; k < FEP_ARRAY_SIZE(cols); k++)
+		for (idt = 0; idt < 2; idt++)
+			for (odt = 0; odt < 3; odt += 2)  /* fp32, FP8 */
+				for (res = 0; res < 2; res++) {
+					size_t n = cols[k], es = fep_k_dtype_size((fep_k_dtype_t)idt);
+					size_t os = fep_k_dtype_size((fep_k_dtype_t)odt);
+					size_t all = rows + tail_rows(n);
+					float *gamma = xmalloc(n * 4), ss[16 + 63], sv[16 + 63];
+					char *in = xmalloc(all * n * es);
+					char *rs = xmalloc(all * n * es), *rv = xmalloc(all * n * es);
+					char *o_s = xmalloc(all * n * os), *o_v = xmalloc(all * n * os);
+					fep_k_rmsnorm_args_t a = {
+						.in = in, .in_dt = (fep_k_dtype_t)idt, .ld_in = n,
+						.residual = res ? rs : NULL, .ld_res = n,
+						.gamma = gamma, .out = o_s,
+						.out_dt = (fep_k_dtype_t)odt, .ld_out = n,
+						.scales = ss, .ld_scales = 1, .cols = n,
+					};
+
+					for (i = 0; i < n; i++)
+						gamma[i] = 1.0f;
+					/* the residual adds zeros: h = x */
+					memset(rs, 0, all * n * es);
+					memset(rv, 0, all * n * es);
+					for (i = 0; i < rows * n; i++) {
+						float x = ldexpf(rnd_unit(), (int)(rnd32() % 17) - 8);
+
+						if (idt == FEP_K_F32)
+							((float *)in)[i] = x;
+						else
+							((uint16_t *)in)[i] = fep_f32_to_bf16(x);
+					}
+					/* after the random rows, one row a value p of
+					 * the last partial block of 64 (n >= 64): 1 at
+					 * p, 4096 at p - 64 (in p's partial sum before
+					 * it: its square 2^24 absorbs the 1, a tie to
+					 * even) and 1 at the partner p ^ 32 of p's block
+					 * (which the tree's first step adds to p's sum,
+					 * absorbed too), zeros elsewhere: sum 2^24.  p in
+					 * the partner's sum instead gives 2^24 + 2. */
+					for (r = 0; n >= 64 && r < tail_rows(n); r++) {
+						size_t q = n - n % 64 + r, base = (rows + r) * n;
+
+						for (i = 0; i < n; i++) {
+							float x = i == q || i == (q ^ 32) ? 1.0f :
+								  i == q - 64 ? 4096.0f : 0.0f;
+
+							if (idt == FEP_K_F32)
+								((float *)in)[base + i] = x;
+							else
+								((uint16_t *)in)[base + i] =
+									fep_f32_to_bf16(x);
+						}
+					}
+					rmsnorm_both(isa, &a, rows + tail_rows(n), rv, o_v, sv);
+					for (r = 0; r < rows + tail_rows(n); r++)
+						EXPECT(odt == FEP_K_FP8 ? same_f32(sv[r], ss[r]) &&
+						       !memcmp(o_v + r * n, o_s + r * n, n) :
+						       !memcmp(o_v + r * n * 4, o_s + r * n * 4, n * 4),
+						       "%s %s -> %s res %d: %zu columns, row %zu "
+						       "(16 on: the tail probes) differs from the "
+						       "scalar reference", isa_name(isa),
+						       fep_k_dtype_name((fep_k_dtype_t)idt),
+						       fep_k_dtype_name((fep_k_dtype_t)odt), res, n, r);
+					free(gamma); free(in); free(rs); free(rv); free(o_s); free(o_v);
+				}
 }
 END_TEST
 
@@ -2031,6 +2126,7 @@ static Suite *kernels_suite(int forked)
 	tcase_add_test(tc, test_rmsnorm);
 	tcase_add_test(tc, test_rmsnorm_nan);
 	tcase_add_test(tc, test_rmsnorm_edges);
+	tcase_add_test(tc, test_rmsnorm_order);
 	tcase_add_test(tc, test_rmsnorm_no_scratch);
 	tcase_add_test(tc, test_rmsnorm_small_stack);
 	tcase_set_timeout(tc, 30);

@@ -75,7 +75,7 @@
  *    weight_offset)| times inv (where both are finite): the vector
  *    levels take it in the pass of the sum of squares, and encode in a
  *    second pass over the row in cache.  The sum of squares has one
- *    order at every level (32 partial sums, element i into sum i % 32
+ *    order at every level (64 partial sums, element i into sum i % 64
  *    with a fused multiply-add, then halved pairwise), so every level is
  *    bitwise equal to the reference, FP8 codes and scales included.  A
  *    row that holds a NaN (its sum of squares, and so inv, is a NaN)

@@ -71,8 +71,12 @@ static struct rms_scratch *rms_scratch(void)
  * that every level gives the scalar reference's bits: RMS_LANES partial
  * sums, element i going to sum i % RMS_LANES with one fused
  * multiply-add (fmaf; the vector levels' lanes), then the partial sums
- * halved pairwise (sum j += sum j + w, w = 16, 8, 4, 2, 1). */
-#define RMS_LANES 32
+ * halved pairwise (sum j += sum j + w, w = 32, 16, 8, 4, 2, 1).  Each
+ * partial sum is a chain of dependent multiply-adds, so their count
+ * bounds the pass that reads the row in: 64 keep four AVX-512 (eight
+ * AVX2) chains in flight, enough to cover the multiply-add's latency on
+ * two or more units. */
+#define RMS_LANES 64
 
 static float rms_tree(float *p)
 {
@@ -284,56 +288,82 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32(__m256i x0, __m256i x1, __m256 *acc)
 	acc[3] = _mm256_fmadd_ps(o1, o1, acc[3]);
 }
 
+/* 32 bf16 values at x + i (all there) squared into acc as eo_sq32
+ * does; with ga, their largest |h * g| bits into mm (eo_sumsq256). */
+static FEP_INLINE FEP_T_AVX2 void eo_sq32_at(const uint16_t *x, size_t i,
+					     const float *ga, __m256 *acc,
+					     __m256i *mm)
+{
+	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
+	const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
+	__m256i x0 = _mm256_loadu_si256((const __m256i *)(x + i));
+	__m256i x1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
+	size_t q;
+
+	if (ga) {
+		x0 = _mm256_and_si256(x0, a16);
+		x1 = _mm256_and_si256(x1, a16);
+		#pragma GCC unroll 2
+		for (q = 0; q < 2; q++) {
+			__m256i v = q ? x1 : x0;
+
+			mm[2 * q] = _mm256_max_epu32(mm[2 * q], _mm256_castps_si256(
+				_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+					      _mm256_load_ps(ga + i + 16 * q))));
+			mm[2 * q + 1] = _mm256_max_epu32(mm[2 * q + 1], _mm256_castps_si256(
+				_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)),
+					      _mm256_load_ps(ga + i + 16 * q + 8))));
+		}
+	}
+	eo_sq32(x0, x1, acc);
+}
+
 /* The sum of squares of a bf16 row as sumsq256, in even/odd order
- * (eo_sq32); the tree's first step pairs the same sums, then the
+ * (eo_sq32): values [0, 32) of each 64 into acc[0..3], [32, 64) into
+ * acc[4..7]; the tree's first two steps pair the same sums, then the
  * partial sums are put back in order for the rest.  With ga (|gamma +
  * weight_offset| of [0, n32) in the even/odd order of eo_gamma256), *m
  * gets the largest |h * g| bits of [0, n32) too (eo_sumsq512). */
 static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n,
 					       const float *ga, __m256i *m)
 {
-	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
-	const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
-	__m256 acc[4], e, o, lo, hi;
+	__m256 acc[8], e, o, lo, hi;
 	__m256i mm[4];
 	size_t i, q;
 
-	acc[0] = acc[1] = acc[2] = acc[3] = _mm256_setzero_ps();
+	#pragma GCC unroll 8
+	for (q = 0; q < 8; q++)
+		acc[q] = _mm256_setzero_ps();
 	#pragma GCC unroll 4
 	for (q = 0; q < 4; q++)
 		mm[q] = _mm256_setzero_si256();
-	for (i = 0; i + 32 <= n; i += 32) {
-		__m256i x0 = _mm256_loadu_si256((const __m256i *)(x + i));
-		__m256i x1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
-
-		if (ga) {
-			x0 = _mm256_and_si256(x0, a16);
-			x1 = _mm256_and_si256(x1, a16);
-			#pragma GCC unroll 2
-			for (q = 0; q < 2; q++) {
-				__m256i v = q ? x1 : x0;
-
-				mm[2 * q] = _mm256_max_epu32(mm[2 * q], _mm256_castps_si256(
-					_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-						      _mm256_load_ps(ga + i + 16 * q))));
-				mm[2 * q + 1] = _mm256_max_epu32(mm[2 * q + 1], _mm256_castps_si256(
-					_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)),
-						      _mm256_load_ps(ga + i + 16 * q + 8))));
-			}
-		}
-		eo_sq32(x0, x1, acc);
+	for (i = 0; i + 64 <= n; i += 64) {
+		eo_sq32_at(x, i, ga, acc, mm);
+		eo_sq32_at(x, i + 32, ga, acc + 4, mm);
+	}
+	if (i + 32 <= n) {
+		eo_sq32_at(x, i, ga, acc, mm);
+		i += 32;
 	}
 	if (ga)
 		*m = _mm256_max_epu32(_mm256_max_epu32(mm[0], mm[1]),
 				      _mm256_max_epu32(mm[2], mm[3]));
 	if (i < n) { /* zeros leave the sums as they are */
 		uint16_t t[32] __attribute__((aligned(32))) = { 0 };
+		__m256i t0, t1;
 
 		memcpy(t, x + i, (n - i) * sizeof(*t));
-		eo_sq32(_mm256_load_si256((const __m256i *)t),
-			_mm256_load_si256((const __m256i *)t + 1), acc);
+		t0 = _mm256_load_si256((const __m256i *)t);
+		t1 = _mm256_load_si256((const __m256i *)t + 1);
+		if (i % 64)
+			eo_sq32(t0, t1, acc + 4);
+		else
+			eo_sq32(t0, t1, acc);
 	}
-	/* w = 16: sums 0, 2, .., 14 (e) and 1, 3, .., 15 (o) */
+	/* w = 32, then w = 16: sums 0, 2, .., 14 (e) and 1, 3, .., 15 (o) */
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		acc[q] = _mm256_add_ps(acc[q], acc[q + 4]);
 	e = _mm256_add_ps(acc[0], acc[2]);
 	o = _mm256_add_ps(acc[1], acc[3]);
 	/* in order: lo = sums 0..3 | 8..11, hi = 4..7 | 12..15 */
@@ -348,27 +378,31 @@ static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n,
 static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 					    fep_k_dtype_t dt, size_t n)
 {
-	__m256 acc[4];
+	__m256 acc[8];
 	size_t i, q;
 
 	if (dt == FEP_K_BF16 && !res)
 		return eo_sumsq256((const uint16_t *)x, n, NULL, NULL);
-	#pragma GCC unroll 4
-	for (q = 0; q < 4; q++)
+	#pragma GCC unroll 8
+	for (q = 0; q < 8; q++)
 		acc[q] = _mm256_setzero_ps();
 	/* lanes of acc[q]: partial sums 8q..8q+7 */
-	for (i = 0; i + 32 <= n; i += 32)
-		#pragma GCC unroll 4
-		for (q = 0; q < 4; q++) {
+	for (i = 0; i + 64 <= n; i += 64)
+		#pragma GCC unroll 8
+		for (q = 0; q < 8; q++) {
 			__m256 v = res ? res8_256(x, res, dt, i + 8 * q) :
 					 ld8_256(x, dt, i + 8 * q);
 
 			acc[q] = _mm256_fmadd_ps(v, v, acc[q]);
 		}
-	for (q = 0; q < 4 && i + 8 * q < n; q++) {
+	#pragma GCC unroll 8
+	for (q = 0; q < 8; q++) {
 		size_t k = i + 8 * q;
-		__m256 v = fep256_load(x, dt, k, n - k);
+		__m256 v;
 
+		if (k >= n)
+			break;
+		v = fep256_load(x, dt, k, n - k);
 		if (res) {
 			v = _mm256_add_ps(v, fep256_load(res, dt, k, n - k));
 			fep256_store(res, dt, k, v, n - k);
@@ -377,6 +411,10 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 		}
 		acc[q] = _mm256_fmadd_ps(v, v, acc[q]);
 	}
+	/* w = 32, 16, 8, then the lanes' 4, 2, 1 */
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		acc[q] = _mm256_add_ps(acc[q], acc[q + 4]);
 	return fep256_hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]),
 					 _mm256_add_ps(acc[1], acc[3])));
 }
@@ -800,10 +838,35 @@ static inline FEP_T_AVX512 __m512i yb_fast(__m512 v)
 		_mm512_castps_si512(v), 24), _mm512_set1_epi32(0x80), 0xf8);
 }
 
+/* 32 bf16 values v squared into ae (the even ones) and ao (the odd);
+ * with ga (the |gamma + weight_offset| of these values, eo_gamma512),
+ * their largest |h * g| bits into m0 and m1 too. */
+static FEP_INLINE FEP_T_AVX512 void eo_sq32_512(__m512i v, const float *ga,
+						__m512 *ae, __m512 *ao,
+						__m512i *m0, __m512i *m1)
+{
+	__m512 ev, od;
+
+	if (ga)
+		v = _mm512_and_si512(v, _mm512_set1_epi32(0x7fff7fff));
+	ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+	od = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+	*ae = _mm512_fmadd_ps(ev, ev, *ae);
+	*ao = _mm512_fmadd_ps(od, od, *ao);
+	if (ga) {
+		*m0 = _mm512_max_epu32(*m0, _mm512_castps_si512(
+			_mm512_mul_ps(ev, _mm512_load_ps(ga))));
+		*m1 = _mm512_max_epu32(*m1, _mm512_castps_si512(
+			_mm512_mul_ps(od, _mm512_load_ps(ga + 16))));
+	}
+}
+
 /* The sum of squares of a bf16 row without residual up to the tree's
  * step w = 8, in even/odd order as eo_sumsq256: 32 values per vector,
- * a0 holds the partial sums 0, 2, .., 30 and a1 1, 3, .., 31, so the
- * step w = 16 adds lanes l and l + 8 of each.  With ga (|gamma +
+ * a0 holds the partial sums 0, 2, .., 30 and a1 1, 3, .., 31 (values
+ * [0, 32) of each 64), a2 and a3 32, 34, .., 62 and 33, 35, .., 63, so
+ * the step w = 32 adds a2 to a0 and a3 to a1, and w = 16 lanes l and
+ * l + 8 of each.  With ga (|gamma +
  * weight_offset| of [0, n64) in the even/odd order of eo_gamma512),
  * *m gets the largest |h * g| bits of [0, n64) too: the FP8 output's
  * amax comes with the pass that reads the row in, not in a pass of its
@@ -812,40 +875,39 @@ static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n,
 						  size_t n64, const float *ga,
 						  __m512i *m)
 {
-	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-	const __m512i a16 = _mm512_set1_epi32(0x7fff7fff);
-	__m512 a0 = _mm512_setzero_ps(), a1 = a0;
+	__m512 a[4];
 	__m512i m0 = _mm512_setzero_si512(), m1 = m0;
 	__m256 e, o, lo, up;
-	size_t i;
+	size_t i, q;
 
+	a[0] = a[1] = a[2] = a[3] = _mm512_setzero_ps();
 	/* plain loads but for the tail: on AMD's Zen 5 a masked load that
 	 * misses the caches is not overlapped with the loads after it, and
 	 * this pass is the one that brings the row in */
-	for (i = 0; i < n; i += 32) {
-		__m512i v = n - i >= 32 ? _mm512_loadu_si512(x + i) :
-			    _mm512_maskz_loadu_epi16((__mmask32)((1u << (n - i)) - 1), x + i);
-		__m512 ev, od;
-
-		if (ga)
-			v = _mm512_and_si512(v, a16);
-		ev = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-		od = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-		a0 = _mm512_fmadd_ps(ev, ev, a0);
-		a1 = _mm512_fmadd_ps(od, od, a1);
-		if (ga && i < n64) {
-			m0 = _mm512_max_epu32(m0, _mm512_castps_si512(
-				_mm512_mul_ps(ev, _mm512_load_ps(ga + i))));
-			m1 = _mm512_max_epu32(m1, _mm512_castps_si512(
-				_mm512_mul_ps(od, _mm512_load_ps(ga + i + 16))));
-		}
+	for (i = 0; i + 64 <= n; i += 64) {
+		eo_sq32_512(_mm512_loadu_si512(x + i), ga && i < n64 ? ga + i : NULL,
+			    &a[0], &a[1], &m0, &m1);
+		eo_sq32_512(_mm512_loadu_si512(x + i + 32),
+			    ga && i < n64 ? ga + i + 32 : NULL, &a[2], &a[3], &m0, &m1);
+	}
+	/* the values past the last whole 64 (past n64 too: no amax), up to
+	 * 32 into a[0], a[1], the rest into a[2], a[3] */
+	#pragma GCC unroll 2
+	for (q = 0; q < 2; q++, i += 32) {
+		if (i >= n)
+			break;
+		eo_sq32_512(n - i >= 32 ? _mm512_loadu_si512(x + i) :
+			    _mm512_maskz_loadu_epi16((__mmask32)((1u << (n - i)) - 1), x + i),
+			    NULL, &a[2 * q], &a[2 * q + 1], &m0, &m1);
 	}
 	if (ga)
 		*m = _mm512_max_epu32(m0, m1);
-	e = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(
-		_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
-	o = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(
-		_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
+	a[0] = _mm512_add_ps(a[0], a[2]);  /* w = 32 */
+	a[1] = _mm512_add_ps(a[1], a[3]);
+	e = _mm256_add_ps(_mm512_castps512_ps256(a[0]), _mm256_castpd_ps(
+		_mm512_extractf64x4_pd(_mm512_castps_pd(a[0]), 1)));
+	o = _mm256_add_ps(_mm512_castps512_ps256(a[1]), _mm256_castpd_ps(
+		_mm512_extractf64x4_pd(_mm512_castps_pd(a[1]), 1)));
 	/* in order: lo = sums 0..3 | 8..11, up = 4..7 | 12..15 */
 	lo = _mm256_unpacklo_ps(e, o);
 	up = _mm256_unpackhi_ps(e, o);
@@ -859,46 +921,48 @@ static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n,
 static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 						 fep_k_dtype_t dt, size_t n)
 {
-	__m512 acc0, acc1;
-	size_t i;
+	__m512 acc[4];
+	size_t i, q;
 
 	if (dt == FEP_K_BF16 && !res)
 		return eo_sumsq512((const uint16_t *)x, n, 0, NULL, NULL);
-	acc0 = acc1 = _mm512_setzero_ps();
-	/* lanes of acc0, acc1: partial sums 0..15, 16..31 of rms_tree */
+	/* lanes of acc[q]: partial sums 16q..16q+15 of rms_tree */
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++)
+		acc[q] = _mm512_setzero_ps();
 	if (res)
-		for (i = 0; i + 32 <= n; i += 32) {
-			__m512 v0 = res512(x, res, dt, i, 0xffff);
-			__m512 v1 = res512(x, res, dt, i + 16, 0xffff);
+		for (i = 0; i + 64 <= n; i += 64)
+			#pragma GCC unroll 4
+			for (q = 0; q < 4; q++) {
+				__m512 v = res512(x, res, dt, i + 16 * q, 0xffff);
 
-			acc0 = _mm512_fmadd_ps(v0, v0, acc0);
-			acc1 = _mm512_fmadd_ps(v1, v1, acc1);
-		}
+				acc[q] = _mm512_fmadd_ps(v, v, acc[q]);
+			}
 	else
-		for (i = 0; i + 32 <= n; i += 32) {
-			__m512 v0 = fep512_load(x, dt, i, 0xffff);
-			__m512 v1 = fep512_load(x, dt, i + 16, 0xffff);
+		for (i = 0; i + 64 <= n; i += 64)
+			#pragma GCC unroll 4
+			for (q = 0; q < 4; q++) {
+				__m512 v = fep512_load(x, dt, i + 16 * q, 0xffff);
 
-			acc0 = _mm512_fmadd_ps(v0, v0, acc0);
-			acc1 = _mm512_fmadd_ps(v1, v1, acc1);
-		}
-	if (i < n) {
-		__mmask16 k = fep512_mask(n - i);
-		__m512 v = res ? res512(x, res, dt, i, k) : fep512_load(x, dt, i, k);
+				acc[q] = _mm512_fmadd_ps(v, v, acc[q]);
+			}
+	#pragma GCC unroll 4
+	for (q = 0; q < 4; q++) {
+		__mmask16 k;
+		__m512 v;
 
-		acc0 = _mm512_fmadd_ps(v, v, acc0);
+		if (i + 16 * q >= n)
+			break;
+		k = fep512_mask(n - i - 16 * q);
+		v = res ? res512(x, res, dt, i + 16 * q, k) : fep512_load(x, dt, i + 16 * q, k);
+		acc[q] = _mm512_fmadd_ps(v, v, acc[q]);
 	}
-	if (i + 16 < n) {
-		__mmask16 k = fep512_mask(n - i - 16);
-		__m512 v = res ? res512(x, res, dt, i + 16, k) :
-				 fep512_load(x, dt, i + 16, k);
-
-		acc1 = _mm512_fmadd_ps(v, v, acc1);
-	}
-	/* the tree's steps w = 16, 8 */
-	acc0 = _mm512_add_ps(acc0, acc1);
-	return _mm256_add_ps(_mm512_castps512_ps256(acc0), _mm256_castpd_ps(
-		_mm512_extractf64x4_pd(_mm512_castps_pd(acc0), 1)));
+	/* the tree's steps w = 32, 16, 8 */
+	acc[0] = _mm512_add_ps(acc[0], acc[2]);
+	acc[1] = _mm512_add_ps(acc[1], acc[3]);
+	acc[0] = _mm512_add_ps(acc[0], acc[1]);
+	return _mm256_add_ps(_mm512_castps512_ps256(acc[0]), _mm256_castpd_ps(
+		_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0]), 1)));
 }
 
 /* FP8 and bf16 output of bf16 rows in even/odd order, as the AVX2
@@ -1017,6 +1081,9 @@ static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h
 	const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
 					     26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
 					     5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+	/* read once: a store to out could alias the global for all the
+	 * compiler knows */
+	const int hw = fep_k_hw_bf16;
 	size_t i;
 
 	for (i = 0; i < n32; i += 32) {
@@ -1026,7 +1093,7 @@ static FEP_INLINE FEP_T_AVX512 void eo_bf16_512(uint16_t *out, const uint16_t *h
 		__m512 yo = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(
 			_mm512_and_si512(x, hi)), _mm512_load_ps(ga + i + 16)), vi);
 
-		if (fep_k_hw_bf16 && !(fep512_subnormals(ye) | fep512_subnormals(yo)))
+		if (hw && _kortestz_mask16_u8(fep512_subnormals(ye), fep512_subnormals(yo)))
 			b = _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(yo, ye));
 		else
 			b = _mm512_or_si512(fep512_bf16_bits(ye),

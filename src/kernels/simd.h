@@ -706,10 +706,23 @@ static inline void fep_pf_init(fep_pf_t *pf, const void *p, size_t len)
 	pf->done = pf->want = 0;
 }
 
-/* Advance the cursor by n bytes, issuing a prefetch per 64 bytes. */
+/* Advance the cursor by n bytes, issuing a prefetch per 64 bytes.  A
+ * step of whole lines (n a constant multiple of 64, the vector loops')
+ * is a test and a prefetch per line: this runs once per vector of the
+ * loops it serves, beside a handful of vector operations. */
 static inline void fep_pf_step(fep_pf_t *pf, size_t n)
 {
+	size_t k;
+
 	pf->want += n;
+	if (__builtin_constant_p(n) && n % 64 == 0) {
+		for (k = 0; k < n; k += 64)
+			if (pf->done < pf->len) {
+				_mm_prefetch(pf->p + pf->done, _MM_HINT_T1);
+				pf->done += 64;
+			}
+		return;
+	}
 	while (pf->done < pf->want && pf->done < pf->len) {
 		_mm_prefetch(pf->p + pf->done, _MM_HINT_T1);
 		pf->done += 64;
