@@ -1181,14 +1181,14 @@ START_TEST(test_rmsnorm_order)
 							((uint16_t *)in)[i] = fep_f32_to_bf16(x);
 					}
 					/* after the random rows, one row a value p of
-					 * the last partial block of 64 (n >= 64): 1 at
+					 * the last partial block of 64 (tail_rows): 1 at
 					 * p, 4096 at p - 64 (in p's partial sum before
 					 * it: its square 2^24 absorbs the 1, a tie to
 					 * even) and 1 at the partner p ^ 32 of p's block
 					 * (which the tree's first step adds to p's sum,
 					 * absorbed too), zeros elsewhere: sum 2^24.  p in
 					 * the partner's sum instead gives 2^24 + 2. */
-					for (r = 0; n >= 64 && r < tail_rows(n); r++) {
+					for (r = 0; r < all - rows; r++) {
 						size_t q = n - n % 64 + r, base = (rows + r) * n;
 
 						for (i = 0; i < n; i++) {
@@ -1202,8 +1202,8 @@ START_TEST(test_rmsnorm_order)
 									fep_f32_to_bf16(x);
 						}
 					}
-					rmsnorm_both(isa, &a, rows + tail_rows(n), rv, o_v, sv);
-					for (r = 0; r < rows + tail_rows(n); r++)
+					rmsnorm_both(isa, &a, all, rv, o_v, sv);
+					for (r = 0; r < all; r++)
 						EXPECT(odt == FEP_K_FP8 ? same_f32(sv[r], ss[r]) &&
 						       !memcmp(o_v + r * n, o_s + r * n, n) :
 						       !memcmp(o_v + r * n * 4, o_s + r * n * 4, n * 4),
