@@ -2089,6 +2089,79 @@ START_TEST(test_gather_blocks)
 }
 END_TEST
 
+/* The VmFlags of the mapping of /proc/self/smaps that holds p: 1 where
+ * they have "hg" (MADV_HUGEPAGE), 0 where not, -1 where smaps says
+ * nothing of it. */
+static int smaps_hg(const void *p)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[512];
+	uintptr_t a = (uintptr_t)p;
+	int in = 0, ret = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char sp;
+
+		if (sscanf(line, "%lx-%lx%c", &lo, &hi, &sp) == 3 && sp == ' ') {
+			in = lo <= a && a < hi;
+			continue;
+		}
+		if (in && !strncmp(line, "VmFlags:", 8)) {
+			ret = strstr(line, " hg") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return ret;
+}
+
+/* fep_huge_alloc: below 2 MiB plain memory; from 2 MiB aligned to it,
+ * advised as huge pages, whole and writable, and freed by free(). */
+START_TEST(test_huge_alloc)
+{
+	static const size_t sizes[] = { 1, 4096, ((size_t)2 << 20) - 1,
+					(size_t)2 << 20, ((size_t)5 << 20) + 123 };
+	size_t k;
+
+	for (k = 0; k < FEP_ARRAY_SIZE(sizes); k++) {
+		uint8_t *p = fep_huge_alloc(sizes[k]);
+
+		ck_assert_ptr_nonnull(p);
+		memset(p, 0xa5, sizes[k]);
+		ck_assert_int_eq(p[sizes[k] - 1], 0xa5);
+		if (sizes[k] >= FEP_HUGE_PAGE)
+			EXPECT((uintptr_t)p % FEP_HUGE_PAGE == 0,
+			       "%zu bytes at %p: not 2 MiB-aligned", sizes[k], (void *)p);
+		free(p);
+	}
+}
+END_TEST
+
+START_TEST(test_huge_alloc_advised)
+{
+	size_t n = (size_t)6 << 20;
+	uint8_t *p;
+	int hg;
+
+	if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK))
+		fep_test_skip("this kernel has no transparent huge pages");
+	p = fep_huge_alloc(n);
+	ck_assert_ptr_nonnull(p);
+	memset(p, 0, n);
+	hg = smaps_hg(p);
+	if (hg < 0) {
+		free(p);
+		fep_test_skip("/proc/self/smaps gives no VmFlags here");
+	}
+	EXPECT(hg == 1, "%zu bytes from fep_huge_alloc: their mapping is not "
+	       "advised as huge pages (no \"hg\" in its VmFlags)", n);
+	free(p);
+}
+END_TEST
+
 static Suite *kernels_suite(int forked)
 {
 	Suite *s = suite_create("kernels");
@@ -2150,6 +2223,8 @@ static Suite *kernels_suite(int forked)
 	tcase_add_test(tc, test_pool_config);
 	tcase_add_test(tc, test_mt_wrappers);
 	tcase_add_test(tc, test_gather_blocks);
+	tcase_add_test(tc, test_huge_alloc);
+	tcase_add_test(tc, test_huge_alloc_advised);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);
 	return s;

@@ -602,7 +602,7 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 		return 0;
 	cap = FEP_MAX(rows, s->cap_rows + s->cap_rows / 2);
 	if (copy) {
-		x = malloc(cap * m->row_bytes + 64);
+		x = fep_huge_alloc(cap * m->row_bytes + 64);
 		ri = malloc(cap * sizeof(int32_t));
 	}
 	g = malloc(cap * sizeof(int32_t));

@@ -50,8 +50,6 @@ int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of)
 	return fep_heap_register(fab, fab->heap, fab->heap_size);
 }
 
-#define HEAP_HUGE ((size_t)2 << 20)
-
 /* The heap's pages: anonymous, and from 2 MiB up aligned to 2 MiB and
  * advised as transparent huge pages.  Every byte of the heap is copied
  * by some peer's writes (shm's process_vm_writev pins the target's
@@ -60,7 +58,7 @@ int fep_heap_share(fep_fabric_t *fab, const fep_fabric_t *of)
  * has no THP (or it is off) the advice fails and 4 KiB pages remain. */
 static void *heap_map(size_t size)
 {
-	size_t len = size >= HEAP_HUGE ? size + HEAP_HUGE : size;
+	size_t len = size >= FEP_HUGE_PAGE ? size + FEP_HUGE_PAGE : size;
 	uint8_t *p, *a;
 
 	if (FEP_FAULT("heap_map", 0)) {
@@ -73,7 +71,7 @@ static void *heap_map(size_t size)
 		return NULL;
 	if (len == size)
 		return p;
-	a = (uint8_t *)FEP_ALIGN_UP((uintptr_t)p, HEAP_HUGE);
+	a = (uint8_t *)FEP_ALIGN_UP((uintptr_t)p, FEP_HUGE_PAGE);
 	if (a > p)
 		munmap(p, (size_t)(a - p));
 	if (a + size < p + len)

@@ -52,6 +52,18 @@ void fep_log_adopt(const char *text);
 #define fep_info(...) FEP_LOG_(FEP_LOG_INFO, __VA_ARGS__)
 #define fep_dbg(...) FEP_LOG_(FEP_LOG_DEBUG, __VA_ARGS__)
 
+/* ---- memory ---- */
+/* Buffers of rows that the library fills and its callers read in full
+ * (the received rows of a dispatch) take size bytes from here and go
+ * back with free(): from FEP_HUGE_PAGE up aligned to it and advised as
+ * transparent huge pages, as the heap is (mr.c).  Reading or writing
+ * rows over 4 KiB pages takes a page walk every 4 KiB, which on some
+ * virtual machines costs more than the copy itself.  Where the kernel
+ * has no THP, or it is off, the advice fails and 4 KiB pages remain.
+ * NULL (errno set) when the memory is not there. */
+#define FEP_HUGE_PAGE ((size_t)2 << 20)
+void *fep_huge_alloc(size_t size);
+
 /* ---- environment ---- */
 /* Each returns 0 when the variable is unset (out untouched), 1 when set and
  * parsed, -EINVAL (logged, naming the variable) when set but malformed. */
