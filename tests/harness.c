@@ -75,6 +75,37 @@ static int harness_leaks_checked(void)
 }
 #endif
 
+int fep_test_have_thp(void)
+{
+	return access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
+}
+
+int fep_test_smaps_hg(const void *p)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char line[512];
+	uintptr_t a = (uintptr_t)p;
+	int in = 0, ret = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		char sp;
+
+		if (sscanf(line, "%lx-%lx%c", &lo, &hi, &sp) == 3 && sp == ' ') {
+			in = lo <= a && a < hi;
+			continue;
+		}
+		if (in && !strncmp(line, "VmFlags:", 8)) {
+			ret = strstr(line, " hg") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return ret;
+}
+
 int fep_test_leak_check(void)
 {
 #ifdef HARNESS_LSAN

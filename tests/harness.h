@@ -153,6 +153,15 @@ void fep_test_cq4(void);
 int fep_test_cq4_filler(fabep_comm_t *comm, int rank);
 
 /* Deterministic per-rank random numbers. */
+/* Whether the kernel has transparent huge pages (madvise(MADV_HUGEPAGE)
+ * can take effect). */
+int fep_test_have_thp(void);
+
+/* The VmFlags of the mapping in /proc/self/smaps that holds p: 1 where
+ * they have "hg" (advised MADV_HUGEPAGE), 0 where not, -1 where smaps
+ * says nothing of it (no such file, no VmFlags line). */
+int fep_test_smaps_hg(const void *p);
+
 /* LeakSanitizer's check now, in a rank that wants it before its end
  * (the harness checks at every rank's end): nonzero where memory
  * leaked, reported on stderr.  0 without --enable-sanitizers. */

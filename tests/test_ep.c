@@ -2516,6 +2516,72 @@ START_TEST(shm2_heap_reuse)
 }
 END_TEST
 
+/* Copy mode: the rows a dispatch receives, 2 MiB and more here (about
+ * 512 rows of 14 KiB a rank), lie in memory advised as huge pages
+ * (fep_huge_alloc), which the expert-major copy into them needs on
+ * guests whose page walks are dear; checked after a round trip that the
+ * reference checks.  77: smaps says nothing of the mapping. */
+static int huge_rank(int rank, int size, void *arg)
+{
+	struct params p = P(.hidden = 7168, .max_tokens = 64, .topk = 8,
+			    .experts = 16);
+	fabep_moe_config_t cfg;
+	fabep_comm_t *comm = NULL;
+	fabep_moe_t *moe = NULL;
+	int ret, rc = 1, b, seen = 0;
+
+	(void)arg;
+	ret = make(&p, rank, size, &comm, &moe, &cfg);
+	if (ret)
+		return ret == 77 ? 77 : 1;
+	if (round_trip(&p, moe, rank, size, 1, 0))
+		goto out;
+	for (b = 0; b < moe->sets; b++) {
+		const struct fep_ep_set *s = &moe->set[b];
+		int hg;
+
+		if (!s->x || s->cap_rows * moe->row_bytes < FEP_HUGE_PAGE)
+			continue;
+		seen++;
+		hg = fep_test_smaps_hg(s->x);
+		if (hg < 0) {
+			rc = 77;
+			goto out;
+		}
+		if (!hg) {
+			fprintf(stderr, "rank %d: set %d's %zu received rows (%zu "
+				"bytes) are not advised as huge pages\n", rank, b,
+				s->cap_rows, s->cap_rows * moe->row_bytes);
+			goto out;
+		}
+	}
+	if (!seen) {
+		fprintf(stderr, "rank %d: no set received 2 MiB of rows\n", rank);
+		goto out;
+	}
+	rc = 0;
+out:
+	fabep_moe_destroy(moe);
+	ret = fabep_comm_destroy(comm);
+	return rc ? rc : ret ? 1 : 0;
+}
+
+START_TEST(shm2_recv_huge)
+{
+	int status[2], r;
+
+	fep_test_on_provider("shm");
+	if (!fep_test_have_thp())
+		fep_test_skip("this kernel has no transparent huge pages");
+	ck_assert_int_eq(fep_test_run_ranks_status(2, 120, huge_rank, NULL, status), 0);
+	if (status[0] == 77 || status[1] == 77)
+		fep_test_skip("/proc/self/smaps gives no VmFlags here");
+	for (r = 0; r < 2; r++)
+		ck_assert_msg(status[r] == 0, "rank %d: status %d: %s", r, status[r],
+			      fep_test_rank_said(r));
+}
+END_TEST
+
 /* Every signal strategy that each provider offers (skipped where it
  * lacks one; fep_test_add_signal_cases), a short run each: round trips
  * in bf16 and in FP8 with 128-blocks, checked against the reference;
@@ -3121,6 +3187,11 @@ static Suite *ep_suite(void)
 	tcase_set_timeout(tc, 180);
 	ADD(tc, shm2_heap_reuse);
 	ADD(tc, shm3_lying_peer);
+	suite_add_tcase(s, tc);
+	/* the received rows in huge pages */
+	tc = tcase_create("pages");
+	tcase_set_timeout(tc, 120);
+	ADD(tc, shm2_recv_huge);
 	suite_add_tcase(s, tc);
 	/* every strategy of every provider */
 	tc = tcase_create("signals");

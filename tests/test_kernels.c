@@ -2089,35 +2089,6 @@ START_TEST(test_gather_blocks)
 }
 END_TEST
 
-/* The VmFlags of the mapping of /proc/self/smaps that holds p: 1 where
- * they have "hg" (MADV_HUGEPAGE), 0 where not, -1 where smaps says
- * nothing of it. */
-static int smaps_hg(const void *p)
-{
-	FILE *f = fopen("/proc/self/smaps", "r");
-	char line[512];
-	uintptr_t a = (uintptr_t)p;
-	int in = 0, ret = -1;
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi;
-		char sp;
-
-		if (sscanf(line, "%lx-%lx%c", &lo, &hi, &sp) == 3 && sp == ' ') {
-			in = lo <= a && a < hi;
-			continue;
-		}
-		if (in && !strncmp(line, "VmFlags:", 8)) {
-			ret = strstr(line, " hg") != NULL;
-			break;
-		}
-	}
-	fclose(f);
-	return ret;
-}
-
 /* fep_huge_alloc: below 2 MiB plain memory; from 2 MiB aligned to it,
  * advised as huge pages, whole and writable, and freed by free(). */
 START_TEST(test_huge_alloc)
@@ -2146,12 +2117,12 @@ START_TEST(test_huge_alloc_advised)
 	uint8_t *p;
 	int hg;
 
-	if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK))
+	if (!fep_test_have_thp())
 		fep_test_skip("this kernel has no transparent huge pages");
 	p = fep_huge_alloc(n);
 	ck_assert_ptr_nonnull(p);
 	memset(p, 0, n);
-	hg = smaps_hg(p);
+	hg = fep_test_smaps_hg(p);
 	if (hg < 0) {
 		free(p);
 		fep_test_skip("/proc/self/smaps gives no VmFlags here");
