@@ -6,7 +6,10 @@
 # matching PATTERN in FILE, while process PID (when given) lives.  A case
 # that acts on a process at a stage of its run waits for that stage:
 # slow starts, as under a sanitizer beside other tests, make a fixed
-# sleep too short.  Status 0 when the line came.
+# sleep too short.  Status 0 when the line came.  FILE must hold no
+# earlier run's lines (empty it before the launch): a job started with &
+# truncates it only once its shell reaches the redirection, which may be
+# after the first look here.
 wait_for() {
 	_wf_n=0
 	while [ $_wf_n -lt $(($3 * 10)) ]; do

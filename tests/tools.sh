@@ -274,6 +274,7 @@ grep -q 'the peer was started with other options' "$tmp.srv.err" ||
 # The kill comes once the server has printed its header, which it does
 # after both sides' options were compared: the client is connected.
 port=$((port + 1))
+: >"$tmp.srv"; : >"$tmp.srv.err"  # wait_for: no earlier server's lines
 $to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -o write -S 64 \
 	-I 100000000 -w 1 >"$tmp.srv" 2>"$tmp.srv.err" &
 srv=$!
@@ -310,6 +311,7 @@ wait $srv || fail "pingpong -s: a server with SIGCHLD ignored exited $?"
 # a client whose rank stops mid-run: the server's wait times out and it
 # ends without waiting for the stopped rank's goodbye as well
 port=$((port + 1))
+: >"$tmp.srv"; : >"$tmp.srv.err"  # wait_for: no earlier server's lines
 $to env FABEP_TIMEOUT_MS=3000 "$pp" -s -P $port -p tcp -S 64 -I 100000000 \
 	-w 1 >"$tmp.srv" 2>"$tmp.srv.err" &
 srv=$!
@@ -331,6 +333,7 @@ wait $cli 2>/dev/null
 # a server stopped while it waits for its client says so and ends by the
 # signal (a background job's SIGINT is ignored: SIGTERM)
 port=$((port + 1))
+: >"$tmp.srv"; : >"$tmp.srv.err"  # wait_for: no earlier server's lines
 "$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" 2>"$tmp.srv.err" &
 srv=$!
 wait_for "$tmp.srv.err" 'waiting for a client' 60 $srv
