@@ -142,6 +142,24 @@ static int hw_bf16_have(void)
 	for (int hw = 0; hw <= hw_bf16_have() && ((fep_k_hw_bf16 = hw), 1); \
 	     hw++)
 
+/* Whether the CPU has AVX512_VBMI (captured before the tests change
+ * fep_k_vbmi). */
+static int vbmi_have(void)
+{
+	static int have = -1;
+
+	if (have < 0) {
+		fep_k_isa_max(); /* runs the detection */
+		have = fep_k_vbmi;
+	}
+	return have;
+}
+
+/* Run the body with the AVX-512 FP8 quantization's VBMI packing off,
+ * then on where the CPU has it, so both paths are compared. */
+#define FOR_VBMI(v)                                                   \
+	for (int v = 0; v <= vbmi_have() && ((fep_k_vbmi = v), 1); v++)
+
 /* The vector levels compared with the scalar reference: every level
  * this CPU has, or only FABEP_TEST_ISA's (set in main). */
 static fabep_isa_t test_lo = FABEP_ISA_AVX2, test_hi = FABEP_ISA_SCALAR;
@@ -569,6 +587,7 @@ START_TEST(test_fp8_vector)
 
 	build_e4m3_table();
 	FOR_HW_BF16(hw)
+	FOR_VBMI(vbmi)
 	FOR_LEVELS(isa)
 		for (k = 0; k < FEP_ARRAY_SIZE(shapes); k++)
 			for (b = 0; b < FEP_ARRAY_SIZE(blocks); b++)
@@ -653,7 +672,8 @@ START_TEST(test_fp8_bf16_all)
 				in[j] = t;
 			}
 		}
-		quant_all_levels(in, FEP_K_BF16, pass);
+		FOR_VBMI(vbmi)
+			quant_all_levels(in, FEP_K_BF16, pass);
 	}
 	free(in);
 }

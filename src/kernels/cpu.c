@@ -52,6 +52,7 @@ static const struct fep_k_ops ops_avx512 = {
 };
 
 int fep_k_hw_bf16;
+int fep_k_vbmi;
 int fep_k_nt_fp8 = 1;
 int fep_k_topk_pf_l1;
 
@@ -88,6 +89,8 @@ static void isa_detect(void)
 	}
 	if (isa_max == FABEP_ISA_AVX512 && __builtin_cpu_supports("avx512bf16"))
 		fep_k_hw_bf16 = 1;
+	if (isa_max == FABEP_ISA_AVX512 && __builtin_cpu_supports("avx512vbmi"))
+		fep_k_vbmi = 1;
 	fep_k_nt_fp8 = !__builtin_cpu_is("amd");
 	fep_k_topk_pf_l1 = __builtin_cpu_is("amd");
 	isa_chosen = isa_max;
@@ -102,8 +105,9 @@ static void isa_detect(void)
 			isa_chosen = want;
 		}
 	}
-	fep_dbg("kernels: isa %s (cpu max %s%s)%s%s", fabep_isa_name(isa_chosen),
+	fep_dbg("kernels: isa %s (cpu max %s%s%s)%s%s", fabep_isa_name(isa_chosen),
 		fabep_isa_name(isa_max), fep_k_hw_bf16 ? ", avx512_bf16" : "",
+		fep_k_vbmi ? ", avx512_vbmi" : "",
 		fep_k_nt_fp8 ? "" : "; FP8 dequantization and bf16 quantization "
 		"without streaming stores",
 		fep_k_topk_pf_l1 ? "; top-k sum prefetching into L1" : "");

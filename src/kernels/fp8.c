@@ -669,27 +669,54 @@ static inline FEP_T_AVX512 __m512 scale512(__m512 amax, float ub, int pow2)
 	return s;
 }
 
+/* 64 bf16 values of the short encoding without VBMI (fep512_e4m3_bf16x64) */
+static FEP_INLINE FEP_T_AVX512 __m512i e4m3_bf16x64_short(__m512i x0, __m512i x1, __m512 inv)
+{
+	return fep512_e4m3_bf16x64(x0, x1, inv, 1);
+}
+
 /* g whole bf16 blocks of 128 at p (g <= 64) to out, each by its inv,
  * every block free of NaN and inf with its largest |value| * inv below
  * 464 (the short encoding); out streams where nt (out then 64-byte
- * aligned). */
-static FEP_INLINE FEP_T_AVX512 void quant512_b128_fast(const uint16_t *p, uint8_t *out,
-						       size_t g, const float *invs,
-						       int nt, fep_pf_t *pf)
+ * aligned).  Built with and without VBMI (fep_k_vbmi), ENC the encoder
+ * of 64 values. */
+#define QUANT_B128_FAST(name, target, ENC)                                     \
+static target void name(const uint16_t *p, uint8_t *out, size_t g,            \
+			const float *invs, int nt, fep_pf_t *pf)                \
+{                                                                              \
+	fep_pf_t f = *pf;  /* in registers: the stores to out may alias *pf */ \
+	size_t j;                                                              \
+                                                                               \
+	for (j = 0; j < g; j++, p += 128, out += 128) {                        \
+		__m512 inv = _mm512_set1_ps(invs[j]);                          \
+                                                                               \
+		fep512_st64(out, ENC(_mm512_loadu_si512(p),                    \
+				     _mm512_loadu_si512(p + 32), inv), nt);    \
+		fep512_st64(out + 64, ENC(_mm512_loadu_si512(p + 64),          \
+					  _mm512_loadu_si512(p + 96), inv), nt); \
+		fep_pf_step(&f, 256);                                          \
+	}                                                                      \
+	*pf = f;                                                               \
+}
+QUANT_B128_FAST(quant512_b128_fast, FEP_T_AVX512, e4m3_bf16x64_short)
+QUANT_B128_FAST(quant512_b128_fast_vbmi, FEP_T_AVX512_VBMI, fep512_e4m3_bf16x64_vbmi)
+#undef QUANT_B128_FAST
+
+/* Values [i, c1) of a bf16 block (whole 64s) of the short encoding to
+ * out, with VBMI; returns where it stopped. */
+static FEP_T_AVX512_VBMI size_t quant512_run_vbmi(const uint16_t *p, uint8_t *out,
+						  size_t i, size_t c1, __m512 inv,
+						  int nt, fep_pf_t *pf)
 {
-	size_t j;
+	fep_pf_t f = *pf;  /* in registers: the stores to out may alias *pf */
 
-	for (j = 0; j < g; j++, p += 128, out += 128) {
-		__m512 inv = _mm512_set1_ps(invs[j]);
-		__m512i q0 = fep512_e4m3_bf16x64(_mm512_loadu_si512(p),
-						 _mm512_loadu_si512(p + 32), inv, 1);
-		__m512i q1 = fep512_e4m3_bf16x64(_mm512_loadu_si512(p + 64),
-						 _mm512_loadu_si512(p + 96), inv, 1);
-
-		fep512_st64(out, q0, nt);
-		fep512_st64(out + 64, q1, nt);
-		fep_pf_step(pf, 256);
+	for (; i + 64 <= c1; i += 64) {
+		fep512_st64(out + i, fep512_e4m3_bf16x64_vbmi(_mm512_loadu_si512(p + i),
+			_mm512_loadu_si512(p + i + 32), inv), nt);
+		fep_pf_step(&f, 128);
 	}
+	*pf = f;
+	return i;
 }
 
 static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
@@ -767,9 +794,10 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					for (j = 0; j < g && all; j++)
 						all = fep_e4m3_short(nan[j], amax[j], invs[j]);
 					if (all) {
-						quant512_b128_fast((const uint16_t *)in + b * bs,
-								   out + b * bs, g, invs,
-								   ntr, &pf);
+						(fep_k_vbmi ? quant512_b128_fast_vbmi :
+						 quant512_b128_fast)((const uint16_t *)in + b * bs,
+								     out + b * bs, g, invs,
+								     ntr, &pf);
 						b += g - 1;
 						continue;
 					}
@@ -781,6 +809,8 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 				const uint16_t *p = (const uint16_t *)in;
 				int fast = fep_e4m3_short(nan[b % 64], amax[b % 64], invs[b % 64]);
 
+				if (fast && fep_k_vbmi)
+					i = quant512_run_vbmi(p, out, i, c1, inv, ntb, &pf);
 				for (; i + 64 <= c1; i += 64) {
 					__m512i x0 = _mm512_loadu_si512(p + i);
 					__m512i x1 = _mm512_loadu_si512(p + i + 32);

@@ -303,6 +303,13 @@ const struct fep_k_ops *fep_k_ops_isa(fabep_isa_t isa);
  * convert fp32 -> bf16 with vcvtne[2]ps2bf16 (bitwise equal results; the
  * tests clear it to cover the integer path too). */
 extern int fep_k_hw_bf16;
+/* Set at start-up when the CPU has AVX512_VBMI: the AVX-512 FP8
+ * quantization of bf16 rows packs its codes with one byte permute
+ * (vpermt2b) and sets the signs with one logic operation per 32 values,
+ * where without it a pack, a qword permute and the sign bits through a
+ * mask take six operations per 64 (bitwise equal results; the tests
+ * clear it to cover both). */
+extern int fep_k_vbmi;
 /* Whether FP8 conversions that write at least a byte for every two they
  * read stream large outputs (FEP_K_NT_BYTES): dequantization, and the
  * quantization of bf16 (fep_k_nt_quant).  Not on AMD's CPUs, where those

@@ -22,6 +22,10 @@
  * flag is set, so the code stays valid on AVX-512 CPUs without BF16. */
 #define FEP_T_AVX512 \
 	__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+/* AVX-512 with VBMI: only for the functions run where fep_k_vbmi (AVX-512
+ * CPUs without it, as Cascade Lake, must meet none of its instructions) */
+#define FEP_T_AVX512_VBMI \
+	__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")))
 /* bodies specialized per dtype by the compiler (constant arguments) */
 #define FEP_INLINE inline __attribute__((always_inline))
 
@@ -450,6 +454,44 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1,
 	__m512i w1 = fast ? fep512_e4m3_bf16w_fast(x1, inv) : fep512_e4m3_bf16w(x1, inv);
 
 	return fep512_e4m3_join64(w0, w1, fep512_bf16_signs64(x0, x1));
+}
+
+/* 32 bf16 values (one vector), |v| * inv < 464 and none a NaN or inf,
+ * -> 256 * code | sign in each 16-bit lane, in order: fep512_e4m3_eo32's
+ * sum shifted to hold the code in the lane's high byte, and the sign bit
+ * of the bf16 value (x ^ |x|) set in the same operation (for VBMI's
+ * byte permute, fep512_e4m3_bf16x64_vbmi). */
+static FEP_INLINE FEP_T_AVX512 __m512i fep512_e4m3_bf16w_hi(__m512i x, __m512 inv)
+{
+	__m512i a = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff7fff));
+	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(a, _mm512_set1_epi32((int)0xffff0000u)));
+	__m512i w = _mm512_or_si512(
+		fep512_e4m3_c16(_mm512_castps_si512(_mm512_mul_ps(ev, inv))),
+		_mm512_slli_epi32(fep512_e4m3_c16(_mm512_castps_si512(_mm512_mul_ps(od, inv))), 16));
+
+	/* 0xf6: A | (B ^ C) */
+	return _mm512_ternarylogic_epi32(_mm512_slli_epi16(_mm512_sub_epi16(w,
+		_mm512_set1_epi16(16 * 1128)), 4), x, a, 0xf6);
+}
+
+/* 64 bf16 values (two vectors), |v| * inv < 464 and none a NaN or inf,
+ * -> 64 codes in order, with the bf16 signs, with VBMI: the high bytes
+ * of fep512_e4m3_bf16w_hi's lanes taken in order by one vpermt2b, where
+ * without VBMI a pack, a qword permute and the signs through a mask take
+ * six operations (fep512_e4m3_join64). */
+static FEP_INLINE FEP_T_AVX512_VBMI __m512i fep512_e4m3_bf16x64_vbmi(__m512i x0, __m512i x1,
+								  __m512 inv)
+{
+	/* byte 2i + 1 of the first vector, then of the second (+ 64) */
+	const __m512i odd = _mm512_set_epi8(
+		127, 125, 123, 121, 119, 117, 115, 113, 111, 109, 107, 105, 103, 101, 99, 97,
+		95, 93, 91, 89, 87, 85, 83, 81, 79, 77, 75, 73, 71, 69, 67, 65,
+		63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+		31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+
+	return _mm512_permutex2var_epi8(fep512_e4m3_bf16w_hi(x0, inv), odd,
+					fep512_e4m3_bf16w_hi(x1, inv));
 }
 
 static inline FEP_T_AVX512 __m128i fep512_e4m3(__m512 v)
