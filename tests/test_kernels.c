@@ -123,42 +123,38 @@ static void *xmalloc(size_t n)
 
 static const size_t shapes[] = { 1, 7, 100, 2880, 7168 };
 
-/* Whether the CPU has the hardware bf16 conversion (captured before the
- * tests change fep_k_hw_bf16). */
+/* What the detection set the kernels' CPU flags to, captured before the
+ * tests change them: fep_k_hw_bf16 (the hardware bf16 conversion) and
+ * fep_k_vbmi (the FP8 quantization's VBMI packing). */
+static int cpu_bf16 = -1, cpu_vbmi = -1;
+
+static void cpu_flags(void)
+{
+	if (cpu_bf16 < 0) {
+		fep_k_isa_max(); /* runs the detection */
+		cpu_bf16 = fep_k_hw_bf16;
+		cpu_vbmi = fep_k_vbmi;
+	}
+}
+
 static int hw_bf16_have(void)
 {
-	static int have = -1;
-
-	if (have < 0) {
-		fep_k_isa_max(); /* runs the detection */
-		have = fep_k_hw_bf16;
-	}
-	return have;
+	cpu_flags();
+	return cpu_bf16;
 }
 
-/* Run the body with the AVX-512 kernels' hardware bf16 conversion off,
- * then on where the CPU has it, so both paths are compared. */
-#define FOR_HW_BF16(hw)                                               \
-	for (int hw = 0; hw <= hw_bf16_have() && ((fep_k_hw_bf16 = hw), 1); \
-	     hw++)
-
-/* Whether the CPU has AVX512_VBMI (captured before the tests change
- * fep_k_vbmi). */
 static int vbmi_have(void)
 {
-	static int have = -1;
-
-	if (have < 0) {
-		fep_k_isa_max(); /* runs the detection */
-		have = fep_k_vbmi;
-	}
-	return have;
+	cpu_flags();
+	return cpu_vbmi;
 }
 
-/* Run the body with the AVX-512 FP8 quantization's VBMI packing off,
- * then on where the CPU has it, so both paths are compared. */
-#define FOR_VBMI(v)                                                   \
-	for (int v = 0; v <= vbmi_have() && ((fep_k_vbmi = v), 1); v++)
+/* Run the body with a flag's path off, then on where the CPU has it, so
+ * both paths are compared. */
+#define FOR_FLAG(v, flag, have) \
+	for (int v = 0; v <= (have) && (((flag) = v), 1); v++)
+#define FOR_HW_BF16(hw) FOR_FLAG(hw, fep_k_hw_bf16, hw_bf16_have())
+#define FOR_VBMI(v) FOR_FLAG(v, fep_k_vbmi, vbmi_have())
 
 /* The vector levels compared with the scalar reference: every level
  * this CPU has, or only FABEP_TEST_ISA's (set in main). */
@@ -198,6 +194,8 @@ START_TEST(test_isa_names)
 		ck_assert_ptr_null(fep_k_ops_isa(FABEP_ISA_AVX512));
 	EXPECT1(hw_bf16_have() == (fep_k_isa_max() == FABEP_ISA_AVX512 &&
 				   __builtin_cpu_supports("avx512bf16")));
+	EXPECT1(vbmi_have() == (fep_k_isa_max() == FABEP_ISA_AVX512 &&
+				__builtin_cpu_supports("avx512vbmi")));
 	if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
 	    __builtin_cpu_supports("avx512dq") && !getenv("FABEP_ISA"))
 		ck_assert_int_eq(fabep_isa(), FABEP_ISA_AVX512);
