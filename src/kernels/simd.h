@@ -377,11 +377,20 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_c16(__m512i c)
 }
 
 /* 32 magnitudes (fp32 bits, < 464, none a NaN; e: values 0, 2, .., 30,
- * o: values 1, 3, .., 31) -> their 32 codes in 16-bit lanes, in order */
+ * o: values 1, 3, .., 31) -> 16 times their 32 codes in 16-bit lanes, in
+ * order: the code sits in bits 4..11, to be shifted down (the codes,
+ * fep512_e4m3_eo32) or up (into the high byte, fep512_e4m3_bf16w_hi). */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_eo32_x16(__m512i e, __m512i o)
+{
+	return _mm512_sub_epi16(_mm512_or_si512(fep512_e4m3_c16(e),
+		_mm512_slli_epi32(fep512_e4m3_c16(o), 16)), _mm512_set1_epi16(16 * 1128));
+}
+
+/* 32 magnitudes as fep512_e4m3_eo32_x16 -> their 32 codes in 16-bit
+ * lanes, in order */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_eo32(__m512i e, __m512i o)
 {
-	return _mm512_srli_epi16(_mm512_sub_epi16(_mm512_or_si512(fep512_e4m3_c16(e),
-		_mm512_slli_epi32(fep512_e4m3_c16(o), 16)), _mm512_set1_epi16(16 * 1128)), 4);
+	return _mm512_srli_epi16(fep512_e4m3_eo32_x16(e, o), 4);
 }
 
 /* 64 scaled fp32 values (four vectors, in order), every |v| below 464
@@ -413,16 +422,24 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_f32x64_fast(__m512 v0, __m512 v1,
 	return _mm512_mask_add_epi8(q, neg, q, _mm512_set1_epi8((char)0x80));
 }
 
+/* 32 magnitudes of bf16 values (one vector, sign bits clear), |v| * inv
+ * < 464 and none a NaN or inf, -> 16 times their codes in 16-bit lanes,
+ * in order (fep512_e4m3_eo32_x16) */
+static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16a_x16(__m512i a, __m512 inv)
+{
+	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(a, _mm512_set1_epi32((int)0xffff0000u)));
+
+	return fep512_e4m3_eo32_x16(_mm512_castps_si512(_mm512_mul_ps(ev, inv)),
+				    _mm512_castps_si512(_mm512_mul_ps(od, inv)));
+}
+
 /* 32 bf16 values (one vector), |v| * inv < 464 and none a NaN or inf,
  * -> their codes without sign in 16-bit lanes, in order */
 static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16w_fast(__m512i x, __m512 inv)
 {
-	__m512i a = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff7fff));
-	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
-	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(a, _mm512_set1_epi32((int)0xffff0000u)));
-
-	return fep512_e4m3_eo32(_mm512_castps_si512(_mm512_mul_ps(ev, inv)),
-				_mm512_castps_si512(_mm512_mul_ps(od, inv)));
+	return _mm512_srli_epi16(fep512_e4m3_bf16a_x16(_mm512_and_si512(x,
+		_mm512_set1_epi32(0x7fff7fff)), inv), 4);
 }
 
 /* The sign bits of 64 bf16 values (two vectors), value i in bit i */
@@ -457,22 +474,17 @@ static inline FEP_T_AVX512 __m512i fep512_e4m3_bf16x64(__m512i x0, __m512i x1,
 }
 
 /* 32 bf16 values (one vector), |v| * inv < 464 and none a NaN or inf,
- * -> 256 * code | sign in each 16-bit lane, in order: fep512_e4m3_eo32's
- * sum shifted to hold the code in the lane's high byte, and the sign bit
- * of the bf16 value (x ^ |x|) set in the same operation (for VBMI's
- * byte permute, fep512_e4m3_bf16x64_vbmi). */
+ * -> 256 * code | sign in each 16-bit lane, in order: 16 times the code
+ * shifted into the lane's high byte, and the sign bit of the bf16 value
+ * (x ^ |x|) set in the same operation (for VBMI's byte permute,
+ * fep512_e4m3_bf16x64_vbmi). */
 static FEP_INLINE FEP_T_AVX512 __m512i fep512_e4m3_bf16w_hi(__m512i x, __m512 inv)
 {
 	__m512i a = _mm512_and_si512(x, _mm512_set1_epi32(0x7fff7fff));
-	__m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
-	__m512 od = _mm512_castsi512_ps(_mm512_and_si512(a, _mm512_set1_epi32((int)0xffff0000u)));
-	__m512i w = _mm512_or_si512(
-		fep512_e4m3_c16(_mm512_castps_si512(_mm512_mul_ps(ev, inv))),
-		_mm512_slli_epi32(fep512_e4m3_c16(_mm512_castps_si512(_mm512_mul_ps(od, inv))), 16));
 
 	/* 0xf6: A | (B ^ C) */
-	return _mm512_ternarylogic_epi32(_mm512_slli_epi16(_mm512_sub_epi16(w,
-		_mm512_set1_epi16(16 * 1128)), 4), x, a, 0xf6);
+	return _mm512_ternarylogic_epi32(_mm512_slli_epi16(
+		fep512_e4m3_bf16a_x16(a, inv), 4), x, a, 0xf6);
 }
 
 /* 64 bf16 values (two vectors), |v| * inv < 464 and none a NaN or inf,
