@@ -679,12 +679,14 @@ static FEP_INLINE FEP_T_AVX512 __m512i e4m3_bf16x64_short(__m512i x0, __m512i x1
  * every block free of NaN and inf with its largest |value| * inv below
  * 464 (the short encoding); out streams where nt (out then 64-byte
  * aligned).  Built with and without VBMI (fep_k_vbmi), ENC the encoder
- * of 64 values. */
+ * of 64 values.  The prefetch state f goes in and comes back by value:
+ * with its address passed out of line, the compiler keeps it in memory
+ * in every loop of quant512 and reloads and stores it after each store
+ * to out (which may alias it), a chain through memory per 64 values. */
 #define QUANT_B128_FAST(name, target, ENC)                                     \
-static target void name(const uint16_t *p, uint8_t *out, size_t g,            \
-			const float *invs, int nt, fep_pf_t *pf)                \
+static target fep_pf_t name(const uint16_t *p, uint8_t *out, size_t g,        \
+			    const float *invs, int nt, fep_pf_t f)              \
 {                                                                              \
-	fep_pf_t f = *pf;  /* in registers: the stores to out may alias *pf */ \
 	size_t j;                                                              \
                                                                                \
 	for (j = 0; j < g; j++, p += 128, out += 128) {                        \
@@ -696,27 +698,25 @@ static target void name(const uint16_t *p, uint8_t *out, size_t g,            \
 					  _mm512_loadu_si512(p + 96), inv), nt); \
 		fep_pf_step(&f, 256);                                          \
 	}                                                                      \
-	*pf = f;                                                               \
+	return f;                                                              \
 }
 QUANT_B128_FAST(quant512_b128_fast, FEP_T_AVX512, e4m3_bf16x64_short)
 QUANT_B128_FAST(quant512_b128_fast_vbmi, FEP_T_AVX512_VBMI, fep512_e4m3_bf16x64_vbmi)
 #undef QUANT_B128_FAST
 
-/* Values [i, c1) of a bf16 block (whole 64s) of the short encoding to
- * out, with VBMI; returns where it stopped. */
-static FEP_T_AVX512_VBMI size_t quant512_run_vbmi(const uint16_t *p, uint8_t *out,
-						  size_t i, size_t c1, __m512 inv,
-						  int nt, fep_pf_t *pf)
+/* The whole 64s of values [i, c1) of a bf16 block of the short
+ * encoding to out, with VBMI; the prefetch state by value
+ * (QUANT_B128_FAST). */
+static FEP_T_AVX512_VBMI fep_pf_t quant512_run_vbmi(const uint16_t *p, uint8_t *out,
+						    size_t i, size_t c1, __m512 inv,
+						    int nt, fep_pf_t f)
 {
-	fep_pf_t f = *pf;  /* in registers: the stores to out may alias *pf */
-
 	for (; i + 64 <= c1; i += 64) {
 		fep512_st64(out + i, fep512_e4m3_bf16x64_vbmi(_mm512_loadu_si512(p + i),
 			_mm512_loadu_si512(p + i + 32), inv), nt);
 		fep_pf_step(&f, 128);
 	}
-	*pf = f;
-	return i;
+	return f;
 }
 
 static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
@@ -794,10 +794,10 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 					for (j = 0; j < g && all; j++)
 						all = fep_e4m3_short(nan[j], amax[j], invs[j]);
 					if (all) {
-						(fep_k_vbmi ? quant512_b128_fast_vbmi :
-						 quant512_b128_fast)((const uint16_t *)in + b * bs,
-								     out + b * bs, g, invs,
-								     ntr, &pf);
+						pf = (fep_k_vbmi ? quant512_b128_fast_vbmi :
+						      quant512_b128_fast)((const uint16_t *)in + b * bs,
+									  out + b * bs, g, invs,
+									  ntr, pf);
 						b += g - 1;
 						continue;
 					}
@@ -809,8 +809,10 @@ static FEP_INLINE FEP_T_AVX512 void quant512(const fep_k_fp8_args_t *a,
 				const uint16_t *p = (const uint16_t *)in;
 				int fast = fep_e4m3_short(nan[b % 64], amax[b % 64], invs[b % 64]);
 
-				if (fast && fep_k_vbmi)
-					i = quant512_run_vbmi(p, out, i, c1, inv, ntb, &pf);
+				if (fast && fep_k_vbmi) {
+					pf = quant512_run_vbmi(p, out, i, c1, inv, ntb, pf);
+					i += (c1 - i) & ~(size_t)63;
+				}
 				for (; i + 64 <= c1; i += 64) {
 					__m512i x0 = _mm512_loadu_si512(p + i);
 					__m512i x1 = _mm512_loadu_si512(p + i + 32);
