@@ -20,3 +20,13 @@ wait_for() {
 	done
 	grep -q "$2" "$1" 2>/dev/null
 }
+
+# serve CMD...: CMD in the background, its stdout in $tmp.srv and its
+# stderr in $tmp.srv.err, both emptied first (wait_for must see none of
+# an earlier server's lines), its pid in $srv.
+serve() {
+	: >"$tmp.srv"
+	: >"$tmp.srv.err"
+	"$@" >"$tmp.srv" 2>"$tmp.srv.err" &
+	srv=$!
+}

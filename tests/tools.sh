@@ -241,9 +241,7 @@ wsrv=$!
 for prov in "" tcp; do
 	port=$((port + 1))
 	popt=${prov:+-p $prov}
-	$to env FABEP_TIMEOUT_MS=20000 "$pp" -s -P $port $popt -S 64,4k -I 50 -m \
-		>"$tmp.srv" 2>"$tmp.srv.err" &
-	srv=$!
+	serve $to env FABEP_TIMEOUT_MS=20000 "$pp" -s -P $port $popt -S 64,4k -I 50 -m
 	expect 0 env FABEP_TIMEOUT_MS=20000 "$pp" -P $port $popt -S 64,4k -I 50 -m \
 		127.0.0.1
 	wait $srv || fail "pingpong -s ${prov:-(fabep's choice)}: server exited $?"
@@ -258,9 +256,7 @@ done
 # a server and a client with other options: both told at once, long
 # before the timeout
 port=$((port + 1))
-$to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" \
-	2>"$tmp.srv.err" &
-srv=$!
+serve $to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -S 64 -I 5
 t0=$(date +%s)
 expect 1 env FABEP_TIMEOUT_MS=60000 "$pp" -P $port -p tcp -S 64 -I 6 127.0.0.1 &&
 	grep -q 'the peer was started with other options' "$tmp.err" ||
@@ -274,10 +270,8 @@ grep -q 'the peer was started with other options' "$tmp.srv.err" ||
 # The kill comes once the server has printed its header, which it does
 # after both sides' options were compared: the client is connected.
 port=$((port + 1))
-: >"$tmp.srv"; : >"$tmp.srv.err"  # wait_for: no earlier server's lines
-$to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -o write -S 64 \
-	-I 100000000 -w 1 >"$tmp.srv" 2>"$tmp.srv.err" &
-srv=$!
+serve $to env FABEP_TIMEOUT_MS=60000 "$pp" -s -P $port -p tcp -o write -S 64 \
+	-I 100000000 -w 1
 # (no timeout wrapper: $! is the client itself, which is killed)
 FABEP_TIMEOUT_MS=60000 "$pp" -P $port -p tcp -o write -S 64 \
 	-I 100000000 -w 1 127.0.0.1 >/dev/null 2>&1 &
@@ -303,18 +297,15 @@ expect 1 perl -e "$nochld" "$bench" -p nosuchprov -o moe -n 2 -t 1 -I 1 -w 0 &&
 	[ "$(grep -c 'exited with status 1' "$tmp.err")" -eq 2 ] ||
 	fail "bench: failed ranks with SIGCHLD ignored not reported"
 port=$((port + 1))
-$to perl -e "$nochld" "$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" 2>"$tmp.srv.err" &
-srv=$!
+serve $to perl -e "$nochld" "$pp" -s -P $port -p tcp -S 64 -I 5
 expect 0 perl -e "$nochld" "$pp" -P $port -p tcp -S 64 -I 5 127.0.0.1 ||
 	fail "pingpong: a client with SIGCHLD ignored"
 wait $srv || fail "pingpong -s: a server with SIGCHLD ignored exited $?"
 # a client whose rank stops mid-run: the server's wait times out and it
 # ends without waiting for the stopped rank's goodbye as well
 port=$((port + 1))
-: >"$tmp.srv"; : >"$tmp.srv.err"  # wait_for: no earlier server's lines
-$to env FABEP_TIMEOUT_MS=3000 "$pp" -s -P $port -p tcp -S 64 -I 100000000 \
-	-w 1 >"$tmp.srv" 2>"$tmp.srv.err" &
-srv=$!
+serve $to env FABEP_TIMEOUT_MS=3000 "$pp" -s -P $port -p tcp -S 64 -I 100000000 \
+	-w 1
 FABEP_TIMEOUT_MS=3000 "$pp" -P $port -p tcp -S 64 -I 100000000 -w 1 \
 	127.0.0.1 >/dev/null 2>&1 &
 cli=$!
@@ -333,9 +324,7 @@ wait $cli 2>/dev/null
 # a server stopped while it waits for its client says so and ends by the
 # signal (a background job's SIGINT is ignored: SIGTERM)
 port=$((port + 1))
-: >"$tmp.srv"; : >"$tmp.srv.err"  # wait_for: no earlier server's lines
-"$pp" -s -P $port -p tcp -S 64 -I 5 >"$tmp.srv" 2>"$tmp.srv.err" &
-srv=$!
+serve "$pp" -s -P $port -p tcp -S 64 -I 5
 wait_for "$tmp.srv.err" 'waiting for a client' 60 $srv
 kill -TERM $srv
 wait $srv 2>/dev/null
