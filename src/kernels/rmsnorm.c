@@ -254,21 +254,16 @@ static FEP_INLINE FEP_T_AVX2 void st16_256(void *p, fep_k_dtype_t dt, size_t i,
 	}
 }
 
-/* One value of h + residual for the sum of squares: the sum, rounded
- * to dt, is written back to the residual (8 values, all there). */
-static FEP_INLINE FEP_T_AVX2 __m256 res8_256(const char *x, char *res,
-					     fep_k_dtype_t dt, size_t i)
+/* Values [i, i + 8) of fp32 h + residual for the sum of squares, all
+ * there: the sum is written back to the residual (bf16 rows take
+ * eo_sumsq256). */
+static FEP_INLINE FEP_T_AVX2 __m256 res8_256(const char *x, char *res, size_t i)
 {
-	__m256 v = _mm256_add_ps(ld8_256(x, dt, i), ld8_256(res, dt, i));
-	__m128i b;
+	__m256 v = _mm256_add_ps(_mm256_loadu_ps((const float *)x + i),
+				 _mm256_loadu_ps((const float *)res + i));
 
-	if (dt == FEP_K_F32) {
-		_mm256_storeu_ps((float *)res + i, v);
-		return v;
-	}
-	b = fep256_f32_to_bf16(v);
-	_mm_storeu_si128((__m128i *)((uint16_t *)res + i), b);
-	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+	_mm256_storeu_ps((float *)res + i, v);
+	return v;
 }
 
 /* 32 bf16 values (x0: the first 16) squared into acc in even/odd
@@ -288,11 +283,40 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32(__m256i x0, __m256i x1, __m256 *acc)
 	acc[3] = _mm256_fmadd_ps(o1, o1, acc[3]);
 }
 
+/* 16 bf16 values x plus 16 bf16 values r (one vector each), each sum
+ * rounded to bf16 as fep256_f32_to_bf16 rounds it, in order: the sums
+ * of the even values round into the low halves of the words, those of
+ * the odd ones into the high halves, so that no widening or packing
+ * shuffle is needed.  No NaN rule: a NaN sum of bf16 values is one of
+ * them made quiet, or the default NaN, so its low 16 bits are zero, the
+ * rounding leaves its high half as it is, and that half is what the
+ * rule gives (quiet bit set). */
+static FEP_INLINE FEP_T_AVX2 __m256i eo_add16(__m256i x, __m256i r)
+{
+	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+	const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+	__m256i e = _mm256_castps_si256(_mm256_add_ps(
+		_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+		_mm256_castsi256_ps(_mm256_slli_epi32(r, 16))));
+	__m256i o = _mm256_castps_si256(_mm256_add_ps(
+		_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
+		_mm256_castsi256_ps(_mm256_and_si256(r, hi))));
+
+	e = _mm256_add_epi32(_mm256_add_epi32(e, half),
+			     _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
+	o = _mm256_add_epi32(_mm256_add_epi32(o, half),
+			     _mm256_and_si256(_mm256_srli_epi32(o, 16), one));
+	return _mm256_or_si256(_mm256_srli_epi32(e, 16), _mm256_and_si256(o, hi));
+}
+
 /* 32 bf16 values at x + i (all there) squared into acc as eo_sq32
- * does; with ga, their largest |h * g| bits into mm (eo_sumsq256). */
-static FEP_INLINE FEP_T_AVX2 void eo_sq32_at(const uint16_t *x, size_t i,
-					     const float *ga, __m256 *acc,
-					     __m256i *mm)
+ * does; with ga, their largest |h * g| bits into mm[0] (the even
+ * values) and mm[1] (eo_sumsq256).
+ * With res, the values are x + res rounded to bf16 (eo_add16), written
+ * back to res. */
+static FEP_INLINE FEP_T_AVX2 void eo_sq32_at(const uint16_t *x, uint16_t *res,
+					     size_t i, const float *ga,
+					     __m256 *acc, __m256i *mm)
 {
 	const __m256i a16 = _mm256_set1_epi32(0x7fff7fff);
 	const __m256i hm = _mm256_set1_epi32((int)0xffff0000u);
@@ -300,6 +324,12 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32_at(const uint16_t *x, size_t i,
 	__m256i x1 = _mm256_loadu_si256((const __m256i *)(x + i + 16));
 	size_t q;
 
+	if (res) {
+		x0 = eo_add16(x0, _mm256_loadu_si256((const __m256i *)(res + i)));
+		x1 = eo_add16(x1, _mm256_loadu_si256((const __m256i *)(res + i + 16)));
+		_mm256_storeu_si256((__m256i *)(res + i), x0);
+		_mm256_storeu_si256((__m256i *)(res + i + 16), x1);
+	}
 	if (ga) {
 		x0 = _mm256_and_si256(x0, a16);
 		x1 = _mm256_and_si256(x1, a16);
@@ -307,10 +337,10 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32_at(const uint16_t *x, size_t i,
 		for (q = 0; q < 2; q++) {
 			__m256i v = q ? x1 : x0;
 
-			mm[2 * q] = _mm256_max_epu32(mm[2 * q], _mm256_castps_si256(
+			mm[0] = _mm256_max_epu32(mm[0], _mm256_castps_si256(
 				_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
 					      _mm256_load_ps(ga + i + 16 * q))));
-			mm[2 * q + 1] = _mm256_max_epu32(mm[2 * q + 1], _mm256_castps_si256(
+			mm[1] = _mm256_max_epu32(mm[1], _mm256_castps_si256(
 				_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hm)),
 					      _mm256_load_ps(ga + i + 16 * q + 8))));
 		}
@@ -321,33 +351,33 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32_at(const uint16_t *x, size_t i,
 /* The sum of squares of a bf16 row as sumsq256, in even/odd order
  * (eo_sq32): values [0, 32) of each 64 into acc[0..3], [32, 64) into
  * acc[4..7]; the tree's first two steps pair the same sums, then the
- * partial sums are put back in order for the rest.  With ga (|gamma +
- * weight_offset| of [0, n32) in the even/odd order of eo_gamma256), *m
- * gets the largest |h * g| bits of [0, n32) too (eo_sumsq512). */
-static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n,
-					       const float *ga, __m256i *m)
+ * partial sums are put back in order for the rest.  With res, of the
+ * row plus res, rounded to bf16 and written back to res.  With
+ * ga (|gamma + weight_offset| of [0, n32) in the even/odd order of
+ * eo_gamma256), *m gets the largest |h * g| bits of [0, n32) too
+ * (eo_sumsq512). */
+static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, uint16_t *res,
+					       size_t n, const float *ga, __m256i *m)
 {
 	__m256 acc[8], e, o, lo, hi;
-	__m256i mm[4];
+	/* two maxima (of the even and of the odd values): with the eight
+	 * sums, sixteen registers hold no more */
+	__m256i mm[2] = { _mm256_setzero_si256(), _mm256_setzero_si256() };
 	size_t i, q;
 
 	#pragma GCC unroll 8
 	for (q = 0; q < 8; q++)
 		acc[q] = _mm256_setzero_ps();
-	#pragma GCC unroll 4
-	for (q = 0; q < 4; q++)
-		mm[q] = _mm256_setzero_si256();
 	for (i = 0; i + 64 <= n; i += 64) {
-		eo_sq32_at(x, i, ga, acc, mm);
-		eo_sq32_at(x, i + 32, ga, acc + 4, mm);
+		eo_sq32_at(x, res, i, ga, acc, mm);
+		eo_sq32_at(x, res, i + 32, ga, acc + 4, mm);
 	}
 	if (i + 32 <= n) {
-		eo_sq32_at(x, i, ga, acc, mm);
+		eo_sq32_at(x, res, i, ga, acc, mm);
 		i += 32;
 	}
 	if (ga)
-		*m = _mm256_max_epu32(_mm256_max_epu32(mm[0], mm[1]),
-				      _mm256_max_epu32(mm[2], mm[3]));
+		*m = _mm256_max_epu32(mm[0], mm[1]);
 	if (i < n) { /* zeros leave the sums as they are */
 		uint16_t t[32] __attribute__((aligned(32))) = { 0 };
 		__m256i t0, t1;
@@ -355,6 +385,14 @@ static FEP_INLINE FEP_T_AVX2 float eo_sumsq256(const uint16_t *x, size_t n,
 		memcpy(t, x + i, (n - i) * sizeof(*t));
 		t0 = _mm256_load_si256((const __m256i *)t);
 		t1 = _mm256_load_si256((const __m256i *)t + 1);
+		if (res) {  /* 0 + 0 rounds to 0 */
+			memcpy(t, res + i, (n - i) * sizeof(*t));
+			t0 = eo_add16(t0, _mm256_load_si256((const __m256i *)t));
+			t1 = eo_add16(t1, _mm256_load_si256((const __m256i *)t + 1));
+			_mm256_store_si256((__m256i *)t, t0);
+			_mm256_store_si256((__m256i *)t + 1, t1);
+			memcpy(res + i, t, (n - i) * sizeof(*t));
+		}
 		if (i % 64)
 			eo_sq32(t0, t1, acc + 4);
 		else
@@ -381,8 +419,8 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 	__m256 acc[8];
 	size_t i, q;
 
-	if (dt == FEP_K_BF16 && !res)
-		return eo_sumsq256((const uint16_t *)x, n, NULL, NULL);
+	if (dt == FEP_K_BF16)
+		return eo_sumsq256((const uint16_t *)x, (uint16_t *)res, n, NULL, NULL);
 	#pragma GCC unroll 8
 	for (q = 0; q < 8; q++)
 		acc[q] = _mm256_setzero_ps();
@@ -390,7 +428,7 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 	for (i = 0; i + 64 <= n; i += 64)
 		#pragma GCC unroll 8
 		for (q = 0; q < 8; q++) {
-			__m256 v = res ? res8_256(x, res, dt, i + 8 * q) :
+			__m256 v = res ? res8_256(x, res, i + 8 * q) :
 					 ld8_256(x, dt, i + 8 * q);
 
 			acc[q] = _mm256_fmadd_ps(v, v, acc[q]);
@@ -406,8 +444,6 @@ static FEP_INLINE FEP_T_AVX2 float sumsq256(const char *x, char *res,
 		if (res) {
 			v = _mm256_add_ps(v, fep256_load(res, dt, k, n - k));
 			fep256_store(res, dt, k, v, n - k);
-			if (dt == FEP_K_BF16) /* the rounded value */
-				v = fep256_load(res, dt, k, n - k);
 		}
 		acc[q] = _mm256_fmadd_ps(v, v, acc[q]);
 	}
@@ -559,35 +595,43 @@ static FEP_INLINE FEP_T_AVX2 __m256i eo_hgmax256(const uint16_t *h, size_t n32,
 /* bf16 output of [0, n32) of a bf16 row in even/odd order (ga signed),
  * for rows with no NaN but the default one (fep256_bf16_rne_nn): the
  * rounded even values are the low halves of the output words and the
- * odd ones the high halves, so the words come out in order. */
+ * odd ones the high halves, so the words come out in order.  32 values
+ * an iteration: the prefetch steps are then whole lines, a test and a
+ * prefetch each, where steps of 32 bytes took the cursor's general loop
+ * and as many scalar instructions as vector ones. */
 static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 					      size_t n32, const float *ga, __m256 vi,
 					      int nt, fep_pf_t *px, fep_pf_t *pr)
 {
 	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
 	const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-	size_t i;
+	size_t i, j, q;
 
-	for (i = 0; i < n32; i += 16) {
-		__m256i x = _mm256_loadu_si256((const __m256i *)(h + i));
-		__m256i ye = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
-			_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
-			_mm256_load_ps(ga + i)), vi));
-		__m256i yo = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
-			_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
-			_mm256_load_ps(ga + i + 8)), vi));
-		__m256i b = _mm256_or_si256(
-			_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ye, half),
-				_mm256_and_si256(_mm256_srli_epi32(ye, 16), one)), 16),
-			_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(yo, half),
-				_mm256_and_si256(_mm256_srli_epi32(yo, 16), one)), hi));
+	for (i = 0; i < n32; i += 32) {
+		#pragma GCC unroll 2
+		for (q = 0; q < 2; q++) {
+			__m256i x, ye, yo, b;
 
-		if (nt && !((uintptr_t)(out + i) & 31))
-			_mm256_stream_si256((__m256i *)(out + i), b);
-		else
-			_mm256_storeu_si256((__m256i *)(out + i), b);
-		fep_pf_step(px, 16 * 2);
-		fep_pf_step(pr, 16 * 2);
+			j = i + 16 * q;
+			x = _mm256_loadu_si256((const __m256i *)(h + j));
+			ye = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
+				_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+				_mm256_load_ps(ga + j)), vi));
+			yo = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
+				_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
+				_mm256_load_ps(ga + j + 8)), vi));
+			b = _mm256_or_si256(
+				_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ye, half),
+					_mm256_and_si256(_mm256_srli_epi32(ye, 16), one)), 16),
+				_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(yo, half),
+					_mm256_and_si256(_mm256_srli_epi32(yo, 16), one)), hi));
+			if (nt && !((uintptr_t)(out + j) & 31))
+				_mm256_stream_si256((__m256i *)(out + j), b);
+			else
+				_mm256_storeu_si256((__m256i *)(out + j), b);
+		}
+		fep_pf_step(px, 64);
+		fep_pf_step(pr, 64);
 	}
 }
 
@@ -699,7 +743,7 @@ static FEP_INLINE FEP_T_AVX2 void norm256(const fep_k_rmsnorm_args_t *a,
 		/* FP8 output of bf16 rows gets the largest |h * g| in the
 		 * pass of the sum of squares */
 		float ss = eo && odt == FEP_K_FP8 && !res ?
-			   eo_sumsq256((const uint16_t *)x, n, gbuf, &mhg) :
+			   eo_sumsq256((const uint16_t *)x, NULL, n, gbuf, &mhg) :
 			   sumsq256(x, res, dt, n);
 
 		inv = 1.0f / sqrtf(ss / (float)n + a->eps);
@@ -813,20 +857,14 @@ FEP_T_AVX2 void fep_k_rmsnorm_avx2(const fep_k_rmsnorm_args_t *a, size_t r0, siz
 
 /* ---- AVX-512 ---- */
 
-/* Values [i, i + 16) of in + residual (mask k): the sum, rounded to
- * dt, is written back to the residual and returned as rounded. */
-static FEP_INLINE FEP_T_AVX512 __m512 res512(const char *x, char *res,
-					     fep_k_dtype_t dt, size_t i, __mmask16 k)
+/* Values [i, i + 16) of fp32 in + residual (mask k): the sum is
+ * written back to the residual (bf16 rows take eo_sumsq512). */
+static FEP_INLINE FEP_T_AVX512 __m512 res512(const char *x, char *res, size_t i,
+					     __mmask16 k)
 {
-	__m512 v = _mm512_add_ps(fep512_load(x, dt, i, k), fep512_load(res, dt, i, k));
+	__m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, (const float *)x + i),
+				 _mm512_maskz_loadu_ps(k, (const float *)res + i));
 
-	if (dt == FEP_K_BF16) {
-		__m256i b = fep512_f32_to_bf16(v);
-
-		_mm256_mask_storeu_epi16((uint16_t *)res + i, k, b);
-		return _mm512_castsi512_ps(_mm512_slli_epi32(
-			_mm512_maskz_cvtepu16_epi32(k, b), 16));
-	}
 	_mm512_mask_storeu_ps((float *)res + i, k, v);
 	return v;
 }
@@ -861,8 +899,51 @@ static FEP_INLINE FEP_T_AVX512 void eo_sq32_512(__m512i v, const float *ga,
 	}
 }
 
-/* The sum of squares of a bf16 row without residual up to the tree's
- * step w = 8, in even/odd order as eo_sumsq256: 32 values per vector,
+/* 32 bf16 values x plus 32 bf16 values r (one vector each), rounded to
+ * bf16 as eo_add16 does (the NaN rule holds without a step of its
+ * own), in order. */
+static FEP_INLINE FEP_T_AVX512 __m512i eo_add32_512(__m512i x, __m512i r)
+{
+	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+	const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+	__m512i e = _mm512_castps_si512(_mm512_add_ps(
+		_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+		_mm512_castsi512_ps(_mm512_slli_epi32(r, 16))));
+	__m512i o = _mm512_castps_si512(_mm512_add_ps(
+		_mm512_castsi512_ps(_mm512_and_si512(x, hi)),
+		_mm512_castsi512_ps(_mm512_and_si512(r, hi))));
+
+	e = _mm512_add_epi32(_mm512_add_epi32(e, half),
+			     _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
+	o = _mm512_add_epi32(_mm512_add_epi32(o, half),
+			     _mm512_and_si512(_mm512_srli_epi32(o, 16), one));
+	/* 0xca: A ? B : C, bitwise: the high halves of o, the low of e */
+	return _mm512_ternarylogic_epi32(hi, o, _mm512_srli_epi32(e, 16), 0xca);
+}
+
+/* 32 bf16 values at x + i, the tail's n of them where n < 32; with
+ * res, x + res (eo_add32_512), written back to res. */
+static FEP_INLINE FEP_T_AVX512 __m512i eo_ld32_512(const uint16_t *x, uint16_t *res,
+						   size_t i, size_t n)
+{
+	__mmask32 k = n >= 32 ? (__mmask32)-1 : (__mmask32)((1u << n) - 1);
+	__m512i v = n >= 32 ? _mm512_loadu_si512(x + i) : _mm512_maskz_loadu_epi16(k, x + i);
+
+	if (!res)
+		return v;
+	/* a tail's lanes past n: 0 + 0, which rounds to 0 */
+	v = eo_add32_512(v, n >= 32 ? _mm512_loadu_si512(res + i) :
+			    _mm512_maskz_loadu_epi16(k, res + i));
+	if (n >= 32)
+		_mm512_storeu_si512(res + i, v);
+	else
+		_mm512_mask_storeu_epi16(res + i, k, v);
+	return v;
+}
+
+/* The sum of squares of a bf16 row up to the tree's step w = 8 (with
+ * res, of the row plus res, rounded to bf16 and written back to res),
+ * in even/odd order as eo_sumsq256: 32 values per vector,
  * a0 holds the partial sums 0, 2, .., 30 and a1 1, 3, .., 31 (values
  * [0, 32) of each 64), a2 and a3 32, 34, .., 62 and 33, 35, .., 63, so
  * the step w = 32 adds a2 to a0 and a3 to a1, and w = 16 lanes l and
@@ -871,8 +952,8 @@ static FEP_INLINE FEP_T_AVX512 void eo_sq32_512(__m512i v, const float *ga,
  * *m gets the largest |h * g| bits of [0, n64) too: the FP8 output's
  * amax comes with the pass that reads the row in, not in a pass of its
  * own (|h| squares to the same bits as h). */
-static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n,
-						  size_t n64, const float *ga,
+static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, uint16_t *res,
+						  size_t n, size_t n64, const float *ga,
 						  __m512i *m)
 {
 	__m512 a[4];
@@ -885,9 +966,9 @@ static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n,
 	 * misses the caches is not overlapped with the loads after it, and
 	 * this pass is the one that brings the row in */
 	for (i = 0; i + 64 <= n; i += 64) {
-		eo_sq32_512(_mm512_loadu_si512(x + i), ga && i < n64 ? ga + i : NULL,
+		eo_sq32_512(eo_ld32_512(x, res, i, 32), ga && i < n64 ? ga + i : NULL,
 			    &a[0], &a[1], &m0, &m1);
-		eo_sq32_512(_mm512_loadu_si512(x + i + 32),
+		eo_sq32_512(eo_ld32_512(x, res, i + 32, 32),
 			    ga && i < n64 ? ga + i + 32 : NULL, &a[2], &a[3], &m0, &m1);
 	}
 	/* the values past the last whole 64 (past n64 too: no amax), up to
@@ -896,9 +977,8 @@ static FEP_INLINE FEP_T_AVX512 __m256 eo_sumsq512(const uint16_t *x, size_t n,
 	for (q = 0; q < 2; q++, i += 32) {
 		if (i >= n)
 			break;
-		eo_sq32_512(n - i >= 32 ? _mm512_loadu_si512(x + i) :
-			    _mm512_maskz_loadu_epi16((__mmask32)((1u << (n - i)) - 1), x + i),
-			    NULL, &a[2 * q], &a[2 * q + 1], &m0, &m1);
+		eo_sq32_512(eo_ld32_512(x, res, i, n - i), NULL, &a[2 * q],
+			    &a[2 * q + 1], &m0, &m1);
 	}
 	if (ga)
 		*m = _mm512_max_epu32(m0, m1);
@@ -924,8 +1004,8 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 	__m512 acc[4];
 	size_t i, q;
 
-	if (dt == FEP_K_BF16 && !res)
-		return eo_sumsq512((const uint16_t *)x, n, 0, NULL, NULL);
+	if (dt == FEP_K_BF16)
+		return eo_sumsq512((const uint16_t *)x, (uint16_t *)res, n, 0, NULL, NULL);
 	/* lanes of acc[q]: partial sums 16q..16q+15 of rms_tree */
 	#pragma GCC unroll 4
 	for (q = 0; q < 4; q++)
@@ -934,7 +1014,7 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 		for (i = 0; i + 64 <= n; i += 64)
 			#pragma GCC unroll 4
 			for (q = 0; q < 4; q++) {
-				__m512 v = res512(x, res, dt, i + 16 * q, 0xffff);
+				__m512 v = res512(x, res, i + 16 * q, 0xffff);
 
 				acc[q] = _mm512_fmadd_ps(v, v, acc[q]);
 			}
@@ -954,7 +1034,7 @@ static FEP_INLINE FEP_T_AVX512 __m256 sumsq8_512(const char *x, char *res,
 		if (i + 16 * q >= n)
 			break;
 		k = fep512_mask(n - i - 16 * q);
-		v = res ? res512(x, res, dt, i + 16 * q, k) : fep512_load(x, dt, i + 16 * q, k);
+		v = res ? res512(x, res, i + 16 * q, k) : fep512_load(x, dt, i + 16 * q, k);
 		acc[q] = _mm512_fmadd_ps(v, v, acc[q]);
 	}
 	/* the tree's steps w = 32, 16, 8 */
@@ -1187,7 +1267,7 @@ static FEP_INLINE FEP_T_AVX512 void norm512(const fep_k_rmsnorm_args_t *a,
 		/* the tree: w = 16, 8 there, then 4, 2, 1; FP8 output of
 		 * bf16 rows gets the largest |h * g| in the same pass */
 		t8 = eo && odt == FEP_K_FP8 && !res ?
-		     eo_sumsq512((const uint16_t *)x, n, n64, gbuf, &mhg) :
+		     eo_sumsq512((const uint16_t *)x, NULL, n, n64, gbuf, &mhg) :
 		     sumsq8_512(x, res, dt, n);
 		t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
 		t4 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
