@@ -179,12 +179,3 @@ const char *fep_k_dtype_name(fep_k_dtype_t dt)
 	return "unknown";
 }
 
-size_t fep_k_dtype_size(fep_k_dtype_t dt)
-{
-	switch (dt) {
-	case FEP_K_F32: return 4;
-	case FEP_K_BF16: return 2;
-	case FEP_K_FP8: return 1;
-	}
-	return 0;
-}

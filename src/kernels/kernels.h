@@ -158,7 +158,18 @@ typedef enum {
 #define FEP_K_NT_PF 2048
 
 const char *fep_k_dtype_name(fep_k_dtype_t dt);
-size_t fep_k_dtype_size(fep_k_dtype_t dt); /* 4, 2, 1 */
+/* Bytes of a value of dt: 4, 2, 1 (0 for no dtype).  Inline, so that
+ * a kernel instantiated for one dtype gets its strides and prefetch
+ * steps as constants. */
+static inline size_t fep_k_dtype_size(fep_k_dtype_t dt)
+{
+	switch (dt) {
+	case FEP_K_F32: return 4;
+	case FEP_K_BF16: return 2;
+	case FEP_K_FP8: return 1;
+	}
+	return 0;
+}
 
 /* Scalar helpers shared by the kernels and the tests (the reference). */
 uint16_t fep_f32_to_bf16(float f);
