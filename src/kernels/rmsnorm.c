@@ -294,19 +294,13 @@ static FEP_INLINE FEP_T_AVX2 void eo_sq32(__m256i x0, __m256i x1, __m256 *acc)
 static FEP_INLINE FEP_T_AVX2 __m256i eo_add16(__m256i x, __m256i r)
 {
 	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-	const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-	__m256i e = _mm256_castps_si256(_mm256_add_ps(
-		_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
-		_mm256_castsi256_ps(_mm256_slli_epi32(r, 16))));
-	__m256i o = _mm256_castps_si256(_mm256_add_ps(
-		_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
-		_mm256_castsi256_ps(_mm256_and_si256(r, hi))));
 
-	e = _mm256_add_epi32(_mm256_add_epi32(e, half),
-			     _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
-	o = _mm256_add_epi32(_mm256_add_epi32(o, half),
-			     _mm256_and_si256(_mm256_srli_epi32(o, 16), one));
-	return _mm256_or_si256(_mm256_srli_epi32(e, 16), _mm256_and_si256(o, hi));
+	return fep256_bf16_eo_nn(_mm256_castps_si256(_mm256_add_ps(
+		_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+		_mm256_castsi256_ps(_mm256_slli_epi32(r, 16)))),
+		_mm256_castps_si256(_mm256_add_ps(
+		_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
+		_mm256_castsi256_ps(_mm256_and_si256(r, hi)))));
 }
 
 /* 32 bf16 values at x + i (all there) squared into acc as eo_sq32
@@ -604,7 +598,6 @@ static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 					      int nt, fep_pf_t *px, fep_pf_t *pr)
 {
 	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-	const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
 	size_t i, j, q;
 
 	for (i = 0; i < n32; i += 32) {
@@ -620,11 +613,7 @@ static FEP_INLINE FEP_T_AVX2 void eo_bf16_256(uint16_t *out, const uint16_t *h,
 			yo = _mm256_castps_si256(_mm256_mul_ps(_mm256_mul_ps(
 				_mm256_castsi256_ps(_mm256_and_si256(x, hi)),
 				_mm256_load_ps(ga + j + 8)), vi));
-			b = _mm256_or_si256(
-				_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ye, half),
-					_mm256_and_si256(_mm256_srli_epi32(ye, 16), one)), 16),
-				_mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(yo, half),
-					_mm256_and_si256(_mm256_srli_epi32(yo, 16), one)), hi));
+			b = fep256_bf16_eo_nn(ye, yo);
 			if (nt && !((uintptr_t)(out + j) & 31))
 				_mm256_stream_si256((__m256i *)(out + j), b);
 			else
@@ -905,20 +894,13 @@ static FEP_INLINE FEP_T_AVX512 void eo_sq32_512(__m512i v, const float *ga,
 static FEP_INLINE FEP_T_AVX512 __m512i eo_add32_512(__m512i x, __m512i r)
 {
 	const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-	const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-	__m512i e = _mm512_castps_si512(_mm512_add_ps(
-		_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
-		_mm512_castsi512_ps(_mm512_slli_epi32(r, 16))));
-	__m512i o = _mm512_castps_si512(_mm512_add_ps(
-		_mm512_castsi512_ps(_mm512_and_si512(x, hi)),
-		_mm512_castsi512_ps(_mm512_and_si512(r, hi))));
 
-	e = _mm512_add_epi32(_mm512_add_epi32(e, half),
-			     _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
-	o = _mm512_add_epi32(_mm512_add_epi32(o, half),
-			     _mm512_and_si512(_mm512_srli_epi32(o, 16), one));
-	/* 0xca: A ? B : C, bitwise: the high halves of o, the low of e */
-	return _mm512_ternarylogic_epi32(hi, o, _mm512_srli_epi32(e, 16), 0xca);
+	return fep512_bf16_eo_nn(_mm512_castps_si512(_mm512_add_ps(
+		_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+		_mm512_castsi512_ps(_mm512_slli_epi32(r, 16)))),
+		_mm512_castps_si512(_mm512_add_ps(
+		_mm512_castsi512_ps(_mm512_and_si512(x, hi)),
+		_mm512_castsi512_ps(_mm512_and_si512(r, hi)))));
 }
 
 /* 32 bf16 values at x + i, the tail's n of them where n < 32; with

@@ -84,6 +84,24 @@ static inline FEP_T_AVX512 __m512i fep512_bf16_bits(__m512 v)
 				    _mm512_set1_epi32(0x40));
 }
 
+/* 32 values as fp32 bits in even/odd order (e: values 0, 2, .., 30; o:
+ * 1, 3, .., 31) rounded to bf16 as fep256_bf16_rne_nn rounds them (no
+ * NaN but one with zero low 16 bits, as the default NaN and any sum of
+ * bf16 values are) -> their 32 words in order, e's into the low halves
+ * and o's into the high halves, with no shuffle. */
+static inline FEP_T_AVX512 __m512i fep512_bf16_eo_nn(__m512i e, __m512i o)
+{
+	const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+
+	e = _mm512_add_epi32(_mm512_add_epi32(e, half),
+			     _mm512_and_si512(_mm512_srli_epi32(e, 16), one));
+	o = _mm512_add_epi32(_mm512_add_epi32(o, half),
+			     _mm512_and_si512(_mm512_srli_epi32(o, 16), one));
+	/* 0xca: A ? B : C, bitwise: the high halves of o, the low of e */
+	return _mm512_ternarylogic_epi32(_mm512_set1_epi32((int)0xffff0000u), o,
+					 _mm512_srli_epi32(e, 16), 0xca);
+}
+
 /* Lanes of v that are fp32 subnormals (exponent 0, mantissa != 0): the
  * hardware conversion flushes them, so they take the integer path. */
 static inline FEP_T_AVX512 __mmask16 fep512_subnormals(__m512 v)
@@ -742,6 +760,19 @@ static inline FEP_T_AVX2 __m256i fep256_bf16_rne_nn(__m256 v)
 	return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u,
 		_mm256_set1_epi32(0x7fff)), _mm256_and_si256(_mm256_srli_epi32(u, 16),
 							      _mm256_set1_epi32(1))), 16);
+}
+
+/* fep512_bf16_eo_nn for 16 values (e: 0, 2, .., 14; o: 1, 3, .., 15) */
+static inline FEP_T_AVX2 __m256i fep256_bf16_eo_nn(__m256i e, __m256i o)
+{
+	const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+
+	e = _mm256_add_epi32(_mm256_add_epi32(e, half),
+			     _mm256_and_si256(_mm256_srli_epi32(e, 16), one));
+	o = _mm256_add_epi32(_mm256_add_epi32(o, half),
+			     _mm256_and_si256(_mm256_srli_epi32(o, 16), one));
+	return _mm256_or_si256(_mm256_srli_epi32(e, 16),
+			       _mm256_and_si256(o, _mm256_set1_epi32((int)0xffff0000u)));
 }
 
 /* A prefetch cursor over the next row (into L2):
