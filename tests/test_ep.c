@@ -36,7 +36,9 @@
  * (see cancel_token) */
 /* R_DUP: every token names each of its experts twice (slots 2i, 2i + 1) */
 /* R_ONE_FEW, R_ONE_IDLE: as R_ONE, but odd ranks send one token, none */
-enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL, R_DUP, R_ONE_FEW, R_ONE_IDLE };
+/* R_FULL: as R_RANDOM, but every rank sends max_tokens tokens */
+enum { R_RANDOM, R_ONE, R_ZERO, R_NEG, R_CANCEL, R_DUP, R_ONE_FEW, R_ONE_IDLE,
+       R_FULL };
 #define R_ONE_ANY(r) ((r) == R_ONE || (r) == R_ONE_FEW || (r) == R_ONE_IDLE)
 enum { B_NONE, B_RANGE, B_TOO_MANY, B_NULL_X };
 
@@ -256,6 +258,8 @@ static void gen(const struct params *p, int size, int src, int round,
 	if (R_ONE_ANY(p->routing))
 		in->n = p->routing == R_ONE || src % 2 == 0 ? (size_t)p->max_tokens :
 			p->routing == R_ONE_FEW ? 1 : 0;
+	if (p->routing == R_FULL)
+		in->n = (size_t)p->max_tokens;
 	if (p->routing == R_ZERO && (src % 2 == 1 || size == 1))
 		in->n = 0;
 	hot = (int)(fep_test_rand(&seed) % (uint64_t)p->experts);
@@ -1766,6 +1770,13 @@ EP_TEST(sockets2_small, "sockets", 2, .rounds = 5, .hidden = 16)
 EP_TEST(place_shm3_split, "shm", 3, .rounds = 40, .topk = 4, .experts = 12,
 	.max_tokens = 24, .split = 1, .backward = 1, .place = "always",
 	.place_expect = 1)
+/* top-2 of 12 experts on 3 ranks, about 1.16 rows a record: every row
+ * placed (the sender writes a token's row once per expert of the
+ * receiver); top-4 above, about 1.7: each token's row once, copied by
+ * the receiver to its further experts there */
+EP_TEST(place_shm3_rows, "shm", 3, .rounds = 8, .routing = R_FULL, .topk = 2,
+	.experts = 12, .hidden = 256, .max_tokens = 24, .place = "always",
+	.place_expect = 1)
 /* several chunks per run: the placed batch adds all their signals;
  * outstanding dispatches in both sets */
 EP_TEST(place_shm4_chunks, "shm", 4, .rounds = 12, .topk = 3, .experts = 8,
@@ -1787,16 +1798,17 @@ EP_TEST(place_shm4_writes, "shm", 4, .rounds = 10, .topk = 4, .experts = 8,
 	.max_tokens = 32, .place = "always", .gather_writes = 6, .place_expect = 1)
 EP_TEST(place_never_shm3, "shm", 3, .rounds = 6, .topk = 4, .experts = 12,
 	.place = "never", .place_expect = -1)
-/* auto: a run is worth placing where its rows are at most 4/3 of its
- * records, and a call places where most of its runs are: every token
- * to one expert (a row a record), from 64 KiB of records, places; top-4
- * of 12 experts on 3 ranks (about 1.7 rows a record) does not */
+/* auto: a call places from 64 KiB of records, whatever its rows per
+ * record (a placed token goes once to a rank, and the receiver copies
+ * it to its further experts there): every token to one expert (a row a
+ * record), and top-4 of 12 experts on 3 ranks (about 1.7 rows a
+ * record) */
 EP_TEST(place_auto_shm3_one, "shm", 3, .rounds = 12, .routing = R_ONE,
 	.topk = 2, .experts = 12, .hidden = 1024, .max_tokens = 40,
 	.place = "auto", .place_expect = 1)
-EP_TEST(place_auto_shm3_spread, "shm", 3, .rounds = 8, .topk = 4,
-	.experts = 12, .hidden = 1024, .max_tokens = 40, .place = "auto",
-	.place_expect = -1)
+EP_TEST(place_auto_shm3_spread, "shm", 3, .rounds = 8, .routing = R_FULL,
+	.topk = 4, .experts = 12, .hidden = 1024, .max_tokens = 40,
+	.place = "auto", .place_expect = 1)
 /* auto: a call below 64 KiB of records cannot place, and its headers
  * carry no counts of every rank; without them from rank 1 (one token)
  * no rank places, though the others' calls are large and of a row a
@@ -3090,6 +3102,7 @@ static Suite *ep_suite(void)
 	ADD(tc, rows_never_shm3);
 	ADD(tc, rows_auto_shm3_one_token);
 	ADD(tc, place_shm3_split);
+	ADD(tc, place_shm3_rows);
 	ADD(tc, place_shm4_chunks);
 	ADD(tc, place_tcp3_delivery);
 	ADD(tc, place_shm3_refuse);

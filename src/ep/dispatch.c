@@ -583,24 +583,42 @@ static void pack_ctx_init(struct fabep_moe *m, struct pack_ctx *c, int b,
 
 static int fep_ep_merge(const struct fabep_moe *m, size_t n);
 
-/* Whether this rank's run to d is worth placing, from its own routing:
- * a placed token goes once per expert of d it has, a record once per
- * rank; the rows are written by the sender's copy, which is slower per
- * byte than the receiver's copy of the records into expert-major order
- * it saves (a quarter of its rate at 16 ranks), so automatically only
- * where the rows are at most 4/3 of the records, as at 16 ranks and
- * more with top-8 (about 1.24; 8 ranks about 1.5). */
+/* The first of a token's k experts (ids) on rank d, or -1: the place
+ * a placed dispatch writes the token's row to at d (place_send), and
+ * the one d copies it from to the token's other experts there
+ * (place). */
+static int32_t first_of(const struct fabep_moe *m, const int32_t *ids, int d)
+{
+	int j;
+
+	for (j = 0; j < m->k; j++)
+		if (ids[j] >= 0 && ids[j] / m->L == d)
+			return ids[j];
+	return -1;
+}
+
+/* Whether a placed run of rows (token, expert) pairs in records tokens
+ * goes as each token's row once, at its first expert of the receiver
+ * (first_of), for the receiver to copy to the token's further experts
+ * there, rather than as every row: where it has more than FEP_EP_ONCE /
+ * 3 rows a record.  The sender's copies (process_vm_writev under the
+ * target's lock) are slower per byte than the receiver's copy, but each
+ * row the receiver copies is read and written once more where it lands:
+ * at 8 ranks with top-8 (about 1.5 rows a record) once, at 16 (1.24)
+ * every row. */
+static int place_once(uint64_t rows, uint64_t records)
+{
+	return 3 * rows > FEP_EP_ONCE * records;
+}
+
+/* Whether this rank's run to d may be placed: where the receiver would
+ * copy every row of the records, a placed run's rows it copies none of,
+ * or only a token's further rows (place_once), so every run to another
+ * rank is. */
 static int place_wanted(const struct fabep_moe *m, const struct fep_ep_set *s,
 			int d)
 {
-	uint64_t rows = 0;
-	int e;
-
-	if (d == m->rank || !s->sent[d])
-		return 0;
-	for (e = 0; e < m->L; e++)
-		rows += m->ecnt[(size_t)d * (size_t)m->L + (size_t)e];
-	return m->place_mode > 0 || 3 * rows <= 4 * (uint64_t)s->sent[d];
+	return d != m->rank && s->sent[d];
 }
 
 /* Route the call (a refused one: no tokens anywhere) and write every
@@ -611,18 +629,12 @@ static void write_headers(struct fabep_moe *m, int b, struct fep_ep_set *s,
 	int d, p;
 
 	if (!status) {
-		int runs = 0;
-
 		route(m, s, m->prev_ids, n);
-		for (d = 0, p = 0; m->placing && d < m->size; d++) {
+		for (d = 0, p = 0; m->placing && d < m->size; d++)
 			p += m->pdest[d] = (uint8_t)place_wanted(m, s, d);
-			runs += d != m->rank && s->sent[d];
-		}
-		/* the wait for every header holds back every run of the
-		 * call, so a call places only where most of its runs go
-		 * placed, not for the odd run below 4/3 rows a record (as
-		 * at 8 ranks with top-8, 1.5 rows a record) */
-		if (m->placing && (!p || 2 * p < runs)) {
+		/* a call whose tokens all stay here has nothing to place
+		 * and no reason to wait for every header */
+		if (m->placing && !p) {
 			m->placing = 0;
 			m->dmerge = fep_ep_merge(m, n);
 		}
@@ -775,9 +787,12 @@ static void take_hdrs(struct fabep_moe *m, int b, struct fep_ep_set *s)
  * rank's rows per expert, so that this rank knows each receiver's
  * expert-major layout (by expert, then source, then token, as
  * build_begin lays it out) and where its own rows go in it; then write
- * the rows there from the input slot, with the records' metadata behind
- * a mark in this rank's slot and the signals the header announced, one
- * batch.  The receiver then copies no row of this rank.  A receiver
+ * each token's row once to a receiver, at the place of its first
+ * expert there (first_of), from the input slot, with the records'
+ * metadata behind a mark in this rank's slot and the signals the header
+ * announced, one batch.  The receiver then copies a token's row only to
+ * its further experts there (place), where records it copies to every
+ * one.  A receiver
  * whose rows exceed its placed region, or whose rows would take more
  * writes than this rank's share of its queue (m->gather_writes), gets the
  * records as always; so does every receiver where a header is refused
@@ -846,7 +861,8 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 	for (d = 0; d < m->size; d++) {
 		const int32_t *tok = m->pack_tok + m->pack_base[d];
 		uint8_t *st;
-		int32_t mark[2] = { FEP_EP_PLACED_MARK, c->stamp };
+		int32_t mark[3] = { FEP_EP_PLACED_MARK, c->stamp, 0 };
+		uint64_t rows = 0;
 
 		if (d == m->rank)
 			continue;
@@ -854,25 +870,48 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 			np += ready_chunks(m, c, s, d, m->pputs + np);
 			continue;
 		}
-		/* each row's put at its place in the list, by expert then
-		 * row: one (destination, expert)'s rows are one range there,
-		 * and consecutive puts to it leave as gathered writes */
+		/* every row, or each token's row once, at the place of its
+		 * first expert of d (in k order; place_once): each put at its
+		 * place in the list, by expert then row, so that puts to one
+		 * (destination, expert)'s range are next to each other and
+		 * consecutive ones leave as gathered writes */
+		for (e = 0; e < L; e++)
+			rows += m->pput[(size_t)d * L + e] = m->ecnt[(size_t)d * L + e];
+		mark[2] = place_once(rows, s->sent[d]);
+		if (mark[2]) {
+			for (e = 0; e < L; e++)
+				m->pput[(size_t)d * L + e] = 0;
+			for (i = 0; i < s->sent[d]; i++) {
+				int32_t g = first_of(m, c->ids + (size_t)tok[i] * k, d);
+
+				if (g >= 0)
+					m->pput[g]++;
+			}
+		}
 		for (e = 0; e < L; e++) {
-			m->pput[(size_t)d * L + e] = np;
-			np += m->ecnt[(size_t)d * L + e];
+			size_t x = (size_t)d * L + e, cnt = m->pput[x];
+
+			m->pput[x] = np;
+			np += cnt;
 		}
 		for (i = 0; i < s->sent[d]; i++) {
 			size_t t = (size_t)tok[i], j;
+			int first = 1;
 
 			for (j = 0; j < k; j++) {
 				int32_t g = c->ids[t * k + j];
 				struct fep_put *p;
+				uint64_t at;
 
 				if (g < 0 || g / m->L != d)
 					continue;
+				at = m->pnext[g]++;
+				if (!first && mark[2])
+					continue;
+				first = 0;
 				p = &m->pputs[m->pput[g]++];
 				p->peer = d;
-				p->dst = fep_ep_dplace(m, b) + m->pnext[g]++ * m->row_bytes;
+				p->dst = fep_ep_dplace(m, b) + at * m->row_bytes;
 				p->src = in + t * m->rec_bytes + m->pay_off;
 				p->len = m->row_bytes;
 				p->sig = 0;
@@ -1032,7 +1071,10 @@ FEP_EXPORT int fabep_moe_dispatch_send(fabep_moe_t *m, const void *x,
 /* The records of source src: check each (token index, expert ids), give
  * every (token, k) with an expert of this rank its row (the next of its
  * (source, expert) block), and check the rows of each expert against
- * what the source's header announced. */
+ * what the source's header announced.  Where a placed source wrote each
+ * token's row once, at its first expert's row (first_of), the gather
+ * index of the token's further rows is that row (build_end copies
+ * them), of the first -1. */
 static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 		 int src)
 {
@@ -1043,13 +1085,14 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 			      (s->placed[src] ? m->meta_bytes : 0);
 	uint32_t *cur = m->rcur + (size_t)src * (size_t)m->L;
 	const uint32_t *end = m->rend + (size_t)src * (size_t)m->L;
+	int once = s->placed[src] == 2;
 	size_t k = (size_t)m->k, i;
 	int e, j;
 
 	for (i = 0; i < s->rcount[src]; i++) {
 		const uint8_t *rec = recs + i * stride;
 		size_t tok = s->tbase[src] + i;
-		int32_t t, le;
+		int32_t t, le, first = -1;
 		float w;
 
 		/* the records are a row apart, too far for the hardware's
@@ -1087,8 +1130,13 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 			}
 			memcpy(&w, rec + 8 + 4 * k + 4 * (size_t)j, 4);
 			r = cur[le]++;
-			s->gidx[r] = src == m->rank && i < s->self_n ? s->self_pay[i] :
-				(int32_t)((size_t)src * m->dslot_recs + m->hdr_recs + i);
+			if (once) {  /* -1: in place; else the row to copy */
+				s->gidx[r] = first;
+				if (first < 0)
+					first = (int32_t)r;
+			} else
+				s->gidx[r] = src == m->rank && i < s->self_n ? s->self_pay[i] :
+					(int32_t)((size_t)src * m->dslot_recs + m->hdr_recs + i);
 			s->src_info[3 * (size_t)r] = src;
 			s->src_info[3 * (size_t)r + 1] = t;
 			s->src_info[3 * (size_t)r + 2] = j;
@@ -1143,18 +1191,25 @@ static int gather_blocks(struct fabep_moe *m, struct fep_ep_set *s,
 	return ret;
 }
 
-/* Append the rows [r0, r1) to the block list (merged with the last). */
-static void add_block(struct fabep_moe *m, size_t *nb, uint32_t r0, uint32_t r1)
+/* Append the rows [r0, r1) to the block list start / pre (merged with
+ * the last). */
+static void add_blk(uint32_t *start, uint32_t *pre, size_t *nb, uint32_t r0,
+		    uint32_t r1)
 {
 	if (r1 <= r0)
 		return;
-	if (*nb && m->blk_start[*nb - 1] + (m->blk_pre[*nb] - m->blk_pre[*nb - 1]) == r0) {
-		m->blk_pre[*nb] += r1 - r0;
+	if (*nb && start[*nb - 1] + (pre[*nb] - pre[*nb - 1]) == r0) {
+		pre[*nb] += r1 - r0;
 		return;
 	}
-	m->blk_start[*nb] = r0;
-	m->blk_pre[*nb + 1] = m->blk_pre[*nb] + (r1 - r0);
+	start[*nb] = r0;
+	pre[*nb + 1] = pre[*nb] + (r1 - r0);
 	(*nb)++;
+}
+
+static void add_block(struct fabep_moe *m, size_t *nb, uint32_t r0, uint32_t r1)
+{
+	add_blk(m->blk_start, m->blk_pre, nb, r0, r1);
 }
 
 /* First row of this rank's own block of local expert e. */
@@ -1289,16 +1344,50 @@ static int place_own(void *arg)
 	return place(c->m, c->s, c->base, c->m->rank);
 }
 
+/* The rows of the sources that wrote each token's row once (place_once):
+ * each further row of a token copied from its first (place), on the
+ * workers. */
+static int copy_once(struct fabep_moe *m, struct fep_ep_set *s)
+{
+	fep_k_perm_args_t a;
+	size_t L = (size_t)m->L, nb = 0, e;
+	uint32_t r;
+	int src;
+
+	m->dup_pre[0] = 0;
+	for (src = 0; src < m->size; src++) {
+		if (s->placed[src] != 2)
+			continue;
+		for (e = 0; e < L; e++)
+			for (r = src ? m->rend[(size_t)(src - 1) * L + e] : s->row_offsets[e];
+			     r < m->rend[(size_t)src * L + e]; r++)
+				if (s->gidx[r] >= 0)
+					add_blk(m->dup_start, m->dup_pre, &nb, r, r + 1);
+	}
+	if (!nb)
+		return 0;
+	memset(&a, 0, sizeof(a));
+	a.src = a.dst = s->xo;
+	a.src_stride = a.dst_stride = a.row_bytes = m->row_bytes;
+	a.idx = s->gidx;
+	a.nt = s->rows * m->row_bytes >= FEP_K_NT_BYTES ? 1 : -1;
+	return fep_k_gather_blocks_mt(m->comm->pool, &a, m->dup_start, m->dup_pre, nb,
+				      NULL, NULL);
+}
+
 /* Whether source src's record area opens with this call's placed mark:
- * its rows are in place, its records metadata only. */
+ * its rows are in place, its records metadata only; 2 where it wrote
+ * each token's row once (place_once), 1 every row, 0 no mark. */
 static int placed_mark(const struct fabep_moe *m, const struct fep_ep_set *s,
 		       const uint8_t *base, int src)
 {
-	int32_t mark[2];
+	int32_t mark[3];
 
 	memcpy(mark, base + (size_t)src * m->dslot_bytes + m->hdr_recs * m->rec_bytes,
 	       sizeof(mark));
-	return mark[0] == FEP_EP_PLACED_MARK && mark[1] == (int32_t)(uint32_t)s->seq;
+	if (mark[0] != FEP_EP_PLACED_MARK || mark[1] != (int32_t)(uint32_t)s->seq)
+		return 0;
+	return mark[2] ? 2 : 1;
 }
 
 /* After the records: place the peers' rows (the sources side by side on
@@ -1323,6 +1412,9 @@ static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		return ret;
 	if (m->zcopy)
 		return 0;  /* gidx is row_index */
+	ret = copy_once(m, s);
+	if (ret)
+		return ret;
 	if (s->ident_rows < s->rows) {
 		for (i = s->ident_rows; i < s->rows; i++)
 			s->row_index[i] = (int32_t)i;

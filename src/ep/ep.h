@@ -80,6 +80,13 @@ struct fep_ep_hdr {
  * call's header out of the provider's inline path. */
 #define FEP_EP_HDR_COUNTS 8u
 #define FEP_EP_PLACED_MARK (-2)
+/* The mark's third word: 1 where the source wrote each token's row once,
+ * at its first expert of the receiver, for the receiver to copy to the
+ * token's further experts there (a run of more than FEP_EP_ONCE / 3 rows
+ * a record, place_once in dispatch.c); 0 where it wrote every row. */
+#ifndef FEP_EP_ONCE
+#define FEP_EP_ONCE 4
+#endif
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
 /* FABEP_MOE_CHUNK when unset: bytes per pipelined write of a run (0: one
@@ -298,6 +305,8 @@ struct fabep_moe {
 	uint32_t *ecnt;      /* [size * L]: rows for each destination's experts */
 	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
 	uint32_t *blk_start, *blk_pre; /* [size * L + 2 * L + 1]: row blocks to gather */
+	uint32_t *dup_start, *dup_pre; /* [place_rows + 1]: the rows a placed
+					* dispatch's receiver copies (place) */
 	/* combine's final sum, done per token by the own run once every
 	 * peer's rows are in (fabep_moe_combine, which knows out): */
 	size_t cfused;       /* tokens the own run summed: the pending

@@ -290,6 +290,8 @@ static void ep_free(struct fabep_moe *m)
 	free(m->rend);
 	free(m->blk_start);
 	free(m->blk_pre);
+	free(m->dup_start);
+	free(m->dup_pre);
 	free(m->own_tok);
 	free(m->fused);
 	free(m->xblk);
@@ -333,6 +335,10 @@ static int ep_alloc_host(struct fabep_moe *m)
 	/* blocks of rows to gather: at most one per (source, expert) */
 	m->blk_start = calloc(R * L + 2 * L + 1, sizeof(uint32_t));
 	m->blk_pre = calloc(R * L + 2 * L + 2, sizeof(uint32_t));
+	/* rows a placed dispatch's receiver copies from a token's first
+	 * row (place): at most one block per row of the placed region */
+	m->dup_start = calloc(m->place_rows + 1, sizeof(uint32_t));
+	m->dup_pre = calloc(m->place_rows + 2, sizeof(uint32_t));
 	m->own_tok = malloc(T1 * sizeof(int32_t));
 	m->fused = calloc(T1, 1);
 	m->xblk = malloc(2 * R * L * sizeof(uint32_t));
@@ -347,6 +353,7 @@ static int ep_alloc_host(struct fabep_moe *m)
 	if (!m->pcol || !m->pnext || !m->pput || !m->pdest || !m->pputs ||
 	    !m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
 	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
+	    !m->dup_start || !m->dup_pre ||
 	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->old_ids || !m->old_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
 		return -ENOMEM;
