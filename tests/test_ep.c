@@ -76,6 +76,8 @@ struct params {
 	const char *place; /* FABEP_MOE_PLACE */
 	int place_expect; /* 1: some source must place its rows, -1: none may */
 	int place_cap;    /* the handle's place_rows instead of its own */
+	int crowded;      /* the handle takes ranks to outnumber the CPUs
+			   * (1) or not (-1), whatever this machine has */
 	int lanes;        /* 1: some batch of copies must be made in lanes;
 			   * -1: none may be */
 	const char *lanes_env; /* FABEP_MOE_LANES */
@@ -750,6 +752,8 @@ static int make(const struct params *p, int rank, int size, fabep_comm_t **comm,
 	}
 	if (p->gather_writes)
 		(*moe)->gather_writes = (size_t)p->gather_writes;
+	if (p->crowded)  /* auto places only where ranks do not crowd */
+		(*moe)->crowded = p->crowded > 0;
 	if (p->place_cap)  /* fewer rows fit: more calls are not placed */
 		(*moe)->place_rows = FEP_MIN((*moe)->place_rows, (size_t)p->place_cap);
 	if (p->gathered && (!(*moe)->gather ||
@@ -1805,10 +1809,18 @@ EP_TEST(place_never_shm3, "shm", 3, .rounds = 6, .topk = 4, .experts = 12,
  * record) */
 EP_TEST(place_auto_shm3_one, "shm", 3, .rounds = 12, .routing = R_ONE,
 	.topk = 2, .experts = 12, .hidden = 1024, .max_tokens = 40,
-	.place = "auto", .place_expect = 1)
+	.place = "auto", .place_expect = 1,
+	.crowded = -1)
 EP_TEST(place_auto_shm3_spread, "shm", 3, .rounds = 8, .routing = R_FULL,
 	.topk = 4, .experts = 12, .hidden = 1024, .max_tokens = 40,
-	.place = "auto", .place_expect = 1)
+	.place = "auto", .place_expect = 1,
+	.crowded = -1)
+/* auto where ranks outnumber the CPUs: a placed source would wait for
+ * every header, so for ranks that are not running; records leave at
+ * once */
+EP_TEST(place_auto_shm3_crowded, "shm", 3, .rounds = 6, .routing = R_FULL,
+	.topk = 4, .experts = 12, .hidden = 1024, .max_tokens = 40,
+	.place = "auto", .place_expect = -1, .crowded = 1)
 /* auto: a call below 64 KiB of records cannot place, and its headers
  * carry no counts of every rank; without them from rank 1 (one token)
  * no rank places, though the others' calls are large and of a row a
@@ -1819,7 +1831,8 @@ EP_TEST(place_auto_shm3_few, "shm", 3, .rounds = 8, .routing = R_ONE_FEW,
 /* an idle rank (no tokens) carries every rank's counts: the others place */
 EP_TEST(place_auto_shm3_idle, "shm", 3, .rounds = 8, .routing = R_ONE_IDLE,
 	.topk = 2, .experts = 12, .hidden = 1024, .max_tokens = 40,
-	.place = "auto", .place_expect = 1)
+	.place = "auto", .place_expect = 1,
+	.crowded = -1)
 
 /* A random run for the fep_ep_ready_chunks models below: room for up
  * to 40 units in chunks of per, a header of 1 to 3 units, count units
@@ -3111,6 +3124,7 @@ static Suite *ep_suite(void)
 	ADD(tc, place_never_shm3);
 	ADD(tc, place_auto_shm3_one);
 	ADD(tc, place_auto_shm3_spread);
+	ADD(tc, place_auto_shm3_crowded);
 	ADD(tc, place_auto_shm3_few);
 	ADD(tc, place_auto_shm3_idle);
 	ADD(tc, keys_tcp3);

@@ -221,6 +221,8 @@ struct fabep_moe {
 	int place_mode;      /* FABEP_MOE_PLACE: -1 never, 0 auto (calls
 			      * whose headers leave early), 1 always */
 	size_t place_rows;   /* rows of a set's placed region; 0: none */
+	int crowded;         /* ranks outnumber the CPUs here (the fabric's
+			      * oversubscribed): auto places nothing */
 	int placing;         /* this dispatch_send places its rows */
 	int dcounts;         /* its headers carry every rank's counts */
 	fep_k_dtype_t cdt;   /* combine dtype */

@@ -447,6 +447,7 @@ FEP_EXPORT int fabep_moe_create(fabep_comm_t *comm, const fabep_moe_config_t *cf
 	} else {
 		m->comm = comm;
 		m->rank = comm->rank;
+		m->crowded = comm->fab->oversubscribed;
 		/* runs leave from the input slot, gathered, where a chunk's
 		 * writes need not each carry its signal (not remote CQ data)
 		 * and one write takes several pieces */
