@@ -1781,6 +1781,21 @@ EP_TEST(place_shm3_split, "shm", 3, .rounds = 40, .topk = 4, .experts = 12,
 EP_TEST(place_shm3_rows, "shm", 3, .rounds = 8, .routing = R_FULL, .topk = 2,
 	.experts = 12, .hidden = 256, .max_tokens = 24, .place = "always",
 	.place_expect = 1)
+/* FP8 rows placed, their scales with the records' metadata: blocks
+ * of 128 over 300 values (a short last block), each token's row once
+ * (top-4 of 12 on 3 ranks) with the halves and the backward pass; the
+ * caller's scales, blocks of 16, every row placed (top-2 of 12); one
+ * scale a token */
+EP_TEST(place_shm3_fp8_block, "shm", 3, .rounds = 20, .tt = FABEP_MOE_FP8,
+	.block = 128, .hidden = 300, .topk = 4, .experts = 12, .max_tokens = 24,
+	.split = 1, .backward = 1, .place = "always", .place_expect = 1)
+EP_TEST(place_shm3_fp8_pre_rows, "shm", 3, .rounds = 8, .routing = R_FULL,
+	.tt = FABEP_MOE_FP8_PREQUANT, .block = 16, .hidden = 256, .topk = 2,
+	.experts = 12, .max_tokens = 24, .ct = FABEP_MOE_FP32, .place = "always",
+	.place_expect = 1)
+EP_TEST(place_shm4_fp8_tok, "shm", 4, .rounds = 12, .tt = FABEP_MOE_FP8,
+	.it = FABEP_MOE_FP32, .topk = 3, .experts = 8, .max_tokens = 20,
+	.place = "always", .place_expect = 1)
 /* several chunks per run: the placed batch adds all their signals;
  * outstanding dispatches in both sets */
 EP_TEST(place_shm4_chunks, "shm", 4, .rounds = 12, .topk = 3, .experts = 8,
@@ -1814,6 +1829,18 @@ EP_TEST(place_auto_shm3_one, "shm", 3, .rounds = 12, .routing = R_ONE,
 EP_TEST(place_auto_shm3_spread, "shm", 3, .rounds = 8, .routing = R_FULL,
 	.topk = 4, .experts = 12, .hidden = 1024, .max_tokens = 40,
 	.place = "auto", .place_expect = 1,
+	.crowded = -1)
+/* auto: FP8 rows (each run's records and scales a few KiB past the
+ * early headers' 64 KiB) */
+EP_TEST(place_auto_shm3_fp8, "shm", 3, .rounds = 8, .routing = R_FULL,
+	.tt = FABEP_MOE_FP8, .block = 128, .topk = 4, .experts = 12,
+	.hidden = 2048, .max_tokens = 40, .place = "auto", .place_expect = 1,
+	.crowded = -1)
+/* auto: no run of more than 2 rows a record (top-8 of 16 experts on
+ * 2 ranks, about 4), whose receiver would copy most rows anyway */
+EP_TEST(place_auto_shm2_dense, "shm", 2, .rounds = 8, .routing = R_FULL,
+	.topk = 8, .experts = 16, .hidden = 1024, .max_tokens = 40,
+	.signal = FABEP_SIGNAL_CMA, .place = "auto", .place_expect = -1,
 	.crowded = -1)
 /* auto where ranks outnumber the CPUs: a placed source would wait for
  * every header, so for ranks that are not running; records leave at
@@ -3116,6 +3143,9 @@ static Suite *ep_suite(void)
 	ADD(tc, rows_auto_shm3_one_token);
 	ADD(tc, place_shm3_split);
 	ADD(tc, place_shm3_rows);
+	ADD(tc, place_shm3_fp8_block);
+	ADD(tc, place_shm3_fp8_pre_rows);
+	ADD(tc, place_shm4_fp8_tok);
 	ADD(tc, place_shm4_chunks);
 	ADD(tc, place_tcp3_delivery);
 	ADD(tc, place_shm3_refuse);
@@ -3124,6 +3154,8 @@ static Suite *ep_suite(void)
 	ADD(tc, place_never_shm3);
 	ADD(tc, place_auto_shm3_one);
 	ADD(tc, place_auto_shm3_spread);
+	ADD(tc, place_auto_shm3_fp8);
+	ADD(tc, place_auto_shm2_dense);
 	ADD(tc, place_auto_shm3_crowded);
 	ADD(tc, place_auto_shm3_few);
 	ADD(tc, place_auto_shm3_idle);

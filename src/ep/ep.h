@@ -71,7 +71,8 @@ struct fep_ep_hdr {
  * What the source did is in its record area: a first record whose token
  * index is FEP_EP_PLACED_MARK and whose stamp is the call's says that the
  * rows are in place and the records that follow are metadata only
- * (meta_bytes apart); else full records came as always. */
+ * (with FP8 rows, their scales too: pmeta_bytes apart); else full
+ * records came as always. */
 #define FEP_EP_HDR_PLACE 4u
 /* A dispatch header's flag: every rank's rows per expert follow the
  * receiver's.  Only a call that may place carries them (a placing source
@@ -86,6 +87,11 @@ struct fep_ep_hdr {
  * a record, place_once in dispatch.c); 0 where it wrote every row. */
 #ifndef FEP_EP_ONCE
 #define FEP_EP_ONCE 4
+#endif
+/* FABEP_MOE_PLACE=auto places a run of at most FEP_EP_PLACE_MAX / 2 rows
+ * a record (place_wanted in dispatch.c). */
+#ifndef FEP_EP_PLACE_MAX
+#define FEP_EP_PLACE_MAX 4
 #endif
 #define FEP_EP_MAGIC 0x66616265704d6f45ull
 #define FEP_EP_HDR 64
@@ -230,6 +236,7 @@ struct fabep_moe {
 
 	/* record layout */
 	size_t meta_bytes, scale_off, pay_off, rec_bytes, hdr_recs;
+	size_t pmeta_bytes;  /* a placed run's record: metadata and scales */
 	size_t dslot_recs;   /* hdr_recs + max_tokens, padded to 64 bytes */
 	size_t dslot_bytes;  /* dslot_recs * rec_bytes */
 	size_t dhdr_bytes;   /* dhdr_short + dcnt_bytes: the header's room */

@@ -121,6 +121,7 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	m->meta_bytes = 8 + 8 * (size_t)m->k;
 	m->scale_off = m->meta_bytes;
 	m->pay_off = FEP_ALIGN_UP(m->scale_off + 4 * m->nscale, 16);
+	m->pmeta_bytes = m->scale_off + 4 * m->nscale;
 	m->rec_bytes = FEP_ALIGN_UP(m->pay_off + m->row_bytes, 16);
 	/* the combine slot stride must be whole rows (one index space) */
 	m->chdr_rows = (FEP_EP_HDR + m->crow_bytes - 1) / m->crow_bytes;
@@ -147,14 +148,15 @@ static int ep_geometry(struct fabep_moe *m, const fabep_moe_config_t *c,
 	/* the placed region holds twice a rank's rows of a balanced call
 	 * (max_tokens * top_k), or all a rank can get if that is less; a
 	 * call with more rows at a rank is not placed there.  Not for
-	 * zero-copy (the rows stay in the slots) nor FP8 (each row has its
-	 * scales). */
+	 * zero-copy (the rows stay in the slots).  FP8 rows' scales travel
+	 * with the metadata (pmeta_bytes), not placed: a write of a row's
+	 * few scales would cost what a row's write costs. */
 	m->place_rows = 0;
 	/* a placed run's metadata, the mark and a record's each, must fit
 	 * the records' part of its slot, at least max_tokens records (not
 	 * so for rows of a few values) */
-	if (m->place_mode >= 0 && !m->zcopy && !m->fp8 && nranks > 1 &&
-	    (1 + (size_t)c->max_tokens) * m->meta_bytes <=
+	if (m->place_mode >= 0 && !m->zcopy && nranks > 1 &&
+	    (1 + (size_t)c->max_tokens) * m->pmeta_bytes <=
 	    (size_t)c->max_tokens * m->rec_bytes)
 		m->place_rows = FEP_MIN((size_t)nranks * (size_t)c->max_tokens *
 					(size_t)FEP_MIN(m->k, m->L),
