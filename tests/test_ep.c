@@ -1781,6 +1781,11 @@ EP_TEST(place_shm3_split, "shm", 3, .rounds = 40, .topk = 4, .experts = 12,
 EP_TEST(place_shm3_rows, "shm", 3, .rounds = 8, .routing = R_FULL, .topk = 2,
 	.experts = 12, .hidden = 256, .max_tokens = 24, .place = "always",
 	.place_expect = 1)
+/* each token names each of its experts twice: placed once, at its
+ * first slot of the receiver, and copied to its other three there */
+EP_TEST(place_shm3_dup, "shm", 3, .rounds = 8, .routing = R_DUP, .topk = 4,
+	.experts = 12, .hidden = 256, .max_tokens = 24, .place = "always",
+	.place_expect = 1)
 /* FP8 rows placed, their scales with the records' metadata: blocks
  * of 128 over 300 values (a short last block), each token's row once
  * (top-4 of 12 on 3 ranks) with the halves and the backward pass; the
@@ -3143,6 +3148,7 @@ static Suite *ep_suite(void)
 	ADD(tc, rows_auto_shm3_one_token);
 	ADD(tc, place_shm3_split);
 	ADD(tc, place_shm3_rows);
+	ADD(tc, place_shm3_dup);
 	ADD(tc, place_shm3_fp8_block);
 	ADD(tc, place_shm3_fp8_pre_rows);
 	ADD(tc, place_shm4_fp8_tok);

@@ -262,7 +262,7 @@ static void route_rows(struct fabep_moe *m, struct fep_ep_set *s,
 			rows += m->ecnt[(size_t)d * L + e];
 		s->xrun[d] = (uint8_t)rows_wanted(m, d, rows, s->sent[d], n);
 		s->nx += s->xrun[d];
-		s->cexp[d] = (uint32_t)rows;
+		s->cexp[d] = m->drows[d] = (uint32_t)rows;
 		for (e = 0; e < L; e++) {
 			xb[(size_t)d * L + e] = pos;
 			pos += m->ecnt[(size_t)d * L + e];
@@ -583,17 +583,17 @@ static void pack_ctx_init(struct fabep_moe *m, struct pack_ctx *c, int b,
 
 static int fep_ep_merge(const struct fabep_moe *m, size_t n);
 
-/* The first of a token's k experts (ids) on rank d, or -1: the place
- * a placed dispatch writes the token's row to at d (place_send), and
- * the one d copies it from to the token's other experts there
- * (place). */
-static int32_t first_of(const struct fabep_moe *m, const int32_t *ids, int d)
+/* The index in k of the first of a token's experts (ids) on rank d, or
+ * -1: its row is where a placed dispatch writes the token's row at d
+ * (place_send), and the one d copies it from to the token's further
+ * rows there (place), also those of the same expert again. */
+static int first_of(const struct fabep_moe *m, const int32_t *ids, int d)
 {
 	int j;
 
 	for (j = 0; j < m->k; j++)
 		if (ids[j] >= 0 && ids[j] / m->L == d)
-			return ids[j];
+			return j;
 	return -1;
 }
 
@@ -625,16 +625,11 @@ static int place_once(uint64_t rows, uint64_t records)
 static int place_wanted(const struct fabep_moe *m, const struct fep_ep_set *s,
 			int d)
 {
-	uint64_t rows = 0;
-	int e;
-
 	if (d == m->rank || !s->sent[d])
 		return 0;
 	if (m->place_mode > 0)
 		return 1;
-	for (e = 0; e < m->L; e++)
-		rows += m->ecnt[(size_t)d * (size_t)m->L + (size_t)e];
-	return 2 * rows <= FEP_EP_PLACE_MAX * (uint64_t)s->sent[d];
+	return 2 * (uint64_t)m->drows[d] <= FEP_EP_PLACE_MAX * (uint64_t)s->sent[d];
 }
 
 /* Route the call (a refused one: no tokens anywhere) and write every
@@ -878,7 +873,6 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		const int32_t *tok = m->pack_tok + m->pack_base[d];
 		uint8_t *st;
 		int32_t mark[3] = { FEP_EP_PLACED_MARK, c->stamp, 0 };
-		uint64_t rows = 0;
 
 		if (d == m->rank)
 			continue;
@@ -891,18 +885,20 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		 * place in the list, by expert then row, so that puts to one
 		 * (destination, expert)'s range are next to each other and
 		 * consecutive ones leave as gathered writes */
-		for (e = 0; e < L; e++)
-			rows += m->pput[(size_t)d * L + e] = m->ecnt[(size_t)d * L + e];
-		mark[2] = place_once(rows, s->sent[d]);
+		mark[2] = place_once(m->drows[d], s->sent[d]);
 		if (mark[2]) {
 			for (e = 0; e < L; e++)
 				m->pput[(size_t)d * L + e] = 0;
 			for (i = 0; i < s->sent[d]; i++) {
-				int32_t g = first_of(m, c->ids + (size_t)tok[i] * k, d);
+				const int32_t *ids = c->ids + (size_t)tok[i] * k;
+				int j = first_of(m, ids, d);
 
-				if (g >= 0)
-					m->pput[g]++;
+				if (j >= 0)
+					m->pput[ids[j]]++;
 			}
+		} else {
+			for (e = 0; e < L; e++)
+				m->pput[(size_t)d * L + e] = m->ecnt[(size_t)d * L + e];
 		}
 		for (e = 0; e < L; e++) {
 			size_t x = (size_t)d * L + e, cnt = m->pput[x];
@@ -912,7 +908,8 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 		}
 		for (i = 0; i < s->sent[d]; i++) {
 			size_t t = (size_t)tok[i], j;
-			int first = 1;
+			/* once: only the row at the token's first expert here */
+			int j1 = mark[2] ? first_of(m, c->ids + t * k, d) : -1;
 
 			for (j = 0; j < k; j++) {
 				int32_t g = c->ids[t * k + j];
@@ -921,10 +918,9 @@ static int place_send(struct fabep_moe *m, struct pack_ctx *c, int b,
 
 				if (g < 0 || g / m->L != d)
 					continue;
-				at = m->pnext[g]++;
-				if (!first && mark[2])
+				at = m->pnext[g]++;  /* every row takes its place */
+				if (mark[2] && (int)j != j1)
 					continue;
-				first = 0;
 				p = &m->pputs[m->pput[g]++];
 				p->peer = d;
 				p->dst = fep_ep_dplace(m, b) + at * m->row_bytes;

@@ -333,6 +333,7 @@ struct fabep_moe {
 	 * the placed rows */
 	uint64_t *pcol, *pnext; /* [num_experts] */
 	size_t *pput;        /* [num_experts] */
+	uint32_t *drows;     /* [size]: rows to each rank this call (route) */
 	uint8_t *pdest;      /* [size]: the run to d is worth placing (write_headers),
 			      * and goes placed (place_send) */
 	struct fep_put *pputs; /* [max_tokens * (k + kk) + size * (dchunks + 1)] */

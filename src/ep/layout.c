@@ -303,6 +303,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->pnext);
 	free(m->pput);
 	free(m->pdest);
+	free(m->drows);
 	free(m->pputs);
 	free(m);
 }
@@ -350,9 +351,10 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->pnext = calloc((size_t)m->cfg.num_experts, sizeof(uint64_t));
 	m->pput = calloc((size_t)m->cfg.num_experts, sizeof(size_t));
 	m->pdest = calloc(R, 1);
+	m->drows = calloc(R, sizeof(uint32_t));
 	m->pputs = calloc(T1 * (size_t)(m->k + m->kk) + R * (m->dchunks + 1) + 1,
 			  sizeof(*m->pputs));
-	if (!m->pcol || !m->pnext || !m->pput || !m->pdest || !m->pputs ||
+	if (!m->pcol || !m->pnext || !m->pput || !m->pdest || !m->drows || !m->pputs ||
 	    !m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
 	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
 	    !m->dup_start || !m->dup_pre ||
