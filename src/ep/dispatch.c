@@ -1542,10 +1542,11 @@ static int dispatch_recv(struct fabep_moe *m, fabep_moe_recv_t *out)
 	m->tm.d_wait = m->tm.d_hwait + (t1 - t0) + (t3 - t2);
 	m->tm.d_build = (t2 - t1) + (fep_now_ns() - t3);
 	if (m->timing)
-		fep_dbg("%s: call %llu: pack %.1f put %.1f wait %.1f "
-			"build %.1f total %.1f us, %llu wire bytes, %zu rows%s",
+		fep_dbg("%s: call %llu: pack %.1f put %.1f wait %.1f (headers "
+			"%.1f) build %.1f total %.1f us, %llu wire bytes, %zu rows%s",
 			m->dfn, (unsigned long long)s->seq, m->tm.d_pack / 1e3,
-			m->tm.d_put / 1e3, m->tm.d_wait / 1e3, m->tm.d_build / 1e3,
+			m->tm.d_put / 1e3, m->tm.d_wait / 1e3, m->tm.d_hwait / 1e3,
+			m->tm.d_build / 1e3,
 			(fep_now_ns() - m->tm.d_begin) / 1e3,
 			(unsigned long long)m->tm.d_bytes, s->rows,
 			m->zcopy ? " (zero-copy)" : "");
