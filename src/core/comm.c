@@ -331,11 +331,18 @@ static int fep_comm_alive_one(fabep_comm_t *comm, bool report)
 		return ret;
 	}
 
-	/* every rank gone, each named once (later waits fail silently) */
+	/* every rank gone, each named once (later waits fail silently);
+	 * in destroy's round not one whose part of it is here: having all
+	 * the others' too, it may have ended, while this rank still waits
+	 * for a slower rank */
 	for (r = 0; r < comm->size; r++) {
 		pid_t pid = comm->peer_pid[r];
 
 		if (!pid || fep_pid_runs(pid > 0 ? pid : -pid))
+			continue;
+		if (comm->ending && r != comm->rank &&
+		    fep_counter_load(comm->fab, comm->bar_ctr + 8 * (uint64_t)r) >=
+		    comm->bar_exp[r])
 			continue;
 		if (pid > 0 && report) {
 			fep_err("rank %d (process %d on this host) has exited",
@@ -495,7 +502,16 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 		return ret;
 	/* each source's own counter: one sum over the sources could be
 	 * reached by a fast peer's next round before a slow one's write of
-	 * this round has landed */
+	 * this round has landed.  Every source's target is set before the
+	 * first wait: the liveness check of destroy's round reads them
+	 * (fep_comm_alive_one) */
+	for (r = 1; r < comm->size; r++) {
+		int peer = (comm->rank + r) % comm->size;
+
+		if (!((dir == XCHG_DOWN && peer < comm->rank) ||
+		      (dir == XCHG_UP && peer > comm->rank)))
+			comm->bar_exp[peer]++;
+	}
 	for (r = 1; r < comm->size; r++) {
 		int peer = (comm->rank + r) % comm->size;
 		uint64_t ctr = comm->bar_ctr + 8 * (uint64_t)peer;
@@ -503,7 +519,6 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 		if ((dir == XCHG_DOWN && peer < comm->rank) ||
 		    (dir == XCHG_UP && peer > comm->rank))
 			continue;  /* it writes to no rank on this side */
-		comm->bar_exp[peer]++;
 		if (fep_counter_load(fab, ctr) >= comm->bar_exp[peer])
 			continue;
 		ret = fep_comm_wait(comm, what, ctr, comm->bar_exp[peer],
@@ -1565,6 +1580,7 @@ static int fep_comm_end(fabep_comm_t *comm, bool abort)
 		comm->handles.prev->destroy(comm->handles.prev);
 
 	if (!abort && !fep_fabric_tx_error(comm->fab) && !comm->failed) {
+		comm->ending = true;
 		ret = fep_comm_xchg(comm, "destroy", 0, NULL);
 	} else {
 		comm->boot->failed = !fep_comm_alive_one(comm, false);

@@ -40,6 +40,8 @@ struct fabep_comm {
 	struct fep_comm_handle handles; /* the live handles' list (its head) */
 	struct fep_pool *pool;
 	bool failed;          /* a collective wait failed: peers may be gone */
+	bool ending;          /* in destroy's round: a rank whose part of it
+	                       * arrived may end (fep_comm_alive_one) */
 	/* atomic: -FABEP_ERR_PEER_LOST or the bootstrap's error once a
 	 * rank is gone (fep_comm_fail): every later call that involves the
 	 * peers refuses with it, as with an error the fabric keeps */
