@@ -340,7 +340,7 @@ static int fep_comm_alive_one(fabep_comm_t *comm, bool report)
 
 		if (!pid || fep_pid_runs(pid > 0 ? pid : -pid))
 			continue;
-		if (comm->ending && r != comm->rank &&
+		if (comm->ending &&
 		    fep_counter_load(comm->fab, comm->bar_ctr + 8 * (uint64_t)r) >=
 		    comm->bar_exp[r])
 			continue;
@@ -457,6 +457,13 @@ static void comm_boot_idle(void *ctx)
 /* Exchange one int64 with every rank over the fabric: out[size]. */
 enum { XCHG_ALL, XCHG_DOWN, XCHG_UP };
 
+/* Whether rank from writes to rank to in an exchange of direction dir:
+ * every pair, or only downward (to < from) or upward (to > from). */
+static bool xchg_writes(int dir, int from, int to)
+{
+	return dir == XCHG_ALL || (dir == XCHG_DOWN ? to < from : to > from);
+}
+
 static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 			     int64_t value, int64_t *out, int dir)
 {
@@ -486,8 +493,7 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	for (r = 1; r < comm->size; r++) {
 		int peer = (comm->rank + r) % comm->size;
 
-		if ((dir == XCHG_DOWN && peer > comm->rank) ||
-		    (dir == XCHG_UP && peer < comm->rank))
+		if (!xchg_writes(dir, comm->rank, peer))
 			continue;
 		puts[n].peer = peer;
 		puts[n].dst = base + (uint64_t)comm->rank * sizeof(*src);
@@ -508,18 +514,15 @@ static int fep_comm_xchg_dir(fabep_comm_t *comm, const char *what,
 	for (r = 1; r < comm->size; r++) {
 		int peer = (comm->rank + r) % comm->size;
 
-		if (!((dir == XCHG_DOWN && peer < comm->rank) ||
-		      (dir == XCHG_UP && peer > comm->rank)))
+		if (xchg_writes(dir, peer, comm->rank))
 			comm->bar_exp[peer]++;
 	}
 	for (r = 1; r < comm->size; r++) {
 		int peer = (comm->rank + r) % comm->size;
 		uint64_t ctr = comm->bar_ctr + 8 * (uint64_t)peer;
 
-		if ((dir == XCHG_DOWN && peer < comm->rank) ||
-		    (dir == XCHG_UP && peer > comm->rank))
-			continue;  /* it writes to no rank on this side */
-		if (fep_counter_load(fab, ctr) >= comm->bar_exp[peer])
+		if (!xchg_writes(dir, peer, comm->rank) ||
+		    fep_counter_load(fab, ctr) >= comm->bar_exp[peer])
 			continue;
 		ret = fep_comm_wait(comm, what, ctr, comm->bar_exp[peer],
 				    dir != XCHG_ALL ? UINT64_MAX : base,
