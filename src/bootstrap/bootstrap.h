@@ -102,6 +102,10 @@ int fep_boot_tcp_create_rdv(int rank, int size, const char *root_host,
 			    int root_port, int timeout_ms, int rdv_ms,
 			    fep_boot_t **out);
 
+/* The checks every bootstrap makes of its arguments: out not NULL, 0 <=
+ * rank < size <= FEP_BOOT_MAX_RANKS.  0, or -EINVAL (logged). */
+int fep_boot_check_world(int rank, int size, fep_boot_t **out);
+
 /* Over a caller's allgather callback (barrier = allgather of one byte). */
 int fep_boot_callback_create(int rank, int size, fabep_allgather_fn fn,
 			     void *ctx, int timeout_ms, fep_boot_t **out);

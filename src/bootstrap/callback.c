@@ -94,23 +94,31 @@ static void boot_cb_destroy(fep_boot_t *b)
 	free(fep_container_of(b, struct boot_cb, base));
 }
 
-int fep_boot_callback_create(int rank, int size, fabep_allgather_fn fn,
-			     void *ctx, int timeout_ms, fep_boot_t **out)
+int fep_boot_check_world(int rank, int size, fep_boot_t **out)
 {
-	struct boot_cb *c;
-
 	if (!out) {
 		fep_err("bootstrap: NULL output handle");
-		return -EINVAL;
-	}
-	if (!fn) {
-		fep_err("bootstrap: NULL allgather function");
 		return -EINVAL;
 	}
 	if (size < 1 || size > FEP_BOOT_MAX_RANKS || rank < 0 || rank >= size) {
 		fep_err("bootstrap: rank %d of a world of %d ranks is not "
 			"valid (need 0 <= rank < size <= %d)", rank, size,
 			FEP_BOOT_MAX_RANKS);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int fep_boot_callback_create(int rank, int size, fabep_allgather_fn fn,
+			     void *ctx, int timeout_ms, fep_boot_t **out)
+{
+	struct boot_cb *c;
+	int ret = fep_boot_check_world(rank, size, out);
+
+	if (ret)
+		return ret;
+	if (!fn) {
+		fep_err("bootstrap: NULL allgather function");
 		return -EINVAL;
 	}
 	c = calloc(1, sizeof(*c));

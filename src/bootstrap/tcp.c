@@ -816,6 +816,20 @@ static int boot_tcp_watch(fep_boot_t *b)
 	return 0;
 }
 
+/* A bootstrap's memory (its sockets closed or never opened); t may be
+ * NULL or partly allocated. */
+static void boot_tcp_free(struct boot_tcp *t)
+{
+	if (!t)
+		return;
+	free(t->fds);
+	free(t->gone);
+	free(t->midsend);
+	free(t->pfd);
+	free(t->pidx);
+	free(t);
+}
+
 static void boot_tcp_destroy(fep_boot_t *b)
 {
 	struct boot_tcp *t = fep_container_of(b, struct boot_tcp, base);
@@ -833,12 +847,7 @@ static void boot_tcp_destroy(fep_boot_t *b)
 					   MSG_NOSIGNAL | MSG_DONTWAIT);
 			sock_close(&t->fds[r]);
 		}
-	free(t->fds);
-	free(t->gone);
-	free(t->midsend);
-	free(t->pfd);
-	free(t->pidx);
-	free(t);
+	boot_tcp_free(t);
 }
 
 /* ---- rendezvous: root side ---- */
@@ -1405,14 +1414,7 @@ static struct boot_tcp *boot_tcp_new(int rank, int size, int timeout_ms)
 		t->pidx = calloc((size_t)n, sizeof(*t->pidx));
 	}
 	if (!t || !t->fds || !t->gone || !t->midsend || !t->pfd || !t->pidx) {
-		if (t) {
-			free(t->fds);
-			free(t->gone);
-			free(t->midsend);
-			free(t->pfd);
-			free(t->pidx);
-			free(t);
-		}
+		boot_tcp_free(t);
 		return NULL;
 	}
 	for (r = 0; r < n; r++)
@@ -1443,16 +1445,9 @@ int fep_boot_tcp_create_rdv(int rank, int size, const char *root_host,
 	uint64_t deadline;
 	int ret;
 
-	if (!out) {
-		fep_err("bootstrap: NULL output handle");
-		return -EINVAL;
-	}
-	if (size < 1 || size > FEP_BOOT_MAX_RANKS || rank < 0 || rank >= size) {
-		fep_err("bootstrap: rank %d of a world of %d ranks is not "
-			"valid (need 0 <= rank < size <= %d)", rank, size,
-			FEP_BOOT_MAX_RANKS);
-		return -EINVAL;
-	}
+	ret = fep_boot_check_world(rank, size, out);
+	if (ret)
+		return ret;
 	if (timeout_ms <= 0) {
 		fep_err("bootstrap: timeout %d ms must be positive", timeout_ms);
 		return -EINVAL;

@@ -365,6 +365,19 @@ struct fep_ar_hello {
 	struct fep_hb_hello hb;
 };
 
+/* A handle's host memory; h may be NULL or partly made. */
+static void ar_free(fabep_allreduce_t *h)
+{
+	if (!h)
+		return;
+	free(h->gamma32);
+	free(h->ins);
+	free(h->rbase);
+	free(h->puts);
+	free(h->scratch);
+	free(h);
+}
+
 /* fabep_comm_destroy's call for a handle still alive */
 static void ar_destroy_link(struct fep_comm_handle *l)
 {
@@ -559,14 +572,7 @@ FEP_EXPORT int fabep_allreduce_create(fabep_comm_t *comm, size_t max_rows,
 	return 0;
 
 err:
-	if (h) {
-		free(h->gamma32);
-		free(h->ins);
-		free(h->rbase);
-		free(h->puts);
-		free(h->scratch);
-	}
-	free(h);
+	ar_free(h);
 	free(all);
 	return ret;
 }
@@ -585,12 +591,7 @@ FEP_EXPORT int fabep_allreduce_destroy(fabep_allreduce_t *h)
 	/* the block is free for a later handle unless a call failed (a peer's
 	 * write may still land in it) */
 	fep_comm_block_free(h->comm, h->base, h->ctrs, !h->broken);
-	free(h->gamma32);
-	free(h->ins);
-	free(h->rbase);
-	free(h->puts);
-	free(h->scratch);
-	free(h);
+	ar_free(h);
 	return 0;
 }
 
