@@ -309,7 +309,9 @@ static const struct tool_help demo_help[] = {
 		     "(down where that would pass 1048576; default 16)" },
 	{ 'I', "LAYERS", "MoE layers (dispatch + expert + combine) to run "
 			 "(default 50)" },
-	{ 'p', NULL, "libfabric provider (default shm)" },
+	{ 'p', NULL, "libfabric provider (default: FABEP_PROVIDER, else fabep's "
+		     "choice: shm where libfabric offers it, which it does not "
+		     "where /dev/shm is small, as in a container by default)" },
 	{ 0, NULL, NULL },
 };
 
@@ -331,7 +333,7 @@ static const struct tool_desc demo_desc = {
 
 int main(int argc, char **argv)
 {
-	struct demo d = { 4, 64, 1024, 4, 16, 50, 1, "shm" };
+	struct demo d = { 4, 64, 1024, 4, 16, 50, 1, NULL };
 	struct tool_opts o;
 	fabep_comm_attr_t attr;
 	fabep_moe_config_t cfg;

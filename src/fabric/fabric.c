@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <sys/statvfs.h>
 
 #include "util/util.h"
 #include "fabric/fabric.h"
@@ -134,6 +135,50 @@ static bool prov_is(const char *name, const char *core)
 	size_t n = strlen(core);
 
 	return !strncmp(name, core, n) && (name[n] == '\0' || name[n] == ';');
+}
+
+/*
+ * libfabric's shm offers no endpoint unless /dev/shm has room for one
+ * region per online CPU (1.17's smr_shm_space_check: the CPUs times the
+ * region of its default queues, 16 MiB, against f_bsize * f_bavail);
+ * fi_getinfo then answers -FI_ENODATA, as if shm were not built in.
+ * Containers give /dev/shm 64 MiB by default (Docker), too little for
+ * shm on a machine of more than 4 CPUs, so the cause is worth naming.
+ */
+#define FEP_SHM_REGION_MIB 16ull
+
+bool fep_shm_short(char *why, size_t len)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	const char *only = getenv("FI_PROVIDER");
+	unsigned long long avail, need;
+	struct statvfs st;
+
+	/* shm left out by the user's FI_PROVIDER ("tcp", "^shm"): nothing
+	 * to explain */
+	if (only && *only && (only[0] == '^') == (strstr(only, "shm") != NULL))
+		return false;
+	if (cpus < 1 || statvfs("/dev/shm", &st))
+		return false;
+	avail = (unsigned long long)st.f_bsize * st.f_bavail;
+	need = (unsigned long long)cpus * (FEP_SHM_REGION_MIB << 20);
+	if (avail >= need)
+		return false;
+	/* the remedy with room for the regions' pages a run touches */
+	snprintf(why, len, "/dev/shm has %llu MiB free, and libfabric's shm "
+		 "wants %llu MiB a CPU (%ld CPUs: %llu MiB) before it offers an "
+		 "endpoint; enlarge /dev/shm (docker run --shm-size=%llum, or "
+		 "--ipc=host)", avail >> 20, FEP_SHM_REGION_MIB, cpus,
+		 need >> 20, (need >> 20) * 2);
+	return true;
+}
+
+static bool list_has_shm(const struct fi_info *list)
+{
+	for (; list; list = list->next)
+		if (prov_is(list->fabric_attr->prov_name, "shm"))
+			return true;
+	return false;
 }
 
 /* Lower is better.  INT_MAX: unusable. */
@@ -285,6 +330,15 @@ FEP_EXPORT int fabep_provider_list(const char *provider,
 			return ret;
 	}
 	ret = fep_getinfo(provider, NULL, NULL, 0, &list);
+	/* shm asked for, or any provider, and shm not offered for lack of
+	 * room: a caller (fabep_info) would otherwise not learn why */
+	if ((ret == -FI_ENODATA || (!ret && !list_has_shm(list))) &&
+	    (!provider || prov_is(provider, "shm"))) {
+		char why[320];
+
+		if (fep_shm_short(why, sizeof(why)))
+			fep_warn("shm is not offered: %s", why);
+	}
 	if (ret == -FI_ENODATA) {
 		*count = 0;
 		return 0;
@@ -342,7 +396,13 @@ static int fep_choose_info(const struct fep_fab_params *p,
 		return ret;
 	}
 	if (ret) {
-		if (p->provider)
+		char why[320];
+
+		if (p->provider && prov_is(p->provider, "shm") &&
+		    fep_shm_short(why, sizeof(why)))
+			fep_err("provider \"%s\" offers no RMA endpoint here: %s",
+				p->provider, why);
+		else if (p->provider)
 			fep_err("provider \"%s\"%s%s%s offers no RMA endpoint here "
 				"(fi_getinfo: %s); see fabep_info for what is available",
 				p->provider, p->domain ? " with domain \"" : "",
@@ -392,6 +452,16 @@ static int fep_choose_info(const struct fep_fab_params *p,
 			"and no network provider offers RMA");
 		fi_freeinfo(list);
 		return -FABEP_ERR_NO_PROVIDER;
+	}
+	/* on one host shm was the choice; say once why another is taken */
+	if (!p->provider && p->all_local && !p->rank && !p->heap_of &&
+	    !list_has_shm(list)) {
+		char why[320];
+
+		if (fep_shm_short(why, sizeof(why)))
+			fep_warn("shm is not offered: %s; %s is taken instead, "
+				 "several times slower between the processes of "
+				 "one host", why, best->fabric_attr->prov_name);
 	}
 	*out = fi_dupinfo(best);
 	fi_freeinfo(list);
