@@ -2,7 +2,8 @@
 /*
  * fuzz_comm_hello.c - what every rank sends at communicator creation
  * (struct fep_hello: host, signal, heap size, channels, pid and
- * PID namespace, CPU set and cgroup CPU limit, a refusal's status), as
+ * PID namespace, /dev/shm's identity, CPU set and cgroup CPU limit, a
+ * refusal's status), as
  * fep_comm_check_hellos (src/core/comm.c) compares and reports it.  The
  * bytes come from the bootstrap, so from a peer: nothing in them (strings
  * included) may be trusted.
@@ -63,6 +64,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n)
 			   comm.cpu_share <= comm.local_size);
 		FUZZ_CHECK(comm.cpu_avail >= 1 &&
 			   comm.cpu_avail <= CPU_SETSIZE);
+		/* a rank beyond shm's reach is one of this host that sees
+		 * another /dev/shm or PID namespace */
+		if (comm.shm_apart >= 0) {
+			const struct fep_hello *a = &h[comm.shm_apart];
+
+			FUZZ_CHECK(comm.shm_apart < comm.size);
+			FUZZ_CHECK(!strcmp(a->host, h[comm.rank].host));
+			FUZZ_CHECK(a->shm_dev != h[comm.rank].shm_dev ||
+				   a->shm_ino != h[comm.rank].shm_ino ||
+				   a->pidns != h[comm.rank].pidns);
+			FUZZ_CHECK(comm.shm_apart_why != NULL);
+		}
 	}
 	/* a pid to watch only for another rank of this host and PID
 	 * namespace (never for this rank, never from a zero namespace) */

@@ -10,9 +10,18 @@
 #      correct, with a warning that says why shm was not taken;
 # then with exactly 16 MiB per CPU, shm is offered and nothing is said:
 # the threshold is libfabric's own, so this case fails where a libfabric
-# moves it.  The namespace and its mount end with each command.  Needs
-# root and unshare(1); exit 77 with the reason otherwise.  Runs from the
-# build directory.
+# moves it.  Then two ranks of this host started by hand, each with a
+# /dev/shm of its own (two containers without --ipc=host), where shm
+# cannot join them:
+#   4. fabep's choice takes a network provider, every result correct,
+#      and rank 0 says why, naming rank 1;
+#   5. shm asked for fails on both ranks at once, each naming the other,
+#      where it used to wait out the timeout;
+# and the same with one /dev/shm but a PID namespace each (containers
+# with --ipc=host alone), where libfabric's shm crashed the process.
+# The namespaces and their mounts end with each command.  Needs root and
+# unshare(1); exit 77 with the reason otherwise.  Runs from the build
+# directory.
 top_builddir=${top_builddir:-.}
 bin=$(cd "$top_builddir" && pwd)/utils
 tmp=${TMPDIR:-/tmp}/fabep-shmroom.$$
@@ -90,4 +99,58 @@ small $need "$bin/fabep_info" -p shm -m
 grep -q "^provider: shm " "$tmp.out" || fail "shm not offered with $need MiB"
 ! grep -q "not offered" "$tmp.err" || fail "a warning with room for shm"
 echo "fabep_info -p shm: offered with $need MiB ($cpus CPUs), no warning"
-echo "shm_room: a /dev/shm too small for shm is named, and tcp taken"
+
+# apart HOW ARGS...: two ranks of fabep_bench -o moe, each with a
+# /dev/shm of its own (HOW shm) or in a PID namespace of its own (pid),
+# FABEP_ROOT on a port of this run; rank r's output in $tmp.r<r>, their
+# statuses in $st0 and $st1
+apart() {
+	_how=$1
+	shift
+	_port=$((20000 + $$ % 20000))
+	for _r in 0 1; do
+		export FABEP_RANK=$_r FABEP_WORLD_SIZE=2 FABEP_TIMEOUT_MS=20000 \
+			FABEP_ROOT=127.0.0.1:$_port
+		if [ "$_how" = shm ]; then
+			unshare -m sh -c 'mount -t tmpfs -o size=1g tmpfs /dev/shm || exit 99
+exec "$@"' sh $to "$bin/fabep_bench" "$@" -o moe -t 8 -I 3 -w 1 \
+				--no-ref --check -m >"$tmp.r$_r" 2>&1 &
+		else
+			unshare -p -f --mount-proc $to "$bin/fabep_bench" "$@" -o moe \
+				-t 8 -I 3 -w 1 --no-ref --check -m >"$tmp.r$_r" 2>&1 &
+		fi
+		eval _pid$_r=$!
+	done
+	unset FABEP_RANK FABEP_WORLD_SIZE FABEP_TIMEOUT_MS FABEP_ROOT
+	wait $_pid0
+	st0=$?
+	wait $_pid1
+	st1=$?
+}
+
+# apart_both HOW WHY WHAT: the two cases of apart HOW, whose ranks are
+# apart as fabep says WHY, described as WHAT
+apart_both() {
+	apart "$1"
+	[ $st0 = 0 ] && [ $st1 = 0 ] ||
+		fail "two ranks $3: status $st0, $st1 ($(cat "$tmp.r0" "$tmp.r1"))"
+	grep -q "check: ok" "$tmp.r0" || fail "their results: $(cat "$tmp.r0")"
+	grep -q "provider: shm" "$tmp.r0" && fail "they took shm: $(cat "$tmp.r0")"
+	grep -q "warning: rank 1 shares this host but $2" "$tmp.r0" ||
+		fail "rank 0 did not say why shm was not taken: $(cat "$tmp.r0")"
+	echo "two ranks $3: a network provider, correct, rank 0 says why"
+
+	apart "$1" -p shm
+	[ $st0 = 1 ] && [ $st1 = 1 ] ||
+		fail "-p shm, $3: status $st0, $st1, not 1 ($(cat "$tmp.r0" "$tmp.r1"))"
+	grep -q "provider \"shm\": rank 1 shares this host but $2" "$tmp.r0" &&
+		grep -q "provider \"shm\": rank 0 shares this host but $2" "$tmp.r1" ||
+		fail "-p shm did not say why on each rank: $(cat "$tmp.r0" "$tmp.r1")"
+	echo "-p shm, $3: fails on both ranks, each naming the other"
+}
+
+apart_both shm "sees another /dev/shm" "each with its own /dev/shm"
+unshare -p -f --mount-proc true 2>"$tmp.err" ||
+	skip "cannot make a PID namespace: $(cat "$tmp.err")"
+apart_both pid "is in another PID namespace" "each in its own PID namespace"
+echo "shm_room: a /dev/shm too small, or ranks beyond shm's reach, are named, and tcp taken"

@@ -40,6 +40,8 @@ struct fep_hello {
 	uint64_t cma_word; /* fep_cma_word(): where peers try a CMA write */
 	int32_t cpu_quota; /* fep_cgroup_cpus(): 0 none */
 	int32_t pad;
+	uint64_t shm_dev; /* /dev/shm's device and inode (fep_shm_id), */
+	uint64_t shm_ino; /* 0 and 0 where it has none */
 	uint64_t cpus[FEP_CPU_WORDS]; /* the CPUs it may run on, bit i CPU i */
 };
 
@@ -193,6 +195,21 @@ static uint64_t fep_pidns(void)
 	struct stat st;
 
 	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Which /dev/shm this process sees: libfabric's shm keeps every
+ * endpoint's queues in a file there, so ranks of one host reach each
+ * other over shm only where they see the same one (containers each see
+ * their own unless started with --ipc=host). */
+static void fep_shm_id(uint64_t *dev, uint64_t *ino)
+{
+	struct stat st;
+
+	*dev = *ino = 0;
+	if (stat("/dev/shm", &st) == 0) {
+		*dev = (uint64_t)st.st_dev;
+		*ino = (uint64_t)st.st_ino;
+	}
 }
 
 /* The state of process pid (of this host and PID namespace) as
@@ -928,6 +945,26 @@ static void fep_hello_cpus(struct fep_hello *hello)
 	hello->cpu_quota = fep_cgroup_cpus();
 }
 
+/* Whether libfabric's shm cannot join two ranks of one host: 1.17's shm
+ * keeps each endpoint's queues in a file in /dev/shm named after its
+ * process's pid, and reads and writes a peer's memory by that pid
+ * (process_vm_readv/writev, its own check of it included), so the ranks
+ * must see one /dev/shm and one PID namespace.  Containers have their
+ * own of both unless started with --ipc=host and --pid=host; with one
+ * /dev/shm but two PID namespaces shm's pids name the wrong processes
+ * (two ranks with pid 1 each take the other's region for their own)
+ * and libfabric crashes the process.  0 and 0 (no /dev/shm, no /proc
+ * to tell the namespace) are a value like another. */
+static const char *fep_shm_apart(const struct fep_hello *a,
+				 const struct fep_hello *b)
+{
+	if (a->shm_dev != b->shm_dev || a->shm_ino != b->shm_ino)
+		return "sees another /dev/shm";
+	if (a->pidns != b->pidns)
+		return "is in another PID namespace";
+	return NULL;
+}
+
 static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 {
 	const struct fep_hello *me = &h[comm->rank];
@@ -946,9 +983,13 @@ static int fep_comm_check_hellos(fabep_comm_t *comm, struct fep_hello *h)
 			return -FABEP_ERR_PEER;
 		}
 	comm->all_local = true;
+	comm->shm_apart = -1;
 	comm->local_rank = 0;
 	comm->local_size = 0;
 	for (r = 0; r < comm->size; r++) {
+		if (comm->shm_apart < 0 && !strcmp(h[r].host, me->host) &&
+		    (comm->shm_apart_why = fep_shm_apart(me, &h[r])))
+			comm->shm_apart = r;
 		if (comm->peer_pid && r != comm->rank && !strcmp(h[r].host, me->host) &&
 		    me->pidns && h[r].pidns == me->pidns && h[r].pid > 0)
 			comm->peer_pid[r] = (pid_t)h[r].pid;
@@ -1193,6 +1234,7 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	hello.channels = channels;
 	hello.pidns = fep_pidns();
 	hello.cma_word = fep_cma_word();
+	fep_shm_id(&hello.shm_dev, &hello.shm_ino);
 	fep_hello_cpus(&hello);
 	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
 	if (!ret)
@@ -1210,21 +1252,42 @@ static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 {
 	struct fep_fab_params fp;
 	struct fep_fab_blob blob, *blobs;
-	int ret, status;
+	bool shm_named = a->provider && !strncmp(a->provider, "shm", 3) &&
+			 (a->provider[3] == '\0' || a->provider[3] == ';');
+	int ret, status = 0;
 
+	/* ranks of one host beyond shm's reach (fep_shm_apart): every
+	 * rank knows it from the same hellos */
+	if (comm->all_local && comm->shm_apart >= 0) {
+		if (shm_named) {
+			fep_err("provider \"%s\": rank %d shares this host but %s "
+				"(a container of its own: start every rank's with "
+				"--ipc=host --pid=host), where libfabric's shm cannot "
+				"reach it", a->provider, comm->shm_apart,
+				comm->shm_apart_why);
+			status = -FABEP_ERR_NO_PROVIDER;
+		} else if (!comm->rank && !a->provider) {
+			fep_warn("rank %d shares this host but %s (a container "
+				 "of its own: start every rank's with --ipc=host "
+				 "--pid=host), where libfabric's shm cannot reach it: "
+				 "a network provider is taken, several times slower",
+				 comm->shm_apart, comm->shm_apart_why);
+		}
+	}
 	blobs = calloc((size_t)comm->size, sizeof(*blobs));
 	memset(&fp, 0, sizeof(fp));
 	fp.provider = a->provider;
 	fp.domain = a->domain;
 	fp.signal = a->signal;
-	fp.all_local = comm->all_local;
+	fp.all_local = comm->all_local && comm->shm_apart < 0;
 	fp.rank = comm->rank;
 	fp.size = comm->size;
 	fp.timeout_ms = a->timeout_ms;
 	fp.heap_size = a->heap_size;
 	fp.numa_node = a->numa_node;
 	fp.cma_peers = cma_peers;
-	status = blobs ? fep_fabric_open(&fp, &comm->fab) : -ENOMEM;
+	if (!status)
+		status = blobs ? fep_fabric_open(&fp, &comm->fab) : -ENOMEM;
 	(void)fep_signals_restore();  /* a provider loaded just now */
 	if (!status)
 		fep_fabric_set_alive(comm->fab, fep_comm_alive, fep_comm_tell_stopped, comm);

@@ -28,6 +28,9 @@ struct fabep_comm {
 	int size;
 	int timeout_ms;
 	bool all_local;
+	int shm_apart;        /* a rank of this host beyond shm's reach
+				 (fep_shm_apart), or -1 */
+	const char *shm_apart_why; /* and why, a static string */
 	int local_rank;       /* index among the ranks on this host */
 	int local_size;       /* ranks on this host */
 	int cpu_share;        /* ranks on this host that may run on a CPU
