@@ -1237,6 +1237,11 @@ static int fep_comm_hello_all(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 	fep_shm_id(&hello.shm_dev, &hello.shm_ino);
 	fep_hello_cpus(&hello);
 	ret = fep_boot_allgather(comm->boot, &hello, hellos, sizeof(hello));
+	/* the hello's layout is the library's: another size is another build */
+	if (ret == -FABEP_ERR_MISMATCH)
+		fep_err("fabep_comm_create: the ranks' hellos differ: every rank "
+			"must run the same build of fabep (this one: %s, hello of "
+			"%zu bytes)", PACKAGE_VERSION, sizeof(hello));
 	if (!ret)
 		ret = fep_comm_check_hellos(comm, hellos);
 	if (!ret)
