@@ -1257,8 +1257,7 @@ static int fep_comm_fabric(fabep_comm_t *comm, const fabep_comm_attr_t *a,
 {
 	struct fep_fab_params fp;
 	struct fep_fab_blob blob, *blobs;
-	bool shm_named = a->provider && !strncmp(a->provider, "shm", 3) &&
-			 (a->provider[3] == '\0' || a->provider[3] == ';');
+	bool shm_named = a->provider && fep_prov_is(a->provider, "shm");
 	int ret, status = 0;
 
 	/* ranks of one host beyond shm's reach (fep_shm_apart): every

@@ -130,7 +130,7 @@ static struct fi_info *fep_probe(const struct fi_info *base, unsigned probe)
 	return hit;
 }
 
-static bool prov_is(const char *name, const char *core)
+bool fep_prov_is(const char *name, const char *core)
 {
 	size_t n = strlen(core);
 
@@ -176,7 +176,7 @@ bool fep_shm_short(char *why, size_t len)
 static bool list_has_shm(const struct fi_info *list)
 {
 	for (; list; list = list->next)
-		if (prov_is(list->fabric_attr->prov_name, "shm"))
+		if (fep_prov_is(list->fabric_attr->prov_name, "shm"))
 			return true;
 	return false;
 }
@@ -189,19 +189,20 @@ static int fep_rank_info(const struct fi_info *i, bool all_local)
 	bool lo = !strcmp(d, "lo");
 	int base;
 
-	if (prov_is(p, "shm"))
+	if (fep_prov_is(p, "shm"))
 		return all_local ? 0 : INT_MAX;
-	if (prov_is(p, "verbs") || prov_is(p, "efa") || prov_is(p, "cxi") ||
-	    prov_is(p, "psm3") || prov_is(p, "psm2") || prov_is(p, "opx") ||
-	    prov_is(p, "ucx"))
+	if (fep_prov_is(p, "verbs") || fep_prov_is(p, "efa") ||
+	    fep_prov_is(p, "cxi") || fep_prov_is(p, "psm3") ||
+	    fep_prov_is(p, "psm2") || fep_prov_is(p, "opx") ||
+	    fep_prov_is(p, "ucx"))
 		base = 100;
-	else if (prov_is(p, "tcp"))
+	else if (fep_prov_is(p, "tcp"))
 		base = 200;
-	else if (prov_is(p, "net"))
+	else if (fep_prov_is(p, "net"))
 		base = 300;
-	else if (prov_is(p, "sockets"))
+	else if (fep_prov_is(p, "sockets"))
 		base = 400;
-	else if (prov_is(p, "udp"))
+	else if (fep_prov_is(p, "udp"))
 		base = 500;
 	else
 		base = 450;
@@ -244,7 +245,7 @@ static size_t query_atomic_count(struct fi_info *info)
 	size_t count = 0;
 
 	/* 1.17's net provider advertises FI_ATOMIC but returns -FI_ENOSYS. */
-	if (prov_is(info->fabric_attr->prov_name, "net"))
+	if (fep_prov_is(info->fabric_attr->prov_name, "net"))
 		return 0;
 	if (fi_fabric(info->fabric_attr, &fabric, NULL))
 		return 0;
@@ -333,7 +334,7 @@ FEP_EXPORT int fabep_provider_list(const char *provider,
 	/* shm asked for, or any provider, and shm not offered for lack of
 	 * room: a caller (fabep_info) would otherwise not learn why */
 	if ((ret == -FI_ENODATA || (!ret && !list_has_shm(list))) &&
-	    (!provider || prov_is(provider, "shm"))) {
+	    (!provider || fep_prov_is(provider, "shm"))) {
 		char why[320];
 
 		if (fep_shm_short(why, sizeof(why)))
@@ -398,7 +399,7 @@ static int fep_choose_info(const struct fep_fab_params *p,
 	if (ret) {
 		char why[320];
 
-		if (p->provider && prov_is(p->provider, "shm") &&
+		if (p->provider && fep_prov_is(p->provider, "shm") &&
 		    fep_shm_short(why, sizeof(why)))
 			fep_err("provider \"%s\" offers no RMA endpoint here: %s",
 				p->provider, why);
@@ -704,10 +705,10 @@ static void fep_fabric_take_info(fep_fabric_t *fab, struct fi_info *info,
 	/* tcp;ofi_rxm pushes a write into its socket only inside this rank's
 	 * progress: a 30 MB run left half sent when dispatch returned held its
 	 * receiver for the 0.5-0.9 s of the caller's next computation */
-	fab->tx_progress = prov_is(info->fabric_attr->prov_name, "tcp") ||
-			   prov_is(info->fabric_attr->prov_name, "udp") ||
-			   prov_is(info->fabric_attr->prov_name, "net") ||
-			   prov_is(info->fabric_attr->prov_name, "efa");
+	fab->tx_progress = fep_prov_is(info->fabric_attr->prov_name, "tcp") ||
+			   fep_prov_is(info->fabric_attr->prov_name, "udp") ||
+			   fep_prov_is(info->fabric_attr->prov_name, "net") ||
+			   fep_prov_is(info->fabric_attr->prov_name, "efa");
 	fep_info("provider %s, fabric %s, domain %s, signal %s (%s), mr_mode 0x%x, "
 		 "inject %zu, max_msg %zu", info->fabric_attr->prov_name,
 		 info->fabric_attr->name, info->domain_attr->name,
@@ -722,7 +723,7 @@ static int fep_fabric_open_domain(const struct fep_fab_params *p,
 	struct fi_info *info = fab->info;
 	int ret;
 
-	if (prov_is(info->fabric_attr->prov_name, "shm") && !p->heap_of)
+	if (fep_prov_is(info->fabric_attr->prov_name, "shm") && !p->heap_of)
 		fep_shm_remove_regions(getpid());
 	ret = FEP_FAULT("fi_fabric", fi_fabric(info->fabric_attr, &fab->fabric, NULL));
 	if (ret) {

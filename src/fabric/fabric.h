@@ -278,6 +278,9 @@ void fep_fabric_close(fep_fabric_t *fab);
 int fep_fabric_blob(fep_fabric_t *fab, struct fep_fab_blob *blob);
 /* Insert every rank's address, record bases and keys.  blobs: size entries. */
 int fep_fabric_connect(fep_fabric_t *fab, const struct fep_fab_blob *blobs);
+/* Whether provider name (libfabric's prov_name, "tcp;ofi_rxm" for a
+ * utility over a core) is core itself or core under a utility. */
+bool fep_prov_is(const char *name, const char *core);
 /* Whether /dev/shm is too small for libfabric's shm to offer an
  * endpoint; why says so with the figures and the remedy. */
 bool fep_shm_short(char *why, size_t len);
