@@ -1077,8 +1077,8 @@ static int fep_comm_open_channels(fabep_comm_t *comm, int asked, bool sig_auto)
 	 * map and queue to progress on the same CPUs. */
 	if (!n) {
 		const char *prov = comm->fab->desc.provider;
-		int cap = !strcmp(prov, "shm") ? FEP_AUTO_CHANNELS :
-			  !strncmp(prov, "tcp", 3) ? FEP_AUTO_CHANNELS_TCP : 1;
+		int cap = fep_prov_is(prov, "shm") ? FEP_AUTO_CHANNELS :
+			  fep_prov_is(prov, "tcp") ? FEP_AUTO_CHANNELS_TCP : 1;
 		/* this rank's channels wanted, and whether its CPUs are
 		 * crowded; the fewest and any, over every rank */
 		int32_t mine[2] = { FEP_MIN(fep_pool_threads(comm->pool), cap),

@@ -59,7 +59,7 @@ static struct fi_info *fep_hints(const char *prov, const char *fabric,
 	 * manual mode loses RMA traffic when both sides of a pair write
 	 * (seen with 1.17: warm-up exchanges that never complete); its own
 	 * progress thread is reliable. */
-	if (prov && !strncmp(prov, "sockets", 7)) {
+	if (prov && fep_prov_is(prov, "sockets")) {
 		h->domain_attr->data_progress = FI_PROGRESS_AUTO;
 		h->domain_attr->control_progress = FI_PROGRESS_AUTO;
 	} else {

@@ -68,13 +68,13 @@ bool fep_signal_supported(const fabep_provider_desc_t *d, fabep_signal_t s)
 		/* sockets (1.17) grants FI_FENCE, but its fenced atomics fail
 		 * with -FI_EIO once several ranks signal one target (measured:
 		 * 3 ranks, every run), so fabep does not use it there. */
-		return atom && d->fence && strncmp(d->provider, "sockets", 7);
+		return atom && d->fence && !fep_prov_is(d->provider, "sockets");
 	case FABEP_SIGNAL_DELIVERY:
 		return atom && d->delivery_complete;
 	case FABEP_SIGNAL_CQDATA:
 		return d->cq_data_size >= 4;
 	case FABEP_SIGNAL_CMA:
-		return atom && !strcmp(d->provider, "shm") &&
+		return atom && fep_prov_is(d->provider, "shm") &&
 		       (d->mr_mode & FI_MR_VIRT_ADDR) && fep_cma_usable(NULL, 0);
 	default:
 		return false;
