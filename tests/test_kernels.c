@@ -1572,7 +1572,7 @@ static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pa
 	uint8_t *src = xmalloc(rows * stride + 64), *d1 = xmalloc(rows * stride + 64);
 	uint8_t *d2 = xmalloc(rows * stride + 64);
 	int32_t *idx = xmalloc(rows * 4), *perm = xmalloc(rows * 4);
-	fep_k_perm_args_t a = { src + 1, stride, d1 + 3, stride, row_bytes, idx, nt };
+	fep_k_perm_args_t a = { src + 1, stride, d1 + 3, stride, row_bytes, idx, nt, NULL };
 
 	for (r = 0; r < rows * stride + 64; r++)
 		src[r] = (uint8_t)rnd32();
@@ -1608,6 +1608,45 @@ static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pa
 				      "%s scatter row %zu", isa_name(isa), r);
 	}
 	EXPECT1(d2[2] == 0xee && d2[3 + rows * stride] == 0xee);
+	/* gather by pairs (didx): source rows in runs, as a record's row
+	 * goes to its experts (one run longer than the prefetch's look),
+	 * to distinct destinations; some entries skipped */
+	{
+		int32_t *didx = xmalloc(rows * 4);
+		uint8_t *hit = calloc(rows, 1);
+		size_t run = 0;
+		int32_t cur = 0;
+
+		for (r = 0; r < rows; r++) {
+			if (!run) {
+				cur = (int32_t)(rnd32() % rows);
+				run = r == 0 ? 70 : 1 + rnd32() % 8;
+			}
+			run--;
+			idx[r] = (r % 11 == 5) ? -1 : cur;
+			didx[r] = perm[rows - 1 - r];
+		}
+		memset(d1, 0xee, rows * stride + 64);
+		a.dst = d1 + 3;
+		a.didx = didx;
+		fep_k_ops_isa(isa)->gather(&a, 0, rows);
+		for (r = 0; r < rows; r++) {
+			if (idx[r] < 0)
+				continue;
+			hit[didx[r]] = 1;
+			EXPECT(!memcmp(d1 + 3 + (size_t)didx[r] * stride,
+				       src + 1 + (size_t)idx[r] * stride, row_bytes),
+			       "%s gather pair %zu", isa_name(isa), r);
+		}
+		for (r = 0; r < rows; r++)
+			if (!hit[r])
+				EXPECT(d1[3 + r * stride] == 0xee &&
+				       d1[3 + r * stride + row_bytes - 1] == 0xee,
+				       "%s gather pairs wrote row %zu", isa_name(isa), r);
+		EXPECT1(d1[2] == 0xee && d1[3 + rows * stride] == 0xee);
+		free(didx);
+		free(hit);
+	}
 	free(src); free(d1); free(d2); free(idx); free(perm);
 }
 
@@ -2018,7 +2057,7 @@ START_TEST(test_mt_wrappers)
 		ck_assert_int_eq(fep_k_topk_sum_mt(p, &a, rows), -EINVAL);
 	}
 	{
-		fep_k_perm_args_t a = { in, cols * 4, o1, cols * 4, cols * 4, idx, 0 };
+		fep_k_perm_args_t a = { in, cols * 4, o1, cols * 4, cols * 4, idx, 0, NULL };
 
 		ck_assert_int_eq(fep_k_gather_mt(p, &a, rows), 0);
 		for (i = 0; i < rows; i++)
@@ -2036,7 +2075,8 @@ END_TEST
 
 /* fep_k_gather_blocks_mt: random disjoint (some adjacent, some empty)
  * destination blocks, with and without idle, against a scalar loop; rows
- * outside the blocks stay untouched. */
+ * outside the blocks stay untouched.  Every fourth iteration the blocks
+ * are of (source, destination) pairs (didx: a permutation). */
 START_TEST(test_gather_blocks)
 {
 	enum { ROWS = 300, SRC = 97 };
@@ -2053,12 +2093,22 @@ START_TEST(test_gather_blocks)
 				size_t rb = cols[ci] * 4, nb = 0, r, i;
 				float *src = malloc(SRC * rb), *dst = malloc(ROWS * rb);
 				float *want = malloc(ROWS * rb);
-				int32_t idx[ROWS];
+				int32_t idx[ROWS], didx[ROWS];
 				uint32_t start[ROWS], pre[ROWS + 1];
-				fep_k_perm_args_t a = { src, rb, dst, rb, rb, idx, 0 };
+				fep_k_perm_args_t a = { src, rb, dst, rb, rb, idx, 0,
+							it % 4 == 3 ? didx : NULL };
 				struct idle_rec ir;
 
 				ck_assert(src && dst && want);
+				for (r = 0; r < ROWS; r++)
+					didx[r] = (int32_t)r;
+				for (r = ROWS; r > 1; r--) {
+					size_t j = rnd32() % r;
+					int32_t t = didx[r - 1];
+
+					didx[r - 1] = didx[j];
+					didx[j] = t;
+				}
 				for (i = 0; i < SRC * cols[ci]; i++)
 					src[i] = (float)rnd32();
 				for (i = 0; i < ROWS * cols[ci]; i++)
@@ -2076,7 +2126,8 @@ START_TEST(test_gather_blocks)
 						start[nb] = (uint32_t)r;
 						pre[nb + 1] = pre[nb] + (uint32_t)len;
 						for (i = r; i < r + len; i++)
-							memcpy(want + i * cols[ci],
+							memcpy(want + (a.didx ? (size_t)didx[i] : i) *
+							       cols[ci],
 							       src + (size_t)idx[i] * cols[ci], rb);
 						nb++;
 					}
@@ -2096,7 +2147,7 @@ START_TEST(test_gather_blocks)
 				free(want);
 			}
 		{
-			fep_k_perm_args_t bad = { NULL, 4, NULL, 4, 4, NULL, 0 };
+			fep_k_perm_args_t bad = { NULL, 4, NULL, 4, 4, NULL, 0, NULL };
 			uint32_t st = 0, pr[2] = { 0, 1 };
 
 			ck_assert_int_eq(fep_k_gather_blocks_mt(p, &bad, &st, pr, 1,

@@ -140,7 +140,7 @@ static int k_sum(struct kb *b, const struct kernel_desc *k)
 static int k_perm(struct kb *b, const struct kernel_desc *k)
 {
 	size_t rb = b->hidden * fep_k_dtype_size(k->dt);
-	fep_k_perm_args_t a = { b->in, rb, b->out, rb, rb, b->idx, 0 };
+	fep_k_perm_args_t a = { b->in, rb, b->out, rb, rb, b->idx, 0, NULL };
 
 	if (k->param)
 		return fep_k_scatter_mt(b->pool, &a, b->bytes / rb);

@@ -1106,6 +1106,10 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 	uint32_t *cur = m->rcur + (size_t)src * (size_t)m->L;
 	const uint32_t *end = m->rend + (size_t)src * (size_t)m->L;
 	int once = s->placed[src] == 2;
+	/* copy mode, rows not in place: the copies as pairs, in the
+	 * records' order (gather_blocks) */
+	int pairs = !m->zcopy && !s->placed[src];
+	uint32_t p = m->pbase[src];
 	size_t k = (size_t)m->k, i;
 	int e, j;
 
@@ -1154,9 +1158,16 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 				s->gidx[r] = first;
 				if (first < 0)
 					first = (int32_t)r;
-			} else
-				s->gidx[r] = src == m->rank && i < s->self_n ? s->self_pay[i] :
+			} else {
+				int32_t g = src == m->rank && i < s->self_n ? s->self_pay[i] :
 					(int32_t)((size_t)src * m->dslot_recs + m->hdr_recs + i);
+
+				if (pairs) {
+					s->psrc[p] = g;
+					s->pdst[p++] = (int32_t)r;
+				} else
+					s->gidx[r] = g;
+			}
 			if (sc)
 				memcpy(sc + (size_t)r * m->nscale, rec + m->scale_off,
 				       4 * m->nscale);
@@ -1178,8 +1189,9 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 	return 0;
 }
 
-/* Copy the rows of the nb blocks in m->blk_start / m->blk_pre into the
- * expert-major result (rows and FP8 scales); idle: drive the fabric on
+/* Copy the rows of the nb blocks of pairs (psrc, pdst) in m->blk_start /
+ * m->blk_pre into the expert-major result (rows and FP8 scales), each
+ * record's row read once for all its experts; idle: drive the fabric on
  * the caller meanwhile. */
 static int gather_blocks(struct fabep_moe *m, struct fep_ep_set *s,
 			 const uint8_t *base, size_t nb, struct fep_ep_idle *idle)
@@ -1195,7 +1207,8 @@ static int gather_blocks(struct fabep_moe *m, struct fep_ep_set *s,
 	a.dst = s->xo;
 	a.dst_stride = m->row_bytes;
 	a.row_bytes = m->row_bytes;
-	a.idx = s->gidx;
+	a.idx = s->psrc;
+	a.didx = s->pdst;
 	/* one streaming decision for the whole result */
 	a.nt = s->rows * m->row_bytes >= FEP_K_NT_BYTES ? 1 : -1;
 	ret = fep_k_gather_blocks_mt(m->comm->pool, &a, m->blk_start, m->blk_pre,
@@ -1233,14 +1246,6 @@ static void add_blk(uint32_t *start, uint32_t *pre, size_t *nb, uint32_t r0,
 static void add_block(struct fabep_moe *m, size_t *nb, uint32_t r0, uint32_t r1)
 {
 	add_blk(m->blk_start, m->blk_pre, nb, r0, r1);
-}
-
-/* First row of this rank's own block of local expert e. */
-static inline uint32_t own_first(const struct fabep_moe *m,
-				 const struct fep_ep_set *s, int e)
-{
-	return m->rank ? m->rend[(size_t)(m->rank - 1) * (size_t)m->L + (size_t)e]
-		       : s->row_offsets[e];
 }
 
 /* After the headers: lay out the expert-major result from the rows each
@@ -1297,8 +1302,10 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		}
 		for (e = 0; e < m->L; e++)
 			s->counts[e] += cnt[e];
+		m->pbase[src] = (uint32_t)FEP_MIN(rows, (uint64_t)UINT32_MAX);
 		rows += sum;
 	}
+	m->pbase[m->size] = (uint32_t)FEP_MIN(rows, (uint64_t)UINT32_MAX);
 	if (rows > INT32_MAX) {
 		fep_err("%s: %zu rows received", m->dfn, rows);
 		return -FABEP_ERR_PROTOCOL;
@@ -1334,9 +1341,7 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 	if (ret)
 		return ret;
 	m->blk_pre[0] = 0;
-	for (e = 0; e < m->L; e++)
-		add_block(m, &nb, own_first(m, s, e),
-			  m->rend[(size_t)m->rank * L + (size_t)e]);
+	add_block(m, &nb, m->pbase[m->rank], m->pbase[m->rank + 1]);
 	return gather_blocks(m, s, base, nb, &idle);
 }
 
@@ -1419,8 +1424,8 @@ static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 {
 	const uint8_t *base = fep_heap_at(m->comm->fab, fep_ep_dslot(m, b, 0));
 	struct place_ctx c = { m, s, base, m->place_ret };
-	size_t L = (size_t)m->L, nb = 0, i;
-	int src, e, ret = 0;
+	size_t nb = 0, i;
+	int src, ret = 0;
 
 	for (src = 0; src < m->size; src++)
 		if (s->placed[src])
@@ -1444,12 +1449,9 @@ static int build_end(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		s->ident_rows = s->rows;
 	}
 	m->blk_pre[0] = 0;
-	for (e = 0; e < m->L; e++)
-		for (src = 0; src < m->size; src++)
-			if (src != m->rank && !s->placed[src])
-				add_block(m, &nb, src ? m->rend[(size_t)(src - 1) * L + (size_t)e] :
-							s->row_offsets[e],
-					  m->rend[(size_t)src * L + (size_t)e]);
+	for (src = 0; src < m->size; src++)
+		if (src != m->rank && !s->placed[src])
+			add_block(m, &nb, m->pbase[src], m->pbase[src + 1]);
 	return gather_blocks(m, s, base, nb, NULL);
 }
 

@@ -173,6 +173,8 @@ struct fep_ep_set {
 	void *x;             /* [cap_rows, row_bytes] */
 	float *scales;       /* [cap_rows, nscale] */
 	int32_t *gidx;       /* [cap_rows]: record index in drecv */
+	int32_t *psrc, *pdst; /* [cap_rows] copy mode: the rows to copy as
+			      * (record, result row), in the records' order */
 	int32_t *src_info;   /* [cap_rows * 3] */
 	float *weights;      /* [cap_rows] */
 	uint32_t *row_offsets; /* [L + 1] */
@@ -313,6 +315,7 @@ struct fabep_moe {
 	int *place_ret;      /* [size]: each source's placement (dispatch_recv) */
 	uint32_t *ecnt;      /* [size * L]: rows for each destination's experts */
 	uint32_t *rcur, *rend; /* [size * L]: next and end row of (source, expert) */
+	uint32_t *pbase;     /* [size + 1]: each source's first entry of psrc */
 	uint32_t *blk_start, *blk_pre; /* [size * L + 2 * L + 1]: row blocks to gather */
 	uint32_t *dup_start, *dup_pre; /* [place_rows + 1]: the rows a placed
 					* dispatch's receiver copies (place) */

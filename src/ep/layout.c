@@ -255,6 +255,8 @@ static void ep_set_free(struct fep_ep_set *s)
 	free(s->x);
 	free(s->scales);
 	free(s->gidx);
+	free(s->psrc);
+	free(s->pdst);
 	free(s->src_info);
 	free(s->weights);
 	free(s->row_offsets);
@@ -290,6 +292,7 @@ static void ep_free(struct fabep_moe *m)
 	free(m->ecnt);
 	free(m->rcur);
 	free(m->rend);
+	free(m->pbase);
 	free(m->blk_start);
 	free(m->blk_pre);
 	free(m->dup_start);
@@ -335,6 +338,7 @@ static int ep_alloc_host(struct fabep_moe *m)
 	m->ecnt = calloc(R * L, sizeof(uint32_t));
 	m->rcur = calloc(R * L, sizeof(uint32_t));
 	m->rend = calloc(R * L, sizeof(uint32_t));
+	m->pbase = calloc(R + 1, sizeof(uint32_t));
 	/* blocks of rows to gather: at most one per (source, expert) */
 	m->blk_start = calloc(R * L + 2 * L + 1, sizeof(uint32_t));
 	m->blk_pre = calloc(R * L + 2 * L + 2, sizeof(uint32_t));
@@ -356,7 +360,7 @@ static int ep_alloc_host(struct fabep_moe *m)
 			  sizeof(*m->pputs));
 	if (!m->pcol || !m->pnext || !m->pput || !m->pdest || !m->drows || !m->pputs ||
 	    !m->xblk || !m->xnblk || !m->xunw || !m->own_tok || !m->fused ||
-	    !m->ecnt || !m->rcur || !m->rend || !m->blk_start || !m->blk_pre ||
+	    !m->ecnt || !m->rcur || !m->rend || !m->pbase || !m->blk_start || !m->blk_pre ||
 	    !m->dup_start || !m->dup_pre ||
 	    !m->run_first || !m->place_ret || !m->chunk_direct || !m->posted || !m->puts || !m->cursor || !m->set || !m->prev_ids || !m->prev_w || !m->old_ids || !m->old_w || !m->pack_tok ||
 	    !m->pack_base || !m->dest || !m->pack_pos)
@@ -605,7 +609,7 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	size_t cap;
 	void *x = NULL;
 	float *sc = NULL, *w = NULL;
-	int32_t *g = NULL, *si = NULL, *ri = NULL;
+	int32_t *g = NULL, *si = NULL, *ri = NULL, *ps = NULL, *pd = NULL;
 	int copy = !m->zcopy;  /* zero-copy: the rows stay in the slots */
 
 	if (FEP_FAULT("ep_reserve", 0))
@@ -616,15 +620,20 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	if (copy) {
 		x = fep_huge_alloc(cap * m->row_bytes + 64);
 		ri = malloc(cap * sizeof(int32_t));
+		ps = malloc(cap * sizeof(int32_t));
+		pd = malloc(cap * sizeof(int32_t));
 	}
 	g = malloc(cap * sizeof(int32_t));
 	si = malloc(cap * 3 * sizeof(int32_t));
 	w = malloc(cap * sizeof(float));
 	if (m->fp8 && copy)
 		sc = malloc(cap * m->nscale * sizeof(float));
-	if ((copy && (!x || !ri)) || !g || !si || !w || (m->fp8 && copy && !sc)) {
+	if ((copy && (!x || !ri || !ps || !pd)) || !g || !si || !w ||
+	    (m->fp8 && copy && !sc)) {
 		free(x);
 		free(ri);
+		free(ps);
+		free(pd);
 		free(g);
 		free(si);
 		free(w);
@@ -635,10 +644,14 @@ int fep_ep_set_reserve(struct fabep_moe *m, struct fep_ep_set *s, size_t rows)
 	free(s->x);
 	free(s->row_index);
 	free(s->gidx);
+	free(s->psrc);
+	free(s->pdst);
 	free(s->src_info);
 	free(s->weights);
 	free(s->scales);
 	s->x = x;
+	s->psrc = ps;
+	s->pdst = pd;
 	s->row_index = ri;
 	s->ident_rows = 0;
 	s->gidx = g;

@@ -285,6 +285,11 @@ typedef struct fep_k_perm_args {
 	int nt;                /* 0: stream when this range writes FEP_K_NT_BYTES;
 				* 1: stream; -1: never (the _mt wrappers decide
 				* by the whole call, not each thread's share) */
+	/* gather only: entry r copies row idx[r] of src to row didx[r] of
+	 * dst (NULL: to row r).  Entries in the order of their source rows
+	 * read a row that goes to several places once from memory, the
+	 * later copies from the cache; the didx must not repeat. */
+	const int32_t *didx;
 } fep_k_perm_args_t;
 
 /* ------------------------------------------------------------------ */
@@ -402,7 +407,8 @@ int fep_k_scatter_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,
 		     size_t rows);
 /* Gather the destination rows of nb blocks: block i is the rows
  * [start[i], start[i] + pre[i + 1] - pre[i]) (pre: prefix sums of the
- * block lengths, pre[0] = 0).  The rows are split evenly over the pool;
+ * block lengths, pre[0] = 0); with a->didx, the blocks are of entries
+ * of idx and didx.  The rows are split evenly over the pool;
  * with idle, over its workers only while the caller calls idle(ictx) (as
  * fep_pool_for_idle). */
 int fep_k_gather_blocks_mt(fep_pool_t *pool, const fep_k_perm_args_t *a,

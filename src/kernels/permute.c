@@ -12,6 +12,8 @@
 #include "kernels/simd.h"
 
 #define PERM_NT_MIN_ROW 256
+/* entries a gather looks ahead for the next other row to prefetch */
+#define PERM_PF_LOOK 64
 
 static inline int perm_nt(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
@@ -21,13 +23,19 @@ static inline int perm_nt(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 
 /* ---- scalar reference ---- */
 
+/* the destination row of gather entry r */
+static inline size_t perm_dst(const fep_k_perm_args_t *a, size_t r)
+{
+	return a->didx ? (size_t)a->didx[r] : r;
+}
+
 void fep_k_gather_scalar(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
 	size_t r;
 
 	for (r = r0; r < r1; r++)
 		if (a->idx[r] >= 0)
-			memcpy((char *)a->dst + r * a->dst_stride,
+			memcpy((char *)a->dst + perm_dst(a, r) * a->dst_stride,
 			       (const char *)a->src + (size_t)a->idx[r] * a->src_stride,
 			       a->row_bytes);
 }
@@ -48,9 +56,10 @@ void fep_k_scatter_scalar(const fep_k_perm_args_t *a, size_t r0, size_t r1)
  * advanced as the bytes go */
 typedef void (*copy_nt_fn)(char *d, const char *s, size_t n, fep_pf_t *pf);
 
-/* gather: row r from row idx[r] of src, prefetching the next one read
- * (anywhere in src: a jump the prefetchers cannot follow) while this
- * one is copied; scatter: row r to row idx[r] of dst, read in order */
+/* gather: row r (or didx[r]) from row idx[r] of src, prefetching the
+ * next other row read (anywhere in src: a jump the prefetchers cannot
+ * follow) while this one is copied; scatter: row r to row idx[r] of
+ * dst, read in order */
 static void permute_rows(const fep_k_perm_args_t *a, size_t r0, size_t r1,
 			 int gather, copy_nt_fn copy)
 {
@@ -69,11 +78,17 @@ static void permute_rows(const fep_k_perm_args_t *a, size_t r0, size_t r1,
 		if (a->idx[r] < 0)
 			continue;
 		if (gather) {
-			while (q < r1 && a->idx[q] < 0)
+			/* a bounded look: an index list of one row repeated
+			 * must not make the loop quadratic */
+			while (q < r1 && q < r + PERM_PF_LOOK &&
+			       (a->idx[q] < 0 || a->idx[q] == a->idx[r]))
 				q++;
+			if (q == r + PERM_PF_LOOK)
+				q = r1;
 			fep_pf_init(&pf, q < r1 ? src + (size_t)a->idx[q] * a->src_stride :
 					 NULL, a->row_bytes);
-			copy(dst + r * a->dst_stride, src + (size_t)a->idx[r] * a->src_stride,
+			copy(dst + perm_dst(a, r) * a->dst_stride,
+			     src + (size_t)a->idx[r] * a->src_stride,
 			     a->row_bytes, &pf);
 		} else {
 			copy(dst + (size_t)a->idx[r] * a->dst_stride, src + r * a->src_stride,
