@@ -1165,7 +1165,7 @@ static int place(struct fabep_moe *m, struct fep_ep_set *s, const uint8_t *base,
 				if (pairs) {
 					s->psrc[p] = g;
 					s->pdst[p++] = (int32_t)r;
-				} else
+				} else if (m->zcopy)
 					s->gidx[r] = g;
 			}
 			if (sc)
@@ -1302,14 +1302,15 @@ static int build_begin(struct fabep_moe *m, int b, struct fep_ep_set *s)
 		}
 		for (e = 0; e < m->L; e++)
 			s->counts[e] += cnt[e];
-		m->pbase[src] = (uint32_t)FEP_MIN(rows, (uint64_t)UINT32_MAX);
+		m->pbase[src] = (uint32_t)rows;
 		rows += sum;
+		/* row indices are int32_t */
+		if (rows > INT32_MAX) {
+			fep_err("%s: %zu rows received", m->dfn, rows);
+			return -FABEP_ERR_PROTOCOL;
+		}
 	}
-	m->pbase[m->size] = (uint32_t)FEP_MIN(rows, (uint64_t)UINT32_MAX);
-	if (rows > INT32_MAX) {
-		fep_err("%s: %zu rows received", m->dfn, rows);
-		return -FABEP_ERR_PROTOCOL;
-	}
+	m->pbase[m->size] = (uint32_t)rows;
 	ret = fep_ep_set_reserve(m, s, rows);
 	if (ret)
 		return ret;

@@ -172,7 +172,9 @@ struct fep_ep_set {
 	size_t rows, cap_rows;
 	void *x;             /* [cap_rows, row_bytes] */
 	float *scales;       /* [cap_rows, nscale] */
-	int32_t *gidx;       /* [cap_rows]: record index in drecv */
+	int32_t *gidx;       /* [cap_rows]: zero-copy, each row's record
+			      * index in drecv; a place-once source's rows,
+			      * the row each copies from or -1 */
 	int32_t *psrc, *pdst; /* [cap_rows] copy mode: the rows to copy as
 			      * (record, result row), in the records' order */
 	int32_t *src_info;   /* [cap_rows * 3] */
