@@ -1475,6 +1475,76 @@ static void check_topk(fabep_isa_t isa, fep_k_dtype_t ydt, fep_k_dtype_t odt,
 	free(y); free(o1); free(o2); free(idx); free(w);
 }
 
+/* Sums that meet NaNs and infinities: each level's output bits are the
+ * scalar reference's (the same operations in the same order, the same
+ * NaN rule on the way to bf16).  Which of two different NaNs an
+ * addition returns is the compiler's choice of operand order, so a
+ * call holds one NaN pattern only: a signalling NaN in the rows
+ * (unweighted), or a weight that is a NaN with low payload bits set
+ * (weighted, the other weights powers of two, so each product is
+ * exact and a fused multiply-add rounds as the reference's multiply
+ * and add).  Infinities are positive: none cancels into the default
+ * NaN. */
+START_TEST(test_topk_special)
+{
+	static const size_t colss[] = { 100, 7168 };
+	static const float pw[] = { 0.5f, 1.0f, 2.0f, 4.0f };
+	const size_t ny = 24, tokens = 7;
+	const int k = 8;
+	size_t c, n, t;
+	int ydt, odt, nt, wtd;
+
+	FOR_HW_BF16(hw)
+	for (c = 0; c < FEP_ARRAY_SIZE(colss); c++)
+	for (ydt = 0; ydt < 2; ydt++)
+	for (odt = 0; odt < 2; odt++)
+	for (nt = 0; nt < 2; nt++)
+	for (wtd = 0; wtd < 2; wtd++) {
+		size_t cols = colss[c], ys = ydt ? 2 : 4, os = odt ? 2 : 4;
+		void *y = xmalloc(ny * cols * ys);
+		/* 64-byte aligned rows (7168 columns): streaming stores */
+		size_t ob = FEP_ALIGN_UP(tokens * cols * os, 64);
+		void *o1 = aligned_alloc(64, ob), *o2 = aligned_alloc(64, ob);
+		int32_t *idx = xmalloc(tokens * k * 4);
+		float *w = xmalloc(tokens * k * 4);
+		fep_k_topk_args_t a = {
+			.y = y, .y_dt = (fep_k_dtype_t)ydt, .ld_y = cols, .idx = idx,
+			.w = wtd ? w : NULL, .k = k, .out = o1,
+			.out_dt = (fep_k_dtype_t)odt, .ld_out = cols, .cols = cols,
+			.nt = nt ? 1 : -1,
+		};
+
+		ck_assert_ptr_nonnull(o1);
+		ck_assert_ptr_nonnull(o2);
+		fill_rows(y, a.y_dt, ny, cols, cols, 0);
+		for (n = 0; n < ny * cols / 50; n++) {
+			size_t at = rnd32() % (ny * cols);
+			int nan = !wtd && n % 2;
+
+			if (ydt)
+				((uint16_t *)y)[at] = nan ? 0x7f81 : 0x7f80;
+			else
+				((float *)y)[at] = u2f(nan ? 0x7f800001u : 0x7f800000u);
+		}
+		for (t = 0; t < tokens * k; t++) {
+			idx[t] = (rnd32() % 6 == 0) ? -1 : (int32_t)(rnd32() % ny);
+			w[t] = rnd32() % 5 ? pw[rnd32() % 4] : u2f(0x7fc0ffffu);
+		}
+		fep_k_ops_isa(FABEP_ISA_SCALAR)->topk_sum(&a, 0, tokens);
+		FOR_LEVELS(isa) {
+			a.out = o2;
+			memset(o2, 0xcc, tokens * cols * os);
+			fep_k_ops_isa(isa)->topk_sum(&a, 0, tokens);
+			EXPECT(!memcmp(o1, o2, tokens * cols * os),
+			       "%s topk special y %s out %s cols %zu nt %d weighted %d",
+			       isa_name(isa), ydt ? "bf16" : "fp32", odt ? "bf16" : "fp32",
+			       cols, nt, wtd);
+		}
+		free(y); free(o1); free(o2); free(idx); free(w);
+	}
+}
+END_TEST
+
 START_TEST(test_topk)
 {
 	static const int ks[] = { 1, 2, 8, 70 };
@@ -2247,6 +2317,7 @@ static Suite *kernels_suite(int forked)
 
 	tc = tcase_create("reduce");
 	tcase_add_test(tc, test_topk);
+	tcase_add_test(tc, test_topk_special);
 	tcase_add_test(tc, test_sum);
 	tcase_set_timeout(tc, 30);
 	suite_add_tcase(s, tc);

@@ -113,6 +113,95 @@ static inline FEP_T_AVX2 void topk_st8(void *p, fep_k_dtype_t dt, size_t i,
 				 fep256_f32_to_bf16(v));
 }
 
+/* 16 sums, e: columns i, i + 2, .., i + 14; o: i + 1, .., i + 15, to
+ * out in order: fp32 interleaved back by unpacks, bf16 as the low and
+ * high halves of the words (fep256_bf16_eo_nn), through the scalar
+ * rule where a sum is a NaN.  nt: streamed (out 32-byte aligned). */
+static FEP_INLINE FEP_T_AVX2 void topk_st16_eo(char *out, const fep_k_dtype_t odt,
+					      size_t i, __m256 e, __m256 o, int nt)
+{
+	if (odt == FEP_K_F32) {
+		__m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+		__m256 v0 = _mm256_permute2f128_ps(lo, hi, 0x20);
+		__m256 v1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+		float *p = (float *)out + i;
+
+		if (nt) {
+			_mm256_stream_ps(p, v0);
+			_mm256_stream_ps(p + 8, v1);
+		} else {
+			_mm256_storeu_ps(p, v0);
+			_mm256_storeu_ps(p + 8, v1);
+		}
+	} else if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(e, e, _CMP_UNORD_Q),
+						   _mm256_cmp_ps(o, o, _CMP_UNORD_Q)))) {
+		float te[8], to[8];
+		size_t j;
+
+		_mm256_storeu_ps(te, e);
+		_mm256_storeu_ps(to, o);
+		for (j = 0; j < 8; j++) {
+			fep_st1(out, FEP_K_BF16, i + 2 * j, te[j]);
+			fep_st1(out, FEP_K_BF16, i + 2 * j + 1, to[j]);
+		}
+	} else {
+		__m256i b = fep256_bf16_eo_nn(_mm256_castps_si256(e), _mm256_castps_si256(o));
+		__m256i *p = (__m256i *)((uint16_t *)out + i);
+
+		if (nt)
+			_mm256_stream_si256(p, b);
+		else
+			_mm256_storeu_si256(p, b);
+	}
+}
+
+/* One token's sum of nr bf16 rows (k <= 64, one chunk), 32 columns a
+ * step: each vector of 16 values read as its 8 even values (the low
+ * halves shifted up) and its 8 odd ones (the high halves masked), two
+ * operations where widening the halves took four, and the sums put
+ * back in order as they are stored.  Each column's sum is the same
+ * chain of operations as the widening loop's (the same bits).
+ * Returns the end of the whole steps. */
+static FEP_INLINE FEP_T_AVX2 size_t topk_eo256(const fep_k_topk_args_t *a,
+					       const char *const *rows, const float *wt,
+					       int nr, char *out, const fep_k_dtype_t odt,
+					       int nt, const char *const *pf, size_t npf)
+{
+	const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+	size_t i;
+	int r, q;
+
+	for (i = 0; i + 32 <= a->cols; i += 32) {
+		__m256 e[2], o[2];
+
+		topk_prefetch(pf, npf, i * 2, 64, 0);
+		e[0] = e[1] = o[0] = o[1] = _mm256_setzero_ps();
+		for (r = 0; r < nr; r++) {
+			const __m256i *y = (const __m256i *)((const uint16_t *)rows[r] + i);
+
+			#pragma GCC unroll 2
+			for (q = 0; q < 2; q++) {
+				__m256i x = _mm256_loadu_si256(y + q);
+				__m256 ve = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+				__m256 vo = _mm256_castsi256_ps(_mm256_and_si256(x, hi));
+
+				if (a->w) {
+					__m256 wr = _mm256_set1_ps(wt[r]);
+
+					e[q] = _mm256_fmadd_ps(wr, ve, e[q]);
+					o[q] = _mm256_fmadd_ps(wr, vo, o[q]);
+				} else {
+					e[q] = _mm256_add_ps(e[q], ve);
+					o[q] = _mm256_add_ps(o[q], vo);
+				}
+			}
+		}
+		topk_st16_eo(out, odt, i, e[0], o[0], nt);
+		topk_st16_eo(out, odt, i + 16, e[1], o[1], nt);
+	}
+	return i;
+}
+
 FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_t t1)
 {
 	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
@@ -120,6 +209,7 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 	float wt[64];
 	size_t t, i, npf;
 	int j, nr, nt = topk_nt(a);
+	int eo = a->y_dt == FEP_K_BF16 && a->k <= 64;
 
 	for (t = t0; t < t1; t++) {
 		const int32_t *idx = a->idx + t * (size_t)a->k;
@@ -139,8 +229,12 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 				rows[nr] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
 				wt[nr++] = a->w ? a->w[t * (size_t)a->k + j] : 1.0f;
 			}
-			/* 32 columns at a time in four independent sums */
-			for (i = 0; i + 32 <= a->cols; i += 32) {
+			/* bf16 rows in one chunk: in even/odd order; else 32
+			 * columns at a time in four independent sums */
+			i = !eo ? 0 : a->out_dt == FEP_K_F32 ?
+			    topk_eo256(a, rows, wt, nr, out, FEP_K_F32, snt, pf, npf) :
+			    topk_eo256(a, rows, wt, nr, out, FEP_K_BF16, snt, pf, npf);
+			for (; !eo && i + 32 <= a->cols; i += 32) {
 				__m256 s0, s1, s2, s3;
 				int r;
 
