@@ -202,6 +202,57 @@ static FEP_INLINE FEP_T_AVX2 size_t topk_eo256(const fep_k_topk_args_t *a,
 	return i;
 }
 
+/* The weighted sum of one chunk of rows (any dtype), 32 columns at a
+ * time in four independent sums, adding to the chunks before it (j0 >
+ * 0) through out.  Returns the end of the whole steps. */
+static FEP_INLINE FEP_T_AVX2 size_t topk_wide256(const fep_k_topk_args_t *a,
+						 const char *const *rows, const float *wt,
+						 int nr, char *out, int j0, int nt,
+						 const char *const *pf, size_t npf)
+{
+	size_t i, ys = fep_k_dtype_size(a->y_dt);
+
+	for (i = 0; i + 32 <= a->cols; i += 32) {
+		__m256 s0, s1, s2, s3;
+		int r;
+
+		if (j0) {
+			s0 = fep256_load(out, a->out_dt, i, 8);
+			s1 = fep256_load(out, a->out_dt, i + 8, 8);
+			s2 = fep256_load(out, a->out_dt, i + 16, 8);
+			s3 = fep256_load(out, a->out_dt, i + 24, 8);
+		} else {
+			topk_prefetch(pf, npf, i * ys, 32 * ys, 0);
+			s0 = s1 = s2 = s3 = _mm256_setzero_ps();
+		}
+		for (r = 0; r < nr; r++) {
+			__m256 v0 = fep256_load(rows[r], a->y_dt, i, 8);
+			__m256 v1 = fep256_load(rows[r], a->y_dt, i + 8, 8);
+			__m256 v2 = fep256_load(rows[r], a->y_dt, i + 16, 8);
+			__m256 v3 = fep256_load(rows[r], a->y_dt, i + 24, 8);
+
+			if (a->w) {
+				__m256 wr = _mm256_set1_ps(wt[r]);
+
+				s0 = _mm256_fmadd_ps(wr, v0, s0);
+				s1 = _mm256_fmadd_ps(wr, v1, s1);
+				s2 = _mm256_fmadd_ps(wr, v2, s2);
+				s3 = _mm256_fmadd_ps(wr, v3, s3);
+			} else {
+				s0 = _mm256_add_ps(s0, v0);
+				s1 = _mm256_add_ps(s1, v1);
+				s2 = _mm256_add_ps(s2, v2);
+				s3 = _mm256_add_ps(s3, v3);
+			}
+		}
+		topk_st8(out, a->out_dt, i, s0, nt);
+		topk_st8(out, a->out_dt, i + 8, s1, nt);
+		topk_st8(out, a->out_dt, i + 16, s2, nt);
+		topk_st8(out, a->out_dt, i + 24, s3, nt);
+	}
+	return i;
+}
+
 FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_t t1)
 {
 	size_t ys = fep_k_dtype_size(a->y_dt), os = fep_k_dtype_size(a->out_dt);
@@ -229,50 +280,13 @@ FEP_T_AVX2 void fep_k_topk_sum_avx2(const fep_k_topk_args_t *a, size_t t0, size_
 				rows[nr] = (const char *)a->y + (size_t)idx[j] * a->ld_y * ys;
 				wt[nr++] = a->w ? a->w[t * (size_t)a->k + j] : 1.0f;
 			}
-			/* bf16 rows in one chunk: in even/odd order; else 32
-			 * columns at a time in four independent sums */
-			i = !eo ? 0 : a->out_dt == FEP_K_F32 ?
-			    topk_eo256(a, rows, wt, nr, out, FEP_K_F32, snt, pf, npf) :
-			    topk_eo256(a, rows, wt, nr, out, FEP_K_BF16, snt, pf, npf);
-			for (; !eo && i + 32 <= a->cols; i += 32) {
-				__m256 s0, s1, s2, s3;
-				int r;
-
-				if (!j0)
-					topk_prefetch(pf, npf, i * ys, 32 * ys, 0);
-				if (j0) {
-					s0 = fep256_load(out, a->out_dt, i, 8);
-					s1 = fep256_load(out, a->out_dt, i + 8, 8);
-					s2 = fep256_load(out, a->out_dt, i + 16, 8);
-					s3 = fep256_load(out, a->out_dt, i + 24, 8);
-				} else {
-					s0 = s1 = s2 = s3 = _mm256_setzero_ps();
-				}
-				for (r = 0; r < nr; r++) {
-					__m256 v0 = fep256_load(rows[r], a->y_dt, i, 8);
-					__m256 v1 = fep256_load(rows[r], a->y_dt, i + 8, 8);
-					__m256 v2 = fep256_load(rows[r], a->y_dt, i + 16, 8);
-					__m256 v3 = fep256_load(rows[r], a->y_dt, i + 24, 8);
-
-					if (a->w) {
-						__m256 wr = _mm256_set1_ps(wt[r]);
-
-						s0 = _mm256_fmadd_ps(wr, v0, s0);
-						s1 = _mm256_fmadd_ps(wr, v1, s1);
-						s2 = _mm256_fmadd_ps(wr, v2, s2);
-						s3 = _mm256_fmadd_ps(wr, v3, s3);
-					} else {
-						s0 = _mm256_add_ps(s0, v0);
-						s1 = _mm256_add_ps(s1, v1);
-						s2 = _mm256_add_ps(s2, v2);
-						s3 = _mm256_add_ps(s3, v3);
-					}
-				}
-				topk_st8(out, a->out_dt, i, s0, snt);
-				topk_st8(out, a->out_dt, i + 8, s1, snt);
-				topk_st8(out, a->out_dt, i + 16, s2, snt);
-				topk_st8(out, a->out_dt, i + 24, s3, snt);
-			}
+			/* bf16 rows in one chunk: in even/odd order */
+			if (!eo)
+				i = topk_wide256(a, rows, wt, nr, out, j0, snt, pf, npf);
+			else if (a->out_dt == FEP_K_F32)
+				i = topk_eo256(a, rows, wt, nr, out, FEP_K_F32, snt, pf, npf);
+			else
+				i = topk_eo256(a, rows, wt, nr, out, FEP_K_BF16, snt, pf, npf);
 			for (; i < a->cols; i += 8) {
 				size_t n = a->cols - i;
 				__m256 acc = j0 ? fep256_load(out, a->out_dt, i, n)
