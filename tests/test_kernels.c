@@ -124,9 +124,10 @@ static void *xmalloc(size_t n)
 static const size_t shapes[] = { 1, 7, 100, 2880, 7168 };
 
 /* What the detection set the kernels' CPU flags to, captured before the
- * tests change them: fep_k_hw_bf16 (the hardware bf16 conversion) and
- * fep_k_vbmi (the FP8 quantization's VBMI packing). */
-static int cpu_bf16 = -1, cpu_vbmi = -1;
+ * tests change them: fep_k_hw_bf16 (the hardware bf16 conversion),
+ * fep_k_vbmi (the FP8 quantization's VBMI packing) and fep_k_pf_l1 (the
+ * top-k sum's and gather's prefetches into L1). */
+static int cpu_bf16 = -1, cpu_vbmi = -1, cpu_pf_l1 = -1;
 
 static void cpu_flags(void)
 {
@@ -134,6 +135,7 @@ static void cpu_flags(void)
 		fep_k_isa_max(); /* runs the detection */
 		cpu_bf16 = fep_k_hw_bf16;
 		cpu_vbmi = fep_k_vbmi;
+		cpu_pf_l1 = fep_k_pf_l1;
 	}
 }
 
@@ -155,6 +157,11 @@ static int vbmi_have(void)
 	for (int v = 0; v <= (have) && (((flag) = v), 1); v++)
 #define FOR_HW_BF16(hw) FOR_FLAG(hw, fep_k_hw_bf16, hw_bf16_have())
 #define FOR_VBMI(v) FOR_FLAG(v, fep_k_vbmi, vbmi_have())
+/* Both prefetch hints (any x86 CPU takes either), then the detected one
+ * back for the tests after */
+#define FOR_PF_L1(v) \
+	for (int v = (cpu_flags(), 0); v <= 1 || ((fep_k_pf_l1 = cpu_pf_l1), 0); v++) \
+		if ((fep_k_pf_l1 = v), 1)
 
 /* The vector levels compared with the scalar reference: every level
  * this CPU has, or only FABEP_TEST_ISA's (set in main). */
@@ -1552,6 +1559,7 @@ START_TEST(test_topk)
 	unsigned kk;
 	int ydt, odt, wt, nt;
 
+	FOR_PF_L1(l1)
 	FOR_HW_BF16(hw)
 	FOR_LEVELS(isa)
 		for (s = 0; s < FEP_ARRAY_SIZE(shapes); s++)
@@ -1722,6 +1730,7 @@ static void check_perm(fabep_isa_t isa, size_t rows, size_t row_bytes, size_t pa
 
 START_TEST(test_permute)
 {
+	FOR_PF_L1(l1)
 	FOR_LEVELS(isa) {
 		for (int nt = -1; nt <= 1; nt++) { /* never, auto, forced */
 			check_perm(isa, 50, 1, 0, nt);

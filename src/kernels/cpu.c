@@ -54,7 +54,7 @@ static const struct fep_k_ops ops_avx512 = {
 int fep_k_hw_bf16;
 int fep_k_vbmi;
 int fep_k_nt_fp8 = 1;
-int fep_k_topk_pf_l1;
+int fep_k_pf_l1;
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static fabep_isa_t isa_max = FABEP_ISA_SCALAR;
@@ -92,7 +92,7 @@ static void isa_detect(void)
 	if (isa_max == FABEP_ISA_AVX512 && __builtin_cpu_supports("avx512vbmi"))
 		fep_k_vbmi = 1;
 	fep_k_nt_fp8 = !__builtin_cpu_is("amd");
-	fep_k_topk_pf_l1 = __builtin_cpu_is("amd");
+	fep_k_pf_l1 = __builtin_cpu_is("amd");
 	isa_chosen = isa_max;
 	if (fep_env_str("FABEP_ISA", &env) > 0 && env) {
 		if (fep_k_isa_parse(env, &want) < 0) {
@@ -110,7 +110,7 @@ static void isa_detect(void)
 		fep_k_vbmi ? ", avx512_vbmi" : "",
 		fep_k_nt_fp8 ? "" : "; FP8 dequantization and bf16 quantization "
 		"without streaming stores",
-		fep_k_topk_pf_l1 ? "; top-k sum prefetching into L1" : "");
+		fep_k_pf_l1 ? "; top-k sum and row gather prefetching into L1" : "");
 }
 
 int fep_k_isa_parse(const char *s, fabep_isa_t *isa)

@@ -334,14 +334,18 @@ extern int fep_k_vbmi;
  * with plain ones, bf16 quantization 0.5-0.7 against 0.6-0.9;
  * docs/performance.md); on Intel's they gain. */
 extern int fep_k_nt_fp8;
-/* Whether the AVX-512 top-k sum prefetches the next token's rows with
- * PREFETCHT0 rather than PREFETCHT1: on AMD's CPUs, where T1 of rows
- * read a token later gained about nothing over no prefetch (Zen 5, 1 and
- * 2 threads: 0.64-0.69 of memcpy's rate with T1, 0.75-0.88 with T0);
- * on Intel's T1 (the lent Xeon: T0 no faster at 1 thread, where the
- * kernel is at memcpy's rate already).  The AVX2 kernel keeps T1 (Zen 5
- * under AVX2: 0.74-0.76 with T1, 0.71-0.72 with T0; docs/performance.md). */
-extern int fep_k_topk_pf_l1;
+/* Whether the AVX-512 top-k sum prefetches the next token's rows, and
+ * the row gather (both levels) the next row it copies, with PREFETCHT0
+ * rather than PREFETCHT1: on AMD's CPUs, where T1 of rows read soon
+ * after gained little (Zen 5, 1 thread: the top-k sum 0.64-0.69 of
+ * memcpy's rate with T1, 0.75-0.88 with T0; the gather 0.73-0.74 with
+ * T1, 0.80-0.84 with T0); on Intel's T1 (the lent Xeon: the top-k sum
+ * no faster with T0 at 1 thread, where it is at memcpy's rate already;
+ * the gather above memcpy's rate with T1).  The AVX2 top-k sum keeps T1
+ * (Zen 5 under AVX2: 0.74-0.76 with T1, 0.71-0.72 with T0), and so do
+ * the two-pass kernels' next-row prefetches (fep_pf_t), which T0 moved
+ * within the noise; docs/performance.md. */
+extern int fep_k_pf_l1;
 /* Whether FP8 quantization of dt streams large outputs: fp32 input, a
  * byte written for four read, everywhere; bf16 input where fep_k_nt_fp8. */
 static inline int fep_k_nt_quant(fep_k_dtype_t dt)

@@ -98,11 +98,31 @@ static void permute_rows(const fep_k_perm_args_t *a, size_t r0, size_t r1,
 	_mm_sfence();
 }
 
+/* The next row's prefetch as n more bytes are copied (n a constant
+ * multiple of 64): into L2 (fep_pf_step), or, where l1 (a constant),
+ * into L1 with the n / 64 lines behind one test, which may prefetch a
+ * few lines past the row's end (harmless).  A test per line took T0's
+ * gain away on Zen 5 (docs/performance.md). */
+static FEP_INLINE void perm_pf(fep_pf_t *pf, size_t n, const int l1)
+{
+	size_t k;
+
+	if (!l1) {
+		fep_pf_step(pf, n);
+		return;
+	}
+	if (pf->done < pf->len) {
+		for (k = 0; k < n; k += 64)
+			_mm_prefetch(pf->p + pf->done + k, _MM_HINT_T0);
+		pf->done += n;
+	}
+}
+
 /* ---- AVX2 ---- */
 
-/* copy_nt_fn */
-static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n,
-				    fep_pf_t *pf)
+/* copy_nt_fn, its prefetch into L1 where l1 (a constant) */
+static FEP_INLINE FEP_T_AVX2 void copy_nt256(char *d, const char *s, size_t n,
+					    fep_pf_t *pf, const int l1)
 {
 	size_t head = (32 - ((uintptr_t)d & 31)) & 31, i;
 
@@ -120,7 +140,7 @@ static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n,
 		_mm256_stream_si256((__m256i *)(d + i + 32), x1);
 		_mm256_stream_si256((__m256i *)(d + i + 64), x2);
 		_mm256_stream_si256((__m256i *)(d + i + 96), x3);
-		fep_pf_step(pf, 128);
+		perm_pf(pf, 128, l1);
 	}
 	for (; i + 32 <= n; i += 32)
 		_mm256_stream_si256((__m256i *)(d + i),
@@ -128,9 +148,19 @@ static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n,
 	memcpy(d + i, s + i, n - i);
 }
 
+static FEP_T_AVX2 void copy_nt_avx2(char *d, const char *s, size_t n, fep_pf_t *pf)
+{
+	copy_nt256(d, s, n, pf, 0);
+}
+
+static FEP_T_AVX2 void copy_nt_avx2_l1(char *d, const char *s, size_t n, fep_pf_t *pf)
+{
+	copy_nt256(d, s, n, pf, 1);
+}
+
 FEP_T_AVX2 void fep_k_gather_avx2(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	permute_rows(a, r0, r1, 1, copy_nt_avx2);
+	permute_rows(a, r0, r1, 1, fep_k_pf_l1 ? copy_nt_avx2_l1 : copy_nt_avx2);
 }
 
 FEP_T_AVX2 void fep_k_scatter_avx2(const fep_k_perm_args_t *a, size_t r0, size_t r1)
@@ -140,9 +170,9 @@ FEP_T_AVX2 void fep_k_scatter_avx2(const fep_k_perm_args_t *a, size_t r0, size_t
 
 /* ---- AVX-512 ---- */
 
-/* copy_nt_fn */
-static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n,
-					fep_pf_t *pf)
+/* copy_nt_fn, its prefetch into L1 where l1 (a constant) */
+static FEP_INLINE FEP_T_AVX512 void copy_nt512(char *d, const char *s, size_t n,
+					      fep_pf_t *pf, const int l1)
 {
 	size_t head = (64 - ((uintptr_t)d & 63)) & 63, i;
 
@@ -163,7 +193,7 @@ static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n,
 		_mm512_stream_si512((void *)(d + i + 64), x1);
 		_mm512_stream_si512((void *)(d + i + 128), x2);
 		_mm512_stream_si512((void *)(d + i + 192), x3);
-		fep_pf_step(pf, 256);
+		perm_pf(pf, 256, l1);
 	}
 	for (; i + 64 <= n; i += 64)
 		_mm512_stream_si512((void *)(d + i), _mm512_loadu_si512(s + i));
@@ -173,9 +203,19 @@ static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n,
 	}
 }
 
+static FEP_T_AVX512 void copy_nt_avx512(char *d, const char *s, size_t n, fep_pf_t *pf)
+{
+	copy_nt512(d, s, n, pf, 0);
+}
+
+static FEP_T_AVX512 void copy_nt_avx512_l1(char *d, const char *s, size_t n, fep_pf_t *pf)
+{
+	copy_nt512(d, s, n, pf, 1);
+}
+
 FEP_T_AVX512 void fep_k_gather_avx512(const fep_k_perm_args_t *a, size_t r0, size_t r1)
 {
-	permute_rows(a, r0, r1, 1, copy_nt_avx512);
+	permute_rows(a, r0, r1, 1, fep_k_pf_l1 ? copy_nt_avx512_l1 : copy_nt_avx512);
 }
 
 FEP_T_AVX512 void fep_k_scatter_avx512(const fep_k_perm_args_t *a, size_t r0, size_t r1)

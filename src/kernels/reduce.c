@@ -423,7 +423,7 @@ static FEP_INLINE FEP_T_AVX512 void topk512(const fep_k_topk_args_t *a,
 
 				if (!j0)
 					topk_prefetch(pf, npf, i * ys, 64 * ys,
-						      fep_k_topk_pf_l1);
+						      fep_k_pf_l1);
 				if (j0) {
 					s0 = fep512_load(out, odt, i, 0xffff);
 					s1 = fep512_load(out, odt, i + 16, 0xffff);
