@@ -113,7 +113,7 @@ static FEP_INLINE void perm_pf(fep_pf_t *pf, size_t n, const int l1)
 	}
 	if (pf->done < pf->len) {
 		for (k = 0; k < n; k += 64)
-			_mm_prefetch(pf->p + pf->done + k, _MM_HINT_T0);
+			FEP_PF_LINE(pf->p + pf->done + k, l1);
 		pf->done += n;
 	}
 }

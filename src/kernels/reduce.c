@@ -82,12 +82,8 @@ static inline void topk_prefetch(const char *const *pf, size_t npf, size_t off,
 	size_t r, o;
 
 	for (r = 0; r < npf; r++)
-		for (o = 0; o < bytes; o += 64) {
-			if (l1)
-				_mm_prefetch(pf[r] + off + o, _MM_HINT_T0);
-			else
-				_mm_prefetch(pf[r] + off + o, _MM_HINT_T1);
-		}
+		for (o = 0; o < bytes; o += 64)
+			FEP_PF_LINE(pf[r] + off + o, l1);
 }
 
 /* Whether the top-k sum streams its rows (a->nt): not where the

@@ -791,6 +791,14 @@ static inline void fep_pf_init(fep_pf_t *pf, const void *p, size_t len)
 	pf->done = pf->want = 0;
 }
 
+/* A prefetch of the line at p into L1 (l1) or into L2.  The hint is an
+ * immediate of the instruction, so the choice is a branch, folded where
+ * l1 is a constant.  A macro, not an inline function: GCC 12 lost the
+ * prefetches of such a function inlined into the gather's copy loops. */
+#define FEP_PF_LINE(p, l1)                                                   \
+	((l1) ? _mm_prefetch((const char *)(p), _MM_HINT_T0) :               \
+		_mm_prefetch((const char *)(p), _MM_HINT_T1))
+
 /* Advance the cursor by n bytes, issuing a prefetch per 64 bytes.  A
  * step of whole lines (n a constant multiple of 64, the vector loops')
  * is a test and a prefetch per line: this runs once per vector of the
